@@ -1,0 +1,32 @@
+# The two commands:  `make study` (run the whole study)  and  `make test` (run the tests).
+# Both create or refresh the environment in .venv from this project's files first.
+PY      ?= python3
+VENV    ?= .venv
+# torch: a machine that already has torch (the GPU host) keeps it; elsewhere this pin is installed
+# (on the project's CI machine it is a CPU build; set TORCH_SPEC to choose another build).
+TORCH_SPEC ?= torch==2.13.0
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: env study test lint clean
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(BIN)/python || $(PY) -m venv --system-site-packages $(VENV)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	@touch $(STAMP)
+
+study: env
+	$(BIN)/python -m nvfp4lib study
+
+test: env
+	$(BIN)/python -m pytest -q
+
+lint: env
+	$(BIN)/ruff check nvfp4lib tests
+
+clean:
+	rm -rf build .pytest_cache

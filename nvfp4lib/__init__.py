@@ -1,0 +1,23 @@
+"""nvfp4lib: a research workbook on an NVFP4 block-scaled grouped GEMM (MoE experts, fused SwiGLU).
+
+The public API:
+- formats: ``quantize``, ``dequantize``, ``NVFP4Tensor``, ``swizzle_scales``, ``unswizzle_scales``;
+- the grouped GEMMs: ``grouped_gemm``, ``grouped_dual_gemm_silu`` (``backend=`` picks the
+  implementation: "reference", "cute-hopper", peers such as "torch-bf16" or "triton");
+- problems and suites: ``GroupedProblem``, ``make_inputs``, ``BENCHMARK``, ``DUAL``, ``CORRECTNESS``.
+Kernels (CuTe DSL), peers (Triton, torch) and the benchmark are imported lazily.
+"""
+from .api import grouped_dual_gemm_silu, grouped_gemm, prepare
+from .backends import available_backends
+from .formats import NVFP4Tensor, dequantize, quantize, swizzle_scales, unswizzle_scales
+from .problems import BENCHMARK, CORRECTNESS, DUAL, GroupedProblem, get_problem, make_inputs
+from .reference import reference_grouped_gemm, relative_error
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NVFP4Tensor", "quantize", "dequantize", "swizzle_scales", "unswizzle_scales",
+    "grouped_gemm", "grouped_dual_gemm_silu", "prepare", "available_backends",
+    "GroupedProblem", "make_inputs", "get_problem", "BENCHMARK", "DUAL", "CORRECTNESS",
+    "reference_grouped_gemm", "relative_error",
+]

@@ -1,0 +1,181 @@
+"""Command line: ``python -m nvfp4lib {study,bench,check,record,compile,info}``."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _problems(args):
+    from .problems import get_problem, suite
+
+    probs = []
+    for s in args.suite or []:
+        probs.extend(suite(s))
+    for p in args.problem or []:
+        probs.append(get_problem(p))
+    if not probs:
+        raise SystemExit("name at least one --suite or --problem")
+    return probs
+
+
+def _fmt(v, spec):
+    return format(v, spec) if isinstance(v, (int, float)) else str(v)
+
+
+def cmd_bench(args) -> int:
+    from . import store
+    from .bench import bench
+
+    probs = _problems(args)
+    rows = bench(args.backend, probs, seed=args.seed, mode=args.mode, iters=args.iters, tol=args.tol,
+                 progress=lambda r: print(f"  {r['problem']:<10} {r['label']:<36} {r['status'][:60]}", flush=True))
+    print(f"\n{'problem':<10} {'backend':<36} {'median us':>10} {'floor us':>9} {'x floor':>8} "
+          f"{'TFLOP/s':>8} {'rel err':>9}  status")
+    for r in rows:
+        print(f"{r['problem']:<10} {r['label']:<36} {_fmt(r.get('median_us', '-'), '10.1f'):>10} "
+              f"{r['floor_us']:9.1f} {_fmt(r.get('ratio_to_floor', '-'), '8.2f'):>8} "
+              f"{_fmt(r.get('tflops', '-'), '8.1f'):>8} {_fmt(r.get('rel_err', '-'), '9.2e'):>9}  {r['status'][:50]}")
+    if args.out:
+        store.append_rows(args.out, rows)
+    if not args.no_record:
+        n = store.append_rows(args.record, rows)
+        print(f"\nappended {n} rows (run {rows[0]['run_id']}) to {args.record}")
+    bad = [r for r in rows if r["status"] != "ok"]
+    return 1 if bad and args.strict else 0
+
+
+def cmd_check(args) -> int:
+    import torch
+
+    from .api import prepare
+    from .bench import BackendSpec, check_runner
+    from .problems import make_inputs
+    from .reference import reference_grouped_gemm
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    failures = 0
+    for spec in [BackendSpec.parse(s) for s in args.backend]:
+        for prob in _problems(args):
+            for mode in args.modes:
+                for seed in args.seeds:
+                    inp = make_inputs(prob, seed=seed, mode=mode, device=device)
+                    ref = reference_grouped_gemm(inp.a, inp.b, inp.b2)
+                    try:
+                        err = check_runner(prepare(inp.a, inp.b, inp.b2, backend=spec.backend, **spec.options), ref)
+                        ok = err <= args.tol
+                        msg = f"rel_err {err:.2e}"
+                    except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:
+                        ok, msg = False, f"{type(e).__name__}: {e}"
+                    failures += not ok
+                    print(f"{'ok  ' if ok else 'FAIL'} {spec.name:<32} {prob.name:<16} {mode:<8} seed={seed:<6} {msg}")
+    print(f"\n{failures} failure(s)")
+    return 1 if failures else 0
+
+
+def cmd_record(args) -> int:
+    from . import store
+
+    total = 0
+    for f in args.files:
+        n = store.merge(f, args.into)
+        print(f"{f}: {n} new rows appended to {args.into}")
+        total += n
+    return 0
+
+
+def cmd_compile(args) -> int:
+    from . import store
+    from .kernels.reports import compile_rows
+
+    rows = compile_rows(args.arch, args.config, sweep=args.sweep, dual=args.dual)
+    for r in rows:
+        res = "refused: " + r["error"][:80] if r.get("error") else (
+            f"regs={r.get('registers')} spills={r.get('spill_stores')}/{r.get('spill_loads')} "
+            f"smem={r.get('smem_bytes')} wgmma={r.get('wgmma.mma_async')} "
+            f"tma={r.get('cp.async.bulk.tensor')} tcgen05.mma={r.get('tcgen05.mma')}")
+        print(f"{r['arch']:<8} {r['config']:<28} {'dual' if r.get('dual') else 'single':<6} {res}")
+    if not args.no_record:
+        n = store.append_rows(args.record, rows)
+        print(f"appended {n} rows to {args.record}")
+    return 0
+
+
+def cmd_study(args) -> int:
+    from .study import run_study
+
+    live = {"auto": None, "live": True, "recorded": False}[args.mode]
+    return run_study(live=live, only=args.only, html=not args.no_html)
+
+
+def cmd_info(args) -> int:
+    from .backends import available_backends
+    from .store import provenance
+
+    for k, v in provenance().items():
+        print(f"{k:>16}: {v}")
+    print(f"{'backends':>16}: {', '.join(available_backends())}")
+    return 0
+
+
+def main(argv=None) -> int:
+    from .store import BENCH, COMPILE
+
+    ap = argparse.ArgumentParser(prog="python -m nvfp4lib", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def add_problems(p):
+        p.add_argument("--suite", action="append", help="benchmark, dual, correctness, correctness-dual, edge")
+        p.add_argument("--problem", action="append", help="S1, S1-dual, C3, ...")
+
+    p = sub.add_parser("bench", help="check then time backends on problems (GPU); append rows to data/")
+    add_problems(p)
+    p.add_argument("--backend", action="append", required=True,
+                   help="backend[:key=value,...], e.g. cute-hopper:config=baseline (repeatable)")
+    p.add_argument("--seed", type=int, default=1111)
+    p.add_argument("--mode", default="uniform", choices=["uniform", "gaussian"])
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--tol", type=float, default=1e-3)
+    p.add_argument("--record", type=Path, default=BENCH, help="append rows here (default data/bench.jsonl)")
+    p.add_argument("--no-record", action="store_true")
+    p.add_argument("--out", type=Path, help="also append the rows to this file (e.g. under $OUT)")
+    p.add_argument("--strict", action="store_true", help="exit non-zero if any backend failed")
+    p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("check", help="correctness against the exact reference (GPU if present)")
+    add_problems(p)
+    p.add_argument("--backend", action="append", required=True)
+    p.add_argument("--modes", nargs="+", default=["uniform", "gaussian"])
+    p.add_argument("--seeds", nargs="+", type=int, default=[1111])
+    p.add_argument("--tol", type=float, default=1e-3)
+    p.set_defaults(fn=cmd_check)
+
+    p = sub.add_parser("record", help="append rows measured elsewhere (the GPU machine) to data/")
+    p.add_argument("files", nargs="+", type=Path)
+    p.add_argument("--into", type=Path, default=BENCH)
+    p.set_defaults(fn=cmd_record)
+
+    p = sub.add_parser("compile", help="compile kernels with fake tensors (no GPU needed); report resources")
+    p.add_argument("--arch", default="sm_90a", choices=["sm_90a", "sm_100a"])
+    p.add_argument("--config", action="append", help="config name (repeatable); default: the shipped ones")
+    p.add_argument("--sweep", action="store_true", help="all shipped and study configs, rejected ones too")
+    p.add_argument("--dual", action="store_true", help="also compile the dual variants")
+    p.add_argument("--record", type=Path, default=COMPILE)
+    p.add_argument("--no-record", action="store_true")
+    p.set_defaults(fn=cmd_compile)
+
+    p = sub.add_parser("study", help="run every notebook (papermill) and render HTML")
+    p.add_argument("--mode", default="auto", choices=["auto", "live", "recorded"])
+    p.add_argument("--only", nargs="+", help="run only notebooks whose name starts with/contains these")
+    p.add_argument("--no-html", action="store_true")
+    p.set_defaults(fn=cmd_study)
+
+    p = sub.add_parser("info", help="provenance of this machine and the backends known")
+    p.set_defaults(fn=cmd_info)
+
+    args = ap.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

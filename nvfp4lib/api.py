@@ -1,0 +1,75 @@
+"""The public grouped GEMM functions: validate at the boundary, then hand to a backend."""
+from __future__ import annotations
+
+import torch
+
+from .backends import Runner, get_backend
+from .formats import NVFP4Tensor
+
+__all__ = ["grouped_gemm", "grouped_dual_gemm_silu", "prepare", "validate_operands"]
+
+OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _as_list(x, what: str) -> list:
+    if isinstance(x, NVFP4Tensor):
+        raise TypeError(f"{what} must be a list of NVFP4Tensor (one per group), got a single NVFP4Tensor")
+    if not isinstance(x, (list, tuple)):
+        raise TypeError(f"{what} must be a list of NVFP4Tensor (one per group), got {type(x).__name__}")
+    for i, t in enumerate(x):
+        if not isinstance(t, NVFP4Tensor):
+            raise TypeError(f"{what}[{i}] must be an NVFP4Tensor, got {type(t).__name__}")
+        if len(t.shape) != 2:
+            raise ValueError(f"{what}[{i}] must be 2-D [rows, K], got shape {tuple(t.shape)}")
+    return list(x)
+
+
+def validate_operands(a, b, b2=None, out_dtype=torch.float16):
+    """Check the grouped operands; return them as lists. Raises TypeError/ValueError naming the problem."""
+    a = _as_list(a, "a")
+    b = _as_list(b, "b")
+    b2 = None if b2 is None else _as_list(b2, "b2")
+    if len(a) == 0:
+        raise ValueError("a grouped GEMM needs at least one group (a is empty)")
+    for name, w in (("b", b), ("b2", b2)):
+        if w is not None and len(w) != len(a):
+            raise ValueError(f"{name} has {len(w)} groups but a has {len(a)}")
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+    device = a[0].data.device
+    for g in range(len(a)):
+        ka = a[g].shape[1]
+        for name, w in (("b", b), ("b2", b2)):
+            if w is None:
+                continue
+            if w[g].shape[1] != ka:
+                raise ValueError(f"group {g}: K mismatch, a[{g}] has K={ka} but {name}[{g}] has K={w[g].shape[1]}")
+            if w[g].shape[0] == 0:
+                raise ValueError(f"group {g}: {name}[{g}] has N=0; N must be positive")
+        if b2 is not None and b2[g].shape[0] != b[g].shape[0]:
+            raise ValueError(f"group {g}: b[{g}] has N={b[g].shape[0]} but b2[{g}] has N={b2[g].shape[0]}")
+        for name, t in (("a", a[g]), ("b", b[g])) + ((("b2", b2[g]),) if b2 is not None else ()):
+            if t.data.device != device:
+                raise ValueError(f"{name}[{g}] is on {t.data.device} but a[0] is on {device}: "
+                                 "all operands must be on one device")
+    return a, b, b2
+
+
+def prepare(a, b, b2=None, *, backend: str = "reference", out_dtype=torch.float16, **options) -> Runner:
+    """Validate, then let ``backend`` do its one-time work; call the returned Runner to compute."""
+    a, b, b2 = validate_operands(a, b, b2, out_dtype)
+    factory = get_backend(backend)
+    return factory(a, b, b2, out_dtype=out_dtype, **options)
+
+
+def grouped_gemm(a, b, *, backend: str = "reference", out_dtype=torch.float16, **options) -> list[torch.Tensor]:
+    """C_g = A_g · B_gᵀ for every group; ``a[g]`` is [M_g, K], ``b[g]`` is [N_g, K]; returns [M_g, N_g] tensors."""
+    return prepare(a, b, None, backend=backend, out_dtype=out_dtype, **options)()
+
+
+def grouped_dual_gemm_silu(a, b1, b2, *, backend: str = "reference", out_dtype=torch.float16,
+                           **options) -> list[torch.Tensor]:
+    """C_g = silu(A_g·B1_gᵀ) * (A_g·B2_gᵀ), both products in fp32, one rounding to ``out_dtype``."""
+    if b2 is None:
+        raise TypeError("grouped_dual_gemm_silu needs b2 (the up projection); use grouped_gemm for one product")
+    return prepare(a, b1, b2, backend=backend, out_dtype=out_dtype, **options)()

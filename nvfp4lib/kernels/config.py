@@ -1,0 +1,37 @@
+"""Kernel knobs: one frozen dataclass shared by the Hopper and Blackwell kernels.
+
+Variants of a kernel are *configs*, never copies of its code. A config is named; the
+name is what notebooks, data files and the CLI use.  Validity against a particular
+architecture is checked by each kernel (``validate(config, arch)``) before compiling.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+Epilogue = Literal["simt", "tma"]
+WarpSpec = Literal["none", "producer_consumer", "pingpong"]
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    name: str
+    tile_m: int = 128  # CTA tile rows of the output (tokens, or weights' N when swap_ab)
+    tile_n: int = 128  # CTA tile columns of the output
+    tile_k: int = 256  # K per pipeline stage, counted in FP4 elements
+    ab_stages: int = 1  # stages of the packed A/B (+ scales) TMA pipeline
+    epilogue: Epilogue = "simt"
+    warp_spec: WarpSpec = "none"
+    dual: bool = False  # fused silu(A·B1ᵀ) * (A·B2ᵀ)
+    swap_ab: bool = False  # tokens on the MMA's N dimension (small-M path)
+    # Blackwell-only knobs (ignored by the Hopper kernel)
+    acc_stages: int = 1
+    cluster_m: int = 1
+    cluster_n: int = 1
+    use_2cta: bool = False
+
+    def with_(self, **changes) -> "KernelConfig":
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return asdict(self)

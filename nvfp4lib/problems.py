@@ -1,0 +1,180 @@
+"""Grouped problems, the study's suites, and seeded input generation.
+
+A :class:`GroupedProblem` is data: per-group (M, N, K) and whether it is the fused dual
+GEMM. Suites are named tuples of problems (``BENCHMARK``, ``DUAL``, ``CORRECTNESS``) so
+notebooks, tests and data files refer to shapes by name ("S1", "S1-dual", "C3").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .formats import NVFP4Tensor, quantize
+
+__all__ = [
+    "GroupedProblem", "GroupedInputs", "make_inputs", "BENCHMARK", "DUAL", "CORRECTNESS",
+    "SUITES", "get_problem", "suite",
+]
+
+INPUT_MODES = ("uniform", "gaussian")
+
+
+@dataclass(frozen=True)
+class GroupedProblem:
+    name: str
+    m: tuple[int, ...]
+    n: tuple[int, ...]
+    k: tuple[int, ...]
+    dual: bool = False
+    b200_target_us: float | None = None  # the study's speed-of-light target, where it set one
+    b200_baseline_us: float | None = None  # the study's reported B200 baseline
+    tags: tuple[str, ...] = field(default=())
+
+    def __post_init__(self):
+        if not (len(self.m) == len(self.n) == len(self.k)) or len(self.m) == 0:
+            raise ValueError(f"{self.name}: m, n, k need one entry per group (got {len(self.m)}, "
+                             f"{len(self.n)}, {len(self.k)})")
+        for what, vals in (("M", self.m), ("N", self.n), ("K", self.k)):
+            for v in vals:
+                if not isinstance(v, int) or v < 0 or (what != "M" and v == 0):
+                    raise ValueError(f"{self.name}: {what}={v!r} is not a valid size "
+                                     f"(M >= 0, N > 0, K > 0 integers)")
+        for kk in self.k:
+            if kk % 16:
+                raise ValueError(f"{self.name}: K={kk} is not a multiple of 16 (the NVFP4 block)")
+
+    @classmethod
+    def uniform_nk(cls, name, m, n, k, **kw) -> "GroupedProblem":
+        m = tuple(int(x) for x in m)
+        return cls(name, m, (n,) * len(m), (k,) * len(m), **kw)
+
+    @property
+    def groups(self) -> int:
+        return len(self.m)
+
+    @property
+    def n_b(self) -> int:
+        """Number of weight matrices per group (2 for the dual GEMM)."""
+        return 2 if self.dual else 1
+
+    def flops(self) -> int:
+        return self.n_b * sum(2 * m * n * k for m, n, k in zip(self.m, self.n, self.k))
+
+    def nvfp4_bytes(self) -> int:
+        """Bytes a kernel must move at least: NVFP4 operands (0.5 B/elem + 1 B per 16) and fp16 out."""
+        def q(rows, k):
+            return rows * k // 2 + rows * k // 16
+        b = sum(q(m, k) + self.n_b * q(n, k) + 2 * m * n for m, n, k in zip(self.m, self.n, self.k))
+        return b
+
+    def bf16_weight_bytes(self) -> int:
+        return self.n_b * sum(2 * n * k for n, k in zip(self.n, self.k))
+
+    def with_dual(self, dual: bool = True) -> "GroupedProblem":
+        name = self.name.removesuffix("-dual") + ("-dual" if dual else "")
+        return GroupedProblem(name, self.m, self.n, self.k, dual, self.b200_target_us,
+                              self.b200_baseline_us, self.tags)
+
+    def describe(self) -> str:
+        n = set(self.n)
+        k = set(self.k)
+        ns = str(n.pop()) if len(n) == 1 else str(list(self.n))
+        ks = str(k.pop()) if len(k) == 1 else str(list(self.k))
+        return f"{self.name}: G={self.groups} M={list(self.m)} N={ns} K={ks}{' dual' if self.dual else ''}"
+
+
+@dataclass
+class GroupedInputs:
+    problem: GroupedProblem
+    a: list[NVFP4Tensor]
+    b: list[NVFP4Tensor]
+    b2: list[NVFP4Tensor] | None
+    seed: int
+    mode: str
+
+
+def _uniform_tensor(rows: int, k: int, gen: torch.Generator) -> NVFP4Tensor:
+    # The study's inputs: every code byte equally likely, scales drawn from {1, 2}, global scale 1.
+    data = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, generator=gen)
+    scales = (torch.randint(1, 3, (rows, k // 16), generator=gen).float()).to(torch.float8_e4m3fn)
+    return NVFP4Tensor(data, scales, torch.tensor(1.0))
+
+
+def _gaussian_tensor(rows: int, k: int, gen: torch.Generator, std: float) -> NVFP4Tensor:
+    x = torch.randn((rows, k), generator=gen) * std
+    return quantize(x)
+
+
+def make_inputs(problem: GroupedProblem, seed: int = 1111, mode: str = "uniform",
+                device: str | torch.device = "cpu") -> GroupedInputs:
+    """Seeded NVFP4 inputs for ``problem``: generated on the CPU (reproducible), then moved."""
+    if mode not in INPUT_MODES:
+        raise ValueError(f"mode must be one of {INPUT_MODES}, got {mode!r}")
+    gen = torch.Generator().manual_seed(seed)
+
+    def make(rows, k, std):
+        t = _uniform_tensor(rows, k, gen) if mode == "uniform" else _gaussian_tensor(rows, k, gen, std)
+        return t.to(device)
+
+    a = [make(m, k, 1.0) for m, k in zip(problem.m, problem.k)]
+    b = [make(n, k, 0.02) for n, k in zip(problem.n, problem.k)]
+    b2 = [make(n, k, 0.02) for n, k in zip(problem.n, problem.k)] if problem.dual else None
+    return GroupedInputs(problem, a, b, b2, seed, mode)
+
+
+_S = GroupedProblem.uniform_nk
+BENCHMARK = (
+    _S("S1", (80, 176, 128, 72, 64, 248, 96, 160), 4096, 7168, b200_target_us=18.8, b200_baseline_us=373),
+    _S("S2", (40, 76, 168, 72, 164, 148, 196, 160), 7168, 2048, b200_target_us=10.7, b200_baseline_us=372),
+    _S("S3", (192, 320), 3072, 4096, b200_target_us=2.4, b200_baseline_us=173),
+    _S("S4", (128, 384), 4096, 1536, b200_target_us=1.5, b200_baseline_us=156),
+)
+DUAL = tuple(p.with_dual() for p in BENCHMARK)
+
+# The study's correctness cases (G; M list; N list; K list), seed 1111. N and K vary per group.
+_CORRECTNESS_SPEC = (
+    ([96, 128], [128, 256], [128, 512]),
+    ([256, 72], [512, 384], [256, 256]),
+    ([128, 128], [128, 256], [128, 512]),
+    ([80, 128, 256], [384, 256, 128], [256, 512, 128]),
+    ([64, 72, 96], [128, 384, 512], [384, 512, 128]),
+    ([64, 256, 128], [768, 128, 256], [512, 512, 128]),
+    ([128, 128, 64], [256, 512, 512], [768, 128, 768]),
+    ([128] * 4, [128] * 4, [128] * 4),
+    ([40, 56, 384, 512], [512, 384, 256, 128], [256] * 4),
+    ([512, 384, 256, 128], [256] * 4, [512, 128, 512, 128]),
+)
+CORRECTNESS = tuple(
+    GroupedProblem(f"C{i + 1}", tuple(m), tuple(n), tuple(k), tags=("correctness",))
+    for i, (m, n, k) in enumerate(_CORRECTNESS_SPEC)
+)
+# Edge cases the study never tried: an empty group, ragged M, a single group, odd tiles.
+EDGE = (
+    GroupedProblem("E1-empty-group", (0, 100, 0, 37), (256,) * 4, (512,) * 4, tags=("edge",)),
+    GroupedProblem("E2-single-row", (1,), (128,), (256,), tags=("edge",)),
+    GroupedProblem("E3-ragged", (1, 7, 65, 129, 200), (384,) * 5, (768,) * 5, tags=("edge",)),
+)
+
+SUITES: dict[str, tuple[GroupedProblem, ...]] = {
+    "benchmark": BENCHMARK,
+    "dual": DUAL,
+    "correctness": CORRECTNESS,
+    "correctness-dual": tuple(p.with_dual() for p in CORRECTNESS),
+    "edge": EDGE,
+}
+
+
+def suite(name: str) -> tuple[GroupedProblem, ...]:
+    if name not in SUITES:
+        raise ValueError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
+    return SUITES[name]
+
+
+def get_problem(name: str) -> GroupedProblem:
+    """A problem by name: 'S1', 'S1-dual', 'C3', 'E1-empty-group', ..."""
+    for probs in SUITES.values():
+        for p in probs:
+            if p.name == name:
+                return p
+    raise ValueError(f"unknown problem {name!r}")

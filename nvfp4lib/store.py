@@ -1,0 +1,166 @@
+"""The results store: append-only JSON-lines tables with provenance.
+
+Every measurement row carries where and when it was taken (GPU, clocks, driver,
+library versions, git commit, date) and a ``run_id`` shared by the rows of one
+run. Rows are only ever appended, all rows of a run at once, so a run that fails
+writes nothing and no earlier row is ever rewritten.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import uuid
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+__all__ = ["DATA_DIR", "append_rows", "load", "merge", "provenance", "new_run_id"]
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+BENCH = DATA_DIR / "bench.jsonl"
+COMPILE = DATA_DIR / "compile.jsonl"
+
+
+def new_run_id() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:8]
+
+
+def _json_default(o):
+    if isinstance(o, (torch.dtype, torch.device, Path)):
+        return str(o)
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(f"cannot store {type(o).__name__} in a results row")
+
+
+def append_rows(path, rows: list[dict]) -> int:
+    """Append ``rows`` to the JSON-lines file ``path`` in one write; never rewrites what is there."""
+    if not rows:
+        return 0
+    for r in rows:
+        if "run_id" not in r:
+            raise ValueError("every stored row needs a run_id (rows of one run share it)")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blob = "".join(json.dumps(r, default=_json_default, sort_keys=True) + "\n" for r in rows)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, blob.encode())
+    finally:
+        os.close(fd)
+    return len(rows)
+
+
+def read_rows(path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            line = line.strip()
+            if line:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{i}: not a JSON row ({e})") from None
+    return rows
+
+
+def load(path=BENCH):
+    """The table as a pandas DataFrame (empty if the file does not exist yet)."""
+    import pandas as pd
+
+    return pd.DataFrame(read_rows(path))
+
+
+def merge(src, dst=BENCH) -> int:
+    """Append to ``dst`` the rows of ``src`` whose run_id ``dst`` does not hold yet (e.g. rows
+    measured on the GPU machine and brought back). Returns the number of rows appended."""
+    have = {r.get("run_id") for r in read_rows(dst)}
+    new = [r for r in read_rows(src) if r.get("run_id") not in have]
+    for r in new:
+        if not r.get("gpu"):
+            raise ValueError(f"{src}: row without a 'gpu' provenance field; refusing to store it")
+    return append_rows(dst, new)
+
+
+def _git(*args) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=DATA_DIR.parent, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+    except Exception:
+        return None
+
+
+def _version(dist: str, module: str | None = None) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        pass
+    if module:
+        try:
+            mod = __import__(module)
+            return getattr(mod, "__version__", "installed (version unknown)")
+        except Exception:
+            return None
+    return None
+
+
+def _cutlass_from_unpacked_wheel() -> str | None:
+    # The GPU machine gets CuTe DSL as an unpacked wheel on PYTHONPATH (no installed metadata):
+    # read the version from the wheel's dist-info folder beside the package.
+    try:
+        import cutlass
+    except Exception:
+        return None
+    root = Path(cutlass.__file__).resolve().parents[3]
+    for d in sorted(root.glob("nvidia_cutlass_dsl-*.dist-info")):
+        return d.name.split("-")[1].removesuffix(".dist-info")
+    return "installed (version unknown)"
+
+
+def _nvidia_smi() -> dict:
+    fields = ["driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem", "clocks.max.mem",
+              "power.limit", "temperature.gpu"]
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        vals = [v.strip() for v in out.splitlines()[0].split(",")]
+        return {("smi_" + k.replace(".", "_")): v for k, v in zip(fields, vals)}
+    except Exception as e:  # no nvidia-smi: say so rather than guess
+        return {"smi_error": type(e).__name__}
+
+
+def provenance(device=None) -> dict:
+    """Where and with what a measurement is taken. Git commit from git, else NVFP4LIB_GIT_COMMIT."""
+    commit = _git("rev-parse", "HEAD") or os.environ.get("NVFP4LIB_GIT_COMMIT", "unknown")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    p = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "git_commit": commit,
+        "git_dirty": None if dirty is None else bool(dirty),
+        "torch": torch.__version__,
+        "triton": _version("triton", "triton"),
+        "cutlass_dsl": _version("nvidia-cutlass-dsl") or _cutlass_from_unpacked_wheel(),
+        "python": platform.python_version(),
+    }
+    if torch.cuda.is_available():
+        dev = torch.device(device or "cuda")
+        props = torch.cuda.get_device_properties(dev)
+        p.update({
+            "gpu": props.name,
+            "sm": f"sm_{props.major}{props.minor}",
+            "sm_count": props.multi_processor_count,
+            "l2_bytes": getattr(props, "L2_cache_size", None),
+            "cuda": torch.version.cuda,
+            **_nvidia_smi(),
+        })
+    else:
+        p["gpu"] = "none (CPU)"
+    return p

@@ -1,0 +1,87 @@
+"""Run the whole study: every notebook in notebooks/, in order, executed by papermill and rendered to HTML.
+
+Without a GPU the notebooks run in "recorded" mode (they plot measurements from data/); with a
+CUDA GPU they measure live. Executed copies go to build/study/, HTML to figures/html/.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+BUILD = ROOT / "build" / "study"
+HTML = ROOT / "figures" / "html"
+
+
+def notebooks(only: list[str] | None = None) -> list[Path]:
+    nbs = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if only:
+        nbs = [p for p in nbs if any(p.name.startswith(o) or o in p.stem for o in only)]
+        if not nbs:
+            raise ValueError(f"no notebook matches {only}; have: {[p.name for p in notebooks()]}")
+    return nbs
+
+
+def gpu_available() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def execute(nb: Path, out_dir: Path, *, live: bool, timeout: int = 3600, extra: dict | None = None) -> Path:
+    import papermill as pm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / nb.name
+    pm.execute_notebook(str(nb), str(out), parameters={"live": live, **(extra or {})}, cwd=str(nb.parent),
+                        kernel_name="python3", progress_bar=False, execution_timeout=timeout,
+                        log_output=False)
+    return out
+
+
+def render_html(executed: Path, html_dir: Path) -> Path:
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    html_dir.mkdir(parents=True, exist_ok=True)
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
+    out = html_dir / (executed.stem + ".html")
+    out.write_text(body)
+    return out
+
+
+def run_study(*, live: bool | None = None, only=None, html: bool = True, out_dir: Path = BUILD,
+              html_dir: Path = HTML) -> int:
+    from tqdm import tqdm
+
+    live = gpu_available() if live is None else live
+    nbs = notebooks(only)
+    mode = "live (measuring on the GPU)" if live else "recorded (plots from data/, no GPU needed)"
+    print(f"nvfp4lib study: {len(nbs)} notebooks, mode: {mode}")
+    results = []
+    bar = tqdm(nbs, unit="notebook", file=sys.stdout)
+    for nb in bar:
+        bar.set_description(nb.stem)
+        t0 = time.perf_counter()
+        try:
+            executed = execute(nb, out_dir, live=live)
+            page = render_html(executed, html_dir) if html else None
+            results.append((nb.name, "ok", time.perf_counter() - t0, page))
+        except Exception as e:  # keep going: one broken notebook should not hide the others
+            results.append((nb.name, f"FAILED: {type(e).__name__}: {str(e).splitlines()[-1][:200] if str(e) else ''}",
+                            time.perf_counter() - t0, None))
+    bar.close()
+    print("\nSummary")
+    width = max(len(r[0]) for r in results)
+    for name, status, secs, page in results:
+        where = page.relative_to(ROOT) if page else "-"
+        print(f"  {name:<{width}}  {status:<8}  {secs:6.1f} s  {where}")
+    failed = [r for r in results if r[1] != "ok"]
+    print(f"\n{len(results) - len(failed)} of {len(results)} notebooks ran; executed copies in "
+          f"{out_dir.relative_to(ROOT) if out_dir.is_relative_to(ROOT) else out_dir}, HTML in "
+          f"{html_dir.relative_to(ROOT) if html_dir.is_relative_to(ROOT) else html_dir}")
+    return 1 if failed else 0

@@ -1,0 +1,74 @@
+import json
+
+import pytest
+
+from nvfp4lib import store
+from nvfp4lib.__main__ import main
+from nvfp4lib.bench import BackendSpec
+
+
+def test_append_only_and_merge(tmp_path):
+    f = tmp_path / "bench.jsonl"
+    store.append_rows(f, [{"run_id": "r1", "gpu": "H100", "x": 1}])
+    store.append_rows(f, [{"run_id": "r2", "gpu": "H100", "x": 2}, {"run_id": "r2", "gpu": "H100", "x": 3}])
+    assert [r["x"] for r in store.read_rows(f)] == [1, 2, 3]
+    src = tmp_path / "from_gpu.jsonl"
+    store.append_rows(src, [{"run_id": "r2", "gpu": "H100", "x": 2}, {"run_id": "r3", "gpu": "H100", "x": 4}])
+    assert store.merge(src, f) == 1  # r2 is already there
+    assert store.merge(src, f) == 0  # idempotent
+    assert [r["x"] for r in store.read_rows(f)] == [1, 2, 3, 4]
+
+
+def test_rows_need_run_id_and_provenance(tmp_path):
+    with pytest.raises(ValueError, match="run_id"):
+        store.append_rows(tmp_path / "x.jsonl", [{"gpu": "H100"}])
+    src = tmp_path / "s.jsonl"
+    src.write_text(json.dumps({"run_id": "r9"}) + "\n")
+    with pytest.raises(ValueError, match="provenance"):
+        store.merge(src, tmp_path / "d.jsonl")
+    assert not (tmp_path / "d.jsonl").exists()
+
+
+def test_corrupt_file_is_reported(tmp_path):
+    f = tmp_path / "b.jsonl"
+    f.write_text('{"run_id": "a"}\nnot json\n')
+    with pytest.raises(ValueError, match=":2:"):
+        store.read_rows(f)
+
+
+def test_provenance_names_the_machine():
+    p = store.provenance()
+    for key in ("date", "git_commit", "torch", "cutlass_dsl", "gpu"):
+        assert key in p
+
+
+def test_record_command(tmp_path, capsys):
+    src = tmp_path / "new.jsonl"
+    store.append_rows(src, [{"run_id": "z", "gpu": "H100"}])
+    dst = tmp_path / "bench.jsonl"
+    assert main(["record", str(src), "--into", str(dst)]) == 0
+    assert "1 new rows" in capsys.readouterr().out
+    assert len(store.read_rows(dst)) == 1
+
+
+def test_backend_spec_parsing():
+    s = BackendSpec.parse("cute-hopper:config=baseline,graph=1,iters=3")
+    assert s.backend == "cute-hopper" and s.options == {"config": "baseline", "graph": True, "iters": 3}
+    assert s.name == "cute-hopper[config=baseline,graph=True,iters=3]"
+    with pytest.raises(ValueError, match="key=value"):
+        BackendSpec.parse("torch-bf16:graph")
+
+
+def test_bench_refuses_without_gpu():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    from nvfp4lib.bench import bench
+    from nvfp4lib.problems import BENCHMARK
+    with pytest.raises(RuntimeError, match="CUDA"):
+        bench(["reference"], BENCHMARK[:1])
+
+
+def test_check_command_on_cpu(capsys):
+    assert main(["check", "--backend", "reference", "--problem", "C1", "--modes", "uniform"]) == 0
+    assert "0 failure(s)" in capsys.readouterr().out
