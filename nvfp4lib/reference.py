@@ -18,7 +18,13 @@ __all__ = ["reference_grouped_gemm", "prepare", "relative_error"]
 
 
 def _group_product(a: NVFP4Tensor, b: NVFP4Tensor, acc: torch.dtype) -> torch.Tensor:
-    return dequantize(a, acc) @ dequantize(b, acc).T
+    # A global TF32 setting would silently round the operands to 10-bit mantissas: forbid it here.
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        return dequantize(a, acc) @ dequantize(b, acc).T
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 def reference_grouped_gemm(a, b, b2=None, *, out_dtype=torch.float16, accumulate=torch.float32):
