@@ -102,7 +102,6 @@ def bench(specs, problems, *, seed: int = 1111, mode: str = "uniform", iters: in
         raise RuntimeError("bench needs a CUDA GPU (none found); notebooks plot recorded data instead")
     specs = [BackendSpec.parse(s) if isinstance(s, str) else s for s in specs]
     run_id = new_run_id()
-    prov = provenance()
     ceil = ceilings or measure_ceilings()
     flush = L2Flusher()
     rows = []
@@ -111,7 +110,7 @@ def bench(specs, problems, *, seed: int = 1111, mode: str = "uniform", iters: in
         ref = reference_grouped_gemm(inp.a, inp.b, inp.b2)
         floor = floor_us(prob, ceil)
         for spec in specs:
-            row = _row_base(run_id, prov, ceil, prob, spec, seed, mode, floor)
+            row = _row_base(run_id, ceil, prob, spec, seed, mode, floor)
             try:
                 t0 = time.perf_counter()
                 runner = api.prepare(inp.a, inp.b, inp.b2, backend=spec.backend, **spec.options)
@@ -139,12 +138,14 @@ def bench(specs, problems, *, seed: int = 1111, mode: str = "uniform", iters: in
             rows.append(row)
             if progress is not None:
                 progress(row)
-    return rows
+    # Provenance last, so the clocks recorded are those of a GPU under load, not idle.
+    prov = provenance()
+    return [{**prov, **r} for r in rows]
 
 
-def _row_base(run_id, prov, ceil, prob: GroupedProblem, spec: BackendSpec, seed, mode, floor):
+def _row_base(run_id, ceil, prob: GroupedProblem, spec: BackendSpec, seed, mode, floor):
     return {
-        "run_id": run_id, **prov, **{f"ceil_{k}": v for k, v in ceil.items()},
+        "run_id": run_id, **{f"ceil_{k}": v for k, v in ceil.items()},
         "problem": prob.name, "groups": prob.groups, "m": list(prob.m), "n": list(prob.n),
         "k": list(prob.k), "dual": prob.dual, "flops": prob.flops(), "nvfp4_bytes": prob.nvfp4_bytes(),
         "backend": spec.backend, "options": spec.options, "label": spec.name, "seed": seed,

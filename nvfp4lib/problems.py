@@ -94,11 +94,17 @@ class GroupedInputs:
     mode: str
 
 
-def _uniform_tensor(rows: int, k: int, gen: torch.Generator) -> NVFP4Tensor:
+# Uniform codes make |A·Bᵀ| ~ 50·sqrt(K): silu(gate)·up then overflows fp16 (~1e7 for K=4096).
+# For the dual GEMM the weights therefore carry global scale 2^-8: exact (a power of two), and it
+# exercises the global-scale path of every backend. Single GEMMs keep the study's global scale 1.
+DUAL_UNIFORM_WEIGHT_GLOBAL_SCALE = 2.0**-8
+
+
+def _uniform_tensor(rows: int, k: int, gen: torch.Generator, global_scale: float = 1.0) -> NVFP4Tensor:
     # The study's inputs: every code byte equally likely, scales drawn from {1, 2}, global scale 1.
     data = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, generator=gen)
     scales = (torch.randint(1, 3, (rows, k // 16), generator=gen).float()).to(torch.float8_e4m3fn)
-    return NVFP4Tensor(data, scales, torch.tensor(1.0))
+    return NVFP4Tensor(data, scales, torch.tensor(global_scale))
 
 
 def _gaussian_tensor(rows: int, k: int, gen: torch.Generator, std: float) -> NVFP4Tensor:
@@ -113,13 +119,14 @@ def make_inputs(problem: GroupedProblem, seed: int = 1111, mode: str = "uniform"
         raise ValueError(f"mode must be one of {INPUT_MODES}, got {mode!r}")
     gen = torch.Generator().manual_seed(seed)
 
-    def make(rows, k, std):
-        t = _uniform_tensor(rows, k, gen) if mode == "uniform" else _gaussian_tensor(rows, k, gen, std)
+    def make(rows, k, std, gs=1.0):
+        t = _uniform_tensor(rows, k, gen, gs) if mode == "uniform" else _gaussian_tensor(rows, k, gen, std)
         return t.to(device)
 
+    wgs = DUAL_UNIFORM_WEIGHT_GLOBAL_SCALE if problem.dual else 1.0
     a = [make(m, k, 1.0) for m, k in zip(problem.m, problem.k)]
-    b = [make(n, k, 0.02) for n, k in zip(problem.n, problem.k)]
-    b2 = [make(n, k, 0.02) for n, k in zip(problem.n, problem.k)] if problem.dual else None
+    b = [make(n, k, 0.02, wgs) for n, k in zip(problem.n, problem.k)]
+    b2 = [make(n, k, 0.02, wgs) for n, k in zip(problem.n, problem.k)] if problem.dual else None
     return GroupedInputs(problem, a, b, b2, seed, mode)
 
 

@@ -120,7 +120,7 @@ def _cutlass_from_unpacked_wheel() -> str | None:
         return None
     root = Path(cutlass.__file__).resolve().parents[3]
     for d in sorted(root.glob("nvidia_cutlass_dsl-*.dist-info")):
-        return d.name.split("-")[1].removesuffix(".dist-info")
+        return d.name.removesuffix(".dist-info").split("-")[1]
     return "installed (version unknown)"
 
 

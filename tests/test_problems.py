@@ -73,6 +73,8 @@ def test_uniform_mode_is_the_studys():
     s = torch.cat([t.scales.float().flatten() for t in x.a + x.b])
     assert set(s.unique().tolist()) == {1.0, 2.0}
     assert all(float(t.global_scale) == 1.0 for t in x.a + x.b)
+    d = make_inputs(get_problem("C1").with_dual(), seed=1111, mode="uniform")
+    assert all(float(t.global_scale) == 2.0**-8 for t in d.b + d.b2)
     codes = torch.cat([t.data.flatten() for t in x.a])
     assert codes.unique().numel() == 256  # every byte value occurs
 
@@ -86,3 +88,11 @@ def test_gaussian_mode_is_quantized_real_data():
 def test_suites_are_named():
     assert set(SUITES) >= {"benchmark", "dual", "correctness", "correctness-dual", "edge"}
     assert any(0 in p.m for p in EDGE)
+
+
+def test_uniform_dual_outputs_stay_finite_in_fp16():
+    from nvfp4lib import grouped_dual_gemm_silu
+    p = GroupedProblem.uniform_nk("big-k", (64,), 256, 7168, dual=True)
+    x = make_inputs(p, seed=1, mode="uniform")
+    out = grouped_dual_gemm_silu(x.a, x.b, x.b2)
+    assert torch.isfinite(out[0]).all()
