@@ -19,15 +19,20 @@ Decisions a user should know about
 * Rounding of elements is round-to-nearest, ties-to-even on the E2M1 grid,
   saturating at +-6. The sign bit is copied from the input (``torch.signbit``), so
   ``-0.0`` and small negatives that round to zero encode as ``0x8`` (negative zero),
-  as the hardware ``cvt.rn.satfinite.e2m1x2.f32`` does. The exception: a block
-  whose E4M3 scale is zero (or whose scale * global scale underflows FP32) encodes
-  all sixteen codes as ``0x0``.
+  as torch's (torchao's) bit-level float -> float4_e2m1fn_x2 converter does (the
+  tests compare bytes). The exception: a block whose E4M3 scale is zero (or whose
+  scale * global scale underflows FP32) encodes all sixteen codes as ``0x0``.
 * ``quantize`` computes in FP32. float16/bfloat16 inputs upcast exactly; float64
   inputs are first rounded to FP32 (and must fit in its range).
 * Block scales are cast with torch's ``float8_e4m3fn`` conversion (round to
   nearest even) after clamping to 448, so CPU and CUDA saturate identically.
   Blocks whose ideal scale falls in E4M3's subnormal range (< 2**-6) lose relative
-  precision, and below 2**-10 flush to zero.
+  precision, and at or below 2**-10 flush to zero. Re-quantizing a dequantized
+  tensor reproduces it bit for bit when every block scale is normal; a block with a
+  subnormal scale may pick a different scale the second time.
+* Accuracy assumes ``global_scale * block_scale`` is a normal FP32 number: with the
+  default global scale that means amax(|x|) above ~1e-32. Tinier tensors still
+  quantize (no error raised) but coarsely, down to all zeros.
 * ``dequantize`` is exact up to one rounding: ``e2m1 * e4m3`` needs at most
   2 + 4 = 6 significant bits and stays within [2**-10, 2688], so the product is
   exact in FP32 (and in bf16/fp16); multiplying by the FP32 global scale is then

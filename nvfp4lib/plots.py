@@ -1,0 +1,86 @@
+"""Figures for the notebooks: every figure names the GPU, its clocks and the data it came from."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from .store import DATA_DIR  # noqa: E402
+
+FIG_DIR = DATA_DIR.parent / "figures"
+
+__all__ = ["save", "caption", "latest_rows", "bar_chart", "FIG_DIR"]
+
+
+def save(fig, name: str, fig_dir: Path | str = FIG_DIR) -> Path:
+    """Write ``name``.png and ``name``.svg under figures/ (stable names: notebooks overwrite their own)."""
+    fig_dir = Path(fig_dir)
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    png = fig_dir / f"{name}.png"
+    fig.savefig(png, dpi=120, bbox_inches="tight")
+    fig.savefig(fig_dir / f"{name}.svg", bbox_inches="tight")
+    return png
+
+
+def caption(rows, source: str = "data/bench.jsonl") -> str:
+    """'NVIDIA H100 80GB HBM3 (SM 1980/1980 MHz, driver 580.159.04), 2026-11-22, run …, data/bench.jsonl'."""
+    if rows is None or len(rows) == 0:
+        return f"no recorded rows ({source})"
+    first = rows.iloc[0]
+    gpus = sorted(set(rows["gpu"]))
+    runs = sorted(set(rows["run_id"]))
+    clocks = f"SM {first.get('smi_clocks_sm', '?')} of max {first.get('smi_clocks_max_sm', '?')}"
+    run = runs[0] if len(runs) == 1 else f"{len(runs)} runs"
+    return (f"{' + '.join(gpus)} ({clocks}, driver {first.get('smi_driver_version', '?')}), "
+            f"{str(first.get('date', '?'))[:10]}, {run}, {source}")
+
+
+def latest_rows(df, **match):
+    """Rows of the most recent run that has rows matching ``match`` (column=value or column=callable)."""
+    if df is None or len(df) == 0:
+        return df
+    sel = df
+    for col, want in match.items():
+        if col not in sel.columns:
+            return sel.iloc[0:0]
+        sel = sel[sel[col].map(want)] if callable(want) else sel[sel[col] == want]
+    if len(sel) == 0:
+        return sel
+    last = sorted(sel["run_id"].unique())[-1]
+    return sel[sel["run_id"] == last]
+
+
+def bar_chart(rows, *, value="median_us", group="problem", series="label", floor_col="floor_us",
+              title="", ylabel="time (us, median; log scale)", log=True, source="data/bench.jsonl"):
+    """Grouped bars (one group per problem, one bar per series), the floor as a black tick, p10–p90 whiskers."""
+    problems = list(dict.fromkeys(rows[group]))
+    labels = list(dict.fromkeys(rows[series]))
+    width = 0.8 / max(len(labels), 1)
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(problems) + 2), 4.2))
+    x = np.arange(len(problems))
+    for i, lab in enumerate(labels):
+        vals, lo, hi = [], [], []
+        for p in problems:
+            r = rows[(rows[group] == p) & (rows[series] == lab)]
+            v = float(r[value].iloc[0]) if len(r) and value in r and r[value].notna().iloc[0] else np.nan
+            vals.append(v)
+            lo.append(v - float(r["p10_us"].iloc[0]) if len(r) and "p10_us" in r and not np.isnan(v) else 0)
+            hi.append(float(r["p90_us"].iloc[0]) - v if len(r) and "p90_us" in r and not np.isnan(v) else 0)
+        ax.bar(x + (i - (len(labels) - 1) / 2) * width, vals, width, label=lab,
+               yerr=[lo, hi] if value == "median_us" else None, capsize=2)
+    if floor_col and floor_col in rows:
+        for j, p in enumerate(problems):
+            f = float(rows[rows[group] == p][floor_col].iloc[0])
+            ax.hlines(f, j - 0.45, j + 0.45, colors="k", linewidth=2, label="floor" if j == 0 else None)
+    ax.set_xticks(x, problems)
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=2)
+    fig.text(0.01, -0.02, caption(rows, source), fontsize=7, ha="left", va="top")
+    return fig
