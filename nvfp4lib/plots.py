@@ -84,3 +84,47 @@ def bar_chart(rows, *, value="median_us", group="problem", series="label", floor
     ax.legend(fontsize=7, ncol=2)
     fig.text(0.01, -0.02, caption(rows, source), fontsize=7, ha="left", va="top")
     return fig
+
+
+# Public B200 figures for the modelled panel (NVIDIA B200 datasheet: dense FP4 tensor ~9 PFLOP/s,
+# HBM3e 8 TB/s). Labelled "modelled" wherever used: no B200 measurement exists in this repo.
+B200_SPEC = {"fp4_tflops": 9000.0, "hbm_gbps": 8000.0, "source": "NVIDIA B200 datasheet (dense FP4, HBM3e)"}
+
+
+def roofline_axes(ax, peak_tflops: float, bw_gbps: float, label: str, xlim=(1, 4096)):
+    """Draw a roof: min(peak, intensity × bandwidth) over flop/byte, log-log."""
+    x = np.logspace(np.log10(xlim[0]), np.log10(xlim[1]), 200)
+    ax.plot(x, np.minimum(peak_tflops, x * bw_gbps * 1e-3), "k-", lw=1.5, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (flop per NVFP4 byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.grid(True, which="both", alpha=0.2)
+
+
+def roofline_figure(rows, study=None, source="data/bench.jsonl"):
+    """Left: every measured point on this GPU's roofline. Right: the study's B200 numbers, modelled roof."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    if rows is not None and len(rows):
+        ceil_mma = float(rows["ceil_bf16_tflops"].median())
+        ceil_bw = float(rows["ceil_copy_gbps"].median())
+        roofline_axes(ax1, ceil_mma, ceil_bw, f"bf16 MMA {ceil_mma:.0f} TFLOP/s, copy {ceil_bw:.0f} GB/s")
+        ok = rows[rows["status"] == "ok"]
+        for backend, r in ok.groupby("backend"):
+            ax1.scatter(r["flops"] / r["nvfp4_bytes"], r["tflops"], s=18, label=backend)
+        ax1.set_title("measured on " + " + ".join(sorted(set(rows["gpu"]))))
+        ax1.legend(fontsize=7)
+        fig.text(0.01, -0.02, caption(rows, source), fontsize=7, ha="left", va="top")
+    else:
+        ax1.text(0.5, 0.5, "no recorded measurements yet", ha="center", transform=ax1.transAxes)
+    roofline_axes(ax2, B200_SPEC["fp4_tflops"], B200_SPEC["hbm_gbps"], "B200 FP4 roof (modelled, datasheet)")
+    if study:
+        for name, (intensity, t_base, t_target, flops) in study.items():
+            ax2.scatter([intensity], [flops / t_base * 1e-6], marker="x", c="r",
+                        label="study baseline (B200, reported)" if name == "S1" else None)
+            ax2.scatter([intensity], [flops / t_target * 1e-6], marker="o", c="g",
+                        label="study target (B200)" if name == "S1" else None)
+            ax2.annotate(name, (intensity, flops / t_base * 1e-6), fontsize=7)
+    ax2.set_title("the study's B200 numbers (a different GPU: not comparable point by point)")
+    ax2.legend(fontsize=7)
+    return fig
