@@ -31,7 +31,10 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from .config import KernelConfig
 
 SMEM_LIMIT = 232448  # bytes of shared memory one CTA may use on sm_90 (227 KB)
-MAX_ACC_REGS = 192  # fp32 accumulator registers per thread we allow before calling a config a spill risk
+MAX_ACC_REGS = 192
+# The swizzle of a wgmma smem layout acts on byte offsets (S<3,4,3>: 16-byte chunks XOR-ed by row);
+# our stores index bf16 elements, so offsets are scaled to bytes and back.
+SWIZZLE_UNIT = 2  # fp32 accumulator registers per thread we allow before calling a config a spill risk
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,8 +372,8 @@ class GroupedNvfp4GemmSm90:
             cb = idx % self.tile_kb
             byte = cutlass.Int32(sQ[r, cb, stage])
             scale = e4m3_value(cutlass.Int32(sSF[r, cb // 8, stage]))
-            lin = cute.crd2idx((r, 2 * cb, 0), out_layout.outer)
-            off = lin ^ ((lin >> (mbase + sshift)) & ((1 << bbits) - 1)) << mbase
+            lin = cute.crd2idx((r, 2 * cb, 0), out_layout.outer) * SWIZZLE_UNIT
+            off = (lin ^ ((lin >> (mbase + sshift)) & ((1 << bbits) - 1)) << mbase) // SWIZZLE_UNIT
             sOut_flat[base + off] = e2m1_times(byte, scale).to(self.ab_dtype)
             sOut_flat[base + off + 1] = e2m1_times(byte >> 4, scale).to(self.ab_dtype)
 
