@@ -21,12 +21,12 @@ CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B,
     _B.with_(name="baseline_dual", tile_n=64, dual=True),
     _B.with_(name="stages2", ab_stages=2),
-    _B.with_(name="stages3", ab_stages=3),
     _B.with_(name="tile64x128", tile_m=64),
     _B.with_(name="tile128x64", tile_n=64),
     _B.with_(name="tile64x64", tile_m=64, tile_n=64),
 )}
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
+    _B.with_(name="stages3", ab_stages=3),
     _B.with_(name="stages4", ab_stages=4),
     _B.with_(name="tile128x256", tile_n=256),
     _B.with_(name="tile128x128x512", tile_k=512),
