@@ -90,7 +90,7 @@ def cmd_compile(args) -> int:
 
     rows = compile_rows(args.arch, args.config, sweep=args.sweep, dual=args.dual)
     for r in rows:
-        res = "refused: " + r["error"][:80] if r.get("error") else (
+        res = r["error"][:100] if r.get("error") else (
             f"regs={r.get('registers')} spills={r.get('spill_stores')}/{r.get('spill_loads')} "
             f"smem={r.get('smem_bytes')} wgmma={r.get('wgmma.mma_async')} "
             f"tma={r.get('cp.async.bulk.tensor')} tcgen05.mma={r.get('tcgen05.mma')}")
