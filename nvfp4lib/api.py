@@ -55,11 +55,23 @@ def validate_operands(a, b, b2=None, out_dtype=torch.float16):
     return a, b, b2
 
 
-def prepare(a, b, b2=None, *, backend: str = "reference", out_dtype=torch.float16, **options) -> Runner:
-    """Validate, then let ``backend`` do its one-time work; call the returned Runner to compute."""
+def prepare(a, b, b2=None, *, backend: str = "reference", out_dtype=torch.float16, strategy: str = "grouped",
+            graph: bool = False, **options) -> Runner:
+    """Validate, then let ``backend`` do its one-time work; call the returned Runner to compute.
+
+    ``strategy`` ("grouped", "loop", "streams") and ``graph`` choose how the work is launched
+    (see :mod:`nvfp4lib.launch`); other options go to the backend (e.g. ``config=`` for CuTe kernels)."""
+    from .launch import STRATEGIES, graphed, per_group
+
     a, b, b2 = validate_operands(a, b, b2, out_dtype)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
     factory = get_backend(backend)
-    return factory(a, b, b2, out_dtype=out_dtype, **options)
+    if strategy == "grouped":
+        runner = factory(a, b, b2, out_dtype=out_dtype, **options)
+    else:
+        runner = per_group(factory, a, b, b2, out_dtype=out_dtype, streams=strategy == "streams", **options)
+    return graphed(runner) if graph else runner
 
 
 def grouped_gemm(a, b, *, backend: str = "reference", out_dtype=torch.float16, **options) -> list[torch.Tensor]:

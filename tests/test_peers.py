@@ -1,0 +1,67 @@
+"""The torch peers against the exact reference (CPU here; tests/gpu covers CUDA)."""
+import pytest
+import torch
+
+from nvfp4lib import get_problem, make_inputs
+from nvfp4lib.api import prepare
+from nvfp4lib.bench import check_runner
+from nvfp4lib.formats import dequantize
+from nvfp4lib.peers.torch_peers import E2M1_LUT, dequant16, probe_scaled_mm_fp4
+from nvfp4lib.reference import reference_grouped_gemm
+
+
+def test_dequant16_is_exact():
+    x = make_inputs(get_problem("C1"), seed=4, mode="gaussian").b[0]
+    d = dequant16(x.data, x.scales, torch.bfloat16).float()
+    assert torch.equal(d * x.global_scale, dequantize(x))
+    assert E2M1_LUT.numel() == 16
+
+
+@pytest.mark.parametrize("backend", ["torch-bf16", "torch-dequant"])
+@pytest.mark.parametrize("name", ["C4", "C9", "E1-empty-group"])
+@pytest.mark.parametrize("dual", [False, True])
+@pytest.mark.parametrize("mode", ["uniform", "gaussian"])
+def test_torch_peers_match_the_reference(backend, name, dual, mode):
+    p = get_problem(name).with_dual(dual)
+    x = make_inputs(p, seed=5, mode=mode)
+    ref = reference_grouped_gemm(x.a, x.b, x.b2)
+    assert check_runner(prepare(x.a, x.b, x.b2, backend=backend), ref) <= 1e-3
+
+
+@pytest.mark.parametrize("strategy", ["loop", "streams"])
+def test_launch_strategies_on_cpu(strategy):
+    x = make_inputs(get_problem("E1-empty-group"), seed=1)
+    ref = reference_grouped_gemm(x.a, x.b)
+    r = prepare(x.a, x.b, backend="torch-bf16", strategy=strategy)
+    assert check_runner(r, ref) <= 1e-3
+    assert r.outputs[0].shape == (0, 256)
+
+
+def test_bad_strategy_and_graph_without_cuda():
+    x = make_inputs(get_problem("C1"), seed=1)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        prepare(x.a, x.b, backend="torch-bf16", strategy="threads")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA graphs"):
+            prepare(x.a, x.b, backend="torch-bf16", graph=True)
+
+
+@pytest.mark.slow
+def test_torch_compile_matches_the_reference():
+    p = get_problem("C4").with_dual()
+    x = make_inputs(p, seed=6, mode="gaussian")
+    ref = reference_grouped_gemm(x.a, x.b, x.b2)
+    assert check_runner(prepare(x.a, x.b, x.b2, backend="torch-compile"), ref) <= 1e-3
+
+
+def test_grouped_mm_refuses_ragged_k():
+    x = make_inputs(get_problem("C1"), seed=1)
+    with pytest.raises((ValueError, RuntimeError)):
+        prepare(x.a, x.b, backend="torch-grouped-mm")
+
+
+def test_scaled_mm_probe_reports():
+    info = probe_scaled_mm_fp4()
+    assert set(info) >= {"supported", "error", "torch"}
+    if not torch.cuda.is_available():
+        assert info["supported"] is False and info["error"]
