@@ -35,6 +35,11 @@ class Runner:
     held_bytes: int = 0  # device memory the backend holds for the weights (NVFP4: 0.5625 B/elem)
     notes: str = ""
     info: dict = field(default_factory=dict)
+    # Where the backend's own result rounding exceeds the fp16 check (e.g. a bf16-only result), the
+    # tolerance it is checked against; recorded beside every measurement.
+    tolerance: float | None = None
+    # Why the per-call work cannot be captured in a CUDA graph, if it cannot.
+    not_graphable: str = ""
 
     def __call__(self) -> list[torch.Tensor]:
         self.fn()

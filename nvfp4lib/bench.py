@@ -121,12 +121,13 @@ def bench(specs, problems, *, seed: int = 1111, mode: str = "uniform", iters: in
                 row.update({f"info_{k}": v for k, v in runner.info.items()})
                 err = check_runner(runner, ref)
                 row["rel_err"] = err
-                if not err <= tol:
-                    row["status"] = f"wrong: rel_err {err:.3g} > {tol}"
+                row["tol"] = tol_used = max(tol, runner.tolerance or 0.0)
+                if not err <= tol_used:
+                    row["status"] = f"wrong: rel_err {err:.3g} > {tol_used}"
                 else:
                     times = time_runner(runner, iters=iters, flush=flush)
                     err2 = relative_error(runner.outputs, ref)
-                    if not err2 <= tol:
+                    if not err2 <= tol_used:
                         row["status"] = f"wrong after timing: rel_err {err2:.3g}"
                     else:
                         row.update(_timing_fields(times, prob, floor))

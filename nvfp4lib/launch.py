@@ -46,13 +46,17 @@ def per_group(factory, a, b, b2, *, out_dtype, streams: bool, **options) -> Runn
     name = "streams (one CUDA stream per group)" if streams else "loop (one launch per group)"
     return Runner(run, outputs, prepare_s=time.perf_counter() - t0,
                   held_bytes=sum(r.held_bytes for r in subs),
-                  notes=f"{name}; " + (subs[0].notes if subs else ""), info={"strategy": name})
+                  notes=f"{name}; " + (subs[0].notes if subs else ""), info={"strategy": name},
+                  tolerance=max((r.tolerance or 0 for r in subs), default=0) or None,
+                  not_graphable="; ".join(sorted({r.not_graphable for r in subs if r.not_graphable})))
 
 
 def graphed(runner: Runner, warmup: int = 2) -> Runner:
     """Capture ``runner``'s per-call work in a CUDA graph; calls replay it."""
     if not runner.outputs or not runner.outputs[0].is_cuda:
         raise RuntimeError("graph=True needs CUDA tensors (CUDA graphs capture GPU work)")
+    if runner.not_graphable:
+        raise NotImplementedError(f"graph=True refused: {runner.not_graphable}")
     t0 = time.perf_counter()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -65,4 +69,5 @@ def graphed(runner: Runner, warmup: int = 2) -> Runner:
         runner.fn()
     torch.cuda.synchronize()
     return Runner(graph.replay, runner.outputs, prepare_s=runner.prepare_s + time.perf_counter() - t0,
-                  held_bytes=runner.held_bytes, notes=runner.notes + "; CUDA graph", info={**runner.info, "graph": True})
+                  held_bytes=runner.held_bytes, notes=runner.notes + "; CUDA graph", info={**runner.info, "graph": True},
+                  tolerance=runner.tolerance)
