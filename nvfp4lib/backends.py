@@ -40,6 +40,8 @@ class Runner:
     tolerance: float | None = None
     # Why the per-call work cannot be captured in a CUDA graph, if it cannot.
     not_graphable: str = ""
+    # Whatever the launch needs alive (a graph replays raw addresses: the tensors behind them must outlive it).
+    keepalive: object = None
 
     def __call__(self) -> list[torch.Tensor]:
         self.fn()

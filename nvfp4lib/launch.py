@@ -44,7 +44,7 @@ def per_group(factory, a, b, b2, *, out_dtype, streams: bool, **options) -> Runn
                 r.fn()
 
     name = "streams (one CUDA stream per group)" if streams else "loop (one launch per group)"
-    return Runner(run, outputs, prepare_s=time.perf_counter() - t0,
+    return Runner(run, outputs, prepare_s=time.perf_counter() - t0, keepalive=subs,
                   held_bytes=sum(r.held_bytes for r in subs),
                   notes=f"{name}; " + (subs[0].notes if subs else ""), info={"strategy": name},
                   tolerance=max((r.tolerance or 0 for r in subs), default=0) or None,
@@ -70,4 +70,4 @@ def graphed(runner: Runner, warmup: int = 2) -> Runner:
     torch.cuda.synchronize()
     return Runner(graph.replay, runner.outputs, prepare_s=runner.prepare_s + time.perf_counter() - t0,
                   held_bytes=runner.held_bytes, notes=runner.notes + "; CUDA graph", info={**runner.info, "graph": True},
-                  tolerance=runner.tolerance)
+                  tolerance=runner.tolerance, keepalive=(runner, graph))

@@ -65,3 +65,20 @@ def test_scaled_mm_probe_reports():
     assert set(info) >= {"supported", "error", "torch"}
     if not torch.cuda.is_available():
         assert info["supported"] is False and info["error"]
+
+
+def test_graphed_runner_keeps_what_the_graph_reads_alive():
+    # A CUDA graph replays raw addresses: the un-graphed runner (its weights, buffers) must outlive it.
+    import gc
+    import weakref
+
+    from nvfp4lib.backends import Runner
+    from nvfp4lib.launch import per_group
+
+    x = make_inputs(get_problem("C1"), seed=1)
+    r = per_group(lambda a, b, b2, **k: prepare(a, b, b2, backend="torch-bf16"), x.a, x.b, None,
+                  out_dtype=torch.float16, streams=False)
+    assert isinstance(r, Runner) and r.keepalive
+    ref = weakref.ref(r.keepalive[0])
+    gc.collect()
+    assert ref() is not None

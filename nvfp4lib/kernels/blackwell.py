@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -65,6 +66,7 @@ import torch
 from cutlass.cute.nvgpu import cpasync, tcgen05
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
+from ..backends import Runner
 from .config import KernelConfig
 
 __all__ = [
@@ -74,9 +76,7 @@ __all__ = [
     "cutlass_scale_offsets", "ctas_per_sm", "Sm100NvFp4GroupedGemm",
 ]
 
-import os
 
-_DBG = int(os.environ.get('BW_CUT', '99'))
 LABEL = "compiled for sm_100a, not run"
 ARCH = "sm_100a"
 
@@ -263,14 +263,31 @@ def ctas_per_sm(*, smem_bytes: int, registers: Optional[int], threads: int, tmem
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _mma_compiler_error(cfg: KernelConfig) -> Optional[str]:
-    """The error CuTe DSL raises building this MMA (what ``cute.compile`` would report), or None."""
+def _clean(e: Exception) -> str:
+    """CuTe DSL's message without colour codes and suggestions: 'OpError: ... (MmaMXF4NVF4Op error)'."""
+    text = " ".join(_ANSI.sub("", str(e)).split())
+    head, _, rest = text.partition(" Error Code: ")
+    code = rest.split(" 💡")[0].split(" Suggestions:")[0].strip()
+    return f"{head} ({code})" if code else head
+
+
+def _mma_compiler_error(cfg: KernelConfig) -> Optional[tuple[str, str]]:
+    """(which MMA, CuTe DSL's error) if building this config's MMAs fails, as ``cute.compile`` would.
+
+    Two MMAs are built: the block-scaled MMA itself, and the 1-CTA MMA over 128-row-padded N tiles
+    that CUTLASS uses to lay out B's scale factors (per CTA: M = tile_m).
+    """
+    m, n, k = mma_shape(cfg)
     group = tcgen05.CtaGroup.TWO if cfg.use_2cta else tcgen05.CtaGroup.ONE
     try:
-        tcgen05.MmaMXF4NVF4Op(cutlass.Float8E4M3FN, mma_shape(cfg), group, tcgen05.OperandSource.SMEM)
-    except Exception as e:  # OpError: the DSL's instruction-shape rule
-        text = _ANSI.sub("", str(e)).strip()
-        return " ".join(text.split("Suggestions:")[0].split())
+        tcgen05.MmaMXF4NVF4Op(cutlass.Float8E4M3FN, (m, n, k), group, tcgen05.OperandSource.SMEM)
+    except Exception as e:  # OpError: the instruction-shape rule
+        return "mma", _clean(e)
+    try:
+        tcgen05.MmaMXF4NVF4Op(cutlass.Float8E4M3FN, (cfg.tile_m, _round_up(n, 128), k), tcgen05.CtaGroup.ONE,
+                              tcgen05.OperandSource.SMEM)
+    except Exception as e:
+        return "sfb", _clean(e)
     return None
 
 
@@ -292,13 +309,18 @@ def validate(cfg: KernelConfig, arch: str = ARCH) -> KernelConfig:
     # The instruction's shape rule, in the compiler's words.
     err = _mma_compiler_error(cfg)
     if err is not None:
+        which, text = err
         m, n, _ = mma_shape(cfg)
-        rule = ("cta_group::2 block-scaled MMA: M in {128, 256} (2*tile_m), N a multiple of 16 in [16, 256]"
-                if cfg.use_2cta else
-                "cta_group::1 block-scaled MMA: M = 128, N a multiple of 8 in [8, 256]")
-        raise ValueError(f"{name}: tile {cfg.tile_m}x{cfg.tile_n}{' (2-CTA)' if cfg.use_2cta else ''} needs a "
-                         f"{m}x{n} tcgen05.mma.kind::mxf4nvf4, which the hardware does not have ({rule}); "
-                         f"CuTe DSL: {err}")
+        tile = f"tile {cfg.tile_m}x{cfg.tile_n}{' (2-CTA)' if cfg.use_2cta else ''}"
+        if which == "mma":
+            rule = ("cta_group::2 block-scaled MMA: M in {128, 256} (2*tile_m), N a multiple of 16 in [16, 256]"
+                    if cfg.use_2cta else
+                    "cta_group::1 block-scaled MMA: M = 128, N a multiple of 8 in [8, 256]")
+            raise ValueError(f"{name}: {tile} needs a {m}x{n} tcgen05.mma.kind::mxf4nvf4, which the hardware "
+                             f"does not have ({rule}); CuTe DSL: {text}")
+        raise ValueError(f"{name}: {tile}: the {m}x{n} cta_group::2 MMA exists, but CuTe DSL 4.3.5 lays out B's "
+                         f"scale factors through a 1-CTA MMA of M = tile_m = {cfg.tile_m} per CTA, which does not "
+                         f"(NVIDIA's examples use the 2-CTA MMA only with M = 256); CuTe DSL: {text}")
     if cfg.warp_spec == "none":
         if cfg.use_2cta or cfg.cluster_m != 1 or cfg.cluster_n != 1:
             raise ValueError(f"{name}: the study's structure (warp_spec='none') runs one CTA per tile with no "
@@ -311,10 +333,10 @@ def validate(cfg: KernelConfig, arch: str = ARCH) -> KernelConfig:
             raise ValueError(f"{name}: {what}={v}: must be a power of two <= 4 (scale-factor multicast)")
     if cfg.use_2cta and cfg.cluster_m % 2:
         raise ValueError(f"{name}: use_2cta needs cluster_m even (the CTA pair lies along M), got {cfg.cluster_m}")
-    if cfg.tile_n % 64:
-        raise ValueError(f"{name}: tile_n={cfg.tile_n}: the scale-factor tile of B is 128 rows; this kernel "
-                         "handles tile_n in {64, 128, 192, 256} (64 and 192 by offsetting into a 128-row tile), "
-                         "as NVIDIA's dense block-scaled example does")
+    if cfg.tile_n not in (64, 128, 256):
+        raise ValueError(f"{name}: tile_n={cfg.tile_n}: B's scale factors are loaded in 128-row tiles; this kernel "
+                         "handles tile_n in {64, 128, 256} (64 by offsetting into a 128-row tile, as NVIDIA's dense "
+                         "block-scaled example does)")
     tm = tmem_columns(cfg)
     if tm["used"] > TMEM_COLUMNS:
         raise ValueError(f"{name}: needs {tm['used']} tensor-memory columns ({tm['acc']} for "
@@ -916,7 +938,7 @@ class Sm100NvFp4GroupedGemm:
             load_atoms += [tma_atom_b2, tma_atom_sfb2]
             slots += [self.tm_b2, self.tm_sfb2]
 
-        if warp_idx == 0 and cutlass.const_expr(_DBG >= 1):
+        if warp_idx == 0:
             # Point this CTA's descriptors at its group (in shared memory), publish them to its slot.
             self._load_descriptors(tensormap_manager, load_atoms, [tmap_smem_ptrs[s] for s in slots], 0)
             ga, gb, gsfa, gsfb, gb2, gsfb2 = self._group_operands(group_idx, m, n, k, addresses)
@@ -935,7 +957,7 @@ class Sm100NvFp4GroupedGemm:
         tCtAcc_base, tCtSFA, (tCtSFB, tCtSFB2), (sfb_col0, sfb2_col0), tCtSFB_layout = self._tmem_tensors(
             tiled_mma, acc_tmem_ptr, tCtAcc_fake, sfa_smem_layout_staged, sfb_smem_layout_staged)
 
-        if warp_idx == 0 and cutlass.const_expr(_DBG >= 2):
+        if warp_idx == 0:
             tiled_copy_s2t_sfa, tCsSFA_s2t, tCtSFA_s2t = self._s2t_copy_and_partition(sSFA, tCtSFA)
             tiled_copy_s2t_sfb, tCsSFB_s2t, tCtSFB_s2t = self._s2t_copy_and_partition(sSFB, tCtSFB)
             tiled_copy_s2t_sfb2, tCsSFB2_s2t, tCtSFB2_s2t = self._s2t_copy_and_partition(sSFB2, tCtSFB2)
@@ -950,31 +972,32 @@ class Sm100NvFp4GroupedGemm:
             tBgSFB_slice = tBgSFB[(None, sfb_n, None, 0)]
             tBgSFB2_slice = tBgSFB2[(None, sfb_n, None, 0)]
 
+            desc = [tensormap_manager.get_tensormap_ptr(t, cute.AddressSpace.generic) for t in tmap_gmem]
             ab_producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_ab_stage)
             ab_consumer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_ab_stage)
             acc_producer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.num_acc_stage)
             acc_pipeline.producer_acquire(acc_producer_state)
             tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
 
-            for k_tile in cutlass.range(0, k_tile_cnt, 1, unroll=1):
+            for _k_tile in cutlass.range(0, k_tile_cnt, 1, unroll=1):
                 # Load k-tile: wait until its buffer is free (its previous MMAs are done) ...
                 ab_pipeline.producer_acquire(ab_producer_state)
                 bar = ab_pipeline.producer_get_barrier(ab_producer_state)
                 kc = ab_producer_state.count
                 ks = ab_producer_state.index
-                cute.copy(tma_atom_a, tAgA_slice[(None, kc)], tAsA[(None, ks)], tma_bar_ptr=bar,
-                          tma_desc_ptr=tensormap_manager.get_tensormap_ptr(tmap_gmem[self.tm_a], cute.AddressSpace.generic))
-                cute.copy(tma_atom_b, tBgB_slice[(None, kc)], tBsB[(None, ks)], tma_bar_ptr=bar,
-                          tma_desc_ptr=tensormap_manager.get_tensormap_ptr(tmap_gmem[self.tm_b], cute.AddressSpace.generic))
-                cute.copy(tma_atom_sfa, tAgSFA_slice[(None, kc)], tAsSFA[(None, ks)], tma_bar_ptr=bar,
-                          tma_desc_ptr=tensormap_manager.get_tensormap_ptr(tmap_gmem[self.tm_sfa], cute.AddressSpace.generic))
-                cute.copy(tma_atom_sfb, tBgSFB_slice[(None, kc)], tBsSFB[(None, ks)], tma_bar_ptr=bar,
-                          tma_desc_ptr=tensormap_manager.get_tensormap_ptr(tmap_gmem[self.tm_sfb], cute.AddressSpace.generic))
+                cute.copy(tma_atom_a, tAgA_slice[(None, kc)], tAsA[(None, ks)],
+                          tma_bar_ptr=bar, tma_desc_ptr=desc[self.tm_a])
+                cute.copy(tma_atom_b, tBgB_slice[(None, kc)], tBsB[(None, ks)],
+                          tma_bar_ptr=bar, tma_desc_ptr=desc[self.tm_b])
+                cute.copy(tma_atom_sfa, tAgSFA_slice[(None, kc)], tAsSFA[(None, ks)],
+                          tma_bar_ptr=bar, tma_desc_ptr=desc[self.tm_sfa])
+                cute.copy(tma_atom_sfb, tBgSFB_slice[(None, kc)], tBsSFB[(None, ks)],
+                          tma_bar_ptr=bar, tma_desc_ptr=desc[self.tm_sfb])
                 if cutlass.const_expr(self.dual):
-                    cute.copy(tma_atom_b2, tBgB2_slice[(None, kc)], tBsB2[(None, ks)], tma_bar_ptr=bar,
-                              tma_desc_ptr=tensormap_manager.get_tensormap_ptr(tmap_gmem[self.tm_b2], cute.AddressSpace.generic))
-                    cute.copy(tma_atom_sfb2, tBgSFB2_slice[(None, kc)], tBsSFB2[(None, ks)], tma_bar_ptr=bar,
-                              tma_desc_ptr=tensormap_manager.get_tensormap_ptr(tmap_gmem[self.tm_sfb2], cute.AddressSpace.generic))
+                    cute.copy(tma_atom_b2, tBgB2_slice[(None, kc)], tBsB2[(None, ks)],
+                              tma_bar_ptr=bar, tma_desc_ptr=desc[self.tm_b2])
+                    cute.copy(tma_atom_sfb2, tBgSFB2_slice[(None, kc)], tBsSFB2[(None, ks)],
+                              tma_bar_ptr=bar, tma_desc_ptr=desc[self.tm_sfb2])
                 ab_producer_state.advance()
 
                 # ... then wait for it to land and multiply (the same warp: nothing else overlaps).
@@ -1003,15 +1026,14 @@ class Sm100NvFp4GroupedGemm:
             ab_pipeline.producer_tail(ab_producer_state)
 
         # SIMT epilogue, all four warps: thread t owns accumulator row t (tensor-memory lane t).
-        if cutlass.const_expr(_DBG >= 3):
-            mC = self._group_output(group_idx, m, n, addresses)
-            gC_mnl = cute.local_tile(mC, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
-            tCgC = thr_mma.partition_C(gC_mnl)
-            # Coordinates inside one MMA tile (static), offset by the tile's origin below.
-            tCcC = thr_mma.partition_C(cute.make_identity_tensor(cute.slice_(self.mma_tiler, (None, None, 0))))
-            acc_consumer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_acc_stage)
-            self._simt_epilogue(tidx, tCtAcc_base, tCgC, tCcC, acc_pipeline, acc_consumer_state,
-                                (mma_tile_m, mma_tile_n, 0), m, n, alphas[(group_idx, 0)], alphas[(group_idx, 1)])
+        mC = self._group_output(group_idx, m, n, addresses)
+        gC_mnl = cute.local_tile(mC, cute.slice_(self.mma_tiler, (None, None, 0)), (None, None, None))
+        tCgC = thr_mma.partition_C(gC_mnl)
+        # Coordinates inside one MMA tile (static), offset by the tile's origin below.
+        tCcC = thr_mma.partition_C(cute.make_identity_tensor(cute.slice_(self.mma_tiler, (None, None, 0))))
+        acc_consumer_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.num_acc_stage)
+        self._simt_epilogue(tidx, tCtAcc_base, tCgC, tCcC, acc_pipeline, acc_consumer_state,
+                            (mma_tile_m, mma_tile_n, 0), m, n, alphas[(group_idx, 0)], alphas[(group_idx, 1)])
 
         tmem.relinquish_alloc_permit()
         self.epilog_sync_barrier.arrive_and_wait()
@@ -1049,18 +1071,14 @@ class Sm100NvFp4GroupedGemm:
             if cutlass.const_expr(self.dual):
                 cute.copy(tiled_copy_t2r, tTR_tAcc2[(None, None, None, subtile_idx)], tTR_rAcc2)
                 vals.append(tTR_rAcc2.load())
-            if cutlass.const_expr(_DBG >= 4):
-                tTR_rC.store(self._epilogue_values(vals, alpha1, alpha2).to(self.c_dtype))
-            else:
-                tTR_rC.store(vals[0].to(self.c_dtype))
-            # Rows past M (and slices past N) belong to no one: M is ragged, C is exactly [M, N].
-            if cutlass.const_expr(_DBG >= 5):
-                coord = tTR_cC[(None, None, None, subtile_idx)][0]
-                row = mma_tile_coord_mnl[0] * self.mma_tiler[0] + coord[0]
-                col = mma_tile_coord_mnl[1] * self.mma_tiler[1] + coord[1]
-                if row < m and col < n:
-                    cute.copy(simt_atom, tTR_rC, tTR_gC[(None, None, None, subtile_idx)])
-            else:
+            tTR_rC.store(self._epilogue_values(vals, alpha1, alpha2).to(self.c_dtype))
+            # Rows past M (and slices past N) belong to no one: M is ragged and C is exactly [M, N].
+            # (A coordinate tensor over the whole dynamic-shaped C crashes CuTe DSL 4.3.5's compiler;
+            # coordinates inside the static MMA tile plus the tile origin do not.)
+            coord = tTR_cC[(None, None, None, subtile_idx)][0]
+            row = mma_tile_coord_mnl[0] * self.mma_tiler[0] + coord[0]
+            col = mma_tile_coord_mnl[1] * self.mma_tiler[1] + coord[1]
+            if row < m and col < n:
                 cute.copy(simt_atom, tTR_rC, tTR_gC[(None, None, None, subtile_idx)])
         cute.arch.fence_view_async_tmem_load()
         with cute.arch.elect_one():
@@ -1265,7 +1283,7 @@ class Sm100NvFp4GroupedGemm:
                     for s in load_slots:
                         tensormap_manager.fence_tensormap_update(tmap_gmem[s])
 
-                for k_tile in cutlass.range(0, k_tile_cnt, 1, unroll=1):
+                for _k_tile in cutlass.range(0, k_tile_cnt, 1, unroll=1):
                     ab_pipeline.producer_acquire(ab_producer_state, peek_ab_empty_status)
                     bar = ab_pipeline.producer_get_barrier(ab_producer_state)
                     kc = ab_producer_state.count
@@ -1338,7 +1356,7 @@ class Sm100NvFp4GroupedGemm:
                     acc_pipeline.producer_acquire(acc_producer_state)
                 tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
 
-                for k_tile in range(k_tile_cnt):
+                for _k_tile in range(k_tile_cnt):
                     if is_leader_cta:
                         ab_pipeline.consumer_wait(ab_consumer_state, peek_ab_full_status)
                         cs = ab_consumer_state.index
@@ -1375,7 +1393,8 @@ class Sm100NvFp4GroupedGemm:
         #
         if warp_idx < self.mma_warp_id:
             if cutlass.const_expr(self.tma_store):
-                tensormap_manager.init_tensormap_from_atom(tma_atom_c, tmap_smem_ptrs[self.tm_c], self.epilog_warp_id[0])
+                tensormap_manager.init_tensormap_from_atom(
+                    tma_atom_c, tmap_smem_ptrs[self.tm_c], self.epilog_warp_id[0])
             tmem.allocate(self.num_tmem_alloc_cols)
             tmem.wait_for_alloc()
             acc_tmem_ptr = tmem.retrieve_ptr(self.acc_dtype)
@@ -1511,3 +1530,179 @@ def fake_arguments(cfg: KernelConfig, group_count: int = _FAKE_GROUPS, max_activ
             cutlass.Int32(128), cutlass.Int32(4096), cutlass.Int32(7168),
             ptr(cutlass.Int32, 5), ptr(cutlass.Int64, 6), ptr(cutlass.Float32, 7), ptr(cutlass.Int64, 8),
             cutlass.Int32(B200_SMS), cutlass.Int32(64), group_count, max_active_clusters, make_fake_stream())
+
+
+_COUNTED = ("tcgen05.mma", "tcgen05.ld", "tcgen05.cp", "cp.async.bulk.tensor", "mbarrier.try_wait")
+
+
+def _ptx_forms(ptx: str) -> dict:
+    """Which forms of the key instructions the PTX holds (e.g. the tcgen05.ld shape)."""
+    out = {}
+    for key, pat in (("tcgen05.mma forms", r"tcgen05\.mma\.[\w:.]+"), ("tcgen05.ld forms", r"tcgen05\.ld\.[\w:.]+"),
+                     ("tcgen05.cp forms", r"tcgen05\.cp\.[\w:.]+"), ("st.global forms", r"st\.global\.[\w.]+")):
+        out[key] = ",".join(sorted(set(re.findall(pat, ptx))))
+    return out
+
+
+def compile_report(config, arch: str = ARCH, *, keep_ptx: bool = False) -> dict:
+    """Compile ``config`` for sm_100a with fake operands and report what the compiler made.
+
+    Compiled for sm_100a, not run. Returns one row: registers, spills, static and dynamic shared
+    memory (the kernel's own struct, checked against :func:`storage_plan` and the sm_100 limit),
+    tensor-memory columns, threads, CTAs per SM permitted by each resource, and PTX instruction
+    counts. A config that :func:`validate` or the compiler refuses returns ``{"error": message}``
+    (plus ``rejected_by``) instead of raising.
+    """
+    from .compiling import compile_offline
+
+    cfg = _get_config(config)
+    row = {"label": LABEL, "arch": arch, "threads": threads_per_cta(cfg),
+           "structure": "study (warp 0 loads+MMA, 4-warp SIMT epilogue)" if cfg.warp_spec == "none"
+           else "warp-specialized (TMA warp, MMA warp, 4 epilogue warps), persistent"}
+    try:
+        validate(cfg, arch)
+    except ValueError as e:
+        msg = str(e)
+        by = "hardware MMA shape (CuTe DSL)" if "which the hardware does not have" in msg else (
+            "CuTe DSL layout helpers" if "CuTe DSL 4.3.5 lays out" in msg else "kernel rule")
+        return {**row, "error": msg, "rejected_by": by}
+    kernel = Sm100NvFp4GroupedGemm(cfg)
+    t0 = time.perf_counter()
+    try:
+        art = compile_offline(kernel, *fake_arguments(cfg), arch=arch)
+    except Exception as e:  # the compiler's own refusal
+        return {**row, "error": _clean(e)[-1500:], "rejected_by": "compiler"}
+    plan = storage_plan(cfg)
+    tm = tmem_columns(cfg)
+    res = {k: v for k, v in art.ptxas.items() if k != "ptxas_log"}
+    dyn = kernel.facts.get("smem_struct_bytes")
+    smem_total = (dyn or 0) + (res.get("static_smem") or 0)
+    occ = ctas_per_sm(smem_bytes=smem_total, registers=res.get("registers"), threads=threads_per_cta(cfg),
+                      tmem_alloc=TMEM_ALLOC_COLUMNS)
+    occ_min_tmem = ctas_per_sm(smem_bytes=smem_total, registers=res.get("registers"),
+                               threads=threads_per_cta(cfg), tmem_alloc=tm["minimal_alloc"])
+    row.update({
+        "compile_s": round(time.perf_counter() - t0, 2),
+        **res,
+        "dynamic_smem": dyn, "dynamic_smem_plan": plan.total, "smem_plan_agrees": dyn == plan.total,
+        "smem_per_stage": plan.per_stage, "smem_limit": SMEM_PER_BLOCK_MAX,
+        "smem_fits": smem_total <= SMEM_PER_BLOCK_MAX,
+        "tma_bytes_per_stage": kernel.facts.get("tma_bytes_per_stage"),
+        "tmem_cols_acc": kernel.facts.get("tmem_acc_cols"), "tmem_cols_sf": kernel.facts.get("tmem_sf_cols"),
+        "tmem_cols_used": (kernel.facts.get("tmem_acc_cols") or 0) + (kernel.facts.get("tmem_sf_cols") or 0),
+        "tmem_plan_agrees": (kernel.facts.get("tmem_acc_cols"), kernel.facts.get("tmem_sf_cols"))
+        == (tm["acc"], tm["sf"]),
+        "tmem_cols_allocated": TMEM_ALLOC_COLUMNS,
+        **{f"ctas_per_sm_{k.removeprefix('by_')}" if k != "ctas_per_sm" else k: v for k, v in occ.items()},
+        "ctas_per_sm_if_minimal_tmem_alloc": occ_min_tmem["ctas_per_sm"],
+        **{k: art.instructions.get(k, 0) for k in _COUNTED},
+        "tcgen05.mma kind": art.instructions.get("tcgen05.mma kinds", ""),
+        **_ptx_forms(art.ptx),
+        "ptx_path": art.ptx_path,
+    })
+    if keep_ptx:
+        row["ptx"] = art.ptx
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# The backend: refuses anything but an sm_100 GPU
+# ---------------------------------------------------------------------------------------------
+_compiled: dict = {}
+
+
+def require_sm100(device=None) -> None:
+    """Raise RuntimeError naming what was found unless ``device`` is an sm_100 (compute 10.0) GPU."""
+    device = torch.device(device) if device is not None else None
+    if not torch.cuda.is_available():
+        raise RuntimeError("cute-blackwell needs sm_100 (B200/GB200), found no CUDA device. "
+                           f"The kernel is {LABEL}; it does not fall back to another backend.")
+    if device is None or device.type != "cuda":
+        raise RuntimeError(f"cute-blackwell needs sm_100 (B200/GB200) operands, found operands on {device}; "
+                           "move them to the sm_100 GPU.")
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (10, 0):
+        raise RuntimeError(f"cute-blackwell needs sm_100, found sm_{major}{minor} "
+                           f"({torch.cuda.get_device_name(device)}); the kernel is compiled for sm_100a "
+                           "(tcgen05 FP4 MMA) and does not fall back to another backend.")
+
+
+def prepare(a, b, b2, *, out_dtype=torch.float16, config="baseline", **options) -> Runner:
+    """The backend factory (see :mod:`nvfp4lib.backends`). Compiled for sm_100a, not run.
+
+    Refuses with RuntimeError on anything but an sm_100 GPU. One-time work: weight scales to the
+    blocked layout, device tables, descriptor workspace, compile (cached per config and group
+    count). Per call: activation scales to the blocked layout, alphas from the global scales, one
+    launch. The launch path has never executed: a B200 owner's first run is its first test.
+    """
+    from ..formats import swizzle_scales
+
+    device = a[0].data.device
+    require_sm100(device)
+    if options:
+        raise TypeError(f"cute-blackwell: unknown options {sorted(options)}")
+    if out_dtype != torch.float16:
+        raise ValueError(f"cute-blackwell writes float16 only, got out_dtype={out_dtype}")
+    cfg = validate(_get_config(config).with_(dual=b2 is not None))
+    g_count = len(a)
+    for g in range(g_count):
+        k, n = a[g].K, b[g].shape[0]
+        if k % 32:
+            raise ValueError(f"group {g}: K={k}: TMA needs 16-byte rows of packed FP4, so K % 32 == 0")
+        if n % 8 or (cfg.epilogue == "simt" and n % epilogue_columns(cfg)):
+            raise ValueError(f"group {g}: N={n}: fp16 rows of C must be 16-byte aligned (N % 8 == 0), and the "
+                             f"SIMT epilogue stores {epilogue_columns(cfg)}-column slices (N % "
+                             f"{epilogue_columns(cfg)} == 0)")
+    t0 = time.perf_counter()
+
+    def prep(t):
+        return {"data": t.data.contiguous(), "sf": swizzle_scales(t.scales).contiguous(),
+                "global_scale": t.global_scale}
+
+    wb = [prep(t) for t in b]
+    wb2 = [prep(t) for t in b2] if b2 is not None else None
+    act = [prep(t) for t in a]
+    outputs = [torch.empty((t.shape[0], w.shape[0]), dtype=out_dtype, device=device) for t, w in zip(a, b)]
+    tables = problem_tables(act, wb, outputs, wb2, device=device)
+    sizes = [(t.shape[0], w.shape[0], t.K) for t, w in zip(a, b)]
+    tc = tile_counts(sizes, cfg)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    slots = max(1, grid_ctas(cfg, tc["clusters"], sms))
+    workspace = torch.empty((slots, num_tensormaps(cfg), BYTES_PER_TENSORMAP // 8), dtype=torch.int64, device=device)
+    g0 = next((g for g in range(g_count) if sizes[g][0] > 0), 0)
+
+    from cutlass.cute.runtime import make_ptr
+
+    def p(dtype, t):
+        return make_ptr(dtype, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=16)
+
+    def args(stream):
+        return (p(cutlass.Float4E2M1FN, act[g0]["data"]), p(cutlass.Float4E2M1FN, wb[g0]["data"]),
+                p(cutlass.Float16, outputs[g0]), p(cutlass.Float8E4M3FN, act[g0]["sf"]),
+                p(cutlass.Float8E4M3FN, wb[g0]["sf"]), cutlass.Int32(max(sizes[g0][0], 1)),
+                cutlass.Int32(sizes[g0][1]), cutlass.Int32(sizes[g0][2]),
+                p(cutlass.Int32, tables["sizes"]), p(cutlass.Int64, tables["addresses"]),
+                p(cutlass.Float32, tables["alphas"]), p(cutlass.Int64, workspace), cutlass.Int32(slots),
+                cutlass.Int32(tc["clusters"]))
+
+    max_clusters = sms // (cfg.cluster_m * cfg.cluster_n)
+    key = (cfg, g_count, max_clusters)
+    stream = cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
+    if key not in _compiled and tc["clusters"]:
+        _compiled[key] = cute.compile(Sm100NvFp4GroupedGemm(cfg), *args(stream)[:14], g_count, max_clusters, stream)
+    kernel = _compiled.get(key)
+
+    def run():
+        for g in range(g_count):  # activations change every call: their scales are re-blocked
+            act[g]["sf"].copy_(swizzle_scales(a[g].scales))
+        ga = torch.stack([t.global_scale for t in a])
+        tables["alphas"][:, 0] = ga * torch.stack([t.global_scale for t in b])
+        tables["alphas"][:, 1] = ga * torch.stack([t.global_scale for t in (b2 if b2 is not None else b)])
+        if kernel is not None:
+            s = cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
+            kernel(*args(s)[:14], s)
+
+    return Runner(run, outputs, prepare_s=time.perf_counter() - t0,
+                  held_bytes=sum(t.data.numel() + t.scales.numel() for t in b + (b2 or [])),
+                  notes=f"cute-blackwell config {cfg.name} ({LABEL} until a recorded B200 run exists)",
+                  info={"config": cfg.name, "tiles": tc["ctas"], "label": LABEL})

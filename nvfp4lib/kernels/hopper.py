@@ -117,9 +117,7 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None) -> Runner:
     torch.cuda.synchronize(device)
     return Runner(run, outputs, prepare_s=time.perf_counter() - t0, held_bytes=packed.nbytes,
                   notes=f"weights prepacked once as NVFP4 ({packed.nbytes / 1e6:.1f} MB); config {cfg.name}",
-                  info={"config": cfg.name, "tiles": len(tiles)},
-                  not_graphable="replays of a captured CuTe DSL launch gave wrong results on the H100 "
-                                "(2026-11-22, cutlass-dsl 4.3.5); not yet understood, so refused")
+                  info={"config": cfg.name, "tiles": len(tiles)})
 
 
 # ---------------------------------------------------------------------------------------------
