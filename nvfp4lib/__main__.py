@@ -108,6 +108,19 @@ def cmd_study(args) -> int:
     return run_study(live=live, only=args.only, html=not args.no_html)
 
 
+def cmd_probe(args) -> int:
+    """Capability probes whose answers are findings (e.g. torch._scaled_mm with NVFP4 on this GPU)."""
+    from . import store
+    from .peers.torch_peers import probe_scaled_mm_fp4
+
+    row = {"run_id": store.new_run_id(), **store.provenance(), "probe": "torch._scaled_mm NVFP4",
+           **probe_scaled_mm_fp4()}
+    print(f"torch._scaled_mm with NVFP4 operands: supported={row['supported']} {row['error']}")
+    for path in filter(None, [args.out, None if args.no_record else args.record]):
+        store.append_rows(path, [row])
+    return 0
+
+
 def cmd_info(args) -> int:
     from .backends import available_backends
     from .store import provenance
@@ -169,6 +182,12 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="+", help="run only notebooks whose name starts with/contains these")
     p.add_argument("--no-html", action="store_true")
     p.set_defaults(fn=cmd_study)
+
+    p = sub.add_parser("probe", help="probe what this GPU/torch supports (torch._scaled_mm NVFP4)")
+    p.add_argument("--record", type=Path, default=BENCH.parent / "probes.jsonl")
+    p.add_argument("--no-record", action="store_true")
+    p.add_argument("--out", type=Path)
+    p.set_defaults(fn=cmd_probe)
 
     p = sub.add_parser("info", help="provenance of this machine and the backends known")
     p.set_defaults(fn=cmd_info)
