@@ -60,7 +60,8 @@ def bar_chart(rows, *, value="median_us", group="problem", series="label", floor
     problems = list(dict.fromkeys(rows[group]))
     labels = list(dict.fromkeys(rows[series]))
     width = 0.8 / max(len(labels), 1)
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(problems) + 2), 4.2))
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(problems) + 0.25 * len(labels) + 2), 4.6))
+    colors = plt.get_cmap("tab20").colors
     x = np.arange(len(problems))
     for i, lab in enumerate(labels):
         vals, lo, hi = [], [], []
@@ -70,7 +71,7 @@ def bar_chart(rows, *, value="median_us", group="problem", series="label", floor
             vals.append(v)
             lo.append(v - float(r["p10_us"].iloc[0]) if len(r) and "p10_us" in r and not np.isnan(v) else 0)
             hi.append(float(r["p90_us"].iloc[0]) - v if len(r) and "p90_us" in r and not np.isnan(v) else 0)
-        ax.bar(x + (i - (len(labels) - 1) / 2) * width, vals, width, label=lab,
+        ax.bar(x + (i - (len(labels) - 1) / 2) * width, vals, width, label=lab, color=colors[i % len(colors)],
                yerr=[lo, hi] if value == "median_us" else None, capsize=2)
     if floor_col and floor_col in rows:
         for j, p in enumerate(problems):
@@ -81,7 +82,7 @@ def bar_chart(rows, *, value="median_us", group="problem", series="label", floor
         ax.set_yscale("log")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.text(0.01, -0.02, caption(rows, source), fontsize=7, ha="left", va="top")
     return fig
 
