@@ -16,6 +16,11 @@ def _problems(args):
         probs.append(get_problem(p))
     if not probs:
         raise SystemExit("name at least one --suite or --problem")
+    if getattr(args, "k_sweep", None):
+        from .problems import GroupedProblem
+        ks = [int(k) for k in args.k_sweep.split(",")]
+        probs = [GroupedProblem(f"{p.name}-k{k}", p.m, p.n, (k,) * p.groups, p.dual, tags=("k-sweep",))
+                 for p in probs for k in ks]
     return probs
 
 
@@ -153,6 +158,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--out", type=Path, help="also append the rows to this file (e.g. under $OUT)")
     p.add_argument("--strict", action="store_true", help="exit non-zero if any backend failed")
+    p.add_argument("--k-sweep", help="replace K by each of these (e.g. 256,512,1024): time vs K splits fixed costs")
     p.set_defaults(fn=cmd_bench)
 
     p = sub.add_parser("check", help="correctness against the exact reference (GPU if present)")

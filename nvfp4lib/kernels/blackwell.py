@@ -23,29 +23,35 @@ Two kernel structures, selected by ``KernelConfig.warp_spec``:
 
 * ``"none"`` -- the study's kernel (config ``baseline``): 128 threads, one CTA per output tile
   (grid = number of tiles, not persistent), warp 0 rewrites the descriptors, issues the TMA loads
-  *and* the MMAs, all four warps run a SIMT epilogue (``tcgen05.ld`` then per-thread global stores).
-  Within warp 0 a k-tile's MMAs are asynchronous, so with ``ab_stages > 1`` the next k-tile's TMA
-  load is issued while the previous MMAs run; with one stage (the study) nothing overlaps.
+  *and* the MMAs, all four warps run a SIMT epilogue (``tcgen05.ld``, then per-thread scalar
+  ``st.global.b16`` stores). Warp 0 issues k-tile k's load, waits for it, issues its MMAs, and
+  moves on; the MMAs are asynchronous, so with ``ab_stages >= 2`` load k+1 overlaps MMAs k. The
+  prefetch distance is one k-tile whatever the stage count: a third or fourth stage adds shared
+  memory and no overlap (the study's round 1).
 * ``"producer_consumer"`` -- NVIDIA's warp-specialized persistent structure (config
   ``ws_pipelined``): 192 threads; warp 5 loads (TMA), warp 4 issues MMAs, warps 0-3 run the
   epilogue (TMA store); an ``ab_stages``-deep shared-memory pipeline and ``acc_stages`` accumulator
-  buffers in tensor memory; one CTA (cluster) per SM walking the tiles of all groups.
+  buffers in tensor memory; one CTA (or 2-CTA cluster) per SM walking the tiles of all groups.
 
-Deviations from the study's kernel (the gpu-mode ``nvfp4_group_gemm`` CuTe DSL template it
-started from) in ``baseline``, all deliberate:
+Both allocate all 512 tensor-memory columns, as NVIDIA's examples and the study's kernel do, so
+tensor memory alone allows one CTA per SM (:func:`compile_report` also gives the count a minimal
+allocation would permit).
+
+Deviations from the study's kernel as the brief describes it (which matches the CuTe DSL
+template of gpu-mode's ``nvfp4_group_gemm`` problem) in ``baseline``, all deliberate:
 
 * Group sizes are read on the device, so one compile serves every problem with the same group
-  count (the study baked the per-group tile counts into the compiled kernel).
-* The SIMT epilogue predicates rows (M is ragged: 40..384) and skips columns past N; the study's
-  template stored whole 128×128 tiles unpredicated, writing past the end of C for M not a
-  multiple of 128. It reads tensor memory in ``EPI_COLS``-column slices instead of all 128
-  columns at once (``tcgen05.ld.32x32b.x32`` rather than ``.x128``), which the dual variant
-  needs to stay below 255 registers; the single variant keeps the study's one-shot read.
-* The FP32 global-scale product (alpha) is applied in the epilogue (the study had none).
+  count (the template baked the per-group tile counts into the compiled kernel).
+* The SIMT epilogue predicates rows (M is ragged: 40..384) and row slices past N; the template
+  stores whole 128x128 tiles unpredicated. The single-product epilogue keeps the template's one
+  ``tcgen05.ld.32x32b.x128`` per thread; the dual one reads 32-column slices (two 128-column
+  fp32 accumulators would not fit in 255 registers).
+* The FP32 global-scale product (alpha) is applied in the epilogue (the template had none).
 
 Configs refused by :func:`validate` name the rule; where the rule is the MMA instruction's
 (checked by CuTe DSL's ``MmaMXF4NVF4Op`` exactly as ``cute.compile`` would), the message quotes
-the compiler's own error text.
+the compiler's own error text. :func:`study_round2_tile128x64_error` reproduces the compiler's
+error for the study's round-2 edit at tile (128, 64).
 """
 
 import math
@@ -69,10 +75,11 @@ from ..backends import Runner
 from .config import KernelConfig
 
 __all__ = [
-    "LABEL", "ARCH", "CONFIGS", "SWEEP_CONFIGS", "validate", "prepare", "compile_report",
-    "StoragePlan", "storage_plan", "tmem_columns", "threads_per_cta", "num_tensormaps",
-    "problem_tables", "tile_counts", "shape_tile_table", "tensormap_workspace_bytes",
-    "cutlass_scale_offsets", "ctas_per_sm", "Sm100NvFp4GroupedGemm",
+    "LABEL", "ARCH", "CONFIGS", "SWEEP_CONFIGS", "validate", "prepare", "require_sm100", "compile_report",
+    "CompilerError", "study_round2_tile128x64_error", "StoragePlan", "storage_plan", "tmem_columns",
+    "threads_per_cta", "num_tensormaps", "mma_shape", "epilogue_columns", "problem_tables", "tile_counts",
+    "grid_ctas", "shape_tile_table", "tensormap_workspace_bytes", "cutlass_scale_offsets", "ctas_per_sm",
+    "fake_arguments", "Sm100NvFp4GroupedGemm",
 ]
 
 
@@ -1744,8 +1751,10 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config="baseline", **options) 
     t0 = time.perf_counter()
 
     def prep(t):
-        return {"data": t.data.contiguous(), "sf": swizzle_scales(t.scales).contiguous(),
-                "global_scale": t.global_scale}
+        data = t.data.contiguous()
+        if data.data_ptr() % 16:  # TMA needs 16-byte aligned global addresses
+            data = data.clone()
+        return {"data": data, "sf": swizzle_scales(t.scales).contiguous(), "global_scale": t.global_scale}
 
     wb = [prep(t) for t in b]
     wb2 = [prep(t) for t in b2] if b2 is not None else None

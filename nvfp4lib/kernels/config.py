@@ -24,6 +24,9 @@ class KernelConfig:
     warp_spec: WarpSpec = "none"
     dual: bool = False  # fused silu(A·B1ᵀ) * (A·B2ᵀ)
     swap_ab: bool = False  # tokens on the MMA's N dimension (small-M path)
+    # Diagnostics, never shipped: "no_dequant" skips the decode, "no_mma" skips the wgmma. The result is
+    # wrong by design; the benchmark times such a config without checking it and labels the row.
+    ablate: str = ""
     # Blackwell-only knobs (ignored by the Hopper kernel)
     acc_stages: int = 1
     cluster_m: int = 1

@@ -35,6 +35,11 @@ SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="producer_consumer", warp_spec="producer_consumer"),
     _B.with_(name="pingpong", warp_spec="pingpong"),
 )}
+# Diagnostics (wrong results by design; timed, never checked, never shipped).
+ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
+    _B.with_(name="baseline_no_dequant", ablate="no_dequant"),
+    _B.with_(name="baseline_no_mma", ablate="no_mma"),
+)}
 DEFAULT_SINGLE = "baseline"
 DEFAULT_DUAL = "baseline_dual"
 
@@ -48,7 +53,7 @@ def get_config(config, dual: bool) -> KernelConfig:
         cfg = config
     else:
         name = config or (DEFAULT_DUAL if dual else DEFAULT_SINGLE)
-        table = {**CONFIGS, **SWEEP_CONFIGS}
+        table = {**CONFIGS, **SWEEP_CONFIGS, **ABLATIONS}
         if name not in table:
             raise ValueError(f"unknown cute-hopper config {name!r}; known: {', '.join(table)}")
         cfg = table[name]
@@ -117,7 +122,7 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None) -> Runner:
     torch.cuda.synchronize(device)
     return Runner(run, outputs, prepare_s=time.perf_counter() - t0, held_bytes=packed.nbytes,
                   notes=f"weights prepacked once as NVFP4 ({packed.nbytes / 1e6:.1f} MB); config {cfg.name}",
-                  info={"config": cfg.name, "tiles": len(tiles)})
+                  info={"config": cfg.name, "tiles": len(tiles), **({"ablation": cfg.ablate} if cfg.ablate else {})})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -124,6 +124,8 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         raise ValueError(f"{cfg.name}: warp_spec={cfg.warp_spec!r} is not implemented in this kernel (only 'none')")
     if cfg.swap_ab:
         raise ValueError(f"{cfg.name}: swap_ab is not implemented in this kernel")
+    if cfg.ablate not in ("", "no_dequant", "no_mma"):
+        raise ValueError(f"{cfg.name}: ablate={cfg.ablate!r}: must be '', 'no_dequant' or 'no_mma'")
     acc = (2 if cfg.dual else 1) * cfg.tile_m * cfg.tile_n // 128
     if acc > MAX_ACC_REGS:
         raise ValueError(f"{cfg.name}: {acc} fp32 accumulator registers per thread (tile {cfg.tile_m}x{cfg.tile_n}"
@@ -149,6 +151,7 @@ class GroupedNvfp4GemmSm90:
         self.tile_ks = cfg.tile_k // 16  # scale bytes per row
         self.stages = cfg.ab_stages
         self.dual = cfg.dual
+        self.ablate = cfg.ablate
         self.threads = 128
         self.acc_dtype = cutlass.Float32
         self.ab_dtype = cutlass.BFloat16
@@ -307,10 +310,11 @@ class GroupedNvfp4GemmSm90:
         for _kt in cutlass.range(k_tiles, unroll=1):
             pipe.consumer_wait(cons)
             stage = cons.index
-            self._dequant(sQA, sSFA, sA_flat, sA_layout, 0, self.tile_m, stage, tidx)
-            self._dequant(sQB, sSFB, sb_all, sB_layout, 0, self.tile_n, stage, tidx)
-            if cutlass.const_expr(self.dual):
-                self._dequant(sQB2, sSFB2, sb_all, sB_layout, cute.cosize(sB_layout), self.tile_n, stage, tidx)
+            if cutlass.const_expr(self.ablate != "no_dequant"):
+                self._dequant(sQA, sSFA, sA_flat, sA_layout, 0, self.tile_m, stage, tidx)
+                self._dequant(sQB, sSFB, sb_all, sB_layout, 0, self.tile_n, stage, tidx)
+                if cutlass.const_expr(self.dual):
+                    self._dequant(sQB2, sSFB2, sb_all, sB_layout, cute.cosize(sB_layout), self.tile_n, stage, tidx)
             # generic-proxy smem writes must be visible to wgmma's async proxy
             cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta)
             cute.arch.sync_threads()
@@ -321,13 +325,14 @@ class GroupedNvfp4GemmSm90:
                     self._issue_loads(pipe, prod, tma_a, tAg, tAs, tma_sfa, tSFAg, tSFAs, tma_b, tBg, tBs,
                                       tma_sfb, tSFBg, tSFBs, tma_b2, tB2g, tB2s, tma_sfb2, tSFB2g, tSFB2s)
                     prod.advance()
-            cute.nvgpu.warpgroup.fence()
-            for kb in cutlass.range(num_k_blocks, unroll_full=True):
-                cute.gemm(tiled_mma, acc, tCrA[None, None, kb, 0], tCrB[None, None, kb, 0], acc)
-                if cutlass.const_expr(self.dual):
-                    cute.gemm(tiled_mma, acc2, tCrA[None, None, kb, 0], tCrB2[None, None, kb, 0], acc2)
-            cute.nvgpu.warpgroup.commit_group()
-            cute.nvgpu.warpgroup.wait_group(0)
+            if cutlass.const_expr(self.ablate != "no_mma"):
+                cute.nvgpu.warpgroup.fence()
+                for kb in cutlass.range(num_k_blocks, unroll_full=True):
+                    cute.gemm(tiled_mma, acc, tCrA[None, None, kb, 0], tCrB[None, None, kb, 0], acc)
+                    if cutlass.const_expr(self.dual):
+                        cute.gemm(tiled_mma, acc2, tCrA[None, None, kb, 0], tCrB2[None, None, kb, 0], acc2)
+                cute.nvgpu.warpgroup.commit_group()
+                cute.nvgpu.warpgroup.wait_group(0)
             cute.arch.sync_threads()  # nobody rewrites the bf16 tiles while another warp's MMA may read them
 
         # Epilogue: fp32 global scales, (silu·up), one rounding, predicated stores.
