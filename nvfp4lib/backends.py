@@ -55,6 +55,7 @@ class Runner:
 BACKENDS: dict[str, str] = {
     "reference": "nvfp4lib.reference:prepare",
     "cute-hopper": "nvfp4lib.kernels.hopper:prepare",
+    "cute-blackwell": "nvfp4lib.kernels.blackwell:prepare",  # compiled for sm_100a, not run
     "torch-bf16": "nvfp4lib.peers.torch_peers:prepare_bf16",
     "torch-grouped-mm": "nvfp4lib.peers.torch_peers:prepare_grouped_mm",
     "torch-dequant": "nvfp4lib.peers.torch_peers:prepare_dequant",

@@ -243,7 +243,7 @@ def tmem_columns(cfg: KernelConfig) -> dict:
     """Tensor-memory columns: accumulators (fp32, one column per output column per product and
     stage) and the scale factors of one k-tile (4 columns per 32 rows of A / of 128-padded B)."""
     acc = cfg.tile_n * cfg.acc_stages * num_products(cfg)
-    sfa = (cfg.tile_m // 32) * MMA_K_BLOCKS if cfg.tile_m >= 128 else 4 * MMA_K_BLOCKS
+    sfa = (max(cfg.tile_m, 128) // 32) * MMA_K_BLOCKS  # the scale atom spans 128 rows
     sfb = (_round_up(cfg.tile_n, 128) // 32) * MMA_K_BLOCKS * num_products(cfg)
     used = acc + sfa + sfb
     return {"acc": acc, "sf": sfa + sfb, "used": used, "allocated": TMEM_ALLOC_COLUMNS,
@@ -1773,7 +1773,7 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config="baseline", **options) 
     def p(dtype, t):
         return make_ptr(dtype, t.data_ptr(), cute.AddressSpace.gmem, assumed_align=16)
 
-    def args(stream):
+    def args():
         return (p(cutlass.Float4E2M1FN, act[g0]["data"]), p(cutlass.Float4E2M1FN, wb[g0]["data"]),
                 p(cutlass.Float16, outputs[g0]), p(cutlass.Float8E4M3FN, act[g0]["sf"]),
                 p(cutlass.Float8E4M3FN, wb[g0]["sf"]), cutlass.Int32(max(sizes[g0][0], 1)),
@@ -1786,18 +1786,20 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config="baseline", **options) 
     key = (cfg, g_count, max_clusters)
     stream = cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
     if key not in _compiled and tc["clusters"]:
-        _compiled[key] = cute.compile(Sm100NvFp4GroupedGemm(cfg), *args(stream)[:14], g_count, max_clusters, stream)
+        _compiled[key] = cute.compile(Sm100NvFp4GroupedGemm(cfg), *args(), g_count, max_clusters, stream)
     kernel = _compiled.get(key)
 
     def run():
         for g in range(g_count):  # activations change every call: their scales are re-blocked
             act[g]["sf"].copy_(swizzle_scales(a[g].scales))
+            if act[g]["data"].data_ptr() != a[g].data.data_ptr():  # a copy made for alignment
+                act[g]["data"].copy_(a[g].data)
         ga = torch.stack([t.global_scale for t in a])
         tables["alphas"][:, 0] = ga * torch.stack([t.global_scale for t in b])
         tables["alphas"][:, 1] = ga * torch.stack([t.global_scale for t in (b2 if b2 is not None else b)])
         if kernel is not None:
             s = cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
-            kernel(*args(s)[:14], s)
+            kernel(*args(), s)
 
     return Runner(run, outputs, prepare_s=time.perf_counter() - t0,
                   held_bytes=sum(t.data.numel() + t.scales.numel() for t in b + (b2 or [])),
