@@ -30,12 +30,13 @@ class Pitch:
 
 
 PITCHES = (
+    # On Hopper 3 stages do not fit beside the bf16 tiles (notebook 02): 1 → 2 is the experiment.
     Pitch("1", "stages", "Pipeline stages: num_ab_stage 1 → 3", (1.5, 1.8), None,
           "regression on every shape", {"S1": 488, "S2": 462, "S3": 249, "S4": 228},
-          ("cute-hopper:config=baseline", "cute-hopper:config=stages3")),
+          ("cute-hopper:config=baseline,graph=1", "cute-hopper:config=stages2,graph=1")),
     Pitch("2", "tile", "Tile size (128,128,256) → (64,128,256) (+ heuristic)", (2.0, 4.0), (1.3, 3.0),
           "did not compile: hardware MMA shape constraints", {},
-          ("cute-hopper:config=baseline", "cute-hopper:config=tile64x128")),
+          ("cute-hopper:config=baseline,graph=1", "cute-hopper:config=tile64x64,graph=1")),
     Pitch("2", "tma_epilogue", "TMA store epilogue instead of SIMT stores", (1.12, 1.15), (1.03, 1.06),
           "queued behind tile tuning (never measured)", {},
           ("cute-hopper:config=baseline", "cute-hopper:config=tma_epilogue")),
@@ -63,3 +64,22 @@ FACT_CLAIMS = {
     "sm_utilization": "16-64 CTAs on 144 SMs = 11-44% SM utilization",
     "epilogue_share": "epilogue is 5-10% of runtime, not 15-25%",
 }
+
+
+def measured_speedups(rows, pitch: Pitch, problems=("S1", "S2", "S3", "S4")) -> dict:
+    """before/after time per problem, from the latest run that measured both sides of the pitch's experiment."""
+    from .bench import BackendSpec
+
+    before, after = (BackendSpec.parse(x).name for x in pitch.experiment)
+    if rows is None or not len(rows):
+        return {}
+    ok = rows[(rows["status"] == "ok") & rows["problem"].isin(problems)]
+    out = {}
+    for prob in problems:
+        r = ok[ok["problem"] == prob]
+        runs = [rid for rid, g in r.groupby("run_id") if {before, after} <= set(g["label"])]
+        if not runs:
+            continue
+        g = r[r["run_id"] == sorted(runs)[-1]]
+        out[prob] = float(g[g["label"] == before]["median_us"].iloc[0]) / float(g[g["label"] == after]["median_us"].iloc[0])
+    return out
