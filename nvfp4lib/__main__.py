@@ -126,6 +126,33 @@ def cmd_probe(args) -> int:
     return 0
 
 
+def cmd_b200_check(args) -> int:
+    """A B200 owner's first run: correctness of cute-blackwell on every suite, then the benchmark, recorded."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("b200-check needs an sm_100 GPU (B200/GB200): no CUDA device here. The Blackwell kernel is "
+              "compiled for sm_100a, not run; see `python -m nvfp4lib compile --arch sm_100a`.")
+        return 2
+    cap = torch.cuda.get_device_capability()
+    if cap[0] != 10:
+        print(f"b200-check needs an sm_100 GPU (B200/GB200); this is sm_{cap[0]}{cap[1]} "
+              f"({torch.cuda.get_device_name()}). Nothing was run.")
+        return 2
+    ns = argparse.Namespace
+    ok = cmd_check(ns(backend=["cute-blackwell"], suite=["correctness", "edge", "benchmark"], problem=None,
+                      modes=["uniform", "gaussian"], seeds=[1111, 1, 2], tol=1e-3, k_sweep=None))
+    ok |= cmd_check(ns(backend=["cute-blackwell"], suite=["correctness-dual", "dual"], problem=None,
+                       modes=["uniform", "gaussian"], seeds=[1111], tol=1e-3, k_sweep=None))
+    if ok != 0:
+        print("correctness failed: not benchmarking")
+        return 1
+    return cmd_bench(ns(backend=["cute-blackwell:config=baseline", "cute-blackwell:config=ws_pipelined",
+                                 "torch-bf16:graph=1"], suite=["benchmark", "dual"], problem=None, seed=1111,
+                        mode="uniform", iters=50, tol=1e-3, record=args.record, no_record=False, out=None,
+                        strict=True, k_sweep=None))
+
+
 def cmd_info(args) -> int:
     from .backends import available_backends
     from .store import provenance
@@ -194,6 +221,10 @@ def main(argv=None) -> int:
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--out", type=Path)
     p.set_defaults(fn=cmd_probe)
+
+    p = sub.add_parser("b200-check", help="on a B200: check cute-blackwell on every suite, then benchmark and record")
+    p.add_argument("--record", type=Path, default=BENCH)
+    p.set_defaults(fn=cmd_b200_check)
 
     p = sub.add_parser("info", help="provenance of this machine and the backends known")
     p.set_defaults(fn=cmd_info)

@@ -72,3 +72,19 @@ def test_bench_refuses_without_gpu():
 def test_check_command_on_cpu(capsys):
     assert main(["check", "--backend", "reference", "--problem", "C1", "--modes", "uniform"]) == 0
     assert "0 failure(s)" in capsys.readouterr().out
+
+
+def test_b200_check_refuses_off_blackwell(capsys):
+    import torch
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10:
+        pytest.skip("this is a B200")
+    assert main(["b200-check"]) == 2
+    assert "needs an sm_100 GPU" in capsys.readouterr().out
+
+
+def test_compile_command_records_refusals(tmp_path, capsys):
+    out = tmp_path / "compile.jsonl"
+    assert main(["compile", "--arch", "sm_90a", "--config", "stages3", "--record", str(out)]) == 0
+    rows = store.read_rows(out)
+    assert rows[0]["config"] == "stages3" and "shared memory" in rows[0]["error"]
+    assert rows[0]["gpu"]
