@@ -21,7 +21,7 @@ def kernel_module(arch: str):
 def configs_for(arch: str, names=None, *, sweep: bool = False) -> list:
     mod = kernel_module(arch)
     table = dict(mod.CONFIGS)
-    if sweep:
+    if sweep or names:  # a named config may be one of the study's sweep candidates
         table.update(getattr(mod, "SWEEP_CONFIGS", {}))
     if names:
         unknown = [n for n in names if n not in table]
