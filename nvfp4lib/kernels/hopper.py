@@ -24,6 +24,8 @@ CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="tile64x128", tile_m=64),
     _B.with_(name="tile128x64", tile_n=64),
     _B.with_(name="tile64x64", tile_m=64, tile_n=64),
+    _B.with_(name="vec4", decode="vec4"),
+    _B.with_(name="vec4_dual", tile_n=64, dual=True, decode="vec4"),
 )}
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="stages3", ab_stages=3),

@@ -81,13 +81,49 @@ def e4m3_value(byte: cutlass.Int32, *, loc=None, ip=None) -> cutlass.Float32:
     )
 
 
+@dsl_user_op
+def e2m1x2_times_bf16x2(byte: cutlass.Int32, scale2: cutlass.Int32, *, loc=None, ip=None) -> cutlass.Int32:
+    """Both codes of the low byte of ``byte`` as a packed bf16x2 (low code in the low half) times ``scale2``
+    (the block scale as bf16x2). The code bits go straight into bf16 fields (value × 2^-126), one bf16x2
+    multiply by 2^126 restores them, a second applies the scale: both products are exact."""
+    return cutlass.Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [cutlass.Int32(byte).ir_value(loc=loc, ip=ip), cutlass.Int32(scale2).ir_value(loc=loc, ip=ip)],
+            "{\n\t.reg .b32 t, u, v;\n\t"
+            "and.b32 t, $1, 8;\n\tshl.b32 t, t, 12;\n\t"
+            "and.b32 u, $1, 7;\n\tshl.b32 u, u, 6;\n\tor.b32 t, t, u;\n\t"
+            "and.b32 u, $1, 128;\n\tshl.b32 u, u, 24;\n\tor.b32 t, t, u;\n\t"
+            "and.b32 u, $1, 112;\n\tshl.b32 u, u, 18;\n\tor.b32 t, t, u;\n\t"
+            "mov.b32 v, 0x7E807E80;\n\tmul.rn.bf16x2 t, t, v;\n\tmul.rn.bf16x2 $0, t, $2;\n\t}",
+            "=r,r,r",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+@dsl_user_op
+def e4m3_as_bf16x2(byte: cutlass.Int32, *, loc=None, ip=None) -> cutlass.Int32:
+    """The E4M3 byte as a bf16 pair (both halves equal); exact, since every E4M3 value fits bf16."""
+    f = e4m3_value(byte, loc=loc, ip=ip)
+    return cutlass.Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [cutlass.Float32(f).ir_value(loc=loc, ip=ip)],
+            "cvt.rn.bf16x2.f32 $0, $1, $1;",
+            "=r,f",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Validity and the storage plan: asked before compiling.
 # ---------------------------------------------------------------------------------------------
-def threads_for(cfg: KernelConfig) -> int:
-    return 128 * (cfg.tile_m // 64 if cfg.warp_spec == "pingpong" else 1) if False else 128
-
-
 def smem_plan(cfg: KernelConfig) -> dict:
     """Bytes of shared memory per buffer, from the kernel's own storage plan."""
     nb = 2 if cfg.dual else 1
@@ -124,6 +160,8 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         raise ValueError(f"{cfg.name}: warp_spec={cfg.warp_spec!r} is not implemented in this kernel (only 'none')")
     if cfg.swap_ab:
         raise ValueError(f"{cfg.name}: swap_ab is not implemented in this kernel")
+    if cfg.decode not in ("scalar", "vec4"):
+        raise ValueError(f"{cfg.name}: decode={cfg.decode!r}: must be 'scalar' or 'vec4'")
     if cfg.ablate not in ("", "no_dequant", "no_mma"):
         raise ValueError(f"{cfg.name}: ablate={cfg.ablate!r}: must be '', 'no_dequant' or 'no_mma'")
     acc = (2 if cfg.dual else 1) * cfg.tile_m * cfg.tile_n // 128
@@ -152,6 +190,7 @@ class GroupedNvfp4GemmSm90:
         self.stages = cfg.ab_stages
         self.dual = cfg.dual
         self.ablate = cfg.ablate
+        self.decode = cfg.decode
         self.threads = 128
         self.acc_dtype = cutlass.Float32
         self.ab_dtype = cutlass.BFloat16
@@ -365,22 +404,43 @@ class GroupedNvfp4GemmSm90:
     @cute.jit
     def _dequant(self, sQ: cute.Tensor, sSF: cute.Tensor, sOut_flat: cute.Tensor, out_layout: cute.ComposedLayout,
                  base: cutlass.Constexpr, rows: cutlass.Constexpr, stage, tidx):
-        """Every thread decodes rows*tile_kb/threads bytes: consecutive threads take consecutive bytes.
+        """Decode this stage's packed tile into the bf16 tile; consecutive threads take consecutive bytes.
 
         The bf16 tile is in wgmma's swizzled K-major layout; element stores through a swizzled tensor
         are not supported by the DSL, so the swizzle (a static XOR of offset bits) is applied by hand."""
         bbits, mbase, sshift = _swizzle_params(out_layout.inner)
-        per_thread = rows * self.tile_kb // self.threads
-        for i in cutlass.range(per_thread, unroll=4):
-            idx = i * self.threads + tidx
-            r = idx // self.tile_kb
-            cb = idx % self.tile_kb
-            byte = cutlass.Int32(sQ[r, cb, stage])
-            scale = e4m3_value(cutlass.Int32(sSF[r, cb // 8, stage]))
-            lin = cute.crd2idx((r, 2 * cb, 0), out_layout.outer) * SWIZZLE_UNIT
-            off = (lin ^ ((lin >> (mbase + sshift)) & ((1 << bbits) - 1)) << mbase) // SWIZZLE_UNIT
-            sOut_flat[base + off] = e2m1_times(byte, scale).to(self.ab_dtype)
-            sOut_flat[base + off + 1] = e2m1_times(byte >> 4, scale).to(self.ab_dtype)
+        if cutlass.const_expr(self.decode == "vec4"):
+            # one 32-bit word = 8 codes sharing one scale -> four bf16x2 words, one 16-byte chunk of the tile
+            words = self.tile_kb // 4
+            q32 = cute.make_tensor(cute.recast_ptr(sQ.iterator, dtype=cutlass.Uint32),
+                                   cute.make_layout((rows, words, self.stages), stride=(words, 1, rows * words)))
+            o32 = cute.make_tensor(cute.recast_ptr(sOut_flat.iterator, dtype=cutlass.Uint32),
+                                   cute.make_layout((cute.size(sOut_flat) // 2,)))
+            for i in cutlass.range(rows * words // self.threads, unroll=2):
+                idx = i * self.threads + tidx
+                r = idx // words
+                w = idx % words
+                word = cutlass.Int32(q32[r, w, stage])
+                scale2 = e4m3_as_bf16x2(cutlass.Int32(sSF[r, w // 2, stage]))
+                lin = cute.crd2idx((r, 8 * w, 0), out_layout.outer) * SWIZZLE_UNIT
+                off = (base + _swizzle_offset(lin, bbits, mbase, sshift) // SWIZZLE_UNIT) // 2
+                for j in cutlass.range_constexpr(4):
+                    o32[off + j] = cutlass.Uint32(e2m1x2_times_bf16x2(word >> (8 * j), scale2))
+        else:
+            for i in cutlass.range(rows * self.tile_kb // self.threads, unroll=4):
+                idx = i * self.threads + tidx
+                r = idx // self.tile_kb
+                cb = idx % self.tile_kb
+                byte = cutlass.Int32(sQ[r, cb, stage])
+                scale = e4m3_value(cutlass.Int32(sSF[r, cb // 8, stage]))
+                lin = cute.crd2idx((r, 2 * cb, 0), out_layout.outer) * SWIZZLE_UNIT
+                off = _swizzle_offset(lin, bbits, mbase, sshift) // SWIZZLE_UNIT
+                sOut_flat[base + off] = e2m1_times(byte, scale).to(self.ab_dtype)
+                sOut_flat[base + off + 1] = e2m1_times(byte >> 4, scale).to(self.ab_dtype)
+
+
+def _swizzle_offset(lin, bbits: int, mbase: int, sshift: int):
+    return lin ^ ((lin >> (mbase + sshift)) & ((1 << bbits) - 1)) << mbase
 
 
 def _swizzle_params(swizzle) -> tuple[int, int, int]:
