@@ -26,6 +26,8 @@ CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="tile64x64", tile_m=64, tile_n=64),
     _B.with_(name="vec4", decode="vec4"),
     _B.with_(name="vec4_dual", tile_n=64, dual=True, decode="vec4"),
+    _B.with_(name="vec4_wg2", decode="vec4", warpgroups=2),
+    _B.with_(name="vec4_wg2_dual", tile_n=64, dual=True, decode="vec4", warpgroups=2),
 )}
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="stages3", ab_stages=3),
@@ -163,7 +165,7 @@ def compile_report(cfg: KernelConfig, arch: str = "sm_90a") -> dict:
     plan = smem_plan(cfg)
     res = {k: v for k, v in art.ptxas.items() if k != "ptxas_log"}
     return {
-        "compile_s": round(time.perf_counter() - t0, 2), "threads": 128,
+        "compile_s": round(time.perf_counter() - t0, 2), "threads": 128 * cfg.warpgroups,
         "smem_bytes": plan["total"], "smem_per_stage": plan["packed_a"] // cfg.ab_stages
         + plan["packed_b"] // cfg.ab_stages + plan["scales"] // cfg.ab_stages,
         "acc_registers": acc_registers(cfg), "ctas_per_sm_by_smem": 233472 // (plan["total"] + 1024),

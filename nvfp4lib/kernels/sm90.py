@@ -147,6 +147,9 @@ def validate(cfg: KernelConfig) -> KernelConfig:
     if cfg.tile_m not in (64, 128):
         raise ValueError(f"{cfg.name}: tile_m={cfg.tile_m}: one warpgroup's wgmma covers 64 rows per "
                          "instruction; this kernel supports tile_m 64 or 128")
+    if cfg.warpgroups not in (1, 2) or cfg.tile_m < 64 * cfg.warpgroups:
+        raise ValueError(f"{cfg.name}: warpgroups={cfg.warpgroups}: each warpgroup takes 64 rows of the tile, "
+                         f"so 1 or 2 with tile_m >= 64 x warpgroups (tile_m={cfg.tile_m})")
     if cfg.tile_n % 8 or not 8 <= cfg.tile_n <= 256:
         raise ValueError(f"{cfg.name}: tile_n={cfg.tile_n}: wgmma's N must be a multiple of 8 in [8, 256]")
     if cfg.tile_k % 256:
@@ -164,11 +167,11 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         raise ValueError(f"{cfg.name}: decode={cfg.decode!r}: must be 'scalar' or 'vec4'")
     if cfg.ablate not in ("", "no_dequant", "no_mma"):
         raise ValueError(f"{cfg.name}: ablate={cfg.ablate!r}: must be '', 'no_dequant' or 'no_mma'")
-    acc = (2 if cfg.dual else 1) * cfg.tile_m * cfg.tile_n // 128
+    acc = acc_registers(cfg)
     if acc > MAX_ACC_REGS:
         raise ValueError(f"{cfg.name}: {acc} fp32 accumulator registers per thread (tile {cfg.tile_m}x{cfg.tile_n}"
-                         f"{', two accumulators' if cfg.dual else ''}, 128 threads) exceed {MAX_ACC_REGS}: "
-                         "it would spill; use a smaller tile_n")
+                         f"{', two accumulators' if cfg.dual else ''}, {128 * cfg.warpgroups} threads) exceed "
+                         f"{MAX_ACC_REGS}: it would spill; use a smaller tile_n or more warpgroups")
     smem = smem_plan(cfg)["total"]
     if smem > SMEM_LIMIT:
         raise ValueError(f"{cfg.name}: needs {smem} bytes of shared memory > the sm_90 limit {SMEM_LIMIT} "
@@ -191,7 +194,7 @@ class GroupedNvfp4GemmSm90:
         self.dual = cfg.dual
         self.ablate = cfg.ablate
         self.decode = cfg.decode
-        self.threads = 128
+        self.threads = 128 * cfg.warpgroups
         self.acc_dtype = cutlass.Float32
         self.ab_dtype = cutlass.BFloat16
 
@@ -205,7 +208,8 @@ class GroupedNvfp4GemmSm90:
         tile_mnk = (self.tile_m, self.tile_n, self.tile_k)
         tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.ab_dtype, self.ab_dtype, cute.nvgpu.warpgroup.OperandMajorMode.K,
-            cute.nvgpu.warpgroup.OperandMajorMode.K, self.acc_dtype, (1, 1, 1), tiler_mn=(64, self.tile_n))
+            cute.nvgpu.warpgroup.OperandMajorMode.K, self.acc_dtype, (self.cfg.warpgroups, 1, 1),
+            tiler_mn=(64, self.tile_n))
         sA_layout = sm90_utils.make_smem_layout_a(utils.LayoutEnum.ROW_MAJOR, tile_mnk, self.ab_dtype, 1)
         sB_layout = sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, tile_mnk, self.ab_dtype, 1)
         qa_layout = self._packed_layout(self.tile_m, self.tile_kb)
@@ -458,7 +462,7 @@ def describe() -> str:
 
 
 def acc_registers(cfg: KernelConfig) -> int:
-    return (2 if cfg.dual else 1) * cfg.tile_m * cfg.tile_n // 128
+    return (2 if cfg.dual else 1) * cfg.tile_m * cfg.tile_n // (128 * cfg.warpgroups)
 
 
 __all__ = ["GroupedNvfp4GemmSm90", "validate", "smem_plan", "e2m1_times", "e4m3_value", "math"]
