@@ -29,6 +29,8 @@ class KernelConfig:
     decode: str = "scalar"
     # Warpgroups per CTA (128 threads each): all decode, each runs the MMA for its own 64 rows of the tile.
     warpgroups: int = 1
+    # Extra warpgroups that only decode (no MMA): more threads in flight for the latency-bound decode.
+    decode_warpgroups: int = 0
     # Diagnostics, never shipped: "no_dequant" skips the decode, "no_mma" skips the wgmma. The result is
     # wrong by design; the benchmark times such a config without checking it and labels the row.
     ablate: str = ""

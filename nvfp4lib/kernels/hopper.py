@@ -28,6 +28,8 @@ CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="vec4_dual", tile_n=64, dual=True, decode="vec4"),
     _B.with_(name="vec4_wg2", decode="vec4", warpgroups=2),
     _B.with_(name="vec4_wg2_dual", tile_n=64, dual=True, decode="vec4", warpgroups=2),
+    _B.with_(name="vec4_wg2_dec2", decode="vec4", warpgroups=2, decode_warpgroups=2),
+    _B.with_(name="vec4_wg2_dec2_dual", tile_n=64, dual=True, decode="vec4", warpgroups=2, decode_warpgroups=2),
 )}
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="stages3", ab_stages=3),
@@ -165,7 +167,7 @@ def compile_report(cfg: KernelConfig, arch: str = "sm_90a") -> dict:
     plan = smem_plan(cfg)
     res = {k: v for k, v in art.ptxas.items() if k != "ptxas_log"}
     return {
-        "compile_s": round(time.perf_counter() - t0, 2), "threads": 128 * cfg.warpgroups,
+        "compile_s": round(time.perf_counter() - t0, 2), "threads": 128 * (cfg.warpgroups + cfg.decode_warpgroups),
         "smem_bytes": plan["total"], "smem_per_stage": plan["packed_a"] // cfg.ab_stages
         + plan["packed_b"] // cfg.ab_stages + plan["scales"] // cfg.ab_stages,
         "acc_registers": acc_registers(cfg), "ctas_per_sm_by_smem": 233472 // (plan["total"] + 1024),

@@ -147,6 +147,8 @@ def validate(cfg: KernelConfig) -> KernelConfig:
     if cfg.tile_m not in (64, 128):
         raise ValueError(f"{cfg.name}: tile_m={cfg.tile_m}: one warpgroup's wgmma covers 64 rows per "
                          "instruction; this kernel supports tile_m 64 or 128")
+    if cfg.decode_warpgroups not in (0, 1, 2):
+        raise ValueError(f"{cfg.name}: decode_warpgroups={cfg.decode_warpgroups}: 0, 1 or 2 (at most 512 threads)")
     if cfg.warpgroups not in (1, 2) or cfg.tile_m < 64 * cfg.warpgroups:
         raise ValueError(f"{cfg.name}: warpgroups={cfg.warpgroups}: each warpgroup takes 64 rows of the tile, "
                          f"so 1 or 2 with tile_m >= 64 x warpgroups (tile_m={cfg.tile_m})")
@@ -194,7 +196,8 @@ class GroupedNvfp4GemmSm90:
         self.dual = cfg.dual
         self.ablate = cfg.ablate
         self.decode = cfg.decode
-        self.threads = 128 * cfg.warpgroups
+        self.mma_threads = 128 * cfg.warpgroups
+        self.threads = 128 * (cfg.warpgroups + cfg.decode_warpgroups)
         self.acc_dtype = cutlass.Float32
         self.ab_dtype = cutlass.BFloat16
 
@@ -325,7 +328,8 @@ class GroupedNvfp4GemmSm90:
         tB2s, tB2g = part(tma_b2, sQB2, gB2)
         tSFB2s, tSFB2g = part(tma_sfb2, sSFB2, gSFB2)
 
-        thr_mma = tiled_mma.get_slice(tidx)
+        is_mma = tidx < self.mma_threads  # decode-only warpgroups (if any) come after the MMA ones
+        thr_mma = tiled_mma.get_slice(tidx % self.mma_threads)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         tCrB2 = tiled_mma.make_fragment_B(thr_mma.partition_B(sB2))
@@ -369,13 +373,14 @@ class GroupedNvfp4GemmSm90:
                                       tma_sfb, tSFBg, tSFBs, tma_b2, tB2g, tB2s, tma_sfb2, tSFB2g, tSFB2s)
                     prod.advance()
             if cutlass.const_expr(self.ablate != "no_mma"):
-                cute.nvgpu.warpgroup.fence()
-                for kb in cutlass.range(num_k_blocks, unroll_full=True):
-                    cute.gemm(tiled_mma, acc, tCrA[None, None, kb, 0], tCrB[None, None, kb, 0], acc)
-                    if cutlass.const_expr(self.dual):
-                        cute.gemm(tiled_mma, acc2, tCrA[None, None, kb, 0], tCrB2[None, None, kb, 0], acc2)
-                cute.nvgpu.warpgroup.commit_group()
-                cute.nvgpu.warpgroup.wait_group(0)
+                if is_mma:
+                    cute.nvgpu.warpgroup.fence()
+                    for kb in cutlass.range(num_k_blocks, unroll_full=True):
+                        cute.gemm(tiled_mma, acc, tCrA[None, None, kb, 0], tCrB[None, None, kb, 0], acc)
+                        if cutlass.const_expr(self.dual):
+                            cute.gemm(tiled_mma, acc2, tCrA[None, None, kb, 0], tCrB2[None, None, kb, 0], acc2)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(0)
             cute.arch.sync_threads()  # nobody rewrites the bf16 tiles while another warp's MMA may read them
 
         # Epilogue: fp32 global scales, (silu·up), one rounding, predicated stores.
@@ -383,7 +388,7 @@ class GroupedNvfp4GemmSm90:
         alpha2 = mAlpha[group, 1]
         for i in cutlass.range(cute.size(acc), unroll_full=True):
             m, n = tCcC[i]
-            if m < m_valid and n < n_valid:
+            if is_mma and m < m_valid and n < n_valid:
                 v = acc[i] * alpha
                 if cutlass.const_expr(self.dual):
                     up = acc2[i] * alpha2
