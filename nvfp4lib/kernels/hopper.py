@@ -46,8 +46,8 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="baseline_no_dequant", ablate="no_dequant"),
     _B.with_(name="baseline_no_mma", ablate="no_mma"),
 )}
-DEFAULT_SINGLE = "vec4"  # the fastest exact config measured so far; "baseline" stays selectable
-DEFAULT_DUAL = "vec4_dual"
+DEFAULT_SINGLE = "vec4_wg2_dec2"  # the fastest exact config measured so far; "baseline" stays selectable
+DEFAULT_DUAL = "vec4_wg2_dec2_dual"
 
 _compiled: dict = {}
 
