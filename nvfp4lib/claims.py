@@ -81,5 +81,6 @@ def measured_speedups(rows, pitch: Pitch, problems=("S1", "S2", "S3", "S4")) -> 
         if not runs:
             continue
         g = r[r["run_id"] == sorted(runs)[-1]]
-        out[prob] = float(g[g["label"] == before]["median_us"].iloc[0]) / float(g[g["label"] == after]["median_us"].iloc[0])
+        t_before = float(g[g["label"] == before]["median_us"].iloc[0])
+        out[prob] = t_before / float(g[g["label"] == after]["median_us"].iloc[0])
     return out

@@ -69,5 +69,6 @@ def graphed(runner: Runner, warmup: int = 2) -> Runner:
         runner.fn()
     torch.cuda.synchronize()
     return Runner(graph.replay, runner.outputs, prepare_s=runner.prepare_s + time.perf_counter() - t0,
-                  held_bytes=runner.held_bytes, notes=runner.notes + "; CUDA graph", info={**runner.info, "graph": True},
+                  held_bytes=runner.held_bytes, notes=runner.notes + "; CUDA graph",
+                  info={**runner.info, "graph": True},
                   tolerance=runner.tolerance, keepalive=(runner, graph))

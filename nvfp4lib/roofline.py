@@ -34,18 +34,22 @@ def measure_ceilings(n: int = 8192, copy_bytes: int = 1 << 30) -> dict:
     """bf16 dense matmul rate (TFLOP/s, random data) and device copy bandwidth (GB/s, read+write)."""
     if not torch.cuda.is_available():
         raise RuntimeError("measuring ceilings needs a CUDA GPU")
+    mma = 2 * n**3 / _time_matmul(n) * 1e-9
+    bw = 2 * copy_bytes / _time_copy(copy_bytes) * 1e-6
+    torch.cuda.empty_cache()  # the operands are gone with their functions' frames
+    return {"bf16_tflops": mma, "copy_gbps": bw}
+
+
+def _time_matmul(n: int) -> float:
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    ms = _median_ms(lambda: a @ b)
-    mma = 2 * n**3 / ms * 1e-9
-    del a, b
-    src = torch.empty(copy_bytes, dtype=torch.uint8, device="cuda")
+    return _median_ms(lambda: a @ b)
+
+
+def _time_copy(nbytes: int) -> float:
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    ms = _median_ms(lambda: dst.copy_(src))
-    bw = 2 * copy_bytes / ms * 1e-6
-    del src, dst
-    torch.cuda.empty_cache()
-    return {"bf16_tflops": mma, "copy_gbps": bw}
+    return _median_ms(lambda: dst.copy_(src))
 
 
 def floor_us(problem: GroupedProblem, ceilings: dict) -> float:

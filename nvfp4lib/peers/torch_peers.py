@@ -201,7 +201,8 @@ def prepare_compile(a, b, b2, *, out_dtype=torch.float16) -> Runner:
 
     run()  # compile now, not in the first timed call
     return Runner(run, outs, prepare_s=time.perf_counter() - t0,
-                  notes=f"torch.compile(dequantize + matmul), dynamic=True; weights dequantized every call; {mm.__name__}")
+                  notes="torch.compile(dequantize + matmul), dynamic=True; weights dequantized every call; "
+                        + mm.__name__)
 
 
 def probe_scaled_mm_fp4(device="cuda") -> dict:
