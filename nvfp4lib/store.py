@@ -78,6 +78,15 @@ def load(path=BENCH):
     return pd.DataFrame(read_rows(path))
 
 
+def latest_compile_rows(arch: str):
+    """The most recent compile report for ``arch`` (e.g. "sm_100a": compiled here, not run)."""
+    rows = load(COMPILE)
+    if not len(rows):
+        return rows
+    rows = rows[rows["arch"] == arch]
+    return rows[rows["run_id"] == sorted(rows["run_id"].unique())[-1]] if len(rows) else rows
+
+
 def merge(src, dst=BENCH) -> int:
     """Append to ``dst`` the rows of ``src`` whose run_id ``dst`` does not hold yet (e.g. rows
     measured on the GPU machine and brought back). Returns the number of rows appended."""

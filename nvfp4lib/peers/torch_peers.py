@@ -97,13 +97,17 @@ def _alphas(a, b):
     return [x.global_scale.float() * y.global_scale.float() for x, y in zip(a, b)]
 
 
+def _outputs_and_alphas(a, b, b2, out_dtype):
+    """Per-group outputs and the global-scale products for B (and B2, or Nones)."""
+    al2 = _alphas(a, b2) if b2 is not None else [None] * len(a)
+    return _outputs(a, b, out_dtype), _alphas(a, b), al2
+
+
 def prepare_bf16(a, b, b2, *, out_dtype=torch.float16) -> Runner:
     t0 = time.perf_counter()
     wb = [_dq(t) for t in b]
     wb2 = [_dq(t) for t in b2] if b2 is not None else None
-    al = _alphas(a, b)
-    al2 = _alphas(a, b2) if b2 is not None else [None] * len(a)
-    outs = _outputs(a, b, out_dtype)
+    outs, al, al2 = _outputs_and_alphas(a, b, b2, out_dtype)
 
     def run():
         for g, x in enumerate(a):
@@ -118,9 +122,7 @@ def prepare_bf16(a, b, b2, *, out_dtype=torch.float16) -> Runner:
 
 
 def prepare_dequant(a, b, b2, *, out_dtype=torch.float16) -> Runner:
-    outs = _outputs(a, b, out_dtype)
-    al = _alphas(a, b)
-    al2 = _alphas(a, b2) if b2 is not None else [None] * len(a)
+    outs, al, al2 = _outputs_and_alphas(a, b, b2, out_dtype)
 
     def run():
         for g, x in enumerate(a):
@@ -187,9 +189,7 @@ def prepare_compile(a, b, b2, *, out_dtype=torch.float16) -> Runner:
         return acc.to(out_dtype)
 
     fn = torch.compile(group, dynamic=True)
-    outs = _outputs(a, b, out_dtype)
-    al = _alphas(a, b)
-    al2 = _alphas(a, b2) if b2 is not None else [None] * len(a)
+    outs, al, al2 = _outputs_and_alphas(a, b, b2, out_dtype)
 
     def run():
         for g, x in enumerate(a):
