@@ -82,3 +82,11 @@ def test_graphed_runner_keeps_what_the_graph_reads_alive():
     ref = weakref.ref(r.keepalive[0])
     gc.collect()
     assert ref() is not None
+
+
+def test_triton_refuses_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    x = make_inputs(get_problem("C1"), seed=1)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        prepare(x.a, x.b, backend="triton")
