@@ -118,11 +118,15 @@ def cmd_probe(args) -> int:
     from . import store
     from .peers.torch_peers import probe_scaled_mm_fp4
 
-    row = {"run_id": store.new_run_id(), **store.provenance(), "probe": "torch._scaled_mm NVFP4",
-           **probe_scaled_mm_fp4()}
-    print(f"torch._scaled_mm with NVFP4 operands: supported={row['supported']} {row['error']}")
+    from .peers.triton_nvfp4 import probe_dot_scaled
+
+    run_id, prov = store.new_run_id(), store.provenance()
+    rows = [{"run_id": run_id, **prov, "probe": "torch._scaled_mm NVFP4", **probe_scaled_mm_fp4()},
+            {"run_id": run_id, **prov, **probe_dot_scaled()}]
+    for r in rows:
+        print(f"{r['probe']}: supported={r['supported']} {r.get('note', '')}{r['error']}")
     for path in filter(None, [args.out, None if args.no_record else args.record]):
-        store.append_rows(path, [row])
+        store.append_rows(path, rows)
     return 0
 
 

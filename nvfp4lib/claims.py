@@ -45,7 +45,7 @@ PITCHES = (
           ("cute-hopper:config=baseline", "cute-hopper:config=producer_consumer")),
     Pitch("5A", "triton", "Full Triton kernel", (373 / 500, 373 / 160), None,
           "Triton has no native FP4 MMA path there", {},
-          ("cute-hopper:config=baseline", "triton")),
+          ("cute-hopper:config=baseline,graph=1", "triton:graph=1")),
     Pitch("5B", "compile_graphs", "torch.compile + CUDA graphs (+ _scaled_mm FP4)", (10.0, 50.0), (1.0, 2.0),
           "hinges on _scaled_mm FP4 support (unverified)", {},
           ("cute-hopper:config=baseline", "torch-compile:graph=1")),

@@ -144,3 +144,43 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, candidates=CANDIDATES, autotun
                   notes=f"Triton, in-register decode to bf16 + tl.dot; blocks {cand[:3]}, warps {cand[3]}, "
                         f"stages {cand[4]} (fastest of {len(cands)} timed at prepare)",
                   info={"block_m": cand[0], "block_n": cand[1], "block_k": cand[2]})
+
+
+def probe_dot_scaled(device="cuda") -> dict:
+    """Does this Triton's ``tl.dot_scaled`` take e2m1 operands here, and with which scale format?
+
+    NVFP4 needs E4M3 scales per 16 elements; ``tl.dot_scaled`` is specified for MX formats (E8M0 scales per 32).
+    We try e2m1 × e2m1 with E8M0 scales on a 128×128×128 problem and report what happens."""
+    info = {"probe": "triton tl.dot_scaled e2m1", "supported": False, "error": ""}
+    try:
+        import triton
+        import triton.language as tl
+
+        info["triton"] = triton.__version__
+
+        @triton.jit
+        def k(a_ptr, as_ptr, b_ptr, bs_ptr, c_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+            rm = tl.arange(0, M)
+            rn = tl.arange(0, N)
+            rk = tl.arange(0, K // 2)
+            rs = tl.arange(0, K // 32)
+            a = tl.load(a_ptr + rm[:, None] * (K // 2) + rk[None, :])
+            b = tl.load(b_ptr + rk[:, None] * N + rn[None, :])
+            sa = tl.load(as_ptr + rm[:, None] * (K // 32) + rs[None, :])
+            sb = tl.load(bs_ptr + rn[:, None] * (K // 32) + rs[None, :])
+            c = tl.dot_scaled(a, sa, "e2m1", b, sb, "e2m1")
+            tl.store(c_ptr + rm[:, None] * N + rn[None, :], c)
+
+        m = n = kk = 128
+        a = torch.randint(0, 256, (m, kk // 2), dtype=torch.uint8, device=device)
+        b = torch.randint(0, 256, (kk // 2, n), dtype=torch.uint8, device=device)
+        sa = torch.full((m, kk // 32), 127, dtype=torch.uint8, device=device)
+        sb = torch.full((n, kk // 32), 127, dtype=torch.uint8, device=device)
+        c = torch.empty((m, n), dtype=torch.float32, device=device)
+        k[(1,)](a, sa, b, sb, c, M=m, N=n, K=kk)
+        torch.cuda.synchronize()
+        info["supported"] = True
+        info["note"] = "ran with E8M0 scales per 32 (MXFP4); NVFP4's E4M3 scales per 16 are not its input format"
+    except Exception as e:  # the refusal is the finding
+        info["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+    return info
