@@ -117,7 +117,6 @@ def cmd_probe(args) -> int:
     """Capability probes whose answers are findings (e.g. torch._scaled_mm with NVFP4 on this GPU)."""
     from . import store
     from .peers.torch_peers import probe_scaled_mm_fp4
-
     from .peers.triton_nvfp4 import probe_dot_scaled
 
     run_id, prov = store.new_run_id(), store.provenance()
