@@ -18,8 +18,6 @@ that cannot work before anything is compiled.
 """
 from __future__ import annotations
 
-import math
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -462,12 +460,9 @@ def _swizzle_params(swizzle) -> tuple[int, int, int]:
     return tuple(int(x) for x in m.groups())
 
 
-def describe() -> str:
-    return __doc__ or ""
-
-
 def acc_registers(cfg: KernelConfig) -> int:
     return (2 if cfg.dual else 1) * cfg.tile_m * cfg.tile_n // (128 * cfg.warpgroups)
 
 
-__all__ = ["GroupedNvfp4GemmSm90", "validate", "smem_plan", "e2m1_times", "e4m3_value", "math"]
+__all__ = ["GroupedNvfp4GemmSm90", "validate", "smem_plan", "acc_registers", "e2m1_times", "e4m3_value",
+           "e2m1x2_times_bf16x2", "e4m3_as_bf16x2"]
