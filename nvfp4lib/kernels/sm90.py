@@ -13,8 +13,9 @@ table, see :mod:`.packing`); all groups run in one launch. Per K tile:
    global scales (exact where it matters: in fp32), applies silu(gate)·up for the dual GEMM,
    rounds once to fp16 and stores with per-element predicates (SIMT epilogue).
 
-The knobs live in :class:`~nvfp4lib.kernels.config.KernelConfig`; ``validate`` refuses a config
-that cannot work before anything is compiled.
+The knobs live in :class:`~nvfp4lib.kernels.config.KernelConfig` (tile, stages, ``decode`` = scalar |
+vec4, ``warpgroups`` doing MMA + decode, extra decode-only ``decode_warpgroups``, diagnostics ``ablate``);
+``validate`` refuses a config that cannot work before anything is compiled.
 """
 from __future__ import annotations
 
