@@ -161,6 +161,12 @@ EDGE = (
     GroupedProblem("E1-empty-group", (0, 100, 0, 37), (256,) * 4, (512,) * 4, tags=("edge",)),
     GroupedProblem("E2-single-row", (1,), (128,), (256,), tags=("edge",)),
     GroupedProblem("E3-ragged", (1, 7, 65, 129, 200), (384,) * 5, (768,) * 5, tags=("edge",)),
+    GroupedProblem("E4-2880", (1, 33, 100, 257), (2880,) * 4, (2880,) * 4, tags=("edge",)),
+)
+# Off the benchmark (issue 6): tokens per group swept for two expert shapes and three group counts.
+M_SWEEP = tuple(
+    GroupedProblem.uniform_nk(f"M{m}-G{g}-N{n}-K{k}", (m,) * g, n, k, tags=("m-sweep",))
+    for n, k in ((4096, 7168), (7168, 2048)) for g in (1, 8, 32) for m in (1, 8, 16, 32, 64, 128, 256, 512, 1024)
 )
 
 SUITES: dict[str, tuple[GroupedProblem, ...]] = {
@@ -169,6 +175,7 @@ SUITES: dict[str, tuple[GroupedProblem, ...]] = {
     "correctness": CORRECTNESS,
     "correctness-dual": tuple(p.with_dual() for p in CORRECTNESS),
     "edge": EDGE,
+    "m-sweep": M_SWEEP,
 }
 
 
