@@ -16,6 +16,10 @@ def _problems(args):
         probs.append(get_problem(p))
     if not probs:
         raise SystemExit("name at least one --suite or --problem")
+    if getattr(args, "only", None):
+        probs = [p for p in probs if args.only in p.name]
+        if not probs:
+            raise SystemExit(f"no problem name contains {args.only!r}")
     if getattr(args, "k_sweep", None):
         from .problems import GroupedProblem
         ks = [int(k) for k in args.k_sweep.split(",")]
@@ -188,6 +192,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--out", type=Path, help="also append the rows to this file (e.g. under $OUT)")
     p.add_argument("--strict", action="store_true", help="exit non-zero if any backend failed")
+    p.add_argument("--only", help="keep the problems whose name contains this (e.g. N7168)")
     p.add_argument("--k-sweep", help="replace K by each of these (e.g. 256,512,1024): time vs K splits fixed costs")
     p.set_defaults(fn=cmd_bench)
 
