@@ -186,9 +186,11 @@ def suite(name: str) -> tuple[GroupedProblem, ...]:
 
 
 def get_problem(name: str) -> GroupedProblem:
-    """A problem by name: 'S1', 'S1-dual', 'C3', 'E1-empty-group', ..."""
+    """A problem by name: 'S1', 'S1-dual', 'C3', 'E1-empty-group', ... ('-dual' works after any name)."""
     for probs in SUITES.values():
         for p in probs:
             if p.name == name:
                 return p
+    if name.endswith("-dual"):
+        return get_problem(name.removesuffix("-dual")).with_dual()
     raise ValueError(f"unknown problem {name!r}")
