@@ -39,12 +39,18 @@ SWIZZLE_UNIT = 2  # fp32 accumulator registers per thread we allow before callin
 # ---------------------------------------------------------------------------------------------
 # The decode: E2M1 and E4M3 bit patterns placed into fp32 fields, then exact power-of-two scaling.
 # ---------------------------------------------------------------------------------------------
+def _pure_asm(ret_type, operands, text: str, constraints: str):
+    """One side-effect-free inline-PTX expression (the decode ops below)."""
+    return llvm.inline_asm(ret_type, operands, text, constraints, has_side_effects=False, is_align_stack=False,
+                           asm_dialect=llvm.AsmDialect.AD_ATT)
+
+
 @dsl_user_op
 def e2m1_times(code: cutlass.Int32, scale: cutlass.Float32, *, loc=None, ip=None) -> cutlass.Float32:
     """e2m1(code & 0xF) × scale. The code's sign goes to bit 31 and its magnitude bits (e1 e0 m) to
     bits 24..22, so the fp32 word is the value × 2^-126 (code 1 lands on a subnormal); × 2^126 restores it."""
     return cutlass.Float32(
-        llvm.inline_asm(
+        _pure_asm(
             T.f32(),
             [cutlass.Int32(code).ir_value(loc=loc, ip=ip), cutlass.Float32(scale).ir_value(loc=loc, ip=ip)],
             "{\n\t.reg .b32 s, m;\n\t.reg .f32 v;\n\t"
@@ -53,9 +59,6 @@ def e2m1_times(code: cutlass.Int32, scale: cutlass.Float32, *, loc=None, ip=None
             "or.b32 s, s, m;\n\tmov.b32 v, s;\n\t"
             "mul.f32 v, v, 0f7E800000;\n\tmul.f32 $0, v, $2;\n\t}",
             "=f,r,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
 
@@ -64,7 +67,7 @@ def e2m1_times(code: cutlass.Int32, scale: cutlass.Float32, *, loc=None, ip=None
 def e4m3_value(byte: cutlass.Int32, *, loc=None, ip=None) -> cutlass.Float32:
     """The E4M3 byte as fp32: its 7 magnitude bits go to fp32 bits 26..20 (value × 2^-120), sign to 31."""
     return cutlass.Float32(
-        llvm.inline_asm(
+        _pure_asm(
             T.f32(),
             [cutlass.Int32(byte).ir_value(loc=loc, ip=ip)],
             "{\n\t.reg .b32 s, m;\n\t.reg .f32 v;\n\t"
@@ -73,9 +76,6 @@ def e4m3_value(byte: cutlass.Int32, *, loc=None, ip=None) -> cutlass.Float32:
             "or.b32 s, s, m;\n\tmov.b32 v, s;\n\t"
             "mul.f32 $0, v, 0f7B800000;\n\t}",
             "=f,r",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
 
@@ -86,7 +86,7 @@ def e2m1x2_times_bf16x2(byte: cutlass.Int32, scale2: cutlass.Int32, *, loc=None,
     (the block scale as bf16x2). The code bits go straight into bf16 fields (value × 2^-126), one bf16x2
     multiply by 2^126 restores them, a second applies the scale: both products are exact."""
     return cutlass.Int32(
-        llvm.inline_asm(
+        _pure_asm(
             T.i32(),
             [cutlass.Int32(byte).ir_value(loc=loc, ip=ip), cutlass.Int32(scale2).ir_value(loc=loc, ip=ip)],
             "{\n\t.reg .b32 t, u, v;\n\t"
@@ -96,9 +96,6 @@ def e2m1x2_times_bf16x2(byte: cutlass.Int32, scale2: cutlass.Int32, *, loc=None,
             "and.b32 u, $1, 112;\n\tshl.b32 u, u, 18;\n\tor.b32 t, t, u;\n\t"
             "mov.b32 v, 0x7E807E80;\n\tmul.rn.bf16x2 t, t, v;\n\tmul.rn.bf16x2 $0, t, $2;\n\t}",
             "=r,r,r",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
 
@@ -108,14 +105,11 @@ def e4m3_as_bf16x2(byte: cutlass.Int32, *, loc=None, ip=None) -> cutlass.Int32:
     """The E4M3 byte as a bf16 pair (both halves equal); exact, since every E4M3 value fits bf16."""
     f = e4m3_value(byte, loc=loc, ip=ip)
     return cutlass.Int32(
-        llvm.inline_asm(
+        _pure_asm(
             T.i32(),
             [cutlass.Float32(f).ir_value(loc=loc, ip=ip)],
             "cvt.rn.bf16x2.f32 $0, $1, $1;",
             "=r,f",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
         )
     )
 
