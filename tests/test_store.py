@@ -84,7 +84,7 @@ def test_b200_check_refuses_off_blackwell(capsys):
 
 def test_compile_command_records_refusals(tmp_path, capsys):
     out = tmp_path / "compile.jsonl"
-    assert main(["compile", "--arch", "sm_90a", "--config", "stages3", "--record", str(out)]) == 0
+    assert main(["compile", "--arch", "sm_90a", "--config", "tile128x256_1wg", "--record", str(out)]) == 0
     rows = store.read_rows(out)
-    assert rows[0]["config"] == "stages3" and "shared memory" in rows[0]["error"]
+    assert rows[0]["config"] == "tile128x256_1wg" and "accumulator registers" in rows[0]["error"]
     assert rows[0]["gpu"]

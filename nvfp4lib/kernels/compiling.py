@@ -2,7 +2,8 @@
 
 CuTe DSL 4.3.5 compiles for any target on a machine with no driver: it writes the
 .ptx/.cubin, then raises ``DSLRuntimeError`` when it tries to load the module. We
-catch exactly that error, and only once the artifacts exist. ``ptxas -v`` on the
+catch exactly that error (and the ``RuntimeError("Unknown function ...")`` that later
+compiles in the same process raise instead), and only once the artifacts exist. ``ptxas -v`` on the
 kept PTX gives registers, spills and static shared memory.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 ARCHS = ("sm_90a", "sm_100a")
@@ -97,14 +99,19 @@ def compile_offline(jit_fn, *args, arch: str, dump_dir: str | None = None, ptxas
 
     dump_dir = dump_dir or tempfile.mkdtemp(prefix=f"nvfp4lib-{arch}-")
     os.makedirs(dump_dir, exist_ok=True)
-    before = set(glob.glob(os.path.join(dump_dir, "*")))
+    start = time.time() - 1.0  # artifacts written by this compile (a reused dump_dir may hold older ones)
     opts = f"--keep-ptx --keep-cubin --gpu-arch {arch} --dump-dir {dump_dir}"
     loaded, load_error = None, ""
     try:
         loaded = cute.compile(jit_fn, *args, options=opts, **kwargs)
     except DSLRuntimeError as e:
         load_error = str(e)
-    new = sorted(set(glob.glob(os.path.join(dump_dir, "*"))) - before, key=os.path.getmtime)
+    except RuntimeError as e:  # later no-driver compiles in the same process fail to resolve the kernel instead
+        if "Unknown function" not in str(e):
+            raise
+        load_error = str(e)
+    new = sorted((p for p in glob.glob(os.path.join(dump_dir, "*")) if os.path.getmtime(p) >= start),
+                 key=os.path.getmtime)
     ptx = [p for p in new if p.endswith(f".{arch}.ptx")]
     cubin = [p for p in new if p.endswith(f".{arch}.cubin")]
     if load_error and not (ptx and cubin):

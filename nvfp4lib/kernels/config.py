@@ -24,13 +24,6 @@ class KernelConfig:
     warp_spec: WarpSpec = "none"
     dual: bool = False  # fused silu(A·B1ᵀ) * (A·B2ᵀ)
     swap_ab: bool = False  # tokens on the MMA's N dimension (small-M path)
-    # How the Hopper kernel decodes E2M1×E4M3 to bf16: "scalar" (one byte, two bf16 stores per step: the
-    # baseline) or "vec4" (a 32-bit word of 8 codes, bf16x2 arithmetic, 32-bit stores).
-    decode: str = "scalar"
-    # Warpgroups per CTA (128 threads each): all decode, each runs the MMA for its own 64 rows of the tile.
-    warpgroups: int = 1
-    # Extra warpgroups that only decode (no MMA): more threads in flight for the latency-bound decode.
-    decode_warpgroups: int = 0
     # Diagnostics, never shipped: "no_dequant" skips the decode, "no_mma" skips the wgmma. The result is
     # wrong by design; the benchmark times such a config without checking it and labels the row.
     ablate: str = ""

@@ -1,10 +1,32 @@
-"""``backend="cute-hopper"``: the CuTe DSL NVFP4 grouped GEMM on Hopper, its named configs, compile reports.
+"""``backend="cute-hopper"``: an exact NVFP4 grouped GEMM for Hopper (sm_90a) in CuTe DSL.
 
-The kernel itself is :mod:`nvfp4lib.kernels.sm90`; the layout it reads is :mod:`.packing`.
-Configs are named: ``baseline`` is the study's kernel mirrored on Hopper (128×128×256, one
-stage, 128 threads, SIMT epilogue, no warp specialization). Only configs listed in ``CONFIGS``
-are shipped (compiled in CI, checked on the GPU); ``SWEEP_CONFIGS`` adds the study's other
-candidates, including ones the hardware or this kernel refuses, for the compile report.
+Hopper has no FP4 tensor cores. Each CTA owns one output tile of one group (a row of the tile
+table of :mod:`.packing`); all groups run in one launch. Per K tile of ``tile_k`` FP4
+elements:
+
+1. TMA (``cp.async.bulk.tensor``) brings the packed E2M1 bytes of A and B (and B2), 128-byte
+   swizzled, and their E4M3 scale bytes into shared memory through an ``ab_stages``-deep mbarrier
+   pipeline;
+2. the tile is decoded in sub-blocks of 64 K elements into a double-buffered fp16 tile in the
+   swizzled K-major layout wgmma reads. The decode is a few integer ops per element pair: each
+   code's sign and magnitude bits are placed into the high byte of an fp16 word (whose value is
+   then e2m1 × 2^-14, a subnormal for code 1), and one fp16x2 multiply by (scale × 2^7) gives
+   e2m1 × scale × 2^-7 — exact: at most 6 significant bits, inside fp16's range;
+3. ``wgmma.mma_async`` (fp16 × fp16 → fp32) over the sub-block runs while the next sub-block is
+   decoded;
+4. the epilogue multiplies the fp32 accumulator by ``alpha = gs_A·gs_B·2^14`` (the 2^14 undoes the
+   two 2^-7 factors exactly), applies silu(gate)·up for the dual GEMM, rounds once to fp16, and
+   stores with per-element predicates (``simt``) or through shared memory and a TMA store
+   (``tma``; safe on ragged groups because every group's output rows are padded to ``tile_m``).
+
+Warp specialization: ``none`` — one warpgroup (128 threads) does everything, one elected thread
+issues the TMA loads (the study's baseline structure); ``producer_consumer`` — a producer
+warpgroup issues TMA and decodes into a ring of fp16 buffers, ``tile_m/64`` consumer warpgroups
+run wgmma and the epilogue. ``pingpong`` is not implemented (refused by :func:`validate`).
+
+Knobs live in :class:`~nvfp4lib.kernels.config.KernelConfig`; :func:`validate` refuses a config that
+cannot work before anything is compiled; compiled kernels are cached per (config, output dtype).
+Only configs in :data:`CONFIGS` are shipped: each was run exactly on an H100.
 """
 from __future__ import annotations
 
@@ -14,47 +36,163 @@ import torch
 
 from ..backends import Runner
 from .config import KernelConfig
-from .packing import ActivationPacker, pack_weights, tile_table
+from .packing import ActivationPacker, check_scales_finite, stack_weights, tile_table
 
+SMEM_LIMIT = 232448  # bytes of shared memory one CTA may use on sm_90 (227 KB)
+MAX_ACC_REGS = 128  # fp32 accumulator registers per thread we allow (beyond it the kernel spills)
+SUB_K = 64  # K elements per decode sub-block: one 128-byte swizzle row of fp16
+RING = 2  # fp16 sub-block buffers (decode of one overlaps the wgmma of the other)
+POST_SCALE = 2.0**14  # the decode's operands are value × 2^-7 each; the product carries 2^-14
+OUT_DTYPES = {torch.float16: "Float16"}  # bf16 output compiles too, but is not yet checked on a GPU
+
+# ---------------------------------------------------------------------------------------------
+# Named configs
+# ---------------------------------------------------------------------------------------------
 _B = KernelConfig("baseline")
+_PC = _B.with_(warp_spec="producer_consumer")
+_T = _B.with_(epilogue="tma")
+# Shipped: compiled in CI, exact on the H100 (see tests/gpu/test_hopper_gpu.py).
 CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B,
     _B.with_(name="baseline_dual", tile_n=64, dual=True),
     _B.with_(name="stages2", ab_stages=2),
+    _B.with_(name="stages3", ab_stages=3),
+    _B.with_(name="stages4", ab_stages=4),
     _B.with_(name="tile64x128", tile_m=64),
     _B.with_(name="tile128x64", tile_n=64),
     _B.with_(name="tile64x64", tile_m=64, tile_n=64),
-    _B.with_(name="vec4", decode="vec4"),
-    _B.with_(name="vec4_dual", tile_n=64, dual=True, decode="vec4"),
-    _B.with_(name="vec4_wg2", decode="vec4", warpgroups=2),
-    _B.with_(name="vec4_wg2_dual", tile_n=64, dual=True, decode="vec4", warpgroups=2),
-    _B.with_(name="vec4_wg2_dec2", decode="vec4", warpgroups=2, decode_warpgroups=2),
-    _B.with_(name="vec4_wg2_dec2_dual", tile_n=64, dual=True, decode="vec4", warpgroups=2, decode_warpgroups=2),
+    _B.with_(name="tma_epilogue", epilogue="tma"),
+    _PC.with_(name="producer_consumer"),
+    _PC.with_(name="producer_consumer_stages2", ab_stages=2),
+    _PC.with_(name="producer_consumer_dual", dual=True),
+    _PC.with_(name="tile128x256", tile_n=256),
+    # the TMA-store epilogue combined with the other knobs (round 3 × rounds 1, 2, 4)
+    _T.with_(name="tma_stages2", ab_stages=2),
+    _T.with_(name="tile64x128_tma", tile_m=64),
+    _T.with_(name="tile64x64_tma", tile_m=64, tile_n=64),
+    _T.with_(name="tile128x64_tma", tile_n=64),
+    _T.with_(name="baseline_dual_tma", tile_n=64, dual=True),
+    _PC.with_(name="producer_consumer_tma", epilogue="tma"),
+    _PC.with_(name="producer_consumer_dual_tma", dual=True, epilogue="tma"),
+    _PC.with_(name="tile128x256_tma", tile_n=256, epilogue="tma"),
 )}
+# Candidates the study pitched that are not shipped (refused by validate, or not verified on a GPU).
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
-    _B.with_(name="stages3", ab_stages=3),
-    _B.with_(name="stages4", ab_stages=4),
-    _B.with_(name="tile128x256", tile_n=256),
+    _B.with_(name="tile128x256_1wg", tile_n=256),
     _B.with_(name="tile128x128x512", tile_k=512),
     _B.with_(name="tile128x128x128", tile_k=128),
-    _B.with_(name="tma_epilogue", epilogue="tma"),
-    _B.with_(name="producer_consumer", warp_spec="producer_consumer"),
     _B.with_(name="pingpong", warp_spec="pingpong"),
+    _B.with_(name="baseline_dual_128", dual=True),
 )}
 # Diagnostics (wrong results by design; timed, never checked, never shipped).
 ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="baseline_no_dequant", ablate="no_dequant"),
     _B.with_(name="baseline_no_mma", ablate="no_mma"),
 )}
-DEFAULT_SINGLE = "vec4_wg2_dec2"  # the fastest exact config measured so far; "baseline" stays selectable
-DEFAULT_DUAL = "vec4_wg2_dec2_dual"
+DEFAULT_SINGLE = "baseline"
+DEFAULT_DUAL = "baseline_dual"
 
-_compiled: dict = {}
+
+# ---------------------------------------------------------------------------------------------
+# Validity and the storage plan (pure Python: asked before compiling)
+# ---------------------------------------------------------------------------------------------
+def math_warpgroups(cfg: KernelConfig) -> int:
+    """Warpgroups that run wgmma: one for ``none``; one per 64 rows for ``producer_consumer``."""
+    return cfg.tile_m // 64 if cfg.warp_spec == "producer_consumer" else 1
+
+
+def threads_for(cfg: KernelConfig) -> int:
+    return 128 * (math_warpgroups(cfg) + (1 if cfg.warp_spec == "producer_consumer" else 0))
+
+
+def acc_registers(cfg: KernelConfig) -> int:
+    """fp32 accumulator registers per math thread."""
+    return (2 if cfg.dual else 1) * cfg.tile_m * cfg.tile_n // (128 * math_warpgroups(cfg))
+
+
+def epilogue_tile(cfg: KernelConfig) -> tuple[int, int]:
+    if math_warpgroups(cfg) > 1:
+        return (min(128, cfg.tile_m), min(32, cfg.tile_n))
+    return (min(64, cfg.tile_m), min(32, cfg.tile_n))
+
+
+EPI_STAGES = 4
+
+
+def smem_plan(cfg: KernelConfig) -> dict:
+    """Bytes of shared memory per buffer, as the kernel's SharedStorage lays them out."""
+    nb = 2 if cfg.dual else 1
+    kb, ks = cfg.tile_k // 2, cfg.tile_k // 16
+    plan = {
+        "barriers": cfg.ab_stages * 16 + (RING * 16 if cfg.warp_spec == "producer_consumer" else 0),
+        "packed_a": cfg.ab_stages * cfg.tile_m * kb,
+        "packed_b": nb * cfg.ab_stages * cfg.tile_n * kb,
+        "scales_a": cfg.ab_stages * cfg.tile_m * ks,
+        "scales_b": nb * cfg.ab_stages * cfg.tile_n * ks,
+        "fp16_a": RING * cfg.tile_m * SUB_K * 2,
+        "fp16_b": nb * RING * cfg.tile_n * SUB_K * 2,
+    }
+    aligns = {"barriers": 8, "packed_a": 1024, "packed_b": 1024, "scales_a": 128, "scales_b": 128,
+              "fp16_a": 1024, "fp16_b": 1024}
+    off = 0
+    for k, v in plan.items():
+        off = (off + aligns[k] - 1) // aligns[k] * aligns[k] + v
+    plan["total"] = off + 1024  # the allocator's own base alignment
+    plan["per_stage"] = (cfg.tile_m + nb * cfg.tile_n) * (kb + ks)
+    em, en = epilogue_tile(cfg)
+    plan["epilogue_staging"] = em * en * 2 * EPI_STAGES if cfg.epilogue == "tma" else 0
+    return plan
+
+
+def validate(cfg: KernelConfig) -> KernelConfig:
+    """Raise ValueError naming the rule a config breaks; return it unchanged if it can work."""
+    n = cfg.name
+    if cfg.warp_spec not in ("none", "producer_consumer", "pingpong"):
+        raise ValueError(f"{n}: warp_spec={cfg.warp_spec!r}: must be 'none', 'producer_consumer' or 'pingpong'")
+    if cfg.warp_spec == "pingpong":
+        raise ValueError(f"{n}: warp_spec='pingpong' is not implemented in this kernel "
+                         "(implemented: 'none', 'producer_consumer')")
+    if cfg.epilogue not in ("simt", "tma"):
+        raise ValueError(f"{n}: epilogue={cfg.epilogue!r}: must be 'simt' or 'tma'")
+    if cfg.tile_m not in (64, 128):
+        raise ValueError(f"{n}: tile_m={cfg.tile_m}: wgmma covers 64 rows per warpgroup instruction; this "
+                         "kernel supports tile_m 64 or 128")
+    if cfg.tile_n % 8 or not 8 <= cfg.tile_n <= 256:
+        raise ValueError(f"{n}: tile_n={cfg.tile_n}: wgmma's N must be a multiple of 8 in [8, 256]")
+    if cfg.tile_n % 32:
+        raise ValueError(f"{n}: tile_n={cfg.tile_n}: the decode maps 32 rows per warpgroup pass, so tile_n "
+                         "must be a multiple of 32")
+    if cfg.tile_k not in (256, 512):
+        raise ValueError(f"{n}: tile_k={cfg.tile_k}: must be 256 or 512 FP4 elements: a TMA box of scale "
+                         "bytes (tile_k/16 per row) must be a multiple of 16 bytes, and the packed codes are "
+                         "read in 128-byte swizzle panels")
+    if cfg.ab_stages < 1:
+        raise ValueError(f"{n}: ab_stages={cfg.ab_stages} must be >= 1")
+    if cfg.swap_ab:
+        raise ValueError(f"{n}: swap_ab is not implemented in this kernel")
+    if cfg.ablate not in ("", "no_dequant", "no_mma"):
+        raise ValueError(f"{n}: ablate={cfg.ablate!r}: must be '', 'no_dequant' or 'no_mma'")
+    if cfg.ablate and cfg.warp_spec != "none":
+        raise ValueError(f"{n}: ablations are implemented for warp_spec='none' only")
+    acc = acc_registers(cfg)
+    if acc > MAX_ACC_REGS:
+        raise ValueError(f"{n}: {acc} fp32 accumulator registers per thread (tile {cfg.tile_m}x{cfg.tile_n}"
+                         f"{', two accumulators' if cfg.dual else ''}, {math_warpgroups(cfg)} math warpgroup(s)) "
+                         f"exceed {MAX_ACC_REGS}: it would spill; use a smaller tile_n or "
+                         "warp_spec='producer_consumer' (one warpgroup per 64 rows)")
+    plan = smem_plan(cfg)
+    if plan["total"] > SMEM_LIMIT:
+        raise ValueError(f"{n}: needs {plan['total']} bytes of shared memory > the sm_90 limit {SMEM_LIMIT} "
+                         f"(tile {cfg.tile_m}x{cfg.tile_n}x{cfg.tile_k}, {cfg.ab_stages} stages of "
+                         f"{plan['per_stage']} bytes, fp16 ring {plan['fp16_a'] + plan['fp16_b']} bytes)")
+    if plan["epilogue_staging"] > plan["fp16_a"]:
+        raise ValueError(f"{n}: the TMA epilogue stages {plan['epilogue_staging']} bytes in the fp16 A ring "
+                         f"({plan['fp16_a']} bytes)")
+    return cfg
 
 
 def get_config(config, dual: bool) -> KernelConfig:
-    from .sm90 import validate
-
+    """A KernelConfig (validated) from a name or a config; ``dual`` is set from the operands."""
     if isinstance(config, KernelConfig):
         cfg = config
     else:
@@ -66,6 +204,521 @@ def get_config(config, dual: bool) -> KernelConfig:
     return validate(cfg.with_(dual=dual))
 
 
+# ---------------------------------------------------------------------------------------------
+# The kernel (CuTe DSL imports stay inside: importing nvfp4lib never imports cutlass)
+# ---------------------------------------------------------------------------------------------
+# One thread decodes 16 consecutive E2M1 codes (8 bytes) sharing one E4M3 scale into two 16-byte
+# chunks of fp16. $0: packed codes (shared address), $1: scale byte, $2/$3: the two fp16 chunks.
+# Per code byte j of a 32-bit word (code e_2j in the low nibble, e_2j+1 in the high one):
+#   lc = lop3(w << 4, w << 1, SIGN_BITS): byte j = the low code as an fp16 high byte (sign at bit 7,
+#        magnitude bits e1 e0 m at bits 3..1); hc = lop3(w, w >> 3, SIGN_BITS): the same for the high code;
+#   prmt puts lc_j in byte 1 and hc_j in byte 3 (PRMT_SELECTORS[j]); FP16_FIELDS clears the rest:
+#        fp16x2 (e_2j, e_2j+1) × 2^-14 (code 1 is an fp16 subnormal, which fp16 arithmetic keeps);
+#   × (scale × 2^7) as fp16x2 (cvt.e4m3x2 then × 128: exact, ≤ 448·128 < 65504) gives value × scale × 2^-7.
+# Checked bit for bit against the exact values by tests/test_hopper_compile.py (emulate_decode).
+SIGN_BITS = 0x80808080
+LOP3_SELECT = 0xE4  # lop3 truth table of (a & c) | (b & ~c)
+PRMT_SELECTORS = (0x4000, 0x5111, 0x6222, 0x7333)
+FP16_FIELDS = 0x8E008E00  # sign and the three magnitude bits of both fp16 halves
+SCALE_FACTOR = 0x58005800  # fp16x2 (128, 128) = 2^7
+OPERAND_EXPONENT = -7  # each decoded operand is value × 2^-7
+
+
+def _word_ptx(w: str, first: int) -> str:
+    lines = [
+        f"shl.b32 a, {w}, 4;", f"shl.b32 b, {w}, 1;", f"lop3.b32 lc, a, b, sg, 0x{LOP3_SELECT:02X};",
+        f"shr.u32 b, {w}, 3;", f"lop3.b32 hc, {w}, b, sg, 0x{LOP3_SELECT:02X};",
+    ]
+    for j, sel in enumerate(PRMT_SELECTORS):
+        o = f"o{first + j}"
+        lines += [f"prmt.b32 {o}, lc, hc, {sel:#06x};", f"and.b32 {o}, {o}, mk;", f"mul.rn.f16x2 {o}, {o}, f;"]
+    return "\n".join(lines)
+
+
+DECODE16_PTX = "\n".join([
+    "{",
+    ".reg .b32 w0, w1, s, f, k, a, b, lc, hc, mk, sg, o0, o1, o2, o3, o4, o5, o6, o7;",
+    ".reg .b16 sp;",
+    "ld.shared.v2.b32 {w0, w1}, [$0];",
+    "ld.shared.u8 s, [$1];",
+    "mul.lo.u32 s, s, 257;",
+    "cvt.u16.u32 sp, s;",
+    "cvt.rn.f16x2.e4m3x2 f, sp;",
+    f"mov.b32 k, {SCALE_FACTOR:#010x};",
+    "mul.rn.f16x2 f, f, k;",
+    f"mov.b32 mk, 0x{FP16_FIELDS:08X};",
+    f"mov.b32 sg, {SIGN_BITS:#010x};",
+    _word_ptx("w0", 0),
+    _word_ptx("w1", 4),
+    "st.shared.v4.b32 [$2], {o0, o1, o2, o3};",
+    "st.shared.v4.b32 [$3], {o4, o5, o6, o7};",
+    "}",
+])
+
+
+def emulate_decode(word: int, scale_byte: int) -> list[float]:
+    """The decode's arithmetic on one 32-bit word of codes, emulated on the CPU: its 8 fp16 operands."""
+    m32 = 0xFFFFFFFF
+
+    def lop3_select(a, b, c):  # what LOP3_SELECT computes
+        return ((a & c) | (b & ~c)) & m32
+
+    def prmt(a, b, sel):
+        pool = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+        return sum(pool[(sel >> (4 * i)) & 7] << (8 * i) for i in range(4))
+
+    def as_f16(bits16):
+        return torch.tensor([bits16 - (1 << 16) if bits16 & 0x8000 else bits16], dtype=torch.int16).view(torch.float16)
+
+    scale = torch.tensor([scale_byte], dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float16)
+    factor = scale * as_f16(SCALE_FACTOR & 0xFFFF)  # fp16 multiply, as mul.rn.f16x2
+    lc = lop3_select((word << 4) & m32, (word << 1) & m32, SIGN_BITS)
+    hc = lop3_select(word, word >> 3, SIGN_BITS)
+    out = []
+    for sel in PRMT_SELECTORS:
+        o = prmt(lc, hc, sel) & FP16_FIELDS
+        out += [float((as_f16(o & 0xFFFF) * factor)[0]), float((as_f16(o >> 16) * factor)[0])]
+    return out
+
+
+def _kernel_class():
+    """Build the kernel class on first use (keeps cutlass out of ``import nvfp4lib``)."""
+    global _KERNEL_CLASS
+    if _KERNEL_CLASS is not None:
+        return _KERNEL_CLASS
+
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.pipeline as pipeline
+    import cutlass.utils as utils
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cutlass_dsl import dsl_user_op
+
+    @dsl_user_op
+    def decode16(src, sf, dst0, dst1, *, loc=None, ip=None):
+        llvm.inline_asm(
+            None,
+            [cutlass.Int32(v).ir_value(loc=loc, ip=ip) for v in (src, sf, dst0, dst1)],
+            DECODE16_PTX,
+            "r,r,r,r",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+
+    class GroupedNvfp4GemmSm90:
+        """One CTA per output tile: TMA → decode to fp16 in smem → wgmma → epilogue."""
+
+        def __init__(self, cfg: KernelConfig):
+            self.cfg = validate(cfg)
+            self.tile_m, self.tile_n, self.tile_k = cfg.tile_m, cfg.tile_n, cfg.tile_k
+            self.tile_kb = cfg.tile_k // 2  # packed bytes per row
+            self.tile_ks = cfg.tile_k // 16  # scale bytes per row
+            self.nsub = cfg.tile_k // SUB_K
+            self.stages = cfg.ab_stages
+            self.dual = cfg.dual
+            self.nb = 2 if cfg.dual else 1
+            self.pc = cfg.warp_spec == "producer_consumer"
+            self.nmath = math_warpgroups(cfg)
+            self.threads = threads_for(cfg)
+            self.math_threads = 128 * self.nmath
+            self.tma_epi = cfg.epilogue == "tma"
+            self.ablate = cfg.ablate
+            self.acc_dtype = cutlass.Float32
+            self.ab_dtype = cutlass.Float16
+            self.epi_tile = epilogue_tile(cfg)
+            # setmaxnreg for 384 threads: ptxas gives each thread 168 registers at launch (65536/384, rounded
+            # down to 8); the re-split must fit in that pool (104 + 2*200 = 3*168), or setmaxnreg.inc waits forever.
+            self.regs_producer, self.regs_math = 104, 200
+            self.ring_bars = RING * 2 if self.pc else 1
+
+        def _plain_layout(self, rows: int, cols: int, stages: int):
+            return cute.make_layout((rows, cols, stages), stride=(cols, 1, rows * cols))
+
+        @cute.jit
+        def __call__(self, mA: cute.Tensor, mSFA: cute.Tensor, mB: cute.Tensor, mSFB: cute.Tensor,
+                     mB2: cute.Tensor, mSFB2: cute.Tensor, mC: cute.Tensor, mTiles: cute.Tensor,
+                     mAlpha: cute.Tensor, stream):
+            c_dtype = mC.element_type
+            tiled_mma = sm90_utils.make_trivial_tiled_mma(
+                self.ab_dtype, self.ab_dtype, cute.nvgpu.warpgroup.OperandMajorMode.K,
+                cute.nvgpu.warpgroup.OperandMajorMode.K, self.acc_dtype, (self.nmath, 1, 1),
+                tiler_mn=(64, self.tile_n))
+            sub_mnk = (self.tile_m, self.tile_n, SUB_K)
+            row_major = utils.LayoutEnum.ROW_MAJOR
+            sA_layout = sm90_utils.make_smem_layout_a(row_major, sub_mnk, self.ab_dtype, RING)
+            sB_layout = sm90_utils.make_smem_layout_b(row_major, sub_mnk, self.ab_dtype, RING)
+            qa_layout = sm90_utils.make_smem_layout_a(
+                row_major, (self.tile_m, self.tile_n, self.tile_kb), cutlass.Uint8, self.stages)
+            qb_layout = sm90_utils.make_smem_layout_b(
+                row_major, (self.tile_m, self.tile_n, self.tile_kb), cutlass.Uint8, self.stages)
+            sfa_layout = self._plain_layout(self.tile_m, self.tile_ks, self.stages)
+            sfb_layout = self._plain_layout(self.tile_n, self.tile_ks, self.stages)
+            epi_layout = sm90_utils.make_smem_layout_epi(c_dtype, row_major, self.epi_tile, EPI_STAGES)
+
+            g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
+
+            def tma(t, layout, box):
+                return cute.nvgpu.cpasync.make_tiled_tma_atom(g2s, t, cute.slice_(layout, (None, None, 0)), box)
+
+            tma_a, tA = tma(mA, qa_layout, (self.tile_m, self.tile_kb))
+            tma_sfa, tSFA = tma(mSFA, sfa_layout, (self.tile_m, self.tile_ks))
+            tma_b, tB = tma(mB, qb_layout, (self.tile_n, self.tile_kb))
+            tma_sfb, tSFB = tma(mSFB, sfb_layout, (self.tile_n, self.tile_ks))
+            tma_b2, tB2 = tma(mB2, qb_layout, (self.tile_n, self.tile_kb))
+            tma_sfb2, tSFB2 = tma(mSFB2, sfb_layout, (self.tile_n, self.tile_ks))
+            tma_c, tC = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), mC, cute.slice_(epi_layout, (None, None, 0)),
+                self.epi_tile)
+
+            nb = self.nb
+
+            @cute.struct
+            class SharedStorage:
+                load_bars: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+                ring_bars: cute.struct.MemRange[cutlass.Int64, self.ring_bars]
+                qa: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(qa_layout)], 1024]
+                qb: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(qb_layout) * nb], 1024]
+                sfa: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(sfa_layout)], 128]
+                sfb: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(sfb_layout) * nb], 128]
+                sa: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sA_layout)], 1024]
+                sb: cute.struct.Align[cute.struct.MemRange[self.ab_dtype, cute.cosize(sB_layout) * nb], 1024]
+
+            self.shared_storage = SharedStorage
+            num_tiles = cute.size(mTiles, mode=[0])
+            self.kernel(tiled_mma, tma_a, tA, tma_sfa, tSFA, tma_b, tB, tma_sfb, tSFB, tma_b2, tB2, tma_sfb2,
+                        tSFB2, tma_c, tC, mC, mTiles, mAlpha, sA_layout, sB_layout, qa_layout, qb_layout,
+                        sfa_layout, sfb_layout, epi_layout).launch(
+                grid=(num_tiles, 1, 1), block=(self.threads, 1, 1), stream=stream)
+
+        @cute.kernel
+        def kernel(self, tiled_mma: cute.TiledMma, tma_a: cute.CopyAtom, tA: cute.Tensor,
+                   tma_sfa: cute.CopyAtom, tSFA: cute.Tensor, tma_b: cute.CopyAtom, tB: cute.Tensor,
+                   tma_sfb: cute.CopyAtom, tSFB: cute.Tensor, tma_b2: cute.CopyAtom, tB2: cute.Tensor,
+                   tma_sfb2: cute.CopyAtom, tSFB2: cute.Tensor, tma_c: cute.CopyAtom, tC: cute.Tensor,
+                   mC: cute.Tensor, mTiles: cute.Tensor, mAlpha: cute.Tensor,
+                   sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
+                   qa_layout: cute.ComposedLayout, qb_layout: cute.ComposedLayout,
+                   sfa_layout: cute.Layout, sfb_layout: cute.Layout, epi_layout: cute.ComposedLayout):
+            tidx, _, _ = cute.arch.thread_idx()
+            bidx, _, _ = cute.arch.block_idx()
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            wg_idx = cute.arch.make_warp_uniform(tidx // 128)
+            # The warp that issues TMA loads: warp 0 (none) or the producer warpgroup's first warp.
+            tma_warp = self.nmath * 4 if self.pc else 0
+
+            if warp_idx == tma_warp:
+                for atom in (tma_a, tma_sfa, tma_b, tma_sfb):
+                    cute.nvgpu.cpasync.prefetch_descriptor(atom)
+                if cutlass.const_expr(self.dual):
+                    cute.nvgpu.cpasync.prefetch_descriptor(tma_b2)
+                    cute.nvgpu.cpasync.prefetch_descriptor(tma_sfb2)
+
+            group = mTiles[bidx, 0]
+            row0 = mTiles[bidx, 1]
+            m_valid = mTiles[bidx, 2]
+            n0 = mTiles[bidx, 3]
+            n_valid = mTiles[bidx, 4]
+            b_row0 = mTiles[bidx, 5]
+            k_tiles = mTiles[bidx, 6]
+
+            smem = cutlass.utils.SmemAllocator()
+            storage = smem.allocate(self.shared_storage)
+            nb = self.nb
+            tx_bytes = (self.tile_m + nb * self.tile_n) * (self.tile_kb + self.tile_ks)
+            load_pipe = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.load_bars.data_ptr(), num_stages=self.stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
+                tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
+            ring_pipe = None
+            if cutlass.const_expr(self.pc):
+                ring_pipe = pipeline.PipelineAsync.create(
+                    barrier_storage=storage.ring_bars.data_ptr(), num_stages=RING,
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                    consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.math_threads),
+                    defer_sync=True)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()  # barriers initialised before anyone waits on them
+
+            # Shared-memory tensors: TMA destinations, and the fp16 ring wgmma reads.
+            sQA = storage.qa.get_tensor(qa_layout.outer, swizzle=qa_layout.inner)
+            qb_all = storage.qb.get_tensor(cute.make_layout((cute.cosize(qb_layout) * nb,)))
+            sQB = cute.make_tensor(cute.recast_ptr(qb_all.iterator, qb_layout.inner, dtype=cutlass.Uint8),
+                                   qb_layout.outer)
+            sQB2 = cute.make_tensor(cute.recast_ptr(qb_all.iterator + cute.cosize(qb_layout), qb_layout.inner,
+                                                    dtype=cutlass.Uint8), qb_layout.outer)
+            sSFA = storage.sfa.get_tensor(sfa_layout)
+            sf_all = storage.sfb.get_tensor(cute.make_layout((cute.cosize(sfb_layout) * nb,)))
+            sSFB = cute.make_tensor(sf_all.iterator, sfb_layout)
+            sSFB2 = cute.make_tensor(sf_all.iterator + cute.cosize(sfb_layout), sfb_layout)
+            sA = storage.sa.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
+            sb_all = storage.sb.get_tensor(cute.make_layout((cute.cosize(sB_layout) * nb,)))
+            sB = cute.make_tensor(cute.recast_ptr(sb_all.iterator, sB_layout.inner, dtype=self.ab_dtype),
+                                  sB_layout.outer)
+            sB2 = cute.make_tensor(cute.recast_ptr(sb_all.iterator + cute.cosize(sB_layout), sB_layout.inner,
+                                                   dtype=self.ab_dtype), sB_layout.outer)
+
+            # 32-bit shared addresses for the decode's own loads and stores.
+            addr = {
+                "qa": storage.qa.data_ptr().toint(), "qb": qb_all.iterator.toint(),
+                "sfa": storage.sfa.data_ptr().toint(), "sfb": sf_all.iterator.toint(),
+                "sa": storage.sa.data_ptr().toint(), "sb": sb_all.iterator.toint(),
+            }
+
+            # TMA partitions: (rows, bytes, k_tile) of this CTA's A and B rows.
+            m_tile = row0 // self.tile_m
+            n_tile = b_row0 // self.tile_n
+
+            def part(atom, s, t, rows, cols, tile_idx):
+                g = cute.local_tile(t, (rows, cols), (tile_idx, None))
+                return cute.nvgpu.cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(s, 0, 2),
+                                                        cute.group_modes(g, 0, 2))
+
+            loads = [
+                (tma_a,) + part(tma_a, sQA, tA, self.tile_m, self.tile_kb, m_tile),
+                (tma_sfa,) + part(tma_sfa, sSFA, tSFA, self.tile_m, self.tile_ks, m_tile),
+                (tma_b,) + part(tma_b, sQB, tB, self.tile_n, self.tile_kb, n_tile),
+                (tma_sfb,) + part(tma_sfb, sSFB, tSFB, self.tile_n, self.tile_ks, n_tile),
+            ]
+            if cutlass.const_expr(self.dual):
+                loads.append((tma_b2,) + part(tma_b2, sQB2, tB2, self.tile_n, self.tile_kb, n_tile))
+                loads.append((tma_sfb2,) + part(tma_sfb2, sSFB2, tSFB2, self.tile_n, self.tile_ks, n_tile))
+
+            # wgmma fragments over the fp16 ring, and the accumulators.
+            mtid = tidx % self.math_threads
+            thr_mma = tiled_mma.get_slice(mtid)
+            tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+            tCrB2 = tiled_mma.make_fragment_B(thr_mma.partition_B(sB2))
+            cC = cute.make_identity_tensor((self.tile_m, self.tile_n))
+            tCcC = thr_mma.partition_C(cC)
+            acc = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+            acc2 = cute.make_rmem_tensor(tCcC.shape, self.acc_dtype)
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+
+            prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+
+            if warp_idx == tma_warp:
+                for _ in cutlass.range(cutlass.min(self.stages, k_tiles), unroll=1):
+                    self._issue_loads(load_pipe, prod, loads)
+                    prod.advance()
+
+            if cutlass.const_expr(not self.pc):
+                # --- one warpgroup: decode sub-block j while the wgmma of sub-block j-1 runs ---
+                acc.fill(0.0)
+                acc2.fill(0.0)
+                wg_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128)
+                for _kt in cutlass.range(k_tiles, unroll=1):
+                    load_pipe.consumer_wait(cons)
+                    for j in cutlass.range_constexpr(self.nsub):
+                        buf = j % RING
+                        # the wgmma that read this buffer (two sub-blocks ago) is done, in every warp
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        wg_bar.arrive_and_wait()
+                        if cutlass.const_expr(self.ablate != "no_dequant"):
+                            self._decode_sub_block(addr, cons.index, buf, j, tidx)
+                        # generic-proxy smem writes must be visible to wgmma's async proxy
+                        cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared,
+                                              space=cute.arch.SharedSpace.shared_cta)
+                        wg_bar.arrive_and_wait()
+                        if cutlass.const_expr(self.ablate != "no_mma"):
+                            self._mma_sub_block(tiled_mma, acc, acc2, tCrA, tCrB, tCrB2, buf)
+                    load_pipe.consumer_release(cons)
+                    cons.advance()
+                    if warp_idx == tma_warp:
+                        if prod.count < k_tiles:
+                            self._issue_loads(load_pipe, prod, loads)
+                            prod.advance()
+                cute.nvgpu.warpgroup.wait_group(0)
+                self._epilogue(tiled_mma, thr_mma, acc, acc2, tCcC, storage, epi_layout, tma_c, tC, mC, mAlpha,
+                               group, row0, m_valid, n0, n_valid, tidx, warp_idx)
+            else:
+                ring_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, RING)
+                ring_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, RING)
+                ring_rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, RING)
+                if wg_idx == self.nmath:
+                    # --- producer warpgroup: wait for TMA, decode into the fp16 ring ---
+                    if cutlass.const_expr(self.nmath > 1):
+                        cute.arch.warpgroup_reg_dealloc(self.regs_producer)
+                    ptid = tidx - self.math_threads
+                    for _kt in cutlass.range(k_tiles, unroll=1):
+                        load_pipe.consumer_wait(cons)
+                        for j in cutlass.range_constexpr(self.nsub):
+                            ring_pipe.producer_acquire(ring_prod)
+                            self._decode_sub_block(addr, cons.index, ring_prod.index, j, ptid)
+                            cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared,
+                                                  space=cute.arch.SharedSpace.shared_cta)
+                            ring_pipe.producer_commit(ring_prod)
+                            ring_prod.advance()
+                        cute.arch.sync_warp()
+                        load_pipe.consumer_release(cons)
+                        cons.advance()
+                        if warp_idx == tma_warp:
+                            if prod.count < k_tiles:
+                                self._issue_loads(load_pipe, prod, loads)
+                                prod.advance()
+                else:
+                    # --- wgmma warpgroups: one sub-block per ring slot, release it once its wgmma is done ---
+                    if cutlass.const_expr(self.nmath > 1):
+                        cute.arch.warpgroup_reg_alloc(self.regs_math)
+                    acc.fill(0.0)
+                    acc2.fill(0.0)
+                    for _s in cutlass.range(k_tiles * self.nsub, unroll=1):
+                        ring_pipe.consumer_wait(ring_cons)
+                        self._mma_sub_block(tiled_mma, acc, acc2, tCrA, tCrB, tCrB2, ring_cons.index)
+                        ring_cons.advance()
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        if ring_rel.count + 1 < ring_cons.count:
+                            ring_pipe.consumer_release(ring_rel)
+                            ring_rel.advance()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    ring_pipe.consumer_release(ring_rel)
+                    self._epilogue(tiled_mma, thr_mma, acc, acc2, tCcC, storage, epi_layout, tma_c, tC, mC,
+                                   mAlpha, group, row0, m_valid, n0, n_valid, tidx, warp_idx)
+
+        @cute.jit
+        def _issue_loads(self, pipe, prod, loads):
+            pipe.producer_acquire(prod)
+            bar = pipe.producer_get_barrier(prod)
+            for atom, s, g in loads:
+                cute.copy(atom, g[None, prod.count], s[None, prod.index], tma_bar_ptr=bar)
+            pipe.producer_commit(prod)
+
+        @cute.jit
+        def _mma_sub_block(self, tiled_mma, acc, acc2, tCrA, tCrB, tCrB2, buf):
+            cute.nvgpu.warpgroup.fence()
+            for kb in cutlass.range_constexpr(SUB_K // 16):
+                cute.gemm(tiled_mma, acc, tCrA[None, None, kb, buf], tCrB[None, None, kb, buf], acc)
+                if cutlass.const_expr(self.dual):
+                    cute.gemm(tiled_mma, acc2, tCrA[None, None, kb, buf], tCrB2[None, None, kb, buf], acc2)
+            cute.nvgpu.warpgroup.commit_group()
+
+        @cute.jit
+        def _decode_sub_block(self, addr, stage, buf, j: cutlass.Constexpr, t):
+            """Decode K elements [64j, 64j+64) of this stage's A, B (and B2) into fp16 ring slot ``buf``."""
+            self._decode_rows(addr["qa"], addr["sfa"], addr["sa"], self.tile_m, stage, buf, j, t)
+            self._decode_rows(addr["qb"], addr["sfb"], addr["sb"], self.tile_n, stage, buf, j, t)
+            if cutlass.const_expr(self.dual):
+                self._decode_rows(addr["qb"] + self.stages * self.tile_n * self.tile_kb,
+                                  addr["sfb"] + self.stages * self.tile_n * self.tile_ks,
+                                  addr["sb"] + RING * self.tile_n * SUB_K * 2,
+                                  self.tile_n, stage, buf, j, t)
+
+        @cute.jit
+        def _decode_rows(self, q_base, sf_base, out_base, rows: cutlass.Constexpr, stage, buf,
+                         j: cutlass.Constexpr, t):
+            """A warp takes 8 rows × the sub-block's 4 × 8 bytes; a warpgroup 32 rows per pass.
+
+            Lane l: row l%8 of the warp's 8, 8-byte piece u = l//8. The 128-byte swizzle (16-byte
+            chunk index XOR row%8) of both the packed TMA tile and the fp16 tile keeps the 8-byte
+            loads and the 16-byte stores free of bank conflicts."""
+            lane = t % 32
+            w = t // 32
+            x = lane % 8
+            u = lane // 8
+            panel = j // 4  # 128-byte panels of the packed row (two when tile_k = 512)
+            jj = j % 4
+            q_stage = q_base + stage * (rows * self.tile_kb) + panel * (rows * 128)
+            sf_stage = sf_base + stage * (rows * self.tile_ks) + 4 * j + u
+            out_buf = out_base + buf * (rows * SUB_K * 2)
+            q_col = ((((2 * jj) + (u >> 1)) ^ x) << 4) + ((u & 1) << 3)
+            o_col0 = ((2 * u) ^ x) << 4
+            o_col1 = ((2 * u + 1) ^ x) << 4
+            for p in cutlass.range_constexpr(rows // 32):
+                r = p * 32 + w * 8 + x
+                decode16(q_stage + r * 128 + q_col, sf_stage + r * self.tile_ks,
+                         out_buf + r * 128 + o_col0, out_buf + r * 128 + o_col1)
+
+        @cute.jit
+        def _epilogue(self, tiled_mma, thr_mma, acc, acc2, tCcC, storage, epi_layout, tma_c, tC, mC, mAlpha,
+                      group, row0, m_valid, n0, n_valid, tidx, warp_idx):
+            alpha = mAlpha[group, 0]
+            alpha2 = mAlpha[group, 1]
+            if cutlass.const_expr(not self.tma_epi):
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    m, n = tCcC[i]
+                    if m < m_valid and n < n_valid:
+                        v = acc[i] * alpha
+                        if cutlass.const_expr(self.dual):
+                            v = v / (1.0 + cute.math.exp(-v)) * (acc2[i] * alpha2)
+                        mC[row0 + m, n0 + n] = v.to(mC.element_type)
+            else:
+                self._epilogue_tma(tiled_mma, acc, acc2, alpha, alpha2, storage, epi_layout, tma_c, tC, mC,
+                                   row0, n0, tidx, warp_idx)
+
+        @cute.jit
+        def _epilogue_tma(self, tiled_mma, acc, acc2, alpha, alpha2, storage, epi_layout, tma_c, tC, mC,
+                          row0, n0, tidx, warp_idx):
+            """Registers → swizzled smem (stmatrix) → TMA store, one epilogue subtile at a time.
+
+            Output rows of every group are padded to tile_m, so a full-tile store stays inside the group."""
+            c_dtype = mC.element_type
+            epi_bar = pipeline.NamedBarrier(barrier_id=2, num_threads=self.math_threads)
+            epi_bar.arrive_and_wait()  # every warp's last wgmma is done before the ring is reused
+            sC = cute.make_tensor(cute.recast_ptr(storage.sa.data_ptr(), epi_layout.inner, dtype=c_dtype),
+                                  epi_layout.outer)
+            copy_atom_r2s = sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=c_dtype,
+                                                              elem_ty_acc=self.acc_dtype)
+            copy_atom_c = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), c_dtype)
+            tiled_copy_c_atom = cute.make_tiled_copy_C_atom(copy_atom_c, tiled_mma)
+            tiled_copy_r2s = cute.make_tiled_copy_S(copy_atom_r2s, tiled_copy_c_atom)
+            thr_copy_r2s = tiled_copy_r2s.get_slice(tidx)
+            tRS_sD = thr_copy_r2s.partition_D(sC)
+            tRS_rAcc = tiled_copy_r2s.retile(acc)
+            tRS_rAcc2 = tiled_copy_r2s.retile(acc2)
+            rD_shape = cute.shape(thr_copy_r2s.partition_S(sC))
+            tRS_rD_layout = cute.make_layout(rD_shape[:3])
+            tRS_rD = cute.make_rmem_tensor_like(tRS_rD_layout, self.acc_dtype)
+            size_rD = cute.size(tRS_rD)
+
+            gC = cute.local_tile(tC, (self.tile_m, self.tile_n), (row0 // self.tile_m, n0 // self.tile_n))
+            gC_epi = cute.zipped_divide(gC, self.epi_tile)
+            bSG_sD, bSG_gD = cute.nvgpu.cpasync.tma_partition(tma_c, 0, cute.make_layout(1),
+                                                              cute.group_modes(sC, 0, 2), gC_epi)
+            epi_num = cute.size(gC_epi, mode=[1])
+            epi_shape = gC_epi.shape[1]
+            epi_order = cute.make_layout(epi_shape, stride=(epi_shape[1], 1))
+            store_pipe = pipeline.PipelineTmaStore.create(
+                num_stages=EPI_STAGES,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.math_threads))
+            for e in cutlass.range_constexpr(epi_num):
+                for v in cutlass.range_constexpr(size_rD):
+                    x = tRS_rAcc[e * size_rD + v] * alpha
+                    if cutlass.const_expr(self.dual):
+                        x = x / (1.0 + cute.math.exp(-x)) * (tRS_rAcc2[e * size_rD + v] * alpha2)
+                    tRS_rD[v] = x
+                out = cute.make_rmem_tensor_like(tRS_rD_layout, c_dtype)
+                out.store(tRS_rD.load().to(c_dtype))
+                slot = e % EPI_STAGES
+                cute.copy(tiled_copy_r2s, out, tRS_sD[(None, None, None, slot)])
+                cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta)
+                epi_bar.arrive_and_wait()
+                if warp_idx == 0:
+                    cute.copy(tma_c, bSG_sD[(None, slot)], bSG_gD[(None, epi_order.get_hier_coord(e))])
+                    store_pipe.producer_commit()
+                    store_pipe.producer_acquire()
+                epi_bar.arrive_and_wait()
+            if warp_idx == 0:
+                store_pipe.producer_tail()
+
+    _KERNEL_CLASS = GroupedNvfp4GemmSm90
+    return _KERNEL_CLASS
+
+
+_KERNEL_CLASS = None
+_compiled: dict = {}
+
+
+def kernel_for(cfg: KernelConfig):
+    return _kernel_class()(cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# The backend
+# ---------------------------------------------------------------------------------------------
 def _require_hopper(device: torch.device) -> None:
     if device.type != "cuda" or not torch.cuda.is_available():
         raise RuntimeError("cute-hopper needs a CUDA GPU with sm_90 (Hopper); the operands are on "
@@ -86,55 +739,76 @@ def _compile(cfg: KernelConfig, args):
     """Compile once per (config, output dtype); tensors are passed with dynamic shapes."""
     import cutlass.cute as cute
 
-    from .sm90 import GroupedNvfp4GemmSm90
-
-    key = (cfg, args[6].element_type)
+    key = (cfg, str(args[6].element_type))
     if key not in _compiled:
-        _compiled[key] = cute.compile(GroupedNvfp4GemmSm90(cfg), *args)
+        _compiled[key] = cute.compile(kernel_for(cfg), *args)
     return _compiled[key]
 
 
-def prepare(a, b, b2, *, out_dtype=torch.float16, config=None) -> Runner:
-    """Prepack the weights, build the tile table, compile (cached); the runner packs A and launches once."""
-    import cuda.bindings.driver as cuda
+def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Runner:
+    """Stack the weights, build the tile table, compile (cached); the runner packs A and launches once.
 
+    ``a``, ``b``, ``b2``: lists of NVFP4Tensor (one per group) on an sm_90 GPU."""
+    if options:
+        raise TypeError(f"cute-hopper: unknown option(s) {sorted(options)}; known: config")
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"cute-hopper writes float16 (the only output checked on the H100), not {out_dtype}")
     t0 = time.perf_counter()
     device = a[0].data.device
+    cfg = get_config(config, dual=b2 is not None)  # refuse a bad config before touching the GPU
     _require_hopper(device)
-    cfg = get_config(config, dual=b2 is not None)
-    packed = pack_weights([b] if b2 is None else [b, b2], cfg.tile_n, cfg.tile_k)
-    m = tuple(t.shape[0] for t in a)
-    packer = ActivationPacker(m, packed.k_pad, cfg.tile_m, device)
-    tiles = tile_table(m, packed.n, packed.k, packer.row_offsets, packed.n_pad, cfg.tile_m, cfg.tile_n,
+    import cuda.bindings.driver as cuda
+
+    check_scales_finite(a, "a")
+    weights = stack_weights([b] if b2 is None else [b, b2], cfg.tile_n, cfg.tile_k)
+    m = tuple(int(t.shape[0]) for t in a)
+    packer = ActivationPacker(m, weights.k, weights.k_pad, cfg.tile_m, device)
+    tiles = tile_table(m, weights.n, weights.k, packer.row_offsets, weights.n_pad, cfg.tile_m, cfg.tile_n,
                        cfg.tile_k, device)
-    c_all = torch.empty((packer.rows, max(packed.n)), dtype=out_dtype, device=device)
-    outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(packer.row_offsets, m, packed.n)]
+    c_all = torch.empty((packer.rows, weights.n_pad), dtype=out_dtype, device=device)
+    outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(packer.row_offsets, m, weights.n)]
     alpha = torch.zeros((len(a), 2), dtype=torch.float32, device=device)
     w2 = 1 if b2 is not None else 0
-    args = (_cute(packer.codes), _cute(packer.scales), _cute(packed.codes[0]), _cute(packed.scales[0]),
-            _cute(packed.codes[w2]), _cute(packed.scales[w2]), _cute(c_all), _cute(tiles),
+    args = (_cute(packer.codes), _cute(packer.scales), _cute(weights.codes[0]), _cute(weights.scales[0]),
+            _cute(weights.codes[w2]), _cute(weights.scales[w2]), _cute(c_all), _cute(tiles),
             _cute(alpha, 8))
     stream = cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
     kernel = _compile(cfg, (*args, stream)) if len(tiles) else None
-    gs_b = packed.global_scales
+    gs_b = [g * POST_SCALE for g in weights.global_scales]
 
     def run():
-        act = packer(a)
-        alpha[:, 0] = act.global_scales * gs_b[0]
-        alpha[:, 1] = act.global_scales * gs_b[-1]
+        gs_a = packer(a)
+        alpha[:, 0] = gs_a * gs_b[0]
+        alpha[:, 1] = gs_a * gs_b[-1]
         if kernel is not None:
             kernel(*args, cuda.CUstream(torch.cuda.current_stream(device).cuda_stream))
 
     torch.cuda.synchronize(device)
-    return Runner(run, outputs, prepare_s=time.perf_counter() - t0, held_bytes=packed.nbytes,
-                  notes=f"weights prepacked once as NVFP4 ({packed.nbytes / 1e6:.1f} MB); config {cfg.name}",
-                  info={"config": cfg.name, "tiles": len(tiles), **({"ablation": cfg.ablate} if cfg.ablate else {})})
+    return Runner(run, outputs, prepare_s=time.perf_counter() - t0, held_bytes=weights.nbytes,
+                  notes=f"weights stacked once as NVFP4 ({weights.nbytes / 1e6:.1f} MB); config {cfg.name}",
+                  info={"config": cfg.name, "tiles": len(tiles), **({"ablation": cfg.ablate} if cfg.ablate else {})},
+                  keepalive=(packer, weights, tiles, c_all, alpha))
+
+
+def grouped_gemm_raw(a_codes, a_scales, a_gs, b_codes, b_scales, b_gs, b2_codes=None, b2_scales=None,
+                     b2_gs=None, *, config=None, out_dtype=torch.float16) -> list[torch.Tensor]:
+    """Raw-tensor entry point: per-group uint8 codes [rows, K/2], float8_e4m3fn scales [rows, K/16] and
+    float32 global scales (floats or 0-d tensors). Builds NVFP4Tensors and runs one call."""
+    from ..formats import NVFP4Tensor
+
+    def wrap(codes, scales, gss):
+        return [NVFP4Tensor(c, s, g if isinstance(g, torch.Tensor) else float(g))
+                for c, s, g in zip(codes, scales, gss)]
+
+    b2 = None if b2_codes is None else wrap(b2_codes, b2_scales, b2_gs)
+    return prepare(wrap(a_codes, a_scales, a_gs), wrap(b_codes, b_scales, b_gs), b2, out_dtype=out_dtype,
+                   config=config)()
 
 
 # ---------------------------------------------------------------------------------------------
 # Compile reports (no GPU needed)
 # ---------------------------------------------------------------------------------------------
-def fake_arguments(cfg: KernelConfig):
+def fake_arguments(cfg: KernelConfig, out_dtype: str = "Float16"):
     """Fake tensors with symbolic sizes, as the kernel receives them at run time."""
     import cuda.bindings.driver as cuda
     import cutlass
@@ -150,26 +824,30 @@ def fake_arguments(cfg: KernelConfig):
     u8 = cutlass.Uint8
     b, sfb = fake(u8, (rows_b, kb)), fake(u8, (rows_b, ks))
     return (fake(u8, (rows_a, kb)), fake(u8, (rows_a, ks)), b, sfb, b, sfb,
-            fake(cutlass.Float16, (s(), s())), fake(cutlass.Int32, (s(), 8)),
+            fake(getattr(cutlass, out_dtype), (s(), s(divisibility=8))), fake(cutlass.Int32, (s(), 8)),
             fake(cutlass.Float32, (s(), 2), 8), cuda.CUstream(0))
 
 
-def compile_report(cfg: KernelConfig, arch: str = "sm_90a") -> dict:
+def compile_report(cfg: KernelConfig, arch: str = "sm_90a", dump_dir: str | None = None) -> dict:
     """Compile ``cfg`` for sm_90a with fake tensors; PTX instruction counts, ptxas resources, smem plan."""
-    from .compiling import compile_offline
-    from .sm90 import GroupedNvfp4GemmSm90, acc_registers, smem_plan, validate
+    from .compiling import compile_offline, count_instructions
 
     if arch != "sm_90a":
         raise ValueError(f"the Hopper kernel compiles for sm_90a, not {arch}")
     validate(cfg)
     t0 = time.perf_counter()
-    art = compile_offline(GroupedNvfp4GemmSm90(cfg), *fake_arguments(cfg), arch=arch)
+    art = compile_offline(kernel_for(cfg), *fake_arguments(cfg), arch=arch, dump_dir=dump_dir)
     plan = smem_plan(cfg)
     res = {k: v for k, v in art.ptxas.items() if k != "ptxas_log"}
+    extra = count_instructions(art.ptx, ("prmt.b32", "lop3.b32", "mul.rn.f16x2", "cvt.rn.f16x2.e4m3x2",
+                                         "st.shared.v4.b32", "ld.shared.v2.b32", "setmaxnreg",
+                                         "cp.async.bulk.commit_group", "bar.sync", "barrier.sync"))
+    log = art.ptxas.get("ptxas_log", "")
     return {
-        "compile_s": round(time.perf_counter() - t0, 2), "threads": 128 * (cfg.warpgroups + cfg.decode_warpgroups),
-        "smem_bytes": plan["total"], "smem_per_stage": plan["packed_a"] // cfg.ab_stages
-        + plan["packed_b"] // cfg.ab_stages + plan["scales"] // cfg.ab_stages,
-        "acc_registers": acc_registers(cfg), "ctas_per_sm_by_smem": 233472 // (plan["total"] + 1024),
-        **res, **art.instructions, "ptx_path": art.ptx_path,
+        **cfg.as_dict(), "compile_s": round(time.perf_counter() - t0, 2), "threads": threads_for(cfg),
+        "math_warpgroups": math_warpgroups(cfg), "acc_registers": acc_registers(cfg),
+        "smem_bytes": plan["total"], "smem_per_stage": plan["per_stage"],
+        "smem_fp16_ring": plan["fp16_a"] + plan["fp16_b"],
+        "ctas_per_sm_by_smem": 233472 // (plan["total"] + 1024),
+        **res, **art.instructions, **extra, "setmaxnreg_ignored": "C7508" in log, "ptx_path": art.ptx_path,
     }

@@ -1,13 +1,24 @@
-"""The grouped layout the CuTe kernels read: one tensor per operand, one TMA descriptor each.
+"""The grouped layout the Hopper kernel reads: one tensor per operand, one TMA descriptor each.
 
-- Weights (prepacked once per weight set, as MoE deployments do): every group's ``[N_g, K_g]``
-  codes and scales stacked into ``[G * Np, Kp/2]`` / ``[G * Np, Kp/16]`` (Np, Kp: the largest N,
-  K rounded up to the tile), zero-padded. Zero codes and zero scales contribute exactly zero, so
-  padding keeps the result exact.
-- Activations (per call): group g's rows start at a multiple of ``tile_m`` in ``[Mpad, Kp/2]``.
-- A tile table ``int32 [tiles, 8]``: (group, first A row, valid rows, n0, valid columns,
-  first B row, K tiles, 0) — the per-group problem sizes the single launch schedules from.
-- Global scales: ``alpha[g] = gs_A[g] * gs_B[g]`` (and the same for B2), applied in fp32.
+All groups of a grouped GEMM run in one launch, so the kernel sees every group through a single
+tensor per operand and a table of tiles:
+
+- **Weights** (``B``, and ``B2`` for the dual GEMM), stacked once per weight set as a real MoE
+  deployment would (:func:`stack_weights`): group g's codes ``[N_g, K_g/2]`` and E4M3 scale bytes
+  ``[N_g, K_g/16]`` land at rows ``g*Np ...`` of ``[G*Np, Kp/2]`` / ``[G*Np, Kp/16]`` uint8, where
+  ``Np``/``Kp`` are the largest N/K rounded up to the tile. The rest is zeros: a zero code and a
+  zero scale contribute exactly zero, so the padding keeps the result exact.
+- **Activations** (per call, :class:`ActivationPacker`): group g's rows start at ``row0[g]``, a
+  multiple of ``tile_m``, in ``[R, Kp/2]`` / ``[R, Kp/16]``. The padding rows stay zero.
+- **Output**: ``[R, Np]`` in the same row offsets, so a full output tile never reaches another
+  group's rows (which is what makes a TMA-store epilogue safe on ragged groups); group g's result
+  is the view ``C[row0[g]:row0[g]+M_g, :N_g]``.
+- **Tile table** int32 ``[tiles, 8]`` (:data:`TILE_COLUMNS`): one row per output tile of every
+  non-empty group; ``blockIdx.x`` picks its row. Rows of a tile beyond ``M_g`` (columns beyond
+  ``N_g``) are computed from zero padding and never stored by the SIMT epilogue.
+- **Global scales**: ``alpha[g] = gs_A[g] * gs_B[g] * 2**post`` (and for ``B2``), float32 ``[G, 2]``,
+  applied to the fp32 accumulator; ``post`` undoes the exact power of two the decode folds into
+  the 16-bit operands.
 """
 from __future__ import annotations
 
@@ -15,29 +26,32 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats import NVFP4Tensor
+__all__ = ["TILE_COLUMNS", "StackedWeights", "stack_weights", "ActivationPacker", "tile_table",
+           "round_up", "check_scales_finite"]
 
-TILE_COLUMNS = ("group", "a_row0", "m_valid", "n0", "n_valid", "b_row0", "k_tiles", "pad")
+TILE_COLUMNS = ("group", "row0", "m_valid", "n0", "n_valid", "b_row0", "k_tiles", "pad")
 
 
-def _round_up(x: int, m: int) -> int:
+def round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
-def _check_scales_finite(ts: list[NVFP4Tensor], what: str) -> None:
+def check_scales_finite(ts, what: str) -> None:
+    """E4M3 has one NaN pattern per sign (S.1111.111); refuse operands that carry it."""
     for g, t in enumerate(ts):
         s = t.scales.view(torch.uint8)
         bad = int(((s & 0x7F) == 0x7F).sum())
         if bad:
-            raise ValueError(f"{what}[{g}] has {bad} NaN E4M3 block scale(s); refusing to compute with them")
+            raise ValueError(f"{what}[{g}] has {bad} NaN E4M3 block scale(s) (byte 0x7F/0xFF); "
+                             "refusing to compute with them")
 
 
 @dataclass
-class PackedWeights:
-    """Weights of every group stacked for the kernel (B, and B2 for the dual GEMM)."""
+class StackedWeights:
+    """Every group's weights stacked for the kernel (one or two weight matrices per group)."""
 
-    codes: list[torch.Tensor]  # one [G*Np, Kp/2] uint8 per weight matrix (1 or 2)
-    scales: list[torch.Tensor]  # one [G*Np, Kp/16] uint8 per weight matrix
+    codes: list[torch.Tensor]  # one [G*Np, Kp/2] uint8 per weight matrix
+    scales: list[torch.Tensor]  # one [G*Np, Kp/16] uint8 (E4M3 bytes) per weight matrix
     global_scales: list[torch.Tensor]  # one float32 [G] per weight matrix
     n: tuple[int, ...]
     k: tuple[int, ...]
@@ -49,16 +63,16 @@ class PackedWeights:
         return sum(t.numel() for t in self.codes + self.scales)
 
 
-def pack_weights(weights: list[list[NVFP4Tensor]], tile_n: int, tile_k: int) -> PackedWeights:
-    """Stack ``weights`` (a list of weight sets, each a list over groups) into the kernel layout."""
-    first = weights[0]
-    n = tuple(t.shape[0] for t in first)
-    k = tuple(t.shape[1] for t in first)
-    n_pad, k_pad = _round_up(max(n), tile_n), _round_up(max(k), tile_k)
+def stack_weights(weight_sets, tile_n: int, tile_k: int) -> StackedWeights:
+    """Stack ``weight_sets`` (a list of weight matrices, each a list of NVFP4Tensor over groups)."""
+    first = weight_sets[0]
+    n = tuple(int(t.shape[0]) for t in first)
+    k = tuple(int(t.shape[1]) for t in first)
+    n_pad, k_pad = round_up(max(n), tile_n), round_up(max(k), tile_k)
     dev = first[0].data.device
     codes, scales, gss = [], [], []
-    for i, wset in enumerate(weights):
-        _check_scales_finite(wset, "b" if i == 0 else "b2")
+    for i, wset in enumerate(weight_sets):
+        check_scales_finite(wset, "b" if i == 0 else "b2")
         c = torch.zeros((len(wset) * n_pad, k_pad // 2), dtype=torch.uint8, device=dev)
         s = torch.zeros((len(wset) * n_pad, k_pad // 16), dtype=torch.uint8, device=dev)
         for g, t in enumerate(wset):
@@ -67,58 +81,70 @@ def pack_weights(weights: list[list[NVFP4Tensor]], tile_n: int, tile_k: int) -> 
         codes.append(c)
         scales.append(s)
         gss.append(torch.stack([t.global_scale.to(dev, torch.float32) for t in wset]))
-    return PackedWeights(codes, scales, gss, n, k, n_pad, k_pad)
-
-
-@dataclass
-class PackedActivations:
-    codes: torch.Tensor  # [Mpad, Kp/2] uint8
-    scales: torch.Tensor  # [Mpad, Kp/16] uint8
-    global_scales: torch.Tensor  # float32 [G]
-    row_offsets: tuple[int, ...]
-    m: tuple[int, ...]
+    return StackedWeights(codes, scales, gss, n, k, n_pad, k_pad)
 
 
 class ActivationPacker:
-    """Per-call packing of the activations into the kernel's row-aligned layout (one scatter per operand)."""
+    """Per-call packing of the activations into the row-aligned layout (one scatter per operand).
 
-    def __init__(self, m: tuple[int, ...], k_pad: int, tile_m: int, device):
-        self.m = m
+    The buffers are allocated (zeroed) once; a call overwrites only the rows and columns that
+    belong to a group, so padding rows and columns beyond ``K_g`` stay zero across calls."""
+
+    def __init__(self, m, k, k_pad: int, tile_m: int, device):
+        self.m = tuple(int(x) for x in m)
+        self.k = tuple(int(x) for x in k)
         offs, r = [], 0
-        for mg in m:
+        for mg in self.m:
             offs.append(r)
-            r += _round_up(mg, tile_m)
+            r += round_up(mg, tile_m)
         self.row_offsets = tuple(offs)
         self.rows = max(r, tile_m)
-        idx = [torch.arange(o, o + mg) for o, mg in zip(offs, m)]
-        self.row_index = torch.cat(idx).to(device) if idx else torch.zeros(0, dtype=torch.long, device=device)
+        self.k_pad = k_pad
         self.codes = torch.zeros((self.rows, k_pad // 2), dtype=torch.uint8, device=device)
         self.scales = torch.zeros((self.rows, k_pad // 16), dtype=torch.uint8, device=device)
+        self.global_scales = torch.ones(len(self.m), dtype=torch.float32, device=device)
+        self.same_k = len(set(self.k)) == 1
+        rows = [torch.arange(o, o + mg) for o, mg in zip(offs, self.m)]
+        self.row_index = (torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)).to(device)
 
-    def __call__(self, a: list[NVFP4Tensor]) -> PackedActivations:
-        k2 = a[0].data.shape[1]
-        same_k = all(t.data.shape[1] == k2 for t in a)
-        if same_k:
-            # one gather per operand: rows of every group into their aligned slots
-            self.codes[self.row_index, :k2] = torch.cat([t.data for t in a])
-            self.scales[self.row_index, : k2 // 8] = torch.cat([t.scales.view(torch.uint8) for t in a])
+    def __call__(self, a) -> torch.Tensor:
+        """Copy ``a`` (list of NVFP4Tensor) into the buffers; returns the float32 [G] global scales."""
+        for g, t in enumerate(a):
+            if int(t.shape[0]) != self.m[g] or int(t.shape[1]) != self.k[g]:
+                raise ValueError(f"a[{g}] has shape {tuple(t.shape)}, but this runner was prepared for "
+                                 f"[{self.m[g]}, {self.k[g]}]")
+        nonempty = [t for t in a if t.shape[0] > 0]
+        if self.same_k and nonempty:
+            k2 = self.k[0] // 2
+            codes = torch.cat([t.data for t in nonempty])
+            scales = torch.cat([t.scales.view(torch.uint8) for t in nonempty])
+            if k2 == self.k_pad // 2:
+                self.codes.index_copy_(0, self.row_index, codes)
+                self.scales.index_copy_(0, self.row_index, scales)
+            else:
+                self.codes[self.row_index, :k2] = codes
+                self.scales[self.row_index, : k2 // 8] = scales
         else:
             for o, t in zip(self.row_offsets, a):
-                self.codes[o: o + t.shape[0], : t.shape[1] // 2] = t.data
-                self.scales[o: o + t.shape[0], : t.shape[1] // 16] = t.scales.view(torch.uint8)
-        gs = torch.stack([t.global_scale.to(self.codes.device, torch.float32) for t in a])
-        return PackedActivations(self.codes, self.scales, gs, self.row_offsets, self.m)
+                if t.shape[0]:
+                    self.codes[o: o + t.shape[0], : t.shape[1] // 2] = t.data
+                    self.scales[o: o + t.shape[0], : t.shape[1] // 16] = t.scales.view(torch.uint8)
+        torch.stack([t.global_scale.to(self.codes.device, torch.float32) for t in a], out=self.global_scales)
+        return self.global_scales
 
 
-def tile_table(m, n, k, row_offsets, n_pad, tile_m, tile_n, tile_k, device) -> torch.Tensor:
-    """int32 [tiles, 8]: one row per output tile of every non-empty group (see TILE_COLUMNS)."""
+def tile_table(m, n, k, row_offsets, n_pad: int, tile_m: int, tile_n: int, tile_k: int, device) -> torch.Tensor:
+    """int32 [tiles, 8], one row per output tile of every non-empty group (see TILE_COLUMNS).
+
+    Within a group the M tiles of one N tile are adjacent, so CTAs that read the same weight tile
+    (the operand that dominates the bytes) run close together and share it through L2."""
     rows = []
     for g, (mg, ng, kg) in enumerate(zip(m, n, k)):
         kt = (kg + tile_k - 1) // tile_k
-        for m0 in range(0, mg, tile_m):
-            for n0 in range(0, ng, tile_n):
+        for n0 in range(0, ng, tile_n):
+            for m0 in range(0, mg, tile_m):
                 rows.append((g, row_offsets[g] + m0, min(tile_m, mg - m0), n0, min(tile_n, ng - n0),
                              g * n_pad + n0, kt, 0))
     if not rows:
-        return torch.zeros((0, 8), dtype=torch.int32, device=device)
+        return torch.zeros((0, len(TILE_COLUMNS)), dtype=torch.int32, device=device)
     return torch.tensor(rows, dtype=torch.int32, device=device)

@@ -13,7 +13,7 @@ import time
 import torch
 
 from ..backends import Runner
-from ..kernels.packing import ActivationPacker, pack_weights, tile_table
+from ..kernels.packing import ActivationPacker, stack_weights, tile_table
 
 CANDIDATES = (  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
     (64, 128, 128, 4, 3),
@@ -88,9 +88,9 @@ def _build_kernel():
 def _setup(a, b, b2, out_dtype, cand):
     bm, bn, bk, warps, stages = cand
     device = a[0].data.device
-    packed = pack_weights([b] if b2 is None else [b, b2], bn, bk)
+    packed = stack_weights([b] if b2 is None else [b, b2], bn, bk)
     m = tuple(t.shape[0] for t in a)
-    packer = ActivationPacker(m, packed.k_pad, bm, device)
+    packer = ActivationPacker(m, packed.k, packed.k_pad, bm, device)
     tiles = tile_table(m, packed.n, packed.k, packer.row_offsets, packed.n_pad, bm, bn, bk, device)
     c_all = torch.empty((packer.rows, max(packed.n)), dtype=out_dtype, device=device)
     outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(packer.row_offsets, m, packed.n)]
@@ -99,9 +99,9 @@ def _setup(a, b, b2, out_dtype, cand):
     gs_b = packed.global_scales
 
     def run():
-        act = packer(a)
-        alpha[:, 0] = act.global_scales * gs_b[0]
-        alpha[:, 1] = act.global_scales * gs_b[-1]
+        gs_a = packer(a)
+        alpha[:, 0] = gs_a * gs_b[0]
+        alpha[:, 1] = gs_a * gs_b[-1]
         if len(tiles):
             _kernel[(len(tiles),)](
                 packer.codes, packer.scales, packed.codes[0], packed.scales[0], packed.codes[w2], packed.scales[w2],

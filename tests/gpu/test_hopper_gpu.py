@@ -1,4 +1,6 @@
-"""cute-hopper on a Hopper GPU: exact against the reference on every suite (skipped without a GPU)."""
+"""cute-hopper on a Hopper GPU: exact against the reference on every suite (skipped without a GPU).
+
+Every shipped config × (correctness + edge + benchmark suites, single or dual) × (uniform, gaussian)."""
 import pytest
 import torch
 
@@ -10,18 +12,27 @@ from nvfp4lib.reference import reference_grouped_gemm
 
 pytestmark = pytest.mark.gpu
 
+TOL = 1e-3
 SINGLE = [n for n, c in CONFIGS.items() if not c.dual]
 DUALS = [n for n, c in CONFIGS.items() if c.dual]
 PROBLEMS = CORRECTNESS + EDGE + BENCHMARK
+DUAL_PROBLEMS = [p.with_dual() for p in CORRECTNESS + EDGE] + list(DUAL)
+
+
+def _needs_sm90():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs sm_90")
 
 
 def _check(prob, config, mode, seed):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("needs sm_90")
+    _needs_sm90()
     inp = make_inputs(prob, seed=seed, mode=mode, device="cuda")
     ref = reference_grouped_gemm(inp.a, inp.b, inp.b2)
-    err = check_runner(prepare(inp.a, inp.b, inp.b2, backend="cute-hopper", config=config), ref)
-    assert err <= 1e-3, f"{config} {prob.name} {mode}: rel_err {err}"
+    runner = prepare(inp.a, inp.b, inp.b2, backend="cute-hopper", config=config)
+    assert [tuple(o.shape) for o in runner.outputs] == [tuple(r.shape) for r in ref]
+    err = check_runner(runner, ref)  # outputs poisoned with NaN first: unwritten elements fail
+    assert err <= TOL, f"{config} {prob.name} {mode}: rel_err {err}"
+    return runner, ref
 
 
 @pytest.mark.parametrize("config", SINGLE)
@@ -32,19 +43,31 @@ def test_single(config, prob, mode):
 
 
 @pytest.mark.parametrize("config", DUALS)
-@pytest.mark.parametrize("prob", [p.with_dual() for p in CORRECTNESS + EDGE] + list(DUAL),
-                         ids=[p.name + "-dual" for p in CORRECTNESS + EDGE] + [p.name for p in DUAL])
+@pytest.mark.parametrize("prob", DUAL_PROBLEMS, ids=[p.name for p in DUAL_PROBLEMS])
 @pytest.mark.parametrize("mode", ["uniform", "gaussian"])
 def test_dual(config, prob, mode):
     _check(prob, config, mode, seed=1111)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_seeds(seed):
-    _check(BENCHMARK[3], "baseline", "gaussian", seed)
+@pytest.mark.parametrize("config", ["baseline", "producer_consumer"])
+def test_seeds(seed, config):
+    _check(BENCHMARK[3], config, "gaussian", seed)
+
+
+def test_runner_is_exact_on_every_call():
+    """The packed buffers persist between calls: a second call (poisoned again) is still exact."""
+    runner, ref = _check(EDGE[2], "baseline", "uniform", 5)
+    assert check_runner(runner, ref) <= TOL
+
+
+def test_empty_group_gets_an_empty_output():
+    runner, _ = _check(EDGE[0], "baseline", "uniform", 7)
+    assert tuple(runner.outputs[0].shape) == (0, 256) and tuple(runner.outputs[2].shape) == (0, 256)
 
 
 def test_nan_scales_are_refused():
+    _needs_sm90()
     inp = make_inputs(CORRECTNESS[0], seed=1, device="cuda")
     inp.b[0].scales.view(torch.uint8)[0, 0] = 0x7F
     with pytest.raises(ValueError, match="NaN"):

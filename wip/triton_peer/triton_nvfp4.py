@@ -32,7 +32,7 @@ from types import SimpleNamespace
 import torch
 
 from ..backends import Runner
-from ..kernels.packing import ActivationPacker, pack_weights, tile_table
+from ..kernels.packing import ActivationPacker, stack_weights, tile_table
 
 KERNELS = ("direct", "swap")
 CANDIDATES = (  # direct: (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
@@ -223,9 +223,9 @@ def _build_kernels():
 def _common(a, b, b2, out_dtype, tile_t, tile_n, tile_k):
     """Packed weights, the activation packer, tile table, outputs and the global-scale products for one config."""
     device = a[0].data.device
-    packed = pack_weights([b] if b2 is None else [b, b2], tile_n, tile_k)
+    packed = stack_weights([b] if b2 is None else [b, b2], tile_n, tile_k)
     m = tuple(t.shape[0] for t in a)
-    packer = ActivationPacker(m, packed.k_pad, tile_t, device)
+    packer = ActivationPacker(m, packed.k, packed.k_pad, tile_t, device)
     tiles = tile_table(m, packed.n, packed.k, packer.row_offsets, packed.n_pad, tile_t, tile_n, tile_k, device)
     c_all = torch.empty((packer.rows, max(packed.n)), dtype=out_dtype, device=device)
     outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(packer.row_offsets, m, packed.n)]
@@ -233,10 +233,10 @@ def _common(a, b, b2, out_dtype, tile_t, tile_n, tile_k):
     gs_b = packed.global_scales
 
     def pack_call():
-        act = packer(a)
-        alpha[:, 0] = act.global_scales * gs_b[0]
-        alpha[:, 1] = act.global_scales * gs_b[-1]
-        return act
+        gs_a = packer(a)
+        alpha[:, 0] = gs_a * gs_b[0]
+        alpha[:, 1] = gs_a * gs_b[-1]
+        return packer
 
     return SimpleNamespace(packed=packed, packer=packer, tiles=tiles, c_all=c_all, outputs=outputs, alpha=alpha,
                            pack_call=pack_call, w2=1 if b2 is not None else 0, dual=b2 is not None)
