@@ -24,6 +24,9 @@ class KernelConfig:
     warp_spec: WarpSpec = "none"
     dual: bool = False  # fused silu(A·B1ᵀ) * (A·B2ᵀ)
     swap_ab: bool = False  # tokens on the MMA's N dimension (small-M path)
+    # Hopper decode schedule: "chunked" (load, convert, store 16 codes at a time) or "batched" (all of a
+    # thread's shared-memory loads for a 64-K sub-block first, then the conversions and stores).
+    decode: str = "chunked"
     # Diagnostics, never shipped: "no_dequant" skips the decode, "no_mma" skips the wgmma. The result is
     # wrong by design; the benchmark times such a config without checking it and labels the row.
     ablate: str = ""

@@ -75,6 +75,13 @@ CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _PC.with_(name="producer_consumer_tma", epilogue="tma"),
     _PC.with_(name="producer_consumer_dual_tma", dual=True, epilogue="tma"),
     _PC.with_(name="tile128x256_tma", tile_n=256, epilogue="tma"),
+    # the batched decode (all shared loads of a sub-block first) on the TMA-epilogue configs
+    *(c.with_(name=c.name + "_batched", decode="batched") for c in (
+        _T.with_(name="tma"), _T.with_(name="tma_stages2", ab_stages=2), _T.with_(name="tile64x128_tma", tile_m=64),
+        _T.with_(name="tile64x64_tma", tile_m=64, tile_n=64), _T.with_(name="baseline_dual_tma", tile_n=64, dual=True),
+        _PC.with_(name="producer_consumer_tma", epilogue="tma"),
+        _PC.with_(name="producer_consumer_dual_tma", dual=True, epilogue="tma"),
+        _PC.with_(name="tile128x256_tma", tile_n=256, epilogue="tma"))),
 )}
 # Candidates the study pitched that are not shipped (refused by validate, or not verified on a GPU).
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
@@ -88,6 +95,8 @@ SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
 ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="baseline_no_dequant", ablate="no_dequant"),
     _B.with_(name="baseline_no_mma", ablate="no_mma"),
+    _T.with_(name="tma_batched_no_dequant", decode="batched", ablate="no_dequant"),
+    _T.with_(name="tma_batched_no_mma", decode="batched", ablate="no_mma"),
 )}
 DEFAULT_SINGLE = "baseline"
 DEFAULT_DUAL = "baseline_dual"
@@ -170,6 +179,8 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         raise ValueError(f"{n}: ab_stages={cfg.ab_stages} must be >= 1")
     if cfg.swap_ab:
         raise ValueError(f"{n}: swap_ab is not implemented in this kernel")
+    if cfg.decode not in ("chunked", "batched"):
+        raise ValueError(f"{n}: decode={cfg.decode!r}: must be 'chunked' or 'batched'")
     if cfg.ablate not in ("", "no_dequant", "no_mma"):
         raise ValueError(f"{n}: ablate={cfg.ablate!r}: must be '', 'no_dequant' or 'no_mma'")
     if cfg.ablate and cfg.warp_spec != "none":
@@ -235,23 +246,43 @@ def _word_ptx(w: str, first: int) -> str:
     return "\n".join(lines)
 
 
+_DECODE_REGS = ".reg .b32 w0, w1, s, f, k, a, b, lc, hc, mk, sg, o0, o1, o2, o3, o4, o5, o6, o7;"
+
+
+def _convert_store_ptx(dst0: str, dst1: str) -> str:
+    """fp16 operands from words w0, w1 and scale byte s, stored as two 16-byte chunks."""
+    return "\n".join([
+        "mul.lo.u32 s, s, 257;",
+        "cvt.u16.u32 sp, s;",
+        "cvt.rn.f16x2.e4m3x2 f, sp;",
+        f"mov.b32 k, {SCALE_FACTOR:#010x};",
+        "mul.rn.f16x2 f, f, k;",
+        f"mov.b32 mk, 0x{FP16_FIELDS:08X};",
+        f"mov.b32 sg, {SIGN_BITS:#010x};",
+        _word_ptx("w0", 0),
+        _word_ptx("w1", 4),
+        f"st.shared.v4.b32 [{dst0}], {{o0, o1, o2, o3}};",
+        f"st.shared.v4.b32 [{dst1}], {{o4, o5, o6, o7}};",
+    ])
+
+
+# decode="chunked": load, convert and store 16 codes in one asm block ($0 codes, $1 scale, $2/$3 outputs).
 DECODE16_PTX = "\n".join([
-    "{",
-    ".reg .b32 w0, w1, s, f, k, a, b, lc, hc, mk, sg, o0, o1, o2, o3, o4, o5, o6, o7;",
-    ".reg .b16 sp;",
+    "{", _DECODE_REGS, ".reg .b16 sp;",
     "ld.shared.v2.b32 {w0, w1}, [$0];",
     "ld.shared.u8 s, [$1];",
-    "mul.lo.u32 s, s, 257;",
-    "cvt.u16.u32 sp, s;",
-    "cvt.rn.f16x2.e4m3x2 f, sp;",
-    f"mov.b32 k, {SCALE_FACTOR:#010x};",
-    "mul.rn.f16x2 f, f, k;",
-    f"mov.b32 mk, 0x{FP16_FIELDS:08X};",
-    f"mov.b32 sg, {SIGN_BITS:#010x};",
-    _word_ptx("w0", 0),
-    _word_ptx("w1", 4),
-    "st.shared.v4.b32 [$2], {o0, o1, o2, o3};",
-    "st.shared.v4.b32 [$3], {o4, o5, o6, o7};",
+    _convert_store_ptx("$2", "$3"),
+    "}",
+])
+# decode="batched": every load of a sub-block is issued first (LOAD16: $0,$1 words, $2 scale byte from
+# addresses $3, $4), then each chunk is converted and stored (CONVERT16: $0..$2 the loaded values, $3/$4 the
+# outputs). A load placed after a shared store cannot be hoisted above it by ptxas (it may alias), so the
+# chunked form pays the shared-memory latency once per 16 codes; the batched form once per sub-block.
+LOAD16_PTX = "{\nld.shared.v2.b32 {$0, $1}, [$3];\nld.shared.u8 $2, [$4];\n}"
+CONVERT16_PTX = "\n".join([
+    "{", _DECODE_REGS, ".reg .b16 sp;",
+    "mov.b32 w0, $0;", "mov.b32 w1, $1;", "mov.b32 s, $2;",
+    _convert_store_ptx("$3", "$4"),
     "}",
 ])
 
@@ -302,6 +333,32 @@ def _kernel_class():
             [cutlass.Int32(v).ir_value(loc=loc, ip=ip) for v in (src, sf, dst0, dst1)],
             DECODE16_PTX,
             "r,r,r,r",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+
+    @dsl_user_op
+    def load16(src, sf, *, loc=None, ip=None):
+        i32 = cutlass.Int32.mlir_type
+        res = llvm.inline_asm(
+            llvm.StructType.get_literal([i32, i32, i32]),
+            [cutlass.Int32(v).ir_value(loc=loc, ip=ip) for v in (src, sf)],
+            LOAD16_PTX,
+            "=r,=r,=r,r,r",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+        return tuple(llvm.extractvalue(i32, res, [i]) for i in range(3))
+
+    @dsl_user_op
+    def convert16(loaded, dst0, dst1, *, loc=None, ip=None):
+        llvm.inline_asm(
+            None,
+            [*loaded, *(cutlass.Int32(v).ir_value(loc=loc, ip=ip) for v in (dst0, dst1))],
+            CONVERT16_PTX,
+            "r,r,r,r,r",
             has_side_effects=True,
             is_align_stack=False,
             asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -596,22 +653,29 @@ def _kernel_class():
                     cute.gemm(tiled_mma, acc2, tCrA[None, None, kb, buf], tCrB2[None, None, kb, buf], acc2)
             cute.nvgpu.warpgroup.commit_group()
 
-        @cute.jit
-        def _decode_sub_block(self, addr, stage, buf, j: cutlass.Constexpr, t):
-            """Decode K elements [64j, 64j+64) of this stage's A, B (and B2) into fp16 ring slot ``buf``."""
-            self._decode_rows(addr["qa"], addr["sfa"], addr["sa"], self.tile_m, stage, buf, j, t)
-            self._decode_rows(addr["qb"], addr["sfb"], addr["sb"], self.tile_n, stage, buf, j, t)
-            if cutlass.const_expr(self.dual):
-                self._decode_rows(addr["qb"] + self.stages * self.tile_n * self.tile_kb,
-                                  addr["sfb"] + self.stages * self.tile_n * self.tile_ks,
-                                  addr["sb"] + RING * self.tile_n * SUB_K * 2,
-                                  self.tile_n, stage, buf, j, t)
+        def _decode_sub_block(self, addr, stage, buf, j: int, t):
+            """Decode K elements [64j, 64j+64) of this stage's A, B (and B2) into fp16 ring slot ``buf``.
 
-        @cute.jit
-        def _decode_rows(self, q_base, sf_base, out_base, rows: cutlass.Constexpr, stage, buf,
-                         j: cutlass.Constexpr, t):
-            """A warp takes 8 rows × the sub-block's 4 × 8 bytes; a warpgroup 32 rows per pass.
+            Plain Python, run while tracing: it emits one decode per 16-code chunk of this thread."""
+            chunks = self._chunks(addr["qa"], addr["sfa"], addr["sa"], self.tile_m, stage, buf, j, t)
+            chunks += self._chunks(addr["qb"], addr["sfb"], addr["sb"], self.tile_n, stage, buf, j, t)
+            if self.dual:
+                chunks += self._chunks(addr["qb"] + self.stages * self.tile_n * self.tile_kb,
+                                       addr["sfb"] + self.stages * self.tile_n * self.tile_ks,
+                                       addr["sb"] + RING * self.tile_n * SUB_K * 2,
+                                       self.tile_n, stage, buf, j, t)
+            if self.cfg.decode == "batched":
+                loaded = [load16(src, sf) for src, sf, _, _ in chunks]
+                for (_, _, d0, d1), v in zip(chunks, loaded):
+                    convert16(v, d0, d1)
+            else:
+                for src, sf, d0, d1 in chunks:
+                    decode16(src, sf, d0, d1)
 
+        def _chunks(self, q_base, sf_base, out_base, rows: int, stage, buf, j: int, t) -> list:
+            """(codes, scale, out0, out1) shared addresses of this thread's 16-code chunks of ``rows`` rows.
+
+            A warp takes 8 rows × the sub-block's 4 × 8 bytes; a warpgroup 32 rows per pass.
             Lane l: row l%8 of the warp's 8, 8-byte piece u = l//8. The 128-byte swizzle (16-byte
             chunk index XOR row%8) of both the packed TMA tile and the fp16 tile keeps the 8-byte
             loads and the 16-byte stores free of bank conflicts."""
@@ -627,10 +691,12 @@ def _kernel_class():
             q_col = ((((2 * jj) + (u >> 1)) ^ x) << 4) + ((u & 1) << 3)
             o_col0 = ((2 * u) ^ x) << 4
             o_col1 = ((2 * u + 1) ^ x) << 4
-            for p in cutlass.range_constexpr(rows // 32):
+            out = []
+            for p in range(rows // 32):
                 r = p * 32 + w * 8 + x
-                decode16(q_stage + r * 128 + q_col, sf_stage + r * self.tile_ks,
-                         out_buf + r * 128 + o_col0, out_buf + r * 128 + o_col1)
+                out.append((q_stage + r * 128 + q_col, sf_stage + r * self.tile_ks,
+                            out_buf + r * 128 + o_col0, out_buf + r * 128 + o_col1))
+            return out
 
         @cute.jit
         def _epilogue(self, tiled_mma, thr_mma, acc, acc2, tCcC, storage, epi_layout, tma_c, tC, mC, mAlpha,
