@@ -27,6 +27,8 @@ class KernelConfig:
     # Hopper decode schedule: "chunked" (load, convert, store 16 codes at a time) or "batched" (all of a
     # thread's shared-memory loads for a 64-K sub-block first, then the conversions and stores).
     decode: str = "chunked"
+    # producer_consumer only: warpgroups that decode (the producers), each taking 32 rows per pass.
+    decode_warpgroups: int = 1
     # Diagnostics, never shipped: "no_dequant" skips the decode, "no_mma" skips the wgmma. The result is
     # wrong by design; the benchmark times such a config without checking it and labels the row.
     ablate: str = ""

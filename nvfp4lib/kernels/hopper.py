@@ -39,6 +39,8 @@ from .config import KernelConfig
 from .packing import ActivationPacker, check_scales_finite, stack_weights, tile_table
 
 SMEM_LIMIT = 232448  # bytes of shared memory one CTA may use on sm_90 (227 KB)
+# ptxas asked for 154 registers for a 128-accumulator wgmma warpgroup under a 128-register bound
+ACC_OVERHEAD_REGS = 26
 MAX_ACC_REGS = 128  # fp32 accumulator registers per thread we allow (beyond it the kernel spills)
 SUB_K = 64  # K elements per decode sub-block: one 128-byte swizzle row of fp16
 RING = 2  # fp16 sub-block buffers (decode of one overlaps the wgmma of the other)
@@ -82,6 +84,17 @@ CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
         _PC.with_(name="producer_consumer_tma", epilogue="tma"),
         _PC.with_(name="producer_consumer_dual_tma", dual=True, epilogue="tma"),
         _PC.with_(name="tile128x256_tma", tile_n=256, epilogue="tma"))),
+    # two producer (decode) warpgroups feeding two wgmma warpgroups
+    *(_PC.with_(name=name, epilogue="tma", decode="batched", decode_warpgroups=2, **kw) for name, kw in (
+        ("pc2_tma_batched", {}), ("pc2_stages2_tma_batched", {"ab_stages": 2}),
+        ("pc2_stages2_tile64x128_tma_batched", {"ab_stages": 2, "tile_m": 64}))),
+    # deeper TMA pipelines for the one-warpgroup kernel (what fits: 2 CTAs per SM up to ~113 KB each)
+    *(_T.with_(name=name, decode="batched", **kw) for name, kw in (
+        ("tma_stages3_batched", {"ab_stages": 3}), ("tma_stages4_batched", {"ab_stages": 4}),
+        ("tile64x128_stages2_tma_batched", {"tile_m": 64, "ab_stages": 2}),
+        ("tile64x128_stages3_tma_batched", {"tile_m": 64, "ab_stages": 3}),
+        ("tile64x64_stages2_tma_batched", {"tile_m": 64, "tile_n": 64, "ab_stages": 2}),
+        ("dual_stages2_tma_batched", {"tile_n": 64, "dual": True, "ab_stages": 2}))),
 )}
 # Candidates the study pitched that are not shipped (refused by validate, or not verified on a GPU).
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
@@ -90,6 +103,7 @@ SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="tile128x128x128", tile_k=128),
     _B.with_(name="pingpong", warp_spec="pingpong"),
     _B.with_(name="baseline_dual_128", dual=True),
+    _PC.with_(name="tile128x256_pc2", tile_n=256, decode_warpgroups=2),  # 512 threads leave 128 registers
 )}
 # Diagnostics (wrong results by design; timed, never checked, never shipped).
 ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
@@ -110,8 +124,24 @@ def math_warpgroups(cfg: KernelConfig) -> int:
     return cfg.tile_m // 64 if cfg.warp_spec == "producer_consumer" else 1
 
 
+def decode_warpgroups(cfg: KernelConfig) -> int:
+    """Warpgroups that decode: the single one for ``none``; the producers for ``producer_consumer``."""
+    return cfg.decode_warpgroups if cfg.warp_spec == "producer_consumer" else 1
+
+
 def threads_for(cfg: KernelConfig) -> int:
-    return 128 * (math_warpgroups(cfg) + (1 if cfg.warp_spec == "producer_consumer" else 0))
+    return 128 * (math_warpgroups(cfg) + (decode_warpgroups(cfg) if cfg.warp_spec == "producer_consumer" else 0))
+
+
+def register_split(cfg: KernelConfig) -> tuple[int, int]:
+    """setmaxnreg targets (producer, math) per thread for producer_consumer.
+
+    At launch ptxas gives every thread 65536/threads registers (rounded down to 8); the re-split must
+    fit in that pool (e.g. 384 threads: 104 + 2*200 = 3*168), or setmaxnreg.inc waits forever."""
+    nprod, nmath = decode_warpgroups(cfg), math_warpgroups(cfg)
+    pool = (65536 // threads_for(cfg)) // 8 * 8 * (nprod + nmath)
+    producer = 104 if nprod == 1 else 88
+    return producer, min(240, (pool - nprod * producer) // nmath // 8 * 8)
 
 
 def acc_registers(cfg: KernelConfig) -> int:
@@ -181,6 +211,14 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         raise ValueError(f"{n}: swap_ab is not implemented in this kernel")
     if cfg.decode not in ("chunked", "batched"):
         raise ValueError(f"{n}: decode={cfg.decode!r}: must be 'chunked' or 'batched'")
+    if cfg.decode_warpgroups not in (1, 2):
+        raise ValueError(f"{n}: decode_warpgroups={cfg.decode_warpgroups}: must be 1 or 2")
+    if cfg.decode_warpgroups > 1 and cfg.warp_spec != "producer_consumer":
+        raise ValueError(f"{n}: decode_warpgroups={cfg.decode_warpgroups} needs warp_spec='producer_consumer' "
+                         "(with 'none' the one warpgroup decodes and runs the MMA)")
+    if cfg.tile_n % (32 * decode_warpgroups(cfg)):
+        raise ValueError(f"{n}: tile_n={cfg.tile_n}: {decode_warpgroups(cfg)} decode warpgroup(s) take "
+                         f"{32 * decode_warpgroups(cfg)} rows per pass; tile_n must be a multiple of it")
     if cfg.ablate not in ("", "no_dequant", "no_mma"):
         raise ValueError(f"{n}: ablate={cfg.ablate!r}: must be '', 'no_dequant' or 'no_mma'")
     if cfg.ablate and cfg.warp_spec != "none":
@@ -191,6 +229,12 @@ def validate(cfg: KernelConfig) -> KernelConfig:
                          f"{', two accumulators' if cfg.dual else ''}, {math_warpgroups(cfg)} math warpgroup(s)) "
                          f"exceed {MAX_ACC_REGS}: it would spill; use a smaller tile_n or "
                          "warp_spec='producer_consumer' (one warpgroup per 64 rows)")
+    launch_regs = 65536 // threads_for(cfg) // 8 * 8
+    if acc + ACC_OVERHEAD_REGS > launch_regs:
+        raise ValueError(f"{n}: {acc} accumulator registers per thread need about {acc + ACC_OVERHEAD_REGS} "
+                         f"registers, but {threads_for(cfg)} threads leave {launch_regs} per thread (ptxas compiles "
+                         "the whole kernel to the launch bound, whatever setmaxnreg does later): use fewer "
+                         "decode_warpgroups or a smaller tile")
     plan = smem_plan(cfg)
     if plan["total"] > SMEM_LIMIT:
         raise ValueError(f"{n}: needs {plan['total']} bytes of shared memory > the sm_90 limit {SMEM_LIMIT} "
@@ -380,14 +424,15 @@ def _kernel_class():
             self.nmath = math_warpgroups(cfg)
             self.threads = threads_for(cfg)
             self.math_threads = 128 * self.nmath
+            self.ndec = decode_warpgroups(cfg)
+            self.decode_rows_per_pass = 32 * self.ndec
             self.tma_epi = cfg.epilogue == "tma"
             self.ablate = cfg.ablate
             self.acc_dtype = cutlass.Float32
             self.ab_dtype = cutlass.Float16
             self.epi_tile = epilogue_tile(cfg)
-            # setmaxnreg for 384 threads: ptxas gives each thread 168 registers at launch (65536/384, rounded
-            # down to 8); the re-split must fit in that pool (104 + 2*200 = 3*168), or setmaxnreg.inc waits forever.
-            self.regs_producer, self.regs_math = 104, 200
+            self.regs_producer, self.regs_math = register_split(cfg)
+            self.realloc = self.pc and self.threads >= 384
             self.ring_bars = RING * 2 if self.pc else 1
 
         def _plain_layout(self, rows: int, cols: int, stages: int):
@@ -487,13 +532,13 @@ def _kernel_class():
             load_pipe = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.load_bars.data_ptr(), num_stages=self.stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.ndec),
                 tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
             ring_pipe = None
             if cutlass.const_expr(self.pc):
                 ring_pipe = pipeline.PipelineAsync.create(
                     barrier_storage=storage.ring_bars.data_ptr(), num_stages=RING,
-                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * self.ndec),
                     consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.math_threads),
                     defer_sync=True)
             cute.arch.mbarrier_init_fence()
@@ -596,9 +641,9 @@ def _kernel_class():
                 ring_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, RING)
                 ring_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, RING)
                 ring_rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, RING)
-                if wg_idx == self.nmath:
-                    # --- producer warpgroup: wait for TMA, decode into the fp16 ring ---
-                    if cutlass.const_expr(self.nmath > 1):
+                if wg_idx >= self.nmath:
+                    # --- producer warpgroup(s): wait for TMA, decode into the fp16 ring ---
+                    if cutlass.const_expr(self.realloc):
                         cute.arch.warpgroup_reg_dealloc(self.regs_producer)
                     ptid = tidx - self.math_threads
                     for _kt in cutlass.range(k_tiles, unroll=1):
@@ -619,7 +664,7 @@ def _kernel_class():
                                 prod.advance()
                 else:
                     # --- wgmma warpgroups: one sub-block per ring slot, release it once its wgmma is done ---
-                    if cutlass.const_expr(self.nmath > 1):
+                    if cutlass.const_expr(self.realloc):
                         cute.arch.warpgroup_reg_alloc(self.regs_math)
                     acc.fill(0.0)
                     acc2.fill(0.0)
@@ -675,7 +720,7 @@ def _kernel_class():
         def _chunks(self, q_base, sf_base, out_base, rows: int, stage, buf, j: int, t) -> list:
             """(codes, scale, out0, out1) shared addresses of this thread's 16-code chunks of ``rows`` rows.
 
-            A warp takes 8 rows × the sub-block's 4 × 8 bytes; a warpgroup 32 rows per pass.
+            A warp takes 8 rows × the sub-block's 4 × 8 bytes; the decode warpgroups 32 rows each per pass.
             Lane l: row l%8 of the warp's 8, 8-byte piece u = l//8. The 128-byte swizzle (16-byte
             chunk index XOR row%8) of both the packed TMA tile and the fp16 tile keeps the 8-byte
             loads and the 16-byte stores free of bank conflicts."""
@@ -692,8 +737,9 @@ def _kernel_class():
             o_col0 = ((2 * u) ^ x) << 4
             o_col1 = ((2 * u + 1) ^ x) << 4
             out = []
-            for p in range(rows // 32):
-                r = p * 32 + w * 8 + x
+            step = self.decode_rows_per_pass
+            for p in range(rows // step):
+                r = p * step + w * 8 + x
                 out.append((q_stage + r * 128 + q_col, sf_stage + r * self.tile_ks,
                             out_buf + r * 128 + o_col0, out_buf + r * 128 + o_col1))
             return out
