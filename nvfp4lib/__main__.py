@@ -93,6 +93,14 @@ def cmd_record(args) -> int:
     return 0
 
 
+def cmd_amend(args) -> int:
+    from . import store
+
+    n = store.amend(args.file, set(args.run_id), args.reason, git_commit=args.git_commit)
+    print(f"amended git_commit of {n} rows (runs {', '.join(args.run_id)}) in {args.file}; old values kept")
+    return 0 if n else 1
+
+
 def cmd_compile(args) -> int:
     from . import store
     from .kernels.reports import compile_rows
@@ -223,6 +231,13 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="+", help="run only notebooks whose name starts with/contains these")
     p.add_argument("--no-html", action="store_true")
     p.set_defaults(fn=cmd_study)
+
+    p = sub.add_parser("amend", help="correct the git commit of recorded runs (old values kept in 'amended')")
+    p.add_argument("run_id", nargs="+")
+    p.add_argument("--git-commit", required=True)
+    p.add_argument("--reason", required=True)
+    p.add_argument("--file", type=Path, default=BENCH)
+    p.set_defaults(fn=cmd_amend)
 
     p = sub.add_parser("probe", help="probe what this GPU/torch supports (torch._scaled_mm NVFP4)")
     p.add_argument("--record", type=Path, default=BENCH.parent / "probes.jsonl")

@@ -98,6 +98,30 @@ def merge(src, dst=BENCH) -> int:
     return append_rows(dst, new)
 
 
+def amend(path, run_ids, reason: str, **fields) -> int:
+    """Correct provenance fields of whole runs, keeping every old value: a row's previous values go to
+    ``amended[i]`` with the reason and the date. Measurements themselves are never amended."""
+    protected = {"median_us", "min_us", "p10_us", "p90_us", "rel_err", "status", "problem", "label", "run_id"}
+    if protected & set(fields):
+        raise ValueError(f"measurements cannot be amended: {sorted(protected & set(fields))}")
+    path = Path(path)
+    rows = read_rows(path)
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    n = 0
+    for r in rows:
+        if r.get("run_id") in run_ids:
+            old = {k: r.get(k) for k in fields}
+            r.setdefault("amended", []).append({"date": now, "reason": reason, "previous": old})
+            r.update(fields)
+            n += 1
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, sort_keys=True, default=_json_default) + "\n")
+    os.replace(tmp, path)
+    return n
+
+
 def _git(*args) -> str | None:
     try:
         return subprocess.run(["git", *args], cwd=DATA_DIR.parent, capture_output=True, text=True,
@@ -146,14 +170,21 @@ def _nvidia_smi() -> dict:
 
 
 def provenance(device=None) -> dict:
-    """Where and with what a measurement is taken. Git commit from git, else NVFP4LIB_GIT_COMMIT."""
-    commit = _git("rev-parse", "HEAD") or os.environ.get("NVFP4LIB_GIT_COMMIT", "unknown")
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    """Where and with what a measurement is taken.
+
+    The commit is ``NVFP4LIB_GIT_COMMIT`` when set (a copied working tree, as on the GPU machine, may carry a
+    stale ``.git``: its HEAD is then kept as ``git_head_seen`` and ``git_dirty`` is unknown), else git's HEAD."""
+    head = _git("rev-parse", "HEAD")
+    given = os.environ.get("NVFP4LIB_GIT_COMMIT")
+    commit = given or head or "unknown"
+    dirty = _git("status", "--porcelain", "--untracked-files=no") if head and (not given or head.startswith(given)
+                                                                                or given.startswith(head)) else None
     p = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "git_commit": commit,
         "git_dirty": None if dirty is None else bool(dirty),
+        **({"git_head_seen": head} if given and head and dirty is None else {}),
         "torch": torch.__version__,
         "triton": _version("triton", "triton"),
         "cutlass_dsl": _version("nvidia-cutlass-dsl") or _cutlass_from_unpacked_wheel(),

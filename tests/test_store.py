@@ -88,3 +88,20 @@ def test_compile_command_records_refusals(tmp_path, capsys):
     rows = store.read_rows(out)
     assert rows[0]["config"] == "tile128x256_1wg" and "accumulator registers" in rows[0]["error"]
     assert rows[0]["gpu"]
+
+
+def test_amend_keeps_the_old_values_and_refuses_measurements(tmp_path):
+    path = tmp_path / "b.jsonl"
+    store.append_rows(path, [{"run_id": "r1", "git_commit": "old", "median_us": 1.0},
+                             {"run_id": "r2", "git_commit": "other", "median_us": 2.0}])
+    assert store.amend(path, {"r1"}, "stale .git", git_commit="new") == 1
+    rows = {r["run_id"]: r for r in store.read_rows(path)}
+    assert rows["r1"]["git_commit"] == "new" and rows["r1"]["amended"][0]["previous"] == {"git_commit": "old"}
+    assert rows["r2"]["git_commit"] == "other" and "amended" not in rows["r2"]
+    with pytest.raises(ValueError, match="measurements"):
+        store.amend(path, {"r1"}, "no", median_us=0.5)
+
+
+def test_provenance_prefers_the_commit_given_in_the_environment(monkeypatch):
+    monkeypatch.setenv("NVFP4LIB_GIT_COMMIT", "0123abc")
+    assert store.provenance()["git_commit"] == "0123abc"
