@@ -71,11 +71,30 @@ def read_rows(path) -> list[dict]:
     return rows
 
 
+# ``cute-hopper`` has had two kernels. Rows measured before this instant came from the first one (bf16 decode,
+# ``kernels/sm90.py``, removed in commit 111ecc9; configs such as vec4_wg2_dec2); later rows from the fp16-decode
+# kernel of ``kernels/hopper.py``. Both used config names such as "baseline": compare rows of one kernel only.
+HOPPER_FP16_SINCE = "2026-11-22T23:20:00+00:00"
+HOPPER_KERNELS = ("bf16-decode (v1, removed)", "fp16-decode")
+
+
+def hopper_kernel(row: dict) -> str | None:
+    """Which cute-hopper kernel measured ``row`` (None for other backends)."""
+    if row.get("backend") != "cute-hopper":
+        return None
+    return HOPPER_KERNELS[1] if str(row.get("date", "")) >= HOPPER_FP16_SINCE else HOPPER_KERNELS[0]
+
+
 def load(path=BENCH):
-    """The table as a pandas DataFrame (empty if the file does not exist yet)."""
+    """The table as a pandas DataFrame (empty if the file does not exist yet), with a derived ``kernel`` column
+    naming the cute-hopper kernel generation of each row (see :func:`hopper_kernel`)."""
     import pandas as pd
 
-    return pd.DataFrame(read_rows(path))
+    rows = read_rows(path)
+    df = pd.DataFrame(rows)
+    if len(df):
+        df["kernel"] = [hopper_kernel(r) for r in rows]
+    return df
 
 
 def latest_compile_rows(arch: str):

@@ -105,3 +105,12 @@ def test_amend_keeps_the_old_values_and_refuses_measurements(tmp_path):
 def test_provenance_prefers_the_commit_given_in_the_environment(monkeypatch):
     monkeypatch.setenv("NVFP4LIB_GIT_COMMIT", "0123abc")
     assert store.provenance()["git_commit"] == "0123abc"
+
+
+def test_rows_name_the_hopper_kernel_that_measured_them(tmp_path):
+    path = tmp_path / "b.jsonl"
+    store.append_rows(path, [
+        {"run_id": "a", "backend": "cute-hopper", "date": "2026-11-22T20:00:00+00:00"},
+        {"run_id": "b", "backend": "cute-hopper", "date": "2026-11-22T23:30:00+00:00"},
+        {"run_id": "b", "backend": "triton", "date": "2026-11-22T23:30:00+00:00"}])
+    assert list(store.load(path)["kernel"]) == [store.HOPPER_KERNELS[0], store.HOPPER_KERNELS[1], None]
