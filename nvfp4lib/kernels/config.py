@@ -27,6 +27,9 @@ class KernelConfig:
     # Hopper decode schedule: "chunked" (load, convert, store 16 codes at a time) or "batched" (all of a
     # thread's shared-memory loads for a 64-K sub-block first, then the conversions and stores).
     decode: str = "chunked"
+    # split-K: K tiles of every output tile split over this many CTAs, fp32 partials summed on the host side;
+    # 0 = chosen at prepare from the tile count (only when the tiles do not fill the GPU), 1 = off.
+    split_k: int = 1
     # producer_consumer only: warpgroups that decode (the producers), each taking 32 rows per pass.
     decode_warpgroups: int = 1
     # Diagnostics, never shipped: "no_dequant" skips the decode, "no_mma" skips the wgmma. The result is

@@ -36,7 +36,7 @@ import torch
 
 from ..backends import Runner
 from .config import KernelConfig
-from .packing import ActivationPacker, check_scales_finite, stack_weights, tile_table
+from .packing import WIDE_TILE_COLUMNS, ActivationPacker, check_scales_finite, stack_weights, tile_table
 
 SMEM_LIMIT = 232448  # bytes of shared memory one CTA may use on sm_90 (227 KB)
 # ptxas asked for 154 registers for a 128-accumulator wgmma warpgroup under a 128-register bound
@@ -112,6 +112,14 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
     _T.with_(name="tma_batched_no_dequant", decode="batched", ablate="no_dequant"),
     _T.with_(name="tma_batched_no_mma", decode="batched", ablate="no_mma"),
 )}
+# split-K (explicit, to test the path on every suite; and auto: only where the tiles do not fill the GPU)
+CONFIGS.update({c.name: c for c in (
+    _B.with_(name="tile64x128_stages2_batched_split3", tile_m=64, ab_stages=2, decode="batched", split_k=3),
+    _PC.with_(name="producer_consumer_dual_batched_split3", dual=True, decode="batched", split_k=3),
+    _T.with_(name="tile64x128_stages2_tma_batched_auto", tile_m=64, ab_stages=2, decode="batched", split_k=0),
+    _PC.with_(name="producer_consumer_dual_tma_batched_auto", dual=True, epilogue="tma", decode="batched",
+              split_k=0),
+)})
 # the fastest exact configs measured on the H100 (S1, S2, S4; dual S1, S3, S4); "baseline" stays selectable
 DEFAULT_SINGLE = "tile64x128_stages2_tma_batched"
 DEFAULT_DUAL = "producer_consumer_dual_tma_batched"
@@ -212,6 +220,11 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         raise ValueError(f"{n}: swap_ab is not implemented in this kernel")
     if cfg.decode not in ("chunked", "batched"):
         raise ValueError(f"{n}: decode={cfg.decode!r}: must be 'chunked' or 'batched'")
+    if cfg.split_k < 0 or cfg.split_k > 16:
+        raise ValueError(f"{n}: split_k={cfg.split_k}: must be 0 (auto) or 1..16")
+    if cfg.split_k > 1 and cfg.epilogue == "tma":
+        raise ValueError(f"{n}: split_k={cfg.split_k} writes fp32 partial sums through the SIMT epilogue; "
+                         "use epilogue='simt' (split_k=0 switches to it by itself when it splits)")
     if cfg.decode_warpgroups not in (1, 2):
         raise ValueError(f"{n}: decode_warpgroups={cfg.decode_warpgroups}: must be 1 or 2")
     if cfg.decode_warpgroups > 1 and cfg.warp_spec != "producer_consumer":
@@ -428,6 +441,7 @@ def _kernel_class():
             self.ndec = decode_warpgroups(cfg)
             self.decode_rows_per_pass = 32 * self.ndec
             self.tma_epi = cfg.epilogue == "tma"
+            self.split = cfg.split_k != 1
             self.ablate = cfg.ablate
             self.acc_dtype = cutlass.Float32
             self.ab_dtype = cutlass.Float16
@@ -525,6 +539,8 @@ def _kernel_class():
             n_valid = mTiles[bidx, 4]
             b_row0 = mTiles[bidx, 5]
             k_tiles = mTiles[bidx, 6]
+            k_tile0 = mTiles[bidx, 8]  # first K tile of this CTA's slice (split-K), else 0
+            out_row0 = mTiles[bidx, 9]  # output row (split-K: the slice's block of the fp32 workspace), else row0
 
             smem = cutlass.utils.SmemAllocator()
             storage = smem.allocate(self.shared_storage)
@@ -606,7 +622,7 @@ def _kernel_class():
 
             if warp_idx == tma_warp:
                 for _ in cutlass.range(cutlass.min(self.stages, k_tiles), unroll=1):
-                    self._issue_loads(load_pipe, prod, loads)
+                    self._issue_loads(load_pipe, prod, loads, k_tile0)
                     prod.advance()
 
             if cutlass.const_expr(not self.pc):
@@ -633,11 +649,11 @@ def _kernel_class():
                     cons.advance()
                     if warp_idx == tma_warp:
                         if prod.count < k_tiles:
-                            self._issue_loads(load_pipe, prod, loads)
+                            self._issue_loads(load_pipe, prod, loads, k_tile0)
                             prod.advance()
                 cute.nvgpu.warpgroup.wait_group(0)
                 self._epilogue(tiled_mma, thr_mma, acc, acc2, tCcC, storage, epi_layout, tma_c, tC, mC, mAlpha,
-                               group, row0, m_valid, n0, n_valid, tidx, warp_idx)
+                               group, out_row0, m_valid, n0, n_valid, tidx, warp_idx)
             else:
                 ring_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, RING)
                 ring_cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, RING)
@@ -661,7 +677,7 @@ def _kernel_class():
                         cons.advance()
                         if warp_idx == tma_warp:
                             if prod.count < k_tiles:
-                                self._issue_loads(load_pipe, prod, loads)
+                                self._issue_loads(load_pipe, prod, loads, k_tile0)
                                 prod.advance()
                 else:
                     # --- wgmma warpgroups: one sub-block per ring slot, release it once its wgmma is done ---
@@ -680,14 +696,14 @@ def _kernel_class():
                     cute.nvgpu.warpgroup.wait_group(0)
                     ring_pipe.consumer_release(ring_rel)
                     self._epilogue(tiled_mma, thr_mma, acc, acc2, tCcC, storage, epi_layout, tma_c, tC, mC,
-                                   mAlpha, group, row0, m_valid, n0, n_valid, tidx, warp_idx)
+                                   mAlpha, group, out_row0, m_valid, n0, n_valid, tidx, warp_idx)
 
         @cute.jit
-        def _issue_loads(self, pipe, prod, loads):
+        def _issue_loads(self, pipe, prod, loads, k_tile0):
             pipe.producer_acquire(prod)
             bar = pipe.producer_get_barrier(prod)
             for atom, s, g in loads:
-                cute.copy(atom, g[None, prod.count], s[None, prod.index], tma_bar_ptr=bar)
+                cute.copy(atom, g[None, prod.count + k_tile0], s[None, prod.index], tma_bar_ptr=bar)
             pipe.producer_commit(prod)
 
         @cute.jit
@@ -750,7 +766,16 @@ def _kernel_class():
                       group, row0, m_valid, n0, n_valid, tidx, warp_idx):
             alpha = mAlpha[group, 0]
             alpha2 = mAlpha[group, 1]
-            if cutlass.const_expr(not self.tma_epi):
+            if cutlass.const_expr(self.split):
+                # split-K: this slice's raw fp32 partial sums; the host adds the slices and applies the rest
+                half = cute.size(mC, mode=[1]) // 2
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    m, n = tCcC[i]
+                    if m < m_valid and n < n_valid:
+                        mC[row0 + m, n0 + n] = acc[i]
+                        if cutlass.const_expr(self.dual):
+                            mC[row0 + m, half + n0 + n] = acc2[i]
+            elif cutlass.const_expr(not self.tma_epi):
                 for i in cutlass.range_constexpr(cute.size(acc)):
                     m, n = tCcC[i]
                     if m < m_valid and n < n_valid:
@@ -852,6 +877,7 @@ def _compile(cfg: KernelConfig, args):
     """Compile once per (config, output dtype); tensors are passed with dynamic shapes."""
     import cutlass.cute as cute
 
+    cfg = cfg.with_(split_k=min(cfg.split_k, 2))  # the kernel only knows split or not; the table has the slices
     key = (cfg, str(args[6].element_type))
     if key not in _compiled:
         _compiled[key] = cute.compile(kernel_for(cfg), *args)
@@ -876,18 +902,28 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Run
     weights = stack_weights([b] if b2 is None else [b, b2], cfg.tile_n, cfg.tile_k)
     m = tuple(int(t.shape[0]) for t in a)
     packer = ActivationPacker(m, weights.k, weights.k_pad, cfg.tile_m, device)
+    split = choose_split_k(cfg, m, weights.n, weights.k, torch.cuda.get_device_properties(device).multi_processor_count)
+    if split != cfg.split_k:  # resolved "auto" (or clipped to the K tiles); split-K writes fp32 partials via SIMT
+        cfg = cfg.with_(split_k=split, **({"epilogue": "simt"} if split > 1 else {}))
     tiles = tile_table(m, weights.n, weights.k, packer.row_offsets, weights.n_pad, cfg.tile_m, cfg.tile_n,
-                       cfg.tile_k, device)
+                       cfg.tile_k, device, split_k=split, rows=packer.rows, wide=True)
     c_all = torch.empty((packer.rows, weights.n_pad), dtype=out_dtype, device=device)
     outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(packer.row_offsets, m, weights.n)]
     alpha = torch.zeros((len(a), 2), dtype=torch.float32, device=device)
+    nb = 1 if b2 is None else 2
+    # split-K: fp32 partial sums of every slice (and of B2 in the right half), summed after the kernel
+    work = (torch.empty((split * packer.rows, nb * weights.n_pad), dtype=torch.float32, device=device)
+            if split > 1 else None)
     w2 = 1 if b2 is not None else 0
     args = (_cute(packer.codes), _cute(packer.scales), _cute(weights.codes[0]), _cute(weights.scales[0]),
-            _cute(weights.codes[w2]), _cute(weights.scales[w2]), _cute(c_all), _cute(tiles),
-            _cute(alpha, 8))
+            _cute(weights.codes[w2]), _cute(weights.scales[w2]), _cute(c_all if work is None else work),
+            _cute(tiles), _cute(alpha, 8))
     stream = cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
     kernel = _compile(cfg, (*args, stream)) if len(tiles) else None
     gs_b = [g * POST_SCALE for g in weights.global_scales]
+    row_group = torch.zeros(packer.rows, dtype=torch.long, device=device)  # padding rows: any group
+    for g, (o, mg) in enumerate(zip(packer.row_offsets, m)):
+        row_group[o: o + mg] = g
 
     def run():
         gs_a = packer(a)
@@ -895,12 +931,39 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Run
         alpha[:, 1] = gs_a * gs_b[-1]
         if kernel is not None:
             kernel(*args, cuda.CUstream(torch.cuda.current_stream(device).cuda_stream))
+            if work is not None:
+                _finish_split(work, split, packer.rows, weights.n_pad, alpha[row_group], b2 is not None, c_all)
 
     torch.cuda.synchronize(device)
     return Runner(run, outputs, prepare_s=time.perf_counter() - t0, held_bytes=weights.nbytes,
                   notes=f"weights stacked once as NVFP4 ({weights.nbytes / 1e6:.1f} MB); config {cfg.name}",
-                  info={"config": cfg.name, "tiles": len(tiles), **({"ablation": cfg.ablate} if cfg.ablate else {})},
-                  keepalive=(packer, weights, tiles, c_all, alpha))
+                  info={"config": cfg.name, "tiles": len(tiles), "split_k": split,
+                        **({"ablation": cfg.ablate} if cfg.ablate else {})},
+                  keepalive=(packer, weights, tiles, c_all, alpha, work, row_group))
+
+
+def choose_split_k(cfg: KernelConfig, m, n, k, sms: int) -> int:
+    """K slices per output tile: ``cfg.split_k``, or for 0 ("auto") enough slices to fill ``sms`` SMs twice
+    when the output tiles alone do not fill them once (at least 2 K tiles per slice, at most 8 slices).
+    Never more slices than the fewest K tiles of a non-empty group."""
+    kts = [-(-kg // cfg.tile_k) for mg, ng, kg in zip(m, n, k) if mg and ng]
+    if not kts:
+        return 1
+    if cfg.split_k:
+        return max(1, min(cfg.split_k, min(kts)))
+    out_tiles = sum(-(-mg // cfg.tile_m) * -(-ng // cfg.tile_n) for mg, ng in zip(m, n))
+    if out_tiles >= sms:
+        return 1
+    return max(1, min(8, min(kts) // 2, -(-2 * sms // out_tiles)))
+
+
+def _finish_split(work, split, rows, n_pad, alpha_rows, dual, out):
+    """Sum the K slices' fp32 partials, apply the global scales (and silu·up), round once to ``out``."""
+    part = work.view(split, rows, -1).sum(0)
+    v = part[:, :n_pad] * alpha_rows[:, :1]
+    if dual:
+        v = torch.nn.functional.silu(v) * (part[:, n_pad:] * alpha_rows[:, 1:])
+    out.copy_(v)
 
 
 def grouped_gemm_raw(a_codes, a_scales, a_gs, b_codes, b_scales, b_gs, b2_codes=None, b2_scales=None,
@@ -921,7 +984,7 @@ def grouped_gemm_raw(a_codes, a_scales, a_gs, b_codes, b_scales, b_gs, b2_codes=
 # ---------------------------------------------------------------------------------------------
 # Compile reports (no GPU needed)
 # ---------------------------------------------------------------------------------------------
-def fake_arguments(cfg: KernelConfig, out_dtype: str = "Float16"):
+def fake_arguments(cfg: KernelConfig, out_dtype: str | None = None):
     """Fake tensors with symbolic sizes, as the kernel receives them at run time."""
     import cuda.bindings.driver as cuda
     import cutlass
@@ -937,7 +1000,9 @@ def fake_arguments(cfg: KernelConfig, out_dtype: str = "Float16"):
     u8 = cutlass.Uint8
     b, sfb = fake(u8, (rows_b, kb)), fake(u8, (rows_b, ks))
     return (fake(u8, (rows_a, kb)), fake(u8, (rows_a, ks)), b, sfb, b, sfb,
-            fake(getattr(cutlass, out_dtype), (s(), s(divisibility=8))), fake(cutlass.Int32, (s(), 8)),
+            fake(getattr(cutlass, out_dtype or ("Float32" if cfg.split_k != 1 else "Float16")),
+                 (s(), s(divisibility=8))),
+            fake(cutlass.Int32, (s(), len(WIDE_TILE_COLUMNS))),
             fake(cutlass.Float32, (s(), 2), 8), cuda.CUstream(0))
 
 
@@ -948,6 +1013,8 @@ def compile_report(cfg: KernelConfig, arch: str = "sm_90a", dump_dir: str | None
     if arch != "sm_90a":
         raise ValueError(f"the Hopper kernel compiles for sm_90a, not {arch}")
     validate(cfg)
+    if cfg.split_k == 0:  # "auto" runs unsplit wherever the tiles fill the GPU: report that kernel
+        cfg = cfg.with_(split_k=1)
     t0 = time.perf_counter()
     art = compile_offline(kernel_for(cfg), *fake_arguments(cfg), arch=arch, dump_dir=dump_dir)
     plan = smem_plan(cfg)

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["TILE_COLUMNS", "StackedWeights", "stack_weights", "ActivationPacker", "tile_table",
-           "round_up", "check_scales_finite"]
+__all__ = ["TILE_COLUMNS", "WIDE_TILE_COLUMNS", "split_ranges", "StackedWeights", "stack_weights",
+           "ActivationPacker", "tile_table", "round_up", "check_scales_finite"]
 
 TILE_COLUMNS = ("group", "row0", "m_valid", "n0", "n_valid", "b_row0", "k_tiles", "pad")
+WIDE_TILE_COLUMNS = TILE_COLUMNS + ("k_tile0", "out_row0")
 
 
 def round_up(x: int, m: int) -> int:
@@ -133,18 +134,38 @@ class ActivationPacker:
         return self.global_scales
 
 
-def tile_table(m, n, k, row_offsets, n_pad: int, tile_m: int, tile_n: int, tile_k: int, device) -> torch.Tensor:
+def split_ranges(k_tiles: int, split_k: int) -> list[tuple[int, int]]:
+    """(first K tile, K tiles) of each slice: ``split_k`` non-empty, balanced slices (``split_k`` <= ``k_tiles``)."""
+    return [(s * k_tiles // split_k, (s + 1) * k_tiles // split_k - s * k_tiles // split_k) for s in range(split_k)]
+
+
+def tile_table(m, n, k, row_offsets, n_pad: int, tile_m: int, tile_n: int, tile_k: int, device, *,
+               split_k: int = 1, rows: int = 0, wide: bool = False) -> torch.Tensor:
     """int32 [tiles, 8], one row per output tile of every non-empty group (see TILE_COLUMNS).
 
     Within a group the M tiles of one N tile are adjacent, so CTAs that read the same weight tile
-    (the operand that dominates the bytes) run close together and share it through L2."""
-    rows = []
+    (the operand that dominates the bytes) run close together and share it through L2.
+
+    ``wide`` adds two columns (:data:`WIDE_TILE_COLUMNS`): the first K tile and the output row. With
+    ``split_k`` > 1 every output tile becomes ``split_k`` rows, one per K slice (:func:`split_ranges`;
+    ``split_k`` must not exceed any group's K tiles), whose output rows start at ``slice * rows + row0``
+    in a workspace of ``split_k`` blocks of ``rows`` rows."""
+    if split_k > 1 and not wide:
+        raise ValueError("split_k > 1 needs the wide tile table (the K offset and output row columns)")
+    out = []
     for g, (mg, ng, kg) in enumerate(zip(m, n, k)):
         kt = (kg + tile_k - 1) // tile_k
+        if mg and ng and split_k > kt:
+            raise ValueError(f"split_k={split_k} exceeds group {g}'s {kt} K tiles")
         for n0 in range(0, ng, tile_n):
             for m0 in range(0, mg, tile_m):
-                rows.append((g, row_offsets[g] + m0, min(tile_m, mg - m0), n0, min(tile_n, ng - n0),
-                             g * n_pad + n0, kt, 0))
-    if not rows:
-        return torch.zeros((0, len(TILE_COLUMNS)), dtype=torch.int32, device=device)
-    return torch.tensor(rows, dtype=torch.int32, device=device)
+                base = (g, row_offsets[g] + m0, min(tile_m, mg - m0), n0, min(tile_n, ng - n0), g * n_pad + n0)
+                if not wide:
+                    out.append(base + (kt, 0))
+                    continue
+                for s, (k0, nk) in enumerate(split_ranges(kt, split_k)):
+                    out.append(base + (nk, 0, k0, s * rows + row_offsets[g] + m0 if split_k > 1 else base[1]))
+    width = len(WIDE_TILE_COLUMNS if wide else TILE_COLUMNS)
+    if not out:
+        return torch.zeros((0, width), dtype=torch.int32, device=device)
+    return torch.tensor(out, dtype=torch.int32, device=device)
