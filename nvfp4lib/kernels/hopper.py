@@ -120,9 +120,10 @@ CONFIGS.update({c.name: c for c in (
     _PC.with_(name="producer_consumer_dual_tma_batched_auto", dual=True, epilogue="tma", decode="batched",
               split_k=0),
 )})
-# the fastest exact configs measured on the H100 (S1, S2, S4; dual S1, S3, S4); "baseline" stays selectable
-DEFAULT_SINGLE = "tile64x128_stages2_tma_batched"
-DEFAULT_DUAL = "producer_consumer_dual_tma_batched"
+# the fastest exact configs measured on the H100 (S1, S2, S4; dual S1, S3, S4), split-K only for few tiles;
+# "baseline" stays selectable
+DEFAULT_SINGLE = "tile64x128_stages2_tma_batched_auto"
+DEFAULT_DUAL = "producer_consumer_dual_tma_batched_auto"
 
 
 # ---------------------------------------------------------------------------------------------
