@@ -217,7 +217,7 @@ def test_auto_split_k_only_where_the_tiles_do_not_fill_the_gpu():
     cfg = CONFIGS["tile64x128_stages2_tma_batched_auto"]
     assert hopper.choose_split_k(cfg, (1,), (4096,), (7168,), 132) == 8  # 32 tiles: split
     assert hopper.choose_split_k(cfg, (1,) * 8, (4096,) * 8, (7168,) * 8, 132) == 1  # 256 tiles: no
-    assert hopper.choose_split_k(cfg, (128,), (7168,), (7168,), 132) == 1  # 112 tiles: more than half the SMs
+    assert hopper.choose_split_k(cfg, (64,), (7168,), (2048,), 132) == 1  # 56 tiles: more than a quarter
     assert hopper.choose_split_k(cfg, (8,), (4096,), (256,), 132) == 1  # one K tile: nothing to split
     assert hopper.choose_split_k(cfg.with_(split_k=3), (8,), (4096,), (512,), 132) == 2  # clipped to K tiles
     with pytest.raises(ValueError, match="SIMT"):

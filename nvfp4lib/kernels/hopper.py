@@ -945,19 +945,20 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Run
 
 def choose_split_k(cfg: KernelConfig, m, n, k, sms: int) -> int:
     """K slices per output tile: ``cfg.split_k``, or for 0 ("auto") enough slices to fill ``sms`` SMs twice
-    when the output tiles alone fill at most half of them (at least 2 K tiles per slice, at most 8 slices).
-    Never more slices than the fewest K tiles of a non-empty group.
+    when the output tiles alone fill at most a quarter of them (at least 2 K tiles per slice, at most 8
+    slices). Never more slices than the fewest K tiles of a non-empty group.
 
-    The half: on the H100 the split path (fp32 partials through the SIMT epilogue, summed by torch) lost
-    to the unsplit kernel at 120-128 tiles (S3-dual 199 vs 119 us, S4-dual 172 vs 62 us) and won at 32
-    tiles (M<=64, G=1, N=4096, K=7168: 52 vs 72 us), 2026-11-22."""
+    Measured on the H100 (2026-11-22), the split path (fp32 partials through the SIMT epilogue, summed by
+    torch) won at 32 tiles with 28 K tiles (M<=64, G=1, N=4096, K=7168: 52 vs 72 us) and lost at 56 tiles with
+    8 K tiles (N=7168, K=2048: 46 vs 36 us), at 64 tiles (M=128, N=4096: 80 vs 75 us) and at 120-128 tiles
+    (S3-dual 199 vs 119 us, S4-dual 172 vs 62 us): hence the quarter."""
     kts = [-(-kg // cfg.tile_k) for mg, ng, kg in zip(m, n, k) if mg and ng]
     if not kts:
         return 1
     if cfg.split_k:
         return max(1, min(cfg.split_k, min(kts)))
     out_tiles = sum(-(-mg // cfg.tile_m) * -(-ng // cfg.tile_n) for mg, ng in zip(m, n))
-    if 2 * out_tiles > sms:
+    if 4 * out_tiles > sms:
         return 1
     return max(1, min(8, min(kts) // 2, -(-2 * sms // out_tiles)))
 
