@@ -30,6 +30,9 @@ class KernelConfig:
     # split-K: K tiles of every output tile split over this many CTAs, fp32 partials summed on the host side;
     # 0 = chosen at prepare from the tile count (only when the tiles do not fill the GPU), 1 = off.
     split_k: int = 1
+    # warp_spec="none" only: one warpgroup per 64 rows of the tile, each decoding its share and running the MMA of
+    # its rows (more warps to hide the decode's latency, no producer/consumer hand-off)
+    cooperative: bool = False
     # producer_consumer only: warpgroups that decode (the producers), each taking 32 rows per pass.
     decode_warpgroups: int = 1
     # Diagnostics, never shipped: "no_dequant" skips the decode, "no_mma" skips the wgmma. The result is

@@ -112,6 +112,13 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
     _T.with_(name="tma_batched_no_dequant", decode="batched", ablate="no_dequant"),
     _T.with_(name="tma_batched_no_mma", decode="batched", ablate="no_mma"),
 )}
+# cooperative: two warpgroups that both decode and each run the MMA of its 64 rows
+CONFIGS.update({c.name: c for c in (
+    _T.with_(name="coop_tma_batched", cooperative=True, decode="batched"),
+    _T.with_(name="coop_stages2_tma_batched", cooperative=True, decode="batched", ab_stages=2),
+    _T.with_(name="coop_tile128x256_tma_batched", cooperative=True, decode="batched", tile_n=256),
+    _T.with_(name="coop_dual_tma_batched", cooperative=True, decode="batched", dual=True),
+)})
 # split-K (explicit, to test the path on every suite; and auto: only where the tiles do not fill the GPU)
 CONFIGS.update({c.name: c for c in (
     _B.with_(name="tile64x128_stages2_batched_split3", tile_m=64, ab_stages=2, decode="batched", split_k=3),
@@ -130,13 +137,13 @@ DEFAULT_DUAL = "producer_consumer_dual_tma_batched_auto"
 # Validity and the storage plan (pure Python: asked before compiling)
 # ---------------------------------------------------------------------------------------------
 def math_warpgroups(cfg: KernelConfig) -> int:
-    """Warpgroups that run wgmma: one for ``none``; one per 64 rows for ``producer_consumer``."""
-    return cfg.tile_m // 64 if cfg.warp_spec == "producer_consumer" else 1
+    """Warpgroups that run wgmma: one per 64 rows for ``producer_consumer`` or ``cooperative``, else one."""
+    return cfg.tile_m // 64 if cfg.warp_spec == "producer_consumer" or cfg.cooperative else 1
 
 
 def decode_warpgroups(cfg: KernelConfig) -> int:
-    """Warpgroups that decode: the single one for ``none``; the producers for ``producer_consumer``."""
-    return cfg.decode_warpgroups if cfg.warp_spec == "producer_consumer" else 1
+    """Warpgroups that decode: the producers for ``producer_consumer``; else every warpgroup."""
+    return cfg.decode_warpgroups if cfg.warp_spec == "producer_consumer" else math_warpgroups(cfg)
 
 
 def threads_for(cfg: KernelConfig) -> int:
@@ -226,6 +233,9 @@ def validate(cfg: KernelConfig) -> KernelConfig:
     if cfg.split_k > 1 and cfg.epilogue == "tma":
         raise ValueError(f"{n}: split_k={cfg.split_k} writes fp32 partial sums through the SIMT epilogue; "
                          "use epilogue='simt' (split_k=0 switches to it by itself when it splits)")
+    if cfg.cooperative and cfg.warp_spec != "none":
+        raise ValueError(f"{n}: cooperative=True is the warp_spec='none' kernel with one decoding+MMA warpgroup per "
+                         "64 rows; producer_consumer already has one MMA warpgroup per 64 rows")
     if cfg.decode_warpgroups not in (1, 2):
         raise ValueError(f"{n}: decode_warpgroups={cfg.decode_warpgroups}: must be 1 or 2")
     if cfg.decode_warpgroups > 1 and cfg.warp_spec != "producer_consumer":
@@ -630,7 +640,7 @@ def _kernel_class():
                 # --- one warpgroup: decode sub-block j while the wgmma of sub-block j-1 runs ---
                 acc.fill(0.0)
                 acc2.fill(0.0)
-                wg_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128)
+                wg_bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
                 for _kt in cutlass.range(k_tiles, unroll=1):
                     load_pipe.consumer_wait(cons)
                     for j in cutlass.range_constexpr(self.nsub):
