@@ -30,19 +30,20 @@ class Pitch:
 
 
 PITCHES = (
-    # On Hopper 3 stages do not fit beside the bf16 tiles (notebook 02): 1 → 2 is the experiment.
+    # Each experiment is read from one run that measured both sides (so both come from one kernel); the
+    # cute-hopper rows of the current fp16-decode kernel are the later ones (store.HOPPER_FP16_SINCE).
     Pitch("1", "stages", "Pipeline stages: num_ab_stage 1 → 3", (1.5, 1.8), None,
           "regression on every shape", {"S1": 488, "S2": 462, "S3": 249, "S4": 228},
-          ("cute-hopper:config=baseline,graph=1", "cute-hopper:config=stages2,graph=1")),
+          ("cute-hopper:config=baseline,graph=1", "cute-hopper:config=stages3,graph=1")),
     Pitch("2", "tile", "Tile size (128,128,256) → (64,128,256) (+ heuristic)", (2.0, 4.0), (1.3, 3.0),
           "did not compile: hardware MMA shape constraints", {},
           ("cute-hopper:config=baseline,graph=1", "cute-hopper:config=tile64x64,graph=1")),
     Pitch("2", "tma_epilogue", "TMA store epilogue instead of SIMT stores", (1.12, 1.15), (1.03, 1.06),
           "queued behind tile tuning (never measured)", {},
-          ("cute-hopper:config=baseline", "cute-hopper:config=tma_epilogue")),
+          ("cute-hopper:config=baseline,graph=1", "cute-hopper:config=tma_epilogue,graph=1")),
     Pitch("2", "warp_spec", "Warp specialization (producer/consumer, ping-pong)", (1.25, 1.40), (1.15, 1.35),
           "withdrawn pending tile tuning", {},
-          ("cute-hopper:config=baseline", "cute-hopper:config=producer_consumer")),
+          ("cute-hopper:config=baseline,graph=1", "cute-hopper:config=producer_consumer,graph=1")),
     Pitch("5A", "triton", "Full Triton kernel", (373 / 500, 373 / 160), None,
           "Triton has no native FP4 MMA path there", {},
           ("cute-hopper:config=baseline,graph=1", "triton:graph=1")),
