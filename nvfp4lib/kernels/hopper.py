@@ -573,22 +573,20 @@ def _kernel_class():
             cute.arch.sync_threads()  # barriers initialised before anyone waits on them
 
             # Shared-memory tensors: TMA destinations, and the fp16 ring wgmma reads.
+            def b_pair(region, layout, dtype):
+                """B's and B2's swizzled views of one region holding ``nb`` copies of ``layout`` back to back."""
+                flat = region.get_tensor(cute.make_layout((cute.cosize(layout) * nb,)))
+                return flat, [cute.make_tensor(cute.recast_ptr(flat.iterator + i * cute.cosize(layout), layout.inner,
+                                                               dtype=dtype), layout.outer) for i in (0, 1)]
+
             sQA = storage.qa.get_tensor(qa_layout.outer, swizzle=qa_layout.inner)
-            qb_all = storage.qb.get_tensor(cute.make_layout((cute.cosize(qb_layout) * nb,)))
-            sQB = cute.make_tensor(cute.recast_ptr(qb_all.iterator, qb_layout.inner, dtype=cutlass.Uint8),
-                                   qb_layout.outer)
-            sQB2 = cute.make_tensor(cute.recast_ptr(qb_all.iterator + cute.cosize(qb_layout), qb_layout.inner,
-                                                    dtype=cutlass.Uint8), qb_layout.outer)
+            qb_all, (sQB, sQB2) = b_pair(storage.qb, qb_layout, cutlass.Uint8)
             sSFA = storage.sfa.get_tensor(sfa_layout)
             sf_all = storage.sfb.get_tensor(cute.make_layout((cute.cosize(sfb_layout) * nb,)))
             sSFB = cute.make_tensor(sf_all.iterator, sfb_layout)
             sSFB2 = cute.make_tensor(sf_all.iterator + cute.cosize(sfb_layout), sfb_layout)
             sA = storage.sa.get_tensor(sA_layout.outer, swizzle=sA_layout.inner)
-            sb_all = storage.sb.get_tensor(cute.make_layout((cute.cosize(sB_layout) * nb,)))
-            sB = cute.make_tensor(cute.recast_ptr(sb_all.iterator, sB_layout.inner, dtype=self.ab_dtype),
-                                  sB_layout.outer)
-            sB2 = cute.make_tensor(cute.recast_ptr(sb_all.iterator + cute.cosize(sB_layout), sB_layout.inner,
-                                                   dtype=self.ab_dtype), sB_layout.outer)
+            sb_all, (sB, sB2) = b_pair(storage.sb, sB_layout, self.ab_dtype)
 
             # 32-bit shared addresses for the decode's own loads and stores.
             addr = {
