@@ -104,6 +104,8 @@ SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="pingpong", warp_spec="pingpong"),
     _B.with_(name="baseline_dual_128", dual=True),
     _PC.with_(name="tile128x256_pc2", tile_n=256, decode_warpgroups=2),  # 512 threads leave 128 registers
+    # round 1 on the dual GEMM (128x64 tiles, as baseline_dual)
+    *(_B.with_(name=f"baseline_dual_stages{s}", tile_n=64, dual=True, ab_stages=s) for s in (2, 3, 4)),
 )}
 # Diagnostics (wrong results by design; timed, never checked, never shipped).
 ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
