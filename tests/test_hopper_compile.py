@@ -222,3 +222,10 @@ def test_auto_split_k_only_where_the_tiles_do_not_fill_the_gpu():
     assert hopper.choose_split_k(cfg.with_(split_k=3), (8,), (4096,), (512,), 132) == 2  # clipped to K tiles
     with pytest.raises(ValueError, match="SIMT"):
         validate(KernelConfig("x", split_k=2, epilogue="tma"))
+
+
+def test_sass_counts_say_why_without_cuobjdump(monkeypatch):
+    from nvfp4lib.kernels import compiling
+
+    monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
+    assert "cuobjdump not found" in compiling.sass_counts("k.cubin")["sass"]

@@ -89,6 +89,25 @@ def ptxas_resources(ptx_path: str, arch: str) -> dict:
     return out
 
 
+# SASS opcodes worth counting in a Hopper GEMM with an in-kernel decode (cuobjdump -sass; on the GPU machine)
+SASS_OPS = ("HGMMA", "PRMT", "LOP3", "HMUL2", "HFMA2", "F2FP", "LDS", "STS", "LDL", "STL", "BAR", "SYNCS",
+            "UTMALDG", "UTMASTG", "WARPGROUP")
+
+
+def sass_counts(cubin_path: str) -> dict:
+    """Static SASS opcode counts of a cubin (``cuobjdump -sass``); {"sass": "..."} saying why when unavailable."""
+    tool = shutil.which("cuobjdump")
+    if tool is None:
+        return {"sass": "cuobjdump not found (the SASS is read on the GPU machine)"}
+    proc = subprocess.run([tool, "-sass", cubin_path], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        return {"sass": f"cuobjdump failed: {proc.stderr.strip()[-300:]}"}
+    ops = [m.group(1) for m in re.finditer(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", proc.stdout, re.M)]
+    out = {"sass": "ok", "sass.instructions": len(ops)}
+    out.update({f"sass.{op}": sum(1 for o in ops if o == op) for op in SASS_OPS})
+    return out
+
+
 def compile_offline(jit_fn, *args, arch: str, dump_dir: str | None = None, ptxas: bool = True,
                     **kwargs) -> CompileArtifacts:
     """``cute.compile`` for ``arch`` keeping PTX and cubin; tolerate only the no-driver load error."""
@@ -123,4 +142,6 @@ def compile_offline(jit_fn, *args, arch: str, dump_dir: str | None = None, ptxas
         art.instructions = count_instructions(art.ptx)
         if ptxas:
             art.ptxas = ptxas_resources(art.ptx_path, arch)
+    if art.cubin_path and shutil.which("cuobjdump"):
+        art.instructions.update(sass_counts(art.cubin_path))
     return art
