@@ -102,7 +102,8 @@ def sass_counts(cubin_path: str) -> dict:
     proc = subprocess.run([tool, "-sass", cubin_path], capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         return {"sass": f"cuobjdump failed: {proc.stderr.strip()[-300:]}"}
-    ops = [m.group(1) for m in re.finditer(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", proc.stdout, re.M)]
+    line = r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)"  # "/*1a0*/  @!P0 OPCODE.mods ..."
+    ops = [m.group(1) for m in re.finditer(line, proc.stdout, re.M)]
     out = {"sass": "ok", "sass.instructions": len(ops)}
     out.update({f"sass.{op}": sum(1 for o in ops if o == op) for op in SASS_OPS})
     return out
