@@ -6,6 +6,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
+matplotlib.rcParams["svg.hashsalt"] = "nvfp4lib"  # stable element ids: re-running a notebook on the same data
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -21,8 +22,8 @@ def save(fig, name: str, fig_dir: Path | str = FIG_DIR) -> Path:
     fig_dir = Path(fig_dir)
     fig_dir.mkdir(parents=True, exist_ok=True)
     png = fig_dir / f"{name}.png"
-    fig.savefig(png, dpi=120, bbox_inches="tight")
-    fig.savefig(fig_dir / f"{name}.svg", bbox_inches="tight")
+    fig.savefig(png, dpi=120, bbox_inches="tight", metadata={"Software": None})
+    fig.savefig(fig_dir / f"{name}.svg", bbox_inches="tight", metadata={"Date": None})  # no timestamp: no churn
     return png
 
 
