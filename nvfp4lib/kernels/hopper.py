@@ -20,9 +20,16 @@ elements:
    (``tma``; safe on ragged groups because every group's output rows are padded to ``tile_m``).
 
 Warp specialization: ``none`` — one warpgroup (128 threads) does everything, one elected thread
-issues the TMA loads (the study's baseline structure); ``producer_consumer`` — a producer
-warpgroup issues TMA and decodes into a ring of fp16 buffers, ``tile_m/64`` consumer warpgroups
-run wgmma and the epilogue. ``pingpong`` is not implemented (refused by :func:`validate`).
+issues the TMA loads (the study's baseline structure), or with ``cooperative`` one warpgroup per 64
+rows, each decoding its share and running the MMA of its rows; ``producer_consumer`` — one or two
+(``decode_warpgroups``) producer warpgroups wait for TMA and decode into a ring of fp16 buffers,
+``tile_m/64`` consumer warpgroups run wgmma and the epilogue. ``pingpong`` is not implemented
+(refused by :func:`validate`).
+
+``decode="batched"`` issues all of a thread's shared-memory loads of a sub-block before converting
+(``chunked``: load, convert, store per 16 codes; a load after a store to shared memory cannot be
+hoisted by ptxas). ``split_k`` splits the K tiles of every output tile over several CTAs writing fp32
+partials that the runner sums (``0``: only when the tiles fill at most a quarter of the SMs).
 
 Knobs live in :class:`~nvfp4lib.kernels.config.KernelConfig`; :func:`validate` refuses a config that
 cannot work before anything is compiled; compiled kernels are cached per (config, output dtype).
