@@ -61,7 +61,14 @@ _B = KernelConfig("baseline")
 _PC = _B.with_(warp_spec="producer_consumer")
 _T = _B.with_(epilogue="tma")
 # Shipped: compiled in CI, exact on the H100 (see tests/gpu/test_hopper_gpu.py).
-CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
+CONFIGS: dict[str, KernelConfig] = {}
+
+
+def _ship(*cfgs: KernelConfig) -> None:
+    CONFIGS.update((c.name, c) for c in cfgs)
+
+
+_ship(
     _B,
     _B.with_(name="baseline_dual", tile_n=64, dual=True),
     _B.with_(name="stages2", ab_stages=2),
@@ -84,25 +91,34 @@ CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _PC.with_(name="producer_consumer_tma", epilogue="tma"),
     _PC.with_(name="producer_consumer_dual_tma", dual=True, epilogue="tma"),
     _PC.with_(name="tile128x256_tma", tile_n=256, epilogue="tma"),
-    # the batched decode (all shared loads of a sub-block first) on the TMA-epilogue configs
-    *(c.with_(name=c.name + "_batched", decode="batched") for c in (
-        _T.with_(name="tma"), _T.with_(name="tma_stages2", ab_stages=2), _T.with_(name="tile64x128_tma", tile_m=64),
-        _T.with_(name="tile64x64_tma", tile_m=64, tile_n=64), _T.with_(name="baseline_dual_tma", tile_n=64, dual=True),
-        _PC.with_(name="producer_consumer_tma", epilogue="tma"),
-        _PC.with_(name="producer_consumer_dual_tma", dual=True, epilogue="tma"),
-        _PC.with_(name="tile128x256_tma", tile_n=256, epilogue="tma"))),
-    # two producer (decode) warpgroups feeding two wgmma warpgroups
-    *(_PC.with_(name=name, epilogue="tma", decode="batched", decode_warpgroups=2, **kw) for name, kw in (
-        ("pc2_tma_batched", {}), ("pc2_stages2_tma_batched", {"ab_stages": 2}),
-        ("pc2_stages2_tile64x128_tma_batched", {"ab_stages": 2, "tile_m": 64}))),
-    # deeper TMA pipelines for the one-warpgroup kernel (what fits: 2 CTAs per SM up to ~113 KB each)
-    *(_T.with_(name=name, decode="batched", **kw) for name, kw in (
-        ("tma_stages3_batched", {"ab_stages": 3}), ("tma_stages4_batched", {"ab_stages": 4}),
-        ("tile64x128_stages2_tma_batched", {"tile_m": 64, "ab_stages": 2}),
-        ("tile64x128_stages3_tma_batched", {"tile_m": 64, "ab_stages": 3}),
-        ("tile64x64_stages2_tma_batched", {"tile_m": 64, "tile_n": 64, "ab_stages": 2}),
-        ("dual_stages2_tma_batched", {"tile_n": 64, "dual": True, "ab_stages": 2}))),
-)}
+)
+# the batched decode (all shared loads of a sub-block first) on the TMA-epilogue configs
+_ship(CONFIGS["tma_epilogue"].with_(name="tma_batched", decode="batched"),
+      *(CONFIGS[n].with_(name=n + "_batched", decode="batched") for n in (
+          "tma_stages2", "tile64x128_tma", "tile64x64_tma", "baseline_dual_tma", "producer_consumer_tma",
+          "producer_consumer_dual_tma", "tile128x256_tma")))
+# two producer (decode) warpgroups feeding two wgmma warpgroups
+_ship(*(_PC.with_(name=name, epilogue="tma", decode="batched", decode_warpgroups=2, **kw) for name, kw in (
+    ("pc2_tma_batched", {}), ("pc2_stages2_tma_batched", {"ab_stages": 2}),
+    ("pc2_stages2_tile64x128_tma_batched", {"ab_stages": 2, "tile_m": 64}))))
+# deeper TMA pipelines for the one-warpgroup kernel (what fits: 2 CTAs per SM up to ~113 KB each)
+_ship(*(_T.with_(name=name, decode="batched", **kw) for name, kw in (
+    ("tma_stages3_batched", {"ab_stages": 3}), ("tma_stages4_batched", {"ab_stages": 4}),
+    ("tile64x128_stages2_tma_batched", {"tile_m": 64, "ab_stages": 2}),
+    ("tile64x128_stages3_tma_batched", {"tile_m": 64, "ab_stages": 3}),
+    ("tile64x64_stages2_tma_batched", {"tile_m": 64, "tile_n": 64, "ab_stages": 2}),
+    ("dual_stages2_tma_batched", {"tile_n": 64, "dual": True, "ab_stages": 2}))))
+# cooperative: two warpgroups that both decode and each run the MMA of its 64 rows
+_ship(*(_T.with_(name=name, cooperative=True, decode="batched", **kw) for name, kw in (
+    ("coop_tma_batched", {}), ("coop_stages2_tma_batched", {"ab_stages": 2}),
+    ("coop_tile128x256_tma_batched", {"tile_n": 256}), ("coop_dual_tma_batched", {"dual": True}))))
+# split-K (explicit, to test the path on every suite; and auto: only where the tiles do not fill the GPU)
+_ship(
+    _B.with_(name="tile64x128_stages2_batched_split3", tile_m=64, ab_stages=2, decode="batched", split_k=3),
+    _PC.with_(name="producer_consumer_dual_batched_split3", dual=True, decode="batched", split_k=3),
+    CONFIGS["tile64x128_stages2_tma_batched"].with_(name="tile64x128_stages2_tma_batched_auto", split_k=0),
+    CONFIGS["producer_consumer_dual_tma_batched"].with_(name="producer_consumer_dual_tma_batched_auto", split_k=0),
+)
 # Candidates the study pitched that are not shipped (refused by validate, or not verified on a GPU).
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="tile128x256_1wg", tile_n=256),
@@ -121,21 +137,6 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
     _T.with_(name="tma_batched_no_dequant", decode="batched", ablate="no_dequant"),
     _T.with_(name="tma_batched_no_mma", decode="batched", ablate="no_mma"),
 )}
-# cooperative: two warpgroups that both decode and each run the MMA of its 64 rows
-CONFIGS.update({c.name: c for c in (
-    _T.with_(name="coop_tma_batched", cooperative=True, decode="batched"),
-    _T.with_(name="coop_stages2_tma_batched", cooperative=True, decode="batched", ab_stages=2),
-    _T.with_(name="coop_tile128x256_tma_batched", cooperative=True, decode="batched", tile_n=256),
-    _T.with_(name="coop_dual_tma_batched", cooperative=True, decode="batched", dual=True),
-)})
-# split-K (explicit, to test the path on every suite; and auto: only where the tiles do not fill the GPU)
-CONFIGS.update({c.name: c for c in (
-    _B.with_(name="tile64x128_stages2_batched_split3", tile_m=64, ab_stages=2, decode="batched", split_k=3),
-    _PC.with_(name="producer_consumer_dual_batched_split3", dual=True, decode="batched", split_k=3),
-    _T.with_(name="tile64x128_stages2_tma_batched_auto", tile_m=64, ab_stages=2, decode="batched", split_k=0),
-    _PC.with_(name="producer_consumer_dual_tma_batched_auto", dual=True, epilogue="tma", decode="batched",
-              split_k=0),
-)})
 # the fastest exact configs measured on the H100 (S1, S2, S4; dual S1, S3, S4), split-K only for few tiles;
 # "baseline" stays selectable
 DEFAULT_SINGLE = "tile64x128_stages2_tma_batched_auto"
@@ -159,13 +160,19 @@ def threads_for(cfg: KernelConfig) -> int:
     return 128 * (math_warpgroups(cfg) + (decode_warpgroups(cfg) if cfg.warp_spec == "producer_consumer" else 0))
 
 
+def launch_registers(cfg: KernelConfig) -> int:
+    """Registers per thread at launch: 65536 / threads, rounded down to 8. ptxas compiles the whole kernel
+    to this bound, whatever setmaxnreg does later."""
+    return 65536 // threads_for(cfg) // 8 * 8
+
+
 def register_split(cfg: KernelConfig) -> tuple[int, int]:
     """setmaxnreg targets (producer, math) per thread for producer_consumer.
 
-    At launch ptxas gives every thread 65536/threads registers (rounded down to 8); the re-split must
-    fit in that pool (e.g. 384 threads: 104 + 2*200 = 3*168), or setmaxnreg.inc waits forever."""
+    The re-split must fit in the launch pool (e.g. 384 threads: 104 + 2*200 = 3*168), or setmaxnreg.inc
+    waits forever."""
     nprod, nmath = decode_warpgroups(cfg), math_warpgroups(cfg)
-    pool = (65536 // threads_for(cfg)) // 8 * 8 * (nprod + nmath)
+    pool = launch_registers(cfg) * (nprod + nmath)
     producer = 104 if nprod == 1 else 88
     return producer, min(240, (pool - nprod * producer) // nmath // 8 * 8)
 
@@ -224,9 +231,6 @@ def validate(cfg: KernelConfig) -> KernelConfig:
                          "kernel supports tile_m 64 or 128")
     if cfg.tile_n % 8 or not 8 <= cfg.tile_n <= 256:
         raise ValueError(f"{n}: tile_n={cfg.tile_n}: wgmma's N must be a multiple of 8 in [8, 256]")
-    if cfg.tile_n % 32:
-        raise ValueError(f"{n}: tile_n={cfg.tile_n}: the decode maps 32 rows per warpgroup pass, so tile_n "
-                         "must be a multiple of 32")
     if cfg.tile_k not in (256, 512):
         raise ValueError(f"{n}: tile_k={cfg.tile_k}: must be 256 or 512 FP4 elements: a TMA box of scale "
                          "bytes (tile_k/16 per row) must be a multiple of 16 bytes, and the packed codes are "
@@ -250,9 +254,10 @@ def validate(cfg: KernelConfig) -> KernelConfig:
     if cfg.decode_warpgroups > 1 and cfg.warp_spec != "producer_consumer":
         raise ValueError(f"{n}: decode_warpgroups={cfg.decode_warpgroups} needs warp_spec='producer_consumer' "
                          "(with 'none' the one warpgroup decodes and runs the MMA)")
-    if cfg.tile_n % (32 * decode_warpgroups(cfg)):
-        raise ValueError(f"{n}: tile_n={cfg.tile_n}: {decode_warpgroups(cfg)} decode warpgroup(s) take "
-                         f"{32 * decode_warpgroups(cfg)} rows per pass; tile_n must be a multiple of it")
+    step = 32 * decode_warpgroups(cfg)
+    if cfg.tile_n % step:
+        raise ValueError(f"{n}: tile_n={cfg.tile_n}: the decode maps 32 rows per warpgroup pass "
+                         f"({decode_warpgroups(cfg)} decode warpgroup(s)), so tile_n must be a multiple of {step}")
     if cfg.ablate not in ("", "no_dequant", "no_mma"):
         raise ValueError(f"{n}: ablate={cfg.ablate!r}: must be '', 'no_dequant' or 'no_mma'")
     if cfg.ablate and cfg.warp_spec != "none":
@@ -263,7 +268,7 @@ def validate(cfg: KernelConfig) -> KernelConfig:
                          f"{', two accumulators' if cfg.dual else ''}, {math_warpgroups(cfg)} math warpgroup(s)) "
                          f"exceed {MAX_ACC_REGS}: it would spill; use a smaller tile_n or "
                          "warp_spec='producer_consumer' (one warpgroup per 64 rows)")
-    launch_regs = 65536 // threads_for(cfg) // 8 * 8
+    launch_regs = launch_registers(cfg)
     if acc + ACC_OVERHEAD_REGS > launch_regs:
         raise ValueError(f"{n}: {acc} accumulator registers per thread need about {acc + ACC_OVERHEAD_REGS} "
                          f"registers, but {threads_for(cfg)} threads leave {launch_regs} per thread (ptxas compiles "
@@ -939,9 +944,11 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Run
     stream = cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
     kernel = _compile(cfg, (*args, stream)) if len(tiles) else None
     gs_b = torch.stack([weights.global_scales[0], weights.global_scales[-1]], dim=1) * POST_SCALE  # [G, 2]
-    row_group = torch.zeros(packer.rows, dtype=torch.long, device=device)  # padding rows: any group
-    for g, (o, mg) in enumerate(zip(packer.row_offsets, m)):
-        row_group[o: o + mg] = g
+    row_group = None  # split-K: each workspace row's group, for its global scales (padding rows: any group)
+    if work is not None:
+        row_group = torch.zeros(packer.rows, dtype=torch.long, device=device)
+        for g, (o, mg) in enumerate(zip(packer.row_offsets, m)):
+            row_group[o: o + mg] = g
 
     def run():
         torch.mul(packer(a)[:, None], gs_b, out=alpha)  # one launch (eager calls are host-bound)
