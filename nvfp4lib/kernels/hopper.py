@@ -119,6 +119,12 @@ _ship(
     CONFIGS["tile64x128_stages2_tma_batched"].with_(name="tile64x128_stages2_tma_batched_auto", split_k=0),
     CONFIGS["producer_consumer_dual_tma_batched"].with_(name="producer_consumer_dual_tma_batched_auto", split_k=0),
 )
+# swap-AB (nvfp4lib.kernels.hopper_rs): weights decoded straight into wgmma's register operand, tokens on wgmma's N
+_RS = KernelConfig("rs", swap_ab=True, tile_m=128, tile_k=128, ab_stages=4)
+_ship(*(_RS.with_(name=f"rs_t{bt}_k{bk}_s{st}", tile_n=bt, tile_k=bk, ab_stages=st) for bt, bk, st in (
+    (32, 256, 6), (64, 256, 4), (128, 128, 4), (128, 256, 2), (256, 128, 3))))
+_ship(*(_RS.with_(name=f"rs_dual_t{bt}_k{bk}_s{st}", tile_m=64, dual=True, tile_n=bt, tile_k=bk, ab_stages=st)
+        for bt, bk, st in ((64, 256, 4), (128, 128, 4))))
 # Candidates the study pitched that are not shipped (refused by validate, or not verified on a GPU).
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="tile128x256_1wg", tile_n=256),
@@ -219,6 +225,10 @@ def smem_plan(cfg: KernelConfig) -> dict:
 def validate(cfg: KernelConfig) -> KernelConfig:
     """Raise ValueError naming the rule a config breaks; return it unchanged if it can work."""
     n = cfg.name
+    if cfg.swap_ab:
+        from . import hopper_rs
+
+        return hopper_rs.validate(cfg)
     if cfg.warp_spec not in ("none", "producer_consumer", "pingpong"):
         raise ValueError(f"{n}: warp_spec={cfg.warp_spec!r}: must be 'none', 'producer_consumer' or 'pingpong'")
     if cfg.warp_spec == "pingpong":
@@ -237,8 +247,6 @@ def validate(cfg: KernelConfig) -> KernelConfig:
                          "read in 128-byte swizzle panels")
     if cfg.ab_stages < 1:
         raise ValueError(f"{n}: ab_stages={cfg.ab_stages} must be >= 1")
-    if cfg.swap_ab:
-        raise ValueError(f"{n}: swap_ab is not implemented in this kernel")
     if cfg.decode not in ("chunked", "batched"):
         raise ValueError(f"{n}: decode={cfg.decode!r}: must be 'chunked' or 'batched'")
     if cfg.split_k < 0 or cfg.split_k > 16:
@@ -295,6 +303,10 @@ def get_config(config, dual: bool) -> KernelConfig:
         if name not in table:
             raise ValueError(f"unknown cute-hopper config {name!r}; known: {', '.join(table)}")
         cfg = table[name]
+    if cfg.swap_ab:  # a swap-AB CTA covers 128 weight rows, or the same 64 rows of gate and up
+        from .hopper_rs import UNIT_ROWS, NWG
+
+        cfg = cfg.with_(tile_m=UNIT_ROWS * (1 if dual else NWG))
     return validate(cfg.with_(dual=dual))
 
 
@@ -332,8 +344,8 @@ def _word_ptx(w: str, first: int) -> str:
 _DECODE_REGS = ".reg .b32 w0, w1, s, f, k, a, b, lc, hc, mk, sg, o0, o1, o2, o3, o4, o5, o6, o7;"
 
 
-def _convert_store_ptx(dst0: str, dst1: str) -> str:
-    """fp16 operands from words w0, w1 and scale byte s, stored as two 16-byte chunks."""
+def _convert_store_ptx(dst0: str, dst1: str, space: str = "shared") -> str:
+    """fp16 operands from words w0, w1 and scale byte s, stored as two 16-byte chunks to ``space``."""
     return "\n".join([
         "mul.lo.u32 s, s, 257;",
         "cvt.u16.u32 sp, s;",
@@ -344,8 +356,8 @@ def _convert_store_ptx(dst0: str, dst1: str) -> str:
         f"mov.b32 sg, {SIGN_BITS:#010x};",
         _word_ptx("w0", 0),
         _word_ptx("w1", 4),
-        f"st.shared.v4.b32 [{dst0}], {{o0, o1, o2, o3}};",
-        f"st.shared.v4.b32 [{dst1}], {{o4, o5, o6, o7}};",
+        f"st.{space}.v4.b32 [{dst0}], {{o0, o1, o2, o3}};",
+        f"st.{space}.v4.b32 [{dst1}], {{o4, o5, o6, o7}};",
     ])
 
 
@@ -918,6 +930,10 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Run
     t0 = time.perf_counter()
     device = a[0].data.device
     cfg = get_config(config, dual=b2 is not None)  # refuse a bad config before touching the GPU
+    if cfg.swap_ab:
+        from . import hopper_rs
+
+        return hopper_rs.prepare(a, b, b2, cfg, out_dtype=out_dtype)
     _require_hopper(device)
     import cuda.bindings.driver as cuda
 

@@ -1,0 +1,457 @@
+"""``cute-hopper`` with ``swap_ab``: weights decoded straight into wgmma's register operand (sm_90a, CuTe DSL).
+
+The smem kernel (:mod:`.hopper`) decodes both operands into shared memory for every output tile, so a
+weight is decoded once per token tile and the tokens pad wgmma's 64-row M. Here the roles swap:
+
+- the **weights** are wgmma's A operand (M = 64 weight rows per warpgroup), read from **registers**:
+  each thread loads its 16 prepacked code bytes and 8 scale bytes of a 64-K unit from shared memory
+  and decodes them into exactly the 16 fp16 registers of its wgmma fragment (:mod:`.rs_layout`);
+- the **tokens** are wgmma's N (any multiple of 8 up to 256): a group of 40 tokens costs a 40-wide
+  MMA, not a 64- or 128-row tile; with ``tile_n`` ≥ the group's rows, each weight is decoded once;
+- the **activations** are decoded once per call by a small prologue kernel into fp16 (value × scale ×
+  2^-7, exact) and reach shared memory by TMA (128-byte swizzle, the K-major B operand);
+- two warpgroups per CTA: 128 weight rows of one matrix, or (dual) the same 64 rows of B1 and B2 —
+  warpgroup 1's up-projection accumulators are handed to warpgroup 0 through shared memory, which
+  applies silu(gate)·up. One thread issues the TMA loads (weights: one contiguous prepacked block per
+  stage; activations: one 64-K box per sub-block) into an ``ab_stages``-deep mbarrier pipeline;
+- per 64-K sub-block: two shared loads, 4 × 14 decode instructions, 4 wgmma (k16) that run while the
+  next sub-block is decoded into the other register set (``wait_group(1)`` before reuse);
+- epilogue: fp32 × ``alpha = gs_A·gs_B·2^14``, fp16, stored per element (the tile is Cᵀ: weight rows ×
+  tokens).
+
+Knobs (``KernelConfig``): ``tile_n`` tokens per CTA, ``tile_k`` K per stage (128 or 256), ``ab_stages``.
+``tile_m`` is fixed by the structure: 128 weight rows (64 for the dual GEMM: gate and up rows).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..backends import Runner
+from .config import KernelConfig
+from .hopper import (
+    _DECODE_REGS,
+    OUT_DTYPES,
+    POST_SCALE,
+    SMEM_LIMIT,
+    _convert_store_ptx,
+    _cute,
+    _require_hopper,
+)
+from .packing import WIDE_TILE_COLUMNS, ActivationPacker, check_scales_finite, stack_weights, tile_table
+from .rs_layout import RS_DECODE_PTX, UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS, prepack_weights
+
+NWG = 2  # warpgroups per CTA, each one 64-row wgmma
+MAX_ACC_REGS = 128
+ROW_BYTES = 128  # the prepacked weights are moved as rows of 128 bytes (18 per unit)
+
+
+def rows_per_cta(cfg: KernelConfig) -> int:
+    """Weight rows (output columns) per CTA: 64 per warpgroup, or 64 in all for the dual GEMM."""
+    return UNIT_ROWS * (1 if cfg.dual else NWG)
+
+
+def smem_plan(cfg: KernelConfig) -> dict:
+    nsub = cfg.tile_k // UNIT_K
+    plan = {
+        "barriers": cfg.ab_stages * 16,
+        "weights": cfg.ab_stages * nsub * NWG * UNIT_BYTES,
+        "activations": cfg.ab_stages * nsub * cfg.tile_n * UNIT_K * 2,
+    }
+    plan["total"] = 1024 + 1024 + plan["weights"] + 1024 + plan["activations"]
+    plan["per_stage"] = (plan["weights"] + plan["activations"]) // cfg.ab_stages
+    return plan
+
+
+def validate(cfg: KernelConfig) -> KernelConfig:
+    """Raise ValueError naming the rule a swap-AB config breaks; return it unchanged if it can work."""
+    n = cfg.name
+    if not cfg.swap_ab:
+        raise ValueError(f"{n}: the register-sourced kernel is the swap_ab=True kernel")
+    if cfg.tile_m != rows_per_cta(cfg):
+        raise ValueError(f"{n}: tile_m={cfg.tile_m}: with swap_ab a CTA covers {rows_per_cta(cfg)} weight rows "
+                         f"(two 64-row warpgroups{', gate and up' if cfg.dual else ''})")
+    if cfg.tile_n % 8 or not 8 <= cfg.tile_n <= 256:
+        raise ValueError(f"{n}: tile_n={cfg.tile_n} tokens: wgmma's N must be a multiple of 8 in [8, 256]")
+    if cfg.tile_n // 2 > MAX_ACC_REGS:
+        raise ValueError(f"{n}: tile_n={cfg.tile_n} needs {cfg.tile_n // 2} accumulator registers per thread")
+    if cfg.tile_k not in (128, 256):
+        raise ValueError(f"{n}: tile_k={cfg.tile_k}: must be 128 or 256: an even number of 64-K sub-blocks (the two "
+                         "register sets alternate within a stage), and a stage's weights are one TMA box of at most "
+                         "256 rows of 128 bytes (18 per sub-block and warpgroup)")
+    if cfg.ab_stages < 1:
+        raise ValueError(f"{n}: ab_stages={cfg.ab_stages} must be >= 1")
+    if cfg.warp_spec != "none" or cfg.cooperative or cfg.decode_warpgroups != 1:
+        raise ValueError(f"{n}: swap_ab runs two decoding+MMA warpgroups (warp_spec='none'); "
+                         f"got warp_spec={cfg.warp_spec!r}, cooperative={cfg.cooperative}")
+    if cfg.epilogue != "simt":
+        raise ValueError(f"{n}: epilogue={cfg.epilogue!r}: the swap_ab kernel stores through the SIMT epilogue")
+    if cfg.split_k != 1:
+        raise ValueError(f"{n}: split_k={cfg.split_k}: not implemented for swap_ab")
+    if cfg.ablate:
+        raise ValueError(f"{n}: ablations are not implemented for swap_ab")
+    plan = smem_plan(cfg)
+    if plan["total"] > SMEM_LIMIT:
+        raise ValueError(f"{n}: needs {plan['total']} bytes of shared memory > the sm_90 limit {SMEM_LIMIT} "
+                         f"({cfg.ab_stages} stages of {plan['per_stage']} bytes: tile_n={cfg.tile_n} tokens × "
+                         f"tile_k={cfg.tile_k} fp16 activations + packed weights)")
+    return cfg
+
+
+# activation prologue: one thread decodes 16 codes (8 bytes + 1 scale byte) into 32 bytes of fp16 in global memory
+ACT_DECODE_PTX = "\n".join([
+    "{", _DECODE_REGS, ".reg .b16 sp;",
+    "ld.global.nc.v2.b32 {w0, w1}, [$0];",
+    "ld.global.nc.u8 s, [$1];",
+    _convert_store_ptx("$2", "$3", space="global"),
+    "}",
+])
+ACT_THREADS = 256
+
+
+def _kernel_classes():
+    global _CLASSES
+    if _CLASSES is not None:
+        return _CLASSES
+
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.pipeline as pipeline
+    import cutlass.utils as utils
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass._mlir.dialects import llvm
+    from cutlass.cute.nvgpu import warpgroup
+    from cutlass.cutlass_dsl import dsl_user_op
+
+    def _asm(ptx, outs, ins, constraints, side_effects):
+        """Inline PTX over MLIR values ``ins``; returns its ``outs`` 32-bit results."""
+        i32 = cutlass.Int32.mlir_type
+        res = llvm.inline_asm(llvm.StructType.get_literal([i32] * outs) if outs else None, ins, ptx, constraints,
+                              has_side_effects=side_effects, is_align_stack=False,
+                              asm_dialect=llvm.AsmDialect.AD_ATT)
+        return [llvm.extractvalue(i32, res, [i]) for i in range(outs)] if outs else None
+
+    @dsl_user_op
+    def load_unit(codes, scales, *, loc=None, ip=None):
+        """A thread's 16 code bytes and 8 scale bytes of one unit (shared addresses)."""
+        return _asm("{\nld.shared.v4.b32 {$0, $1, $2, $3}, [$6];\nld.shared.v2.b32 {$4, $5}, [$7];\n}",
+                    6, [cutlass.Int32(v).ir_value(loc=loc, ip=ip) for v in (codes, scales)],
+                    "=r,=r,=r,=r,=r,=r,r,r", True)
+
+    @dsl_user_op
+    def decode_unit(loaded, *, loc=None, ip=None):
+        return [cutlass.Uint32(v) for v in _asm(RS_DECODE_PTX, 16, loaded, ",".join(["=r"] * 16 + ["r"] * 6),
+                                                False)]
+
+    @dsl_user_op
+    def decode_act16(src, sf, dst, *, loc=None, ip=None):
+        ins = [cutlass.Int64(v).ir_value(loc=loc, ip=ip) for v in (src, sf, dst, dst + 16)]
+        _asm(ACT_DECODE_PTX, 0, ins, "l,l,l,l", True)
+
+    class ActivationDecodeSm90:
+        """Prologue: packed activations [R, Kp/2] + scales [R, Kp/16] -> fp16 [R, Kp] (value × scale × 2^-7)."""
+
+        @cute.jit
+        def __call__(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, stream):
+            chunks = cute.size(mScales)
+            self.kernel(mCodes, mScales, mX).launch(
+                grid=((chunks + ACT_THREADS - 1) // ACT_THREADS, 1, 1), block=(ACT_THREADS, 1, 1), stream=stream)
+
+        @cute.kernel
+        def kernel(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor):
+            tidx, _, _ = cute.arch.thread_idx()
+            bidx, _, _ = cute.arch.block_idx()
+            i = bidx * ACT_THREADS + tidx
+            per_row = cute.size(mScales, mode=[1])
+            if i < cute.size(mScales):
+                r = i // per_row
+                c = i - r * per_row
+                src = (mCodes.iterator + r * mCodes.stride[0] + 8 * c).toint()
+                sf = (mScales.iterator + r * mScales.stride[0] + c).toint()
+                dst = (mX.iterator + r * mX.stride[0] + 16 * c).toint()
+                decode_act16(src, sf, dst)
+
+    class GroupedNvfp4GemmSm90RS:
+        """Swap-AB: weights (register A, decoded per thread) × tokens (smem B, fp16 by TMA) -> Cᵀ tiles."""
+
+        def __init__(self, cfg: KernelConfig):
+            self.cfg = validate(cfg)
+            self.bt = cfg.tile_n
+            self.nsub = cfg.tile_k // UNIT_K
+            self.stages = cfg.ab_stages
+            self.dual = cfg.dual
+            self.threads = 128 * NWG
+            self.stage_units = self.nsub * NWG
+            self.w_rows = self.stage_units * UNIT_BYTES // ROW_BYTES  # 128-byte rows per stage
+            self.rows_per_blk = rows_per_cta(cfg)
+
+        @cute.jit
+        def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mC: cute.Tensor, mTiles: cute.Tensor,
+                     mAlpha: cute.Tensor, stream):
+            tiled_mma = sm90_utils.make_trivial_tiled_mma(
+                cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+                cutlass.Float32, (1, 1, 1), (UNIT_ROWS, self.bt), warpgroup.OperandSource.RMEM)
+            sx_layout = sm90_utils.make_smem_layout_b(
+                utils.LayoutEnum.ROW_MAJOR, (UNIT_ROWS, self.bt, UNIT_K), cutlass.Float16, self.nsub * self.stages)
+            sw_layout = cute.make_layout((self.w_rows, ROW_BYTES, self.stages),
+                                         stride=(ROW_BYTES, 1, self.w_rows * ROW_BYTES))
+            g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
+            tma_w, tW = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                g2s, mW, cute.slice_(sw_layout, (None, None, 0)), (self.w_rows, ROW_BYTES))
+            tma_x, tX = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                g2s, mX, cute.slice_(sx_layout, (None, None, 0)), (self.bt, UNIT_K))
+
+            @cute.struct
+            class SharedStorage:
+                load_bars: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+                sw: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(sw_layout)], 1024]
+                sx: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(sx_layout)], 1024]
+
+            self.shared_storage = SharedStorage
+            self.kernel(tiled_mma, tma_w, tW, tma_x, tX, mC, mTiles, mAlpha, sw_layout, sx_layout).launch(
+                grid=(cute.size(mTiles, mode=[0]), 1, 1), block=(self.threads, 1, 1), stream=stream)
+
+        @cute.kernel
+        def kernel(self, tiled_mma: cute.TiledMma, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom,
+                   tX: cute.Tensor, mC: cute.Tensor, mTiles: cute.Tensor, mAlpha: cute.Tensor,
+                   sw_layout: cute.Layout, sx_layout: cute.ComposedLayout):
+            tidx, _, _ = cute.arch.thread_idx()
+            bidx, _, _ = cute.arch.block_idx()
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            t = tidx % 128
+            if warp_idx == 0:
+                cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
+                cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
+
+            group = mTiles[bidx, 0]
+            tok_row0 = mTiles[bidx, 1]
+            tok_valid = mTiles[bidx, 2]
+            n0 = mTiles[bidx, 3]
+            n_valid = mTiles[bidx, 4]
+            b_row0 = mTiles[bidx, 5]
+            k_tiles = mTiles[bidx, 6]
+            k_tile0 = mTiles[bidx, 8]
+            out_row0 = mTiles[bidx, 9]
+
+            smem = cutlass.utils.SmemAllocator()
+            storage = smem.allocate(self.shared_storage)
+            tx_bytes = self.stage_units * UNIT_BYTES + self.nsub * self.bt * UNIT_K * 2
+            load_pipe = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.load_bars.data_ptr(), num_stages=self.stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * NWG),
+                tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()
+
+            sW = storage.sw.get_tensor(sw_layout)
+            sX = storage.sx.get_tensor(sx_layout.outer, swizzle=sx_layout.inner)
+
+            # TMA partitions. Weights: stage tiles of w_rows 128-byte rows, block-major (K tiles of a block adjacent).
+            k_tiles_all = cute.size(tX, mode=[1]) // (UNIT_K * self.nsub)
+            w_tile0 = (b_row0 // self.rows_per_blk) * k_tiles_all + k_tile0
+            gW = cute.local_tile(tW, (self.w_rows, ROW_BYTES), (None, 0))
+            tWs, tWg = cute.nvgpu.cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
+                                                        cute.group_modes(gW, 0, 2))
+            gX = cute.local_tile(tX, (self.bt, UNIT_K), (tok_row0 // self.bt, None))
+            tXs, tXg = cute.nvgpu.cpasync.tma_partition(tma_x, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
+                                                        cute.group_modes(gX, 0, 2))
+            x_sub0 = k_tile0 * self.nsub
+
+            thr_mma = tiled_mma.get_slice(t)
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sX))
+            a_shape = thr_mma.partition_shape_A((UNIT_ROWS, UNIT_K))
+            rA = [tiled_mma.make_fragment_A(a_shape), tiled_mma.make_fragment_A(a_shape)]
+            rA32 = [cute.recast_tensor(r, cutlass.Uint32) for r in rA]
+            cC = cute.make_identity_tensor((UNIT_ROWS, self.bt))
+            tCcC = thr_mma.partition_C(cC)
+            acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
+            acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+
+            # this thread's bytes in a stage: unit (sub, wg) at ((stage*nsub + sub)*NWG + wg)*UNIT_BYTES
+            sw_base = storage.sw.data_ptr().toint()
+            code_off = wg * UNIT_BYTES + 16 * t
+            scale_off = wg * UNIT_BYTES + UNIT_CODE_BYTES + 8 * (8 * (t // 32) + (t % 32) // 4)
+
+            prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+
+            if warp_idx == 0:
+                for _ in cutlass.range(cutlass.min(self.stages, k_tiles), unroll=1):
+                    self._issue(load_pipe, prod, tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_sub0)
+                    prod.advance()
+
+            for kt in cutlass.range(k_tiles, unroll=1):
+                load_pipe.consumer_wait(cons)
+                stage_base = sw_base + cons.index * (self.stage_units * UNIT_BYTES)
+                loaded = [load_unit(stage_base + s * NWG * UNIT_BYTES + code_off,
+                                    stage_base + s * NWG * UNIT_BYTES + scale_off) for s in range(self.nsub)]
+                for s in cutlass.range_constexpr(self.nsub):
+                    regs = decode_unit(loaded[s])
+                    for q in cutlass.range_constexpr(16):
+                        rA32[s % 2][q] = regs[q]
+                    warpgroup.fence()
+                    for kb in cutlass.range_constexpr(UNIT_K // 16):
+                        cute.gemm(tiled_mma, acc, rA[s % 2][None, None, kb],
+                                  tCrB[None, None, kb, cons.index * self.nsub + s], acc)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+                    if cutlass.const_expr(s == 0):
+                        # the previous stage's last wgmma group is done: hand its buffers back, refill
+                        if kt > 0:
+                            load_pipe.consumer_release(rel)
+                            rel.advance()
+                            if warp_idx == 0:
+                                if prod.count < k_tiles:
+                                    self._issue(load_pipe, prod, tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_sub0)
+                                    prod.advance()
+                cons.advance()
+            warpgroup.wait_group(0)
+            self._epilogue(acc, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t)
+
+        @cute.jit
+        def _issue(self, pipe, prod, tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_sub0):
+            pipe.producer_acquire(prod)
+            bar = pipe.producer_get_barrier(prod)
+            cute.copy(tma_w, tWg[None, w_tile0 + prod.count], tWs[None, prod.index], tma_bar_ptr=bar)
+            for s in cutlass.range_constexpr(self.nsub):
+                cute.copy(tma_x, tXg[None, x_sub0 + prod.count * self.nsub + s],
+                          tXs[None, prod.index * self.nsub + s], tma_bar_ptr=bar)
+            pipe.producer_commit(prod)
+
+        @cute.jit
+        def _epilogue(self, acc, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t):
+            """Cᵀ tile -> C: element (weight row m, token n) to C[out_row0 + n, n0 + col(m)]."""
+            if cutlass.const_expr(self.dual):
+                # warpgroup 1 holds the up projection of the same rows: hand it to warpgroup 0 via shared memory
+                bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
+                xfer = cute.make_tensor(cute.recast_ptr(storage.sx.data_ptr(), dtype=cutlass.Float32),
+                                        cute.make_layout((cute.size(acc), 128), stride=(128, 1)))
+                bar.arrive_and_wait()  # every wgmma of both warpgroups has read its operands
+                if wg == 1:
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        xfer[i, t] = acc[i]
+                bar.arrive_and_wait()
+                if wg == 0:
+                    a_gate = mAlpha[group, 0]
+                    a_up = mAlpha[group, 1]
+                    for i in cutlass.range_constexpr(cute.size(acc)):
+                        m, n = tCcC[i]
+                        if n < tok_valid and m < n_valid:
+                            g = acc[i] * a_gate
+                            v = g / (1.0 + cute.math.exp(-g)) * (xfer[i, t] * a_up)
+                            mC[out_row0 + n, n0 + m] = v.to(mC.element_type)
+            else:
+                alpha = mAlpha[group, 0]
+                col0 = wg * UNIT_ROWS
+                for i in cutlass.range_constexpr(cute.size(acc)):
+                    m, n = tCcC[i]
+                    if n < tok_valid and col0 + m < n_valid:
+                        mC[out_row0 + n, n0 + col0 + m] = (acc[i] * alpha).to(mC.element_type)
+
+    _CLASSES = (ActivationDecodeSm90, GroupedNvfp4GemmSm90RS)
+    return _CLASSES
+
+
+_CLASSES = None
+_compiled: dict = {}
+
+
+def _compile_cached(key, make, args):
+    import cutlass.cute as cute
+
+    if key not in _compiled:
+        _compiled[key] = cute.compile(make(), *args)
+    return _compiled[key]
+
+
+def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
+    """Prepack the weights (once), compile (cached); the runner packs and decodes A, then launches the GEMM."""
+    t0 = time.perf_counter()
+    validate(cfg)
+    device = a[0].data.device
+    _require_hopper(device)
+    import cuda.bindings.driver as cuda
+
+    act_cls, gemm_cls = _kernel_classes()
+    check_scales_finite(a, "a")
+    rows_blk = rows_per_cta(cfg)
+    weights = stack_weights([b] if b2 is None else [b, b2], rows_blk, cfg.tile_k)
+    packed = prepack_weights(list(zip(weights.codes, weights.scales)), NWG)
+    w_view = packed.view(-1, ROW_BYTES)
+    m = tuple(int(t.shape[0]) for t in a)
+    packer = ActivationPacker(m, weights.k, weights.k_pad, cfg.tile_n, device)
+    x16 = torch.zeros((packer.rows, weights.k_pad), dtype=torch.float16, device=device)
+    tiles = tile_table(m, weights.n, weights.k, packer.row_offsets, weights.n_pad, cfg.tile_n, rows_blk,
+                       cfg.tile_k, device, rows=packer.rows, wide=True)
+    c_all = torch.empty((packer.rows, weights.n_pad), dtype=out_dtype, device=device)
+    outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(packer.row_offsets, m, weights.n)]
+    alpha = torch.zeros((len(a), 2), dtype=torch.float32, device=device)
+    gs_b = torch.stack([weights.global_scales[0], weights.global_scales[-1]], dim=1) * POST_SCALE
+
+    def stream():
+        return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
+
+    act_args = (_cute(packer.codes, 8), _cute(packer.scales, 8), _cute(x16))
+    act = _compile_cached(("act",), act_cls, (*act_args, stream()))
+    gemm_args = (_cute(w_view), _cute(x16), _cute(c_all), _cute(tiles), _cute(alpha, 8))
+    gemm = (_compile_cached((cfg, str(out_dtype)), lambda: gemm_cls(cfg), (*gemm_args, stream()))
+            if len(tiles) else None)
+
+    def run():
+        torch.mul(packer(a)[:, None], gs_b, out=alpha)
+        if gemm is not None:
+            act(*act_args, stream())
+            gemm(*gemm_args, stream())
+
+    torch.cuda.synchronize(device)
+    return Runner(run, outputs, prepare_s=time.perf_counter() - t0, held_bytes=packed.numel(),
+                  notes=f"weights prepacked once for the register decode ({packed.numel() / 1e6:.1f} MB); "
+                        f"config {cfg.name}",
+                  info={"config": cfg.name, "tiles": len(tiles), "split_k": 1},
+                  keepalive=(packer, packed, x16, tiles, c_all, alpha))
+
+
+# ---------------------------------------------------------------------------------------------
+# Compile reports (no GPU needed)
+# ---------------------------------------------------------------------------------------------
+def fake_arguments(cfg: KernelConfig):
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    def fake(dtype, shape, align=16):
+        return make_fake_compact_tensor(dtype, shape, stride_order=(1, 0), assumed_align=align)
+
+    s = cute.sym_int
+    return (fake(cutlass.Uint8, (s(), ROW_BYTES)), fake(cutlass.Float16, (s(), s(divisibility=cfg.tile_k))),
+            fake(cutlass.Float16, (s(), s(divisibility=8))), fake(cutlass.Int32, (s(), len(WIDE_TILE_COLUMNS))),
+            fake(cutlass.Float32, (s(), 2), 8), cuda.CUstream(0))
+
+
+def fake_act_arguments():
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    s = cute.sym_int
+    rows = s()
+    return (make_fake_compact_tensor(cutlass.Uint8, (rows, s(divisibility=32)), stride_order=(1, 0), assumed_align=8),
+            make_fake_compact_tensor(cutlass.Uint8, (rows, s(divisibility=4)), stride_order=(1, 0), assumed_align=8),
+            make_fake_compact_tensor(cutlass.Float16, (rows, s(divisibility=64)), stride_order=(1, 0),
+                                     assumed_align=16),
+            cuda.CUstream(0))
+
+
+def kernel_for(cfg: KernelConfig):
+    return _kernel_classes()[1](cfg)
+
+
+def act_kernel():
+    return _kernel_classes()[0]()

@@ -1,0 +1,158 @@
+"""The weight prepack and the register decode of the swap-AB Hopper kernel (pure torch: no GPU, no cutlass).
+
+With ``swap_ab`` the weights are wgmma's A operand, taken **from registers**: each thread of a
+warpgroup decodes exactly the fp16 values its wgmma fragment holds, and decoded weights never
+touch shared memory. For that, the weights are re-ordered once, offline (:func:`prepack_weights`),
+so that one thread's codes for 64 K elements are 16 contiguous bytes and its scales 8:
+
+- a *unit* is 64 weight rows × 64 K of one matrix, 2304 bytes: 2048 bytes of codes (thread t of
+  the warpgroup owns bytes ``16t .. 16t+15``: one 32-bit word per k16 step j) and 256 bytes of
+  E4M3 scales (entry ``8w + g``, 8 bytes: ``(s[row g][j], s[row g+8][j])`` for j = 0..3);
+- thread ``t = 32w + 4g + c`` holds, per k16 step, rows ``r = 16w + g`` and ``r + 8`` at K columns
+  ``2c, 2c+1, 2c+8, 2c+9``: wgmma's register fragment for A (PTX ISA, m64nNk16 f16);
+- the 8 codes of a word are placed so that the decode is 9 integer instructions and 4 fp16x2
+  multiplies (:data:`RS_WORD_PTX`): byte b of the word holds one code ``x`` at bits 1-3 (magnitude)
+  and 7 (sign) — already where an fp16 high byte wants them — and one code ``y`` at bits 4-6 and 0;
+  ``(x, y)`` are (row g+8, col 2c | 2c+8), (row g, 2c | 2c+8), (row g+8, 2c+1 | 2c+9),
+  (row g, 2c+1 | 2c+9) for bytes 0..3;
+- units are grouped into CTA blocks of ``nwg`` units (one per warpgroup): two consecutive 64-row
+  blocks of one matrix (``nmat=1``), or the same 64 rows of B1 and B2 (``nmat=2``, the dual GEMM: one
+  warpgroup computes the gate, the other the up projection). The tensor is
+  ``[blocks, K/64, nwg, 2304]``, so one pipeline stage (``tile_k`` K of one block) is contiguous.
+
+The decode of one word: ``r0 = w & F``, ``r1 = (w << 8) & F``, ``t = lop3(w << 7, w >> 3, 0x80808080)``,
+``r2 = t & F``, ``r3 = (t << 8) & F`` with ``F = 0x8E008E00`` (sign and magnitude of both fp16 halves)
+gives fp16x2 fields worth e2m1 × 2^-14; times the row's scale × 2^7 (exact, as in the smem kernel) each
+operand is e2m1 × scale × 2^-7. :func:`emulate_rs_decode` runs this arithmetic on the CPU.
+"""
+from __future__ import annotations
+
+import torch
+
+UNIT_ROWS = 64  # weight rows per warpgroup (wgmma's M)
+UNIT_K = 64  # K elements per unit (16 code bytes per thread)
+UNIT_CODE_BYTES = 2048
+UNIT_BYTES = 2304  # codes + 256 scale bytes
+FIELDS = 0x8E008E00  # sign and magnitude bits of both fp16 halves
+SIGN_BITS = 0x80808080
+SCALE_FACTOR = 0x58005800  # fp16x2 (2^7, 2^7)
+
+
+def _byte(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x at bits 1-3 (+ sign at 7), y at bits 4-6 (+ sign at 0)."""
+    return ((x & 7) << 1) | ((x >> 3) << 7) | (y >> 3) | ((y & 7) << 4)
+
+
+def prepack_units(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Natural-order codes ``[R, K/2]`` and scale bytes ``[R, K/16]`` (R % 64 == 0, K % 64 == 0) of one
+    matrix -> units ``[R/64, K/64, 2304]`` uint8."""
+    rows, kb = codes.shape
+    k = 2 * kb
+    if rows % UNIT_ROWS or k % UNIT_K or tuple(scales.shape) != (rows, k // 16):
+        raise ValueError(f"prepack_units needs rows % 64 == 0, K % 64 == 0 and scales [rows, K/16]; got codes "
+                         f"{tuple(codes.shape)}, scales {tuple(scales.shape)}")
+    rb, kc = rows // UNIT_ROWS, k // UNIT_K
+    nib = torch.stack((codes & 0xF, codes >> 4), dim=-1).reshape(rows, k)
+    # row = 16w + 8h + g ; k = 16j + 8q + 2c + e
+    nib = nib.reshape(rb, 4, 2, 8, kc, 4, 2, 4, 2)  # [rb, w, h, g, kc, j, q, c, e]
+    byte = _byte(nib[:, :, :, :, :, :, 0], nib[:, :, :, :, :, :, 1])  # [rb, w, h, g, kc, j, c, e]
+    # byte index within the word: 2e + (1 - h)
+    byte = byte.flip(2).permute(0, 4, 1, 3, 6, 5, 7, 2)  # [rb, kc, w, g, c, j, e, h']
+    code_part = byte.reshape(rb, kc, UNIT_CODE_BYTES)
+    s = scales.reshape(rb, 4, 2, 8, kc, 4)  # [rb, w, h, g, kc, j]
+    scale_part = s.permute(0, 4, 1, 3, 5, 2).reshape(rb, kc, 256)  # [rb, kc, w, g, j, h]
+    return torch.cat((code_part, scale_part), dim=2).contiguous()
+
+
+def prepack_weights(matrices: list[tuple[torch.Tensor, torch.Tensor]], nwg: int) -> torch.Tensor:
+    """The kernel's weight tensor ``[blocks, K/64, nwg, 2304]`` from one or two (codes, scales) matrices of
+    ``R`` rows each. One matrix: a block is ``nwg`` consecutive 64-row units. Two (dual): a block is the
+    same 64 rows of each matrix (``nwg`` must be 2)."""
+    units = [prepack_units(c, s) for c, s in matrices]
+    if len(units) == 1:
+        u = units[0]
+        if u.shape[0] % nwg:
+            raise ValueError(f"{u.shape[0]} units of 64 rows do not split into blocks of {nwg}")
+        blocks = u.reshape(u.shape[0] // nwg, nwg, *u.shape[1:])
+    elif len(units) == 2 and nwg == 2:
+        blocks = torch.stack(units, dim=1)
+    else:
+        raise ValueError(f"prepack_weights: {len(units)} matrices with nwg={nwg}: supported are one matrix, or "
+                         "two (gate, up) with nwg=2")
+    return blocks.permute(0, 2, 1, 3).contiguous()
+
+
+def _rs_word_ptx(w: str, s: str, outs: tuple[str, str, str, str]) -> str:
+    """PTX for one k16 step: word ``w``, the 16-bit scale pair ``s`` (row g low, row g+8 high) -> 4 fp16x2."""
+    o0, o1, o2, o3 = outs
+    return "\n".join([
+        f"cvt.rn.f16x2.e4m3x2 f, {s};",
+        "mul.rn.f16x2 f, f, k;",
+        "mov.b32 {lo, hi}, f;",
+        "mov.b32 sg, {lo, lo};",
+        "mov.b32 sh, {hi, hi};",
+        f"and.b32 t, {w}, m;",
+        f"mul.rn.f16x2 {o0}, t, sg;",
+        f"shl.b32 t, {w}, 8;",
+        "and.b32 t, t, m;",
+        f"mul.rn.f16x2 {o1}, t, sh;",
+        f"shl.b32 t, {w}, 7;",
+        f"shr.u32 u, {w}, 3;",
+        "lop3.b32 t, t, u, sb, 0xE4;",
+        "and.b32 u, t, m;",
+        f"mul.rn.f16x2 {o2}, u, sg;",
+        "shl.b32 t, t, 8;",
+        "and.b32 t, t, m;",
+        f"mul.rn.f16x2 {o3}, t, sh;",
+    ])
+
+
+def rs_decode_ptx() -> str:
+    """One asm block for a thread's 64 K of one unit: $0..$15 out (4 fp16x2 per k16 step, in fragment order),
+    $16..$19 the four code words, $20..$21 the two scale words."""
+    lines = ["{", ".reg .b32 f, k, m, sb, t, u, sg, sh;", ".reg .b16 lo, hi, s0, s1, s2, s3;",
+             f"mov.b32 k, {SCALE_FACTOR:#010x};", f"mov.b32 m, {FIELDS:#010x};", f"mov.b32 sb, {SIGN_BITS:#010x};",
+             "mov.b32 {s0, s1}, $20;", "mov.b32 {s2, s3}, $21;"]
+    for j in range(4):
+        lines.append(_rs_word_ptx(f"${16 + j}", f"s{j}", tuple(f"${4 * j + q}" for q in range(4))))
+    lines.append("}")
+    return "\n".join(lines)
+
+
+RS_DECODE_PTX = rs_decode_ptx()
+
+
+def emulate_rs_decode(word: int, scale_pair: int) -> list[float]:
+    """The decode of one k16 word on the CPU: 8 fp16 values in fragment order
+    (reg0 lo/hi, reg1 lo/hi, reg2 lo/hi, reg3 lo/hi), each e2m1 × scale × 2^-7."""
+    m32 = 0xFFFFFFFF
+
+    def f16(bits):
+        return torch.tensor([bits - (1 << 16) if bits & 0x8000 else bits], dtype=torch.int16).view(torch.float16)
+
+    sc = torch.tensor([scale_pair & 0xFF, scale_pair >> 8], dtype=torch.uint8).view(torch.float8_e4m3fn)
+    sc = sc.to(torch.float16) * f16(SCALE_FACTOR & 0xFFFF)  # two fp16 multiplies, as mul.rn.f16x2
+    t = (((word << 7) & SIGN_BITS) | ((word >> 3) & ~SIGN_BITS)) & m32
+    regs = [word & FIELDS, (word << 8) & FIELDS, t & FIELDS, (t << 8) & FIELDS]
+    out = []
+    for q, r in enumerate(regs):
+        s = sc[q % 2]
+        out += [float((f16(r & 0xFFFF) * s)[0]), float((f16((r >> 16) & 0xFFFF) * s)[0])]
+    return out
+
+
+def emulate_unit(unit: torch.Tensor) -> torch.Tensor:
+    """Decode one 2304-byte unit as the 128 threads of a warpgroup would: the [64, 64] fp32 tile × 2^7."""
+    u = unit.to(torch.int64)
+    out = torch.empty((64, 64), dtype=torch.float32)
+    for t in range(128):
+        w, g, c = t // 32, (t % 32) // 4, t % 4
+        e = 2048 + 8 * (8 * w + g)
+        for j in range(4):
+            word = sum(int(u[16 * t + 4 * j + b]) << (8 * b) for b in range(4))
+            vals = emulate_rs_decode(word, int(u[e + 2 * j]) | int(u[e + 2 * j + 1]) << 8)
+            r, k = 16 * w + g, 16 * j + 2 * c
+            for q in range(4):
+                rr, kk = r + 8 * (q % 2), k + 8 * (q // 2)
+                out[rr, kk], out[rr, kk + 1] = vals[2 * q], vals[2 * q + 1]
+    return out * 2.0**7
