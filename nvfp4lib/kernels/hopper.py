@@ -119,12 +119,14 @@ _ship(
     CONFIGS["tile64x128_stages2_tma_batched"].with_(name="tile64x128_stages2_tma_batched_auto", split_k=0),
     CONFIGS["producer_consumer_dual_tma_batched"].with_(name="producer_consumer_dual_tma_batched_auto", split_k=0),
 )
-# swap-AB (nvfp4lib.kernels.hopper_rs): weights decoded straight into wgmma's register operand, tokens on wgmma's N
+# swap-AB (nvfp4lib.kernels.hopper_rs): weights decoded straight into wgmma's register operand, tokens on wgmma's N.
+# rs_m{weight rows per CTA}_t{tokens per CTA}_k{K per stage}_s{stages}; dual configs cover half the rows of each matrix
 _RS = KernelConfig("rs", swap_ab=True, tile_m=128, tile_k=128, ab_stages=4)
-_ship(*(_RS.with_(name=f"rs_t{bt}_k{bk}_s{st}", tile_n=bt, tile_k=bk, ab_stages=st) for bt, bk, st in (
-    (32, 256, 6), (64, 256, 4), (128, 128, 4), (128, 256, 2), (256, 128, 3))))
-_ship(*(_RS.with_(name=f"rs_dual_t{bt}_k{bk}_s{st}", tile_m=64, dual=True, tile_n=bt, tile_k=bk, ab_stages=st)
-        for bt, bk, st in ((64, 256, 4), (128, 128, 4))))
+_ship(*(_RS.with_(name=f"rs_m{tm}_t{bt}_k{bk}_s{st}", tile_m=tm, tile_n=bt, tile_k=bk, ab_stages=st)
+        for tm, bt, bk, st in ((128, 64, 128, 4), (128, 128, 128, 4), (128, 96, 128, 3),
+                               (256, 64, 128, 6), (256, 96, 128, 5), (256, 128, 128, 4))))
+_ship(*(_RS.with_(name=f"rs_dual_m{tm}_t{bt}_k{bk}_s{st}", tile_m=tm, dual=True, tile_n=bt, tile_k=bk, ab_stages=st)
+        for tm, bt, bk, st in ((64, 128, 128, 4), (128, 64, 128, 6), (128, 128, 128, 4))))
 # Candidates the study pitched that are not shipped (refused by validate, or not verified on a GPU).
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="tile128x256_1wg", tile_n=256),
@@ -142,6 +144,8 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="baseline_no_mma", ablate="no_mma"),
     _T.with_(name="tma_batched_no_dequant", decode="batched", ablate="no_dequant"),
     _T.with_(name="tma_batched_no_mma", decode="batched", ablate="no_mma"),
+    *(CONFIGS[n].with_(name=f"{n}_{a}", ablate=a) for n in ("rs_m128_t128_k128_s4", "rs_m256_t128_k128_s4")
+      for a in ("no_dequant", "no_mma")),
 )}
 # the fastest exact configs measured on the H100 (S1, S2, S4; dual S1, S3, S4), split-K only for few tiles;
 # "baseline" stays selectable
@@ -303,10 +307,8 @@ def get_config(config, dual: bool) -> KernelConfig:
         if name not in table:
             raise ValueError(f"unknown cute-hopper config {name!r}; known: {', '.join(table)}")
         cfg = table[name]
-    if cfg.swap_ab:  # a swap-AB CTA covers 128 weight rows, or the same 64 rows of gate and up
-        from .hopper_rs import UNIT_ROWS, NWG
-
-        cfg = cfg.with_(tile_m=UNIT_ROWS * (1 if dual else NWG))
+    if cfg.swap_ab and cfg.dual != dual:  # a swap-AB CTA's warpgroups split tile_m rows, or cover gate and up alike
+        cfg = cfg.with_(tile_m=cfg.tile_m // 2 if dual else cfg.tile_m * 2)
     return validate(cfg.with_(dual=dual))
 
 

@@ -39,7 +39,7 @@ from .hopper import (
     _cute,
     _require_hopper,
 )
-from .packing import WIDE_TILE_COLUMNS, ActivationPacker, check_scales_finite, stack_weights, tile_table
+from .packing import WIDE_TILE_COLUMNS, check_scales_finite, stack_weights, tile_table
 from .rs_layout import RS_DECODE_PTX, UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS, prepack_weights
 
 NWG = 2  # warpgroups per CTA, each one 64-row wgmma
@@ -47,16 +47,25 @@ MAX_ACC_REGS = 128
 ROW_BYTES = 128  # the prepacked weights are moved as rows of 128 bytes (18 per unit)
 
 
-def rows_per_cta(cfg: KernelConfig) -> int:
-    """Weight rows (output columns) per CTA: 64 per warpgroup, or 64 in all for the dual GEMM."""
-    return UNIT_ROWS * (1 if cfg.dual else NWG)
+def blocks_per_warpgroup(cfg: KernelConfig) -> int:
+    """64-row weight units per warpgroup: ``tile_m`` is 128·blocks weight rows (64·blocks for the dual GEMM,
+    whose two warpgroups cover the same rows of gate and up)."""
+    return cfg.tile_m * (2 if cfg.dual else 1) // (UNIT_ROWS * NWG)
+
+
+def acc_registers(cfg: KernelConfig) -> int:
+    return blocks_per_warpgroup(cfg) * cfg.tile_n // 2
+
+
+def stage_units(cfg: KernelConfig) -> int:
+    return cfg.tile_k // UNIT_K * NWG * blocks_per_warpgroup(cfg)
 
 
 def smem_plan(cfg: KernelConfig) -> dict:
     nsub = cfg.tile_k // UNIT_K
     plan = {
         "barriers": cfg.ab_stages * 16,
-        "weights": cfg.ab_stages * nsub * NWG * UNIT_BYTES,
+        "weights": cfg.ab_stages * stage_units(cfg) * UNIT_BYTES,
         "activations": cfg.ab_stages * nsub * cfg.tile_n * UNIT_K * 2,
     }
     plan["total"] = 1024 + 1024 + plan["weights"] + 1024 + plan["activations"]
@@ -69,17 +78,23 @@ def validate(cfg: KernelConfig) -> KernelConfig:
     n = cfg.name
     if not cfg.swap_ab:
         raise ValueError(f"{n}: the register-sourced kernel is the swap_ab=True kernel")
-    if cfg.tile_m != rows_per_cta(cfg):
-        raise ValueError(f"{n}: tile_m={cfg.tile_m}: with swap_ab a CTA covers {rows_per_cta(cfg)} weight rows "
-                         f"(two 64-row warpgroups{', gate and up' if cfg.dual else ''})")
+    allowed = (64, 128) if cfg.dual else (128, 256)
+    if cfg.tile_m not in allowed:
+        raise ValueError(f"{n}: tile_m={cfg.tile_m}: with swap_ab a CTA covers {' or '.join(map(str, allowed))} weight "
+                         f"rows (two warpgroups of one or two 64-row wgmma blocks{', gate and up' if cfg.dual else ''})")
     if cfg.tile_n % 8 or not 8 <= cfg.tile_n <= 256:
         raise ValueError(f"{n}: tile_n={cfg.tile_n} tokens: wgmma's N must be a multiple of 8 in [8, 256]")
-    if cfg.tile_n // 2 > MAX_ACC_REGS:
-        raise ValueError(f"{n}: tile_n={cfg.tile_n} needs {cfg.tile_n // 2} accumulator registers per thread")
+    if acc_registers(cfg) > MAX_ACC_REGS:
+        raise ValueError(f"{n}: tile_n={cfg.tile_n} tokens × {blocks_per_warpgroup(cfg)} block(s) per warpgroup need "
+                         f"{acc_registers(cfg)} fp32 accumulator registers per thread (at most {MAX_ACC_REGS})")
     if cfg.tile_k not in (128, 256):
         raise ValueError(f"{n}: tile_k={cfg.tile_k}: must be 128 or 256: an even number of 64-K sub-blocks (the two "
                          "register sets alternate within a stage), and a stage's weights are one TMA box of at most "
                          "256 rows of 128 bytes (18 per sub-block and warpgroup)")
+    if stage_units(cfg) * UNIT_BYTES // ROW_BYTES > 256:
+        raise ValueError(f"{n}: tile_k={cfg.tile_k} with {blocks_per_warpgroup(cfg)} blocks per warpgroup: a stage's "
+                         f"weights are {stage_units(cfg) * UNIT_BYTES // ROW_BYTES} rows of 128 bytes, over the TMA "
+                         "box limit of 256")
     if cfg.ab_stages < 1:
         raise ValueError(f"{n}: ab_stages={cfg.ab_stages} must be >= 1")
     if cfg.warp_spec != "none" or cfg.cooperative or cfg.decode_warpgroups != 1:
@@ -89,8 +104,11 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         raise ValueError(f"{n}: epilogue={cfg.epilogue!r}: the swap_ab kernel stores through the SIMT epilogue")
     if cfg.split_k != 1:
         raise ValueError(f"{n}: split_k={cfg.split_k}: not implemented for swap_ab")
-    if cfg.ablate:
-        raise ValueError(f"{n}: ablations are not implemented for swap_ab")
+    if cfg.dual and cfg.ab_stages * (cfg.tile_k // UNIT_K) < 2 * blocks_per_warpgroup(cfg):
+        raise ValueError(f"{n}: the dual epilogue hands the up accumulators over in the activation buffers, which "
+                         f"need at least {2 * blocks_per_warpgroup(cfg)} sub-block slots (ab_stages × tile_k/64)")
+    if cfg.ablate not in ("", "no_dequant", "no_mma"):
+        raise ValueError(f"{n}: ablate={cfg.ablate!r}: must be '', 'no_dequant' or 'no_mma'")
     plan = smem_plan(cfg)
     if plan["total"] > SMEM_LIMIT:
         raise ValueError(f"{n}: needs {plan['total']} bytes of shared memory > the sm_90 limit {SMEM_LIMIT} "
@@ -108,6 +126,14 @@ ACT_DECODE_PTX = "\n".join([
     "}",
 ])
 ACT_THREADS = 256
+# alpha[g] = gs_A[g] · (gs_B1[g], gs_B2[g]) · 2^14, from the 0-d global-scale tensor of A's group g
+ALPHA_PTX = "\n".join([
+    "{", ".reg .f32 a, b0, b1;",
+    "ld.global.f32 a, [$0];", "ld.global.v2.f32 {b0, b1}, [$1];",
+    "mul.rn.f32 b0, a, b0;", "mul.rn.f32 b1, a, b1;",
+    "st.global.v2.f32 [$2], {b0, b1};", "}",
+])
+ROW_COLUMNS = ("codes_addr", "scales_addr", "chunks")  # per padded activation row; chunks = 0 for padding rows
 
 
 def _kernel_classes():
@@ -144,33 +170,47 @@ def _kernel_classes():
         return [cutlass.Uint32(v) for v in _asm(RS_DECODE_PTX, 16, loaded, ",".join(["=r"] * 16 + ["r"] * 6),
                                                 False)]
 
+    def _i64(vals, loc, ip):
+        return [cutlass.Int64(v).ir_value(loc=loc, ip=ip) for v in vals]
+
     @dsl_user_op
     def decode_act16(src, sf, dst, *, loc=None, ip=None):
-        ins = [cutlass.Int64(v).ir_value(loc=loc, ip=ip) for v in (src, sf, dst, dst + 16)]
-        _asm(ACT_DECODE_PTX, 0, ins, "l,l,l,l", True)
+        _asm(ACT_DECODE_PTX, 0, _i64((src, sf, dst, dst + 16), loc, ip), "l,l,l,l", True)
 
-    class ActivationDecodeSm90:
-        """Prologue: packed activations [R, Kp/2] + scales [R, Kp/16] -> fp16 [R, Kp] (value × scale × 2^-7)."""
+    @dsl_user_op
+    def alpha_row(gs_a, gs_b, out, *, loc=None, ip=None):
+        _asm(ALPHA_PTX, 0, _i64((gs_a, gs_b, out), loc, ip), "l,l,l", True)
+
+    class ActivationPrologueSm90:
+        """One launch per call: every activation row decoded from the caller's own tensors into the padded fp16
+        buffer (value × scale × 2^-7), and the per-group epilogue factors ``alpha``.
+
+        ``mRows`` int64 [R, 3] (:data:`ROW_COLUMNS`): the row's code and scale addresses and its 16-code chunk
+        count (0: a padding row, left as the zeros it was allocated with). ``mGsA`` int64 [G]: addresses of A's
+        global scales; ``mGsB`` float32 [G, 2]: gs_B1·2^14, gs_B2·2^14."""
 
         @cute.jit
-        def __call__(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, stream):
-            chunks = cute.size(mScales)
-            self.kernel(mCodes, mScales, mX).launch(
-                grid=((chunks + ACT_THREADS - 1) // ACT_THREADS, 1, 1), block=(ACT_THREADS, 1, 1), stream=stream)
+        def __call__(self, mRows: cute.Tensor, mX: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
+                     mAlpha: cute.Tensor, stream):
+            work = cute.size(mRows, mode=[0]) * (cute.size(mX, mode=[1]) // 16)
+            self.kernel(mRows, mX, mGsA, mGsB, mAlpha).launch(
+                grid=((work + ACT_THREADS - 1) // ACT_THREADS, 1, 1), block=(ACT_THREADS, 1, 1), stream=stream)
 
         @cute.kernel
-        def kernel(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor):
+        def kernel(self, mRows: cute.Tensor, mX: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
+                   mAlpha: cute.Tensor):
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
             i = bidx * ACT_THREADS + tidx
-            per_row = cute.size(mScales, mode=[1])
-            if i < cute.size(mScales):
+            per_row = cute.size(mX, mode=[1]) // 16
+            if i < cute.size(mRows, mode=[0]) * per_row:
                 r = i // per_row
                 c = i - r * per_row
-                src = (mCodes.iterator + r * mCodes.stride[0] + 8 * c).toint()
-                sf = (mScales.iterator + r * mScales.stride[0] + c).toint()
-                dst = (mX.iterator + r * mX.stride[0] + 16 * c).toint()
-                decode_act16(src, sf, dst)
+                if c < mRows[r, 2]:
+                    dst = (mX.iterator + r * mX.stride[0] + 16 * c).toint()
+                    decode_act16(mRows[r, 0] + 8 * c, mRows[r, 1] + c, dst)
+            if i < cute.size(mGsA):
+                alpha_row(mGsA[i], (mGsB.iterator + 2 * i).toint(), (mAlpha.iterator + 2 * i).toint())
 
     class GroupedNvfp4GemmSm90RS:
         """Swap-AB: weights (register A, decoded per thread) × tokens (smem B, fp16 by TMA) -> Cᵀ tiles."""
@@ -179,12 +219,13 @@ def _kernel_classes():
             self.cfg = validate(cfg)
             self.bt = cfg.tile_n
             self.nsub = cfg.tile_k // UNIT_K
+            self.blocks = blocks_per_warpgroup(cfg)
             self.stages = cfg.ab_stages
             self.dual = cfg.dual
             self.threads = 128 * NWG
-            self.stage_units = self.nsub * NWG
+            self.stage_units = stage_units(cfg)
             self.w_rows = self.stage_units * UNIT_BYTES // ROW_BYTES  # 128-byte rows per stage
-            self.rows_per_blk = rows_per_cta(cfg)
+            self.rows_per_cta = cfg.tile_m
 
         @cute.jit
         def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mC: cute.Tensor, mTiles: cute.Tensor,
@@ -249,9 +290,9 @@ def _kernel_classes():
             sW = storage.sw.get_tensor(sw_layout)
             sX = storage.sx.get_tensor(sx_layout.outer, swizzle=sx_layout.inner)
 
-            # TMA partitions. Weights: stage tiles of w_rows 128-byte rows, block-major (K tiles of a block adjacent).
+            # TMA partitions. Weights: stage tiles of w_rows 128-byte rows, CTA-block-major (a block's K tiles adjacent).
             k_tiles_all = cute.size(tX, mode=[1]) // (UNIT_K * self.nsub)
-            w_tile0 = (b_row0 // self.rows_per_blk) * k_tiles_all + k_tile0
+            w_tile0 = (b_row0 // self.rows_per_cta) * k_tiles_all + k_tile0
             gW = cute.local_tile(tW, (self.w_rows, ROW_BYTES), (None, 0))
             tWs, tWg = cute.nvgpu.cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                                                         cute.group_modes(gW, 0, 2))
@@ -263,18 +304,19 @@ def _kernel_classes():
             thr_mma = tiled_mma.get_slice(t)
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sX))
             a_shape = thr_mma.partition_shape_A((UNIT_ROWS, UNIT_K))
-            rA = [tiled_mma.make_fragment_A(a_shape), tiled_mma.make_fragment_A(a_shape)]
-            rA32 = [cute.recast_tensor(r, cutlass.Uint32) for r in rA]
-            cC = cute.make_identity_tensor((UNIT_ROWS, self.bt))
-            tCcC = thr_mma.partition_C(cC)
-            acc = cute.make_rmem_tensor(tCcC.shape, cutlass.Float32)
-            acc.fill(0.0)
+            # two register sets (sub-blocks alternate), each holding one fragment per block
+            rA = [[tiled_mma.make_fragment_A(a_shape) for _ in range(self.blocks)] for _ in range(2)]
+            rA32 = [[cute.recast_tensor(r, cutlass.Uint32) for r in rs] for rs in rA]
+            tCcC = thr_mma.partition_C(cute.make_identity_tensor((UNIT_ROWS, self.bt)))
+            accs = [cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) for _ in range(self.blocks)]
+            for acc in accs:
+                acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
 
-            # this thread's bytes in a stage: unit (sub, wg) at ((stage*nsub + sub)*NWG + wg)*UNIT_BYTES
+            # this thread's bytes of unit (sub, wg, block) of a stage: (((sub*NWG + wg)*blocks + block) * UNIT_BYTES
             sw_base = storage.sw.data_ptr().toint()
-            code_off = wg * UNIT_BYTES + 16 * t
-            scale_off = wg * UNIT_BYTES + UNIT_CODE_BYTES + 8 * (8 * (t // 32) + (t % 32) // 4)
+            code_off = wg * self.blocks * UNIT_BYTES + 16 * t
+            scale_off = wg * self.blocks * UNIT_BYTES + UNIT_CODE_BYTES + 8 * (8 * (t // 32) + (t % 32) // 4)
 
             prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -285,19 +327,32 @@ def _kernel_classes():
                     self._issue(load_pipe, prod, tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_sub0)
                     prod.advance()
 
+            sink = cutlass.Uint32(0)
             for kt in cutlass.range(k_tiles, unroll=1):
                 load_pipe.consumer_wait(cons)
                 stage_base = sw_base + cons.index * (self.stage_units * UNIT_BYTES)
-                loaded = [load_unit(stage_base + s * NWG * UNIT_BYTES + code_off,
-                                    stage_base + s * NWG * UNIT_BYTES + scale_off) for s in range(self.nsub)]
+                units = [((i // self.blocks) * NWG * self.blocks + i % self.blocks) * UNIT_BYTES
+                         for i in range(self.nsub * self.blocks)]
+                loaded = [load_unit(stage_base + u + code_off, stage_base + u + scale_off) for u in units]
                 for s in cutlass.range_constexpr(self.nsub):
-                    regs = decode_unit(loaded[s])
-                    for q in cutlass.range_constexpr(16):
-                        rA32[s % 2][q] = regs[q]
-                    warpgroup.fence()
-                    for kb in cutlass.range_constexpr(UNIT_K // 16):
-                        cute.gemm(tiled_mma, acc, rA[s % 2][None, None, kb],
-                                  tCrB[None, None, kb, cons.index * self.nsub + s], acc)
+                    for b in cutlass.range_constexpr(self.blocks):
+                        words = loaded[s * self.blocks + b]
+                        if cutlass.const_expr(self.cfg.ablate == "no_dequant"):  # diagnostic: loaded words as operands
+                            regs = [cutlass.Uint32(words[q % 4]) for q in range(16)]
+                        else:
+                            regs = decode_unit(words)
+                        if cutlass.const_expr(self.cfg.ablate == "no_mma"):  # diagnostic: keep the decode alive
+                            for q in cutlass.range_constexpr(16):
+                                sink = sink ^ regs[q]
+                        else:
+                            for q in cutlass.range_constexpr(16):
+                                rA32[s % 2][b][q] = regs[q]
+                    if cutlass.const_expr(self.cfg.ablate != "no_mma"):
+                        warpgroup.fence()
+                        for b in cutlass.range_constexpr(self.blocks):
+                            for kb in cutlass.range_constexpr(UNIT_K // 16):
+                                cute.gemm(tiled_mma, accs[b], rA[s % 2][b][None, None, kb],
+                                          tCrB[None, None, kb, cons.index * self.nsub + s], accs[b])
                     warpgroup.commit_group()
                     warpgroup.wait_group(1)
                     if cutlass.const_expr(s == 0):
@@ -311,7 +366,9 @@ def _kernel_classes():
                                     prod.advance()
                 cons.advance()
             warpgroup.wait_group(0)
-            self._epilogue(acc, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t)
+            if cutlass.const_expr(self.cfg.ablate == "no_mma"):
+                accs[0][0] = cutlass.Float32(sink)
+            self._epilogue(accs, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t)
 
         @cute.jit
         def _issue(self, pipe, prod, tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_sub0):
@@ -324,36 +381,41 @@ def _kernel_classes():
             pipe.producer_commit(prod)
 
         @cute.jit
-        def _epilogue(self, acc, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t):
-            """Cᵀ tile -> C: element (weight row m, token n) to C[out_row0 + n, n0 + col(m)]."""
+        def _epilogue(self, accs, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t):
+            """Cᵀ tiles -> C: element (weight row m of block b, token n) to C[out_row0 + n, n0 + col]."""
+            size = cute.size(accs[0])
             if cutlass.const_expr(self.dual):
                 # warpgroup 1 holds the up projection of the same rows: hand it to warpgroup 0 via shared memory
                 bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
                 xfer = cute.make_tensor(cute.recast_ptr(storage.sx.data_ptr(), dtype=cutlass.Float32),
-                                        cute.make_layout((cute.size(acc), 128), stride=(128, 1)))
+                                        cute.make_layout((size * self.blocks, 128), stride=(128, 1)))
                 bar.arrive_and_wait()  # every wgmma of both warpgroups has read its operands
                 if wg == 1:
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        xfer[i, t] = acc[i]
+                    for b in cutlass.range_constexpr(self.blocks):
+                        for i in cutlass.range_constexpr(size):
+                            xfer[b * size + i, t] = accs[b][i]
                 bar.arrive_and_wait()
                 if wg == 0:
                     a_gate = mAlpha[group, 0]
                     a_up = mAlpha[group, 1]
-                    for i in cutlass.range_constexpr(cute.size(acc)):
-                        m, n = tCcC[i]
-                        if n < tok_valid and m < n_valid:
-                            g = acc[i] * a_gate
-                            v = g / (1.0 + cute.math.exp(-g)) * (xfer[i, t] * a_up)
-                            mC[out_row0 + n, n0 + m] = v.to(mC.element_type)
+                    for b in cutlass.range_constexpr(self.blocks):
+                        for i in cutlass.range_constexpr(size):
+                            m, n = tCcC[i]
+                            col = b * UNIT_ROWS + m
+                            if n < tok_valid and col < n_valid:
+                                g = accs[b][i] * a_gate
+                                v = g / (1.0 + cute.math.exp(-g)) * (xfer[b * size + i, t] * a_up)
+                                mC[out_row0 + n, n0 + col] = v.to(mC.element_type)
             else:
                 alpha = mAlpha[group, 0]
-                col0 = wg * UNIT_ROWS
-                for i in cutlass.range_constexpr(cute.size(acc)):
-                    m, n = tCcC[i]
-                    if n < tok_valid and col0 + m < n_valid:
-                        mC[out_row0 + n, n0 + col0 + m] = (acc[i] * alpha).to(mC.element_type)
+                for b in cutlass.range_constexpr(self.blocks):
+                    col0 = (wg * self.blocks + b) * UNIT_ROWS
+                    for i in cutlass.range_constexpr(size):
+                        m, n = tCcC[i]
+                        if n < tok_valid and col0 + m < n_valid:
+                            mC[out_row0 + n, n0 + col0 + m] = (accs[b][i] * alpha).to(mC.element_type)
 
-    _CLASSES = (ActivationDecodeSm90, GroupedNvfp4GemmSm90RS)
+    _CLASSES = (ActivationPrologueSm90, GroupedNvfp4GemmSm90RS)
     return _CLASSES
 
 
@@ -369,43 +431,70 @@ def _compile_cached(key, make, args):
     return _compiled[key]
 
 
+def activation_rows(a, row_offsets, rows: int, device) -> torch.Tensor:
+    """int64 [rows, 3] (:data:`ROW_COLUMNS`): where each row of the padded activation buffer comes from.
+
+    The prologue reads the caller's tensors in place (a runner captures ``a``; a CUDA graph replays the
+    addresses), so each group's codes and scales must be row-major with 8-byte aligned code rows."""
+    table = torch.zeros((rows, 3), dtype=torch.int64)
+    for g, (t, o) in enumerate(zip(a, row_offsets)):
+        mg = int(t.shape[0])
+        if mg == 0:
+            continue
+        codes, scales = t.data, t.scales
+        if codes.stride(-1) != 1 or scales.stride(-1) != 1 or codes.data_ptr() % 8 or codes.stride(0) % 8:
+            raise ValueError(f"a[{g}]: cute-hopper swap_ab reads activations in place and needs row-major codes and "
+                             f"scales with 8-byte aligned code rows (strides {tuple(codes.stride())}, "
+                             f"{tuple(scales.stride())}); pass .contiguous() tensors")
+        r = torch.arange(mg, dtype=torch.int64)
+        table[o: o + mg, 0] = codes.data_ptr() + r * codes.stride(0)
+        table[o: o + mg, 1] = scales.data_ptr() + r * scales.stride(0)
+        table[o: o + mg, 2] = int(t.shape[1]) // 16
+    return table.to(device)
+
+
 def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
-    """Prepack the weights (once), compile (cached); the runner packs and decodes A, then launches the GEMM."""
+    """Prepack the weights (once), compile (cached); each call is two launches: the activation prologue
+    (decode + global scales) and the GEMM."""
     t0 = time.perf_counter()
     validate(cfg)
     device = a[0].data.device
     _require_hopper(device)
     import cuda.bindings.driver as cuda
 
-    act_cls, gemm_cls = _kernel_classes()
+    pro_cls, gemm_cls = _kernel_classes()
     check_scales_finite(a, "a")
-    rows_blk = rows_per_cta(cfg)
-    weights = stack_weights([b] if b2 is None else [b, b2], rows_blk, cfg.tile_k)
-    packed = prepack_weights(list(zip(weights.codes, weights.scales)), NWG)
-    w_view = packed.view(-1, ROW_BYTES)
+    blocks = blocks_per_warpgroup(cfg)
+    weights = stack_weights([b] if b2 is None else [b, b2], cfg.tile_m, cfg.tile_k)
+    packed = prepack_weights(list(zip(weights.codes, weights.scales)), NWG, blocks)
     m = tuple(int(t.shape[0]) for t in a)
-    packer = ActivationPacker(m, weights.k, weights.k_pad, cfg.tile_n, device)
-    x16 = torch.zeros((packer.rows, weights.k_pad), dtype=torch.float16, device=device)
-    tiles = tile_table(m, weights.n, weights.k, packer.row_offsets, weights.n_pad, cfg.tile_n, rows_blk,
-                       cfg.tile_k, device, rows=packer.rows, wide=True)
-    c_all = torch.empty((packer.rows, weights.n_pad), dtype=out_dtype, device=device)
-    outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(packer.row_offsets, m, weights.n)]
-    alpha = torch.zeros((len(a), 2), dtype=torch.float32, device=device)
+    offs, r = [], 0
+    for mg in m:
+        offs.append(r)
+        r += -(-mg // cfg.tile_n) * cfg.tile_n
+    rows = max(r, cfg.tile_n)
+    row_table = activation_rows(a, offs, rows, device)
+    x16 = torch.zeros((rows, weights.k_pad), dtype=torch.float16, device=device)
+    tiles = tile_table(m, weights.n, weights.k, offs, weights.n_pad, cfg.tile_n, cfg.tile_m, cfg.tile_k, device,
+                       rows=rows, wide=True)
+    c_all = torch.empty((rows, weights.n_pad), dtype=out_dtype, device=device)
+    outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(offs, m, weights.n)]
+    gs_a = torch.tensor([t.global_scale.data_ptr() for t in a], dtype=torch.int64).to(device)
     gs_b = torch.stack([weights.global_scales[0], weights.global_scales[-1]], dim=1) * POST_SCALE
+    alpha = torch.zeros((len(a), 2), dtype=torch.float32, device=device)
 
     def stream():
         return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
 
-    act_args = (_cute(packer.codes, 8), _cute(packer.scales, 8), _cute(x16))
-    act = _compile_cached(("act",), act_cls, (*act_args, stream()))
-    gemm_args = (_cute(w_view), _cute(x16), _cute(c_all), _cute(tiles), _cute(alpha, 8))
+    pro_args = (_cute(row_table, 8), _cute(x16), _cute(gs_a, 8), _cute(gs_b, 8), _cute(alpha, 8))
+    prologue = _compile_cached(("prologue",), pro_cls, (*pro_args, stream()))
+    gemm_args = (_cute(packed.view(-1, ROW_BYTES)), _cute(x16), _cute(c_all), _cute(tiles), _cute(alpha, 8))
     gemm = (_compile_cached((cfg, str(out_dtype)), lambda: gemm_cls(cfg), (*gemm_args, stream()))
             if len(tiles) else None)
 
     def run():
-        torch.mul(packer(a)[:, None], gs_b, out=alpha)
+        prologue(*pro_args, stream())
         if gemm is not None:
-            act(*act_args, stream())
             gemm(*gemm_args, stream())
 
     torch.cuda.synchronize(device)
@@ -413,7 +502,7 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
                   notes=f"weights prepacked once for the register decode ({packed.numel() / 1e6:.1f} MB); "
                         f"config {cfg.name}",
                   info={"config": cfg.name, "tiles": len(tiles), "split_k": 1},
-                  keepalive=(packer, packed, x16, tiles, c_all, alpha))
+                  keepalive=(a, packed, row_table, x16, tiles, c_all, gs_a, gs_b, alpha))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,18 +523,20 @@ def fake_arguments(cfg: KernelConfig):
             fake(cutlass.Float32, (s(), 2), 8), cuda.CUstream(0))
 
 
-def fake_act_arguments():
+def fake_prologue_arguments():
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor
 
     s = cute.sym_int
-    rows = s()
-    return (make_fake_compact_tensor(cutlass.Uint8, (rows, s(divisibility=32)), stride_order=(1, 0), assumed_align=8),
-            make_fake_compact_tensor(cutlass.Uint8, (rows, s(divisibility=4)), stride_order=(1, 0), assumed_align=8),
-            make_fake_compact_tensor(cutlass.Float16, (rows, s(divisibility=64)), stride_order=(1, 0),
+    groups = s()
+    return (make_fake_compact_tensor(cutlass.Int64, (s(), 3), stride_order=(1, 0), assumed_align=8),
+            make_fake_compact_tensor(cutlass.Float16, (s(), s(divisibility=64)), stride_order=(1, 0),
                                      assumed_align=16),
+            make_fake_compact_tensor(cutlass.Int64, (groups,), assumed_align=8),
+            make_fake_compact_tensor(cutlass.Float32, (groups, 2), stride_order=(1, 0), assumed_align=8),
+            make_fake_compact_tensor(cutlass.Float32, (groups, 2), stride_order=(1, 0), assumed_align=8),
             cuda.CUstream(0))
 
 
@@ -453,5 +544,5 @@ def kernel_for(cfg: KernelConfig):
     return _kernel_classes()[1](cfg)
 
 
-def act_kernel():
+def prologue_kernel():
     return _kernel_classes()[0]()

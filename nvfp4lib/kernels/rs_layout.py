@@ -15,10 +15,10 @@ so that one thread's codes for 64 K elements are 16 contiguous bytes and its sca
   and 7 (sign) — already where an fp16 high byte wants them — and one code ``y`` at bits 4-6 and 0;
   ``(x, y)`` are (row g+8, col 2c | 2c+8), (row g, 2c | 2c+8), (row g+8, 2c+1 | 2c+9),
   (row g, 2c+1 | 2c+9) for bytes 0..3;
-- units are grouped into CTA blocks of ``nwg`` units (one per warpgroup): two consecutive 64-row
-  blocks of one matrix (``nmat=1``), or the same 64 rows of B1 and B2 (``nmat=2``, the dual GEMM: one
-  warpgroup computes the gate, the other the up projection). The tensor is
-  ``[blocks, K/64, nwg, 2304]``, so one pipeline stage (``tile_k`` K of one block) is contiguous.
+- units are grouped into CTA blocks of ``nwg × blocks`` units (``blocks`` 64-row units per warpgroup):
+  consecutive 64-row units of one matrix, or the same rows of B1 and B2 (the dual GEMM: warpgroup 0
+  computes the gate, warpgroup 1 the up projection). The tensor is ``[ctas, K/64, nwg·blocks, 2304]``,
+  so one pipeline stage (``tile_k`` K of one CTA block) is contiguous.
 
 The decode of one word: ``r0 = w & F``, ``r1 = (w << 8) & F``, ``t = lop3(w << 7, w >> 3, 0x80808080)``,
 ``r2 = t & F``, ``r3 = (t << 8) & F`` with ``F = 0x8E008E00`` (sign and magnitude of both fp16 halves)
@@ -64,22 +64,28 @@ def prepack_units(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return torch.cat((code_part, scale_part), dim=2).contiguous()
 
 
-def prepack_weights(matrices: list[tuple[torch.Tensor, torch.Tensor]], nwg: int) -> torch.Tensor:
-    """The kernel's weight tensor ``[blocks, K/64, nwg, 2304]`` from one or two (codes, scales) matrices of
-    ``R`` rows each. One matrix: a block is ``nwg`` consecutive 64-row units. Two (dual): a block is the
-    same 64 rows of each matrix (``nwg`` must be 2)."""
+def prepack_weights(matrices: list[tuple[torch.Tensor, torch.Tensor]], nwg: int, blocks: int = 1) -> torch.Tensor:
+    """The kernel's weight tensor ``[ctas, K/64, nwg * blocks, 2304]`` from one or two (codes, scales) matrices of
+    ``R`` rows each; the third dim is ordered (warpgroup, block). One matrix: a CTA covers ``nwg * blocks``
+    consecutive 64-row units, warpgroup w the ``blocks`` units from ``w * blocks``. Two (dual, ``nwg`` = 2): a CTA
+    covers the same ``64 * blocks`` rows of each matrix, warpgroup 0 those of the first (gate), 1 of the second."""
     units = [prepack_units(c, s) for c, s in matrices]
+    per = nwg * blocks
     if len(units) == 1:
         u = units[0]
-        if u.shape[0] % nwg:
-            raise ValueError(f"{u.shape[0]} units of 64 rows do not split into blocks of {nwg}")
-        blocks = u.reshape(u.shape[0] // nwg, nwg, *u.shape[1:])
+        if u.shape[0] % per:
+            raise ValueError(f"{u.shape[0]} units of 64 rows do not split into CTA blocks of {per}")
+        ctas = u.reshape(u.shape[0] // per, per, *u.shape[1:])
     elif len(units) == 2 and nwg == 2:
-        blocks = torch.stack(units, dim=1)
+        u0, u1 = units
+        if u0.shape[0] % blocks:
+            raise ValueError(f"{u0.shape[0]} units of 64 rows do not split into CTA blocks of {blocks}")
+        ctas = torch.stack([x.reshape(x.shape[0] // blocks, blocks, *x.shape[1:]) for x in units], dim=1)
+        ctas = ctas.reshape(ctas.shape[0], per, *ctas.shape[3:])
     else:
         raise ValueError(f"prepack_weights: {len(units)} matrices with nwg={nwg}: supported are one matrix, or "
                          "two (gate, up) with nwg=2")
-    return blocks.permute(0, 2, 1, 3).contiguous()
+    return ctas.permute(0, 2, 1, 3).contiguous()
 
 
 def _rs_word_ptx(w: str, s: str, outs: tuple[str, str, str, str]) -> str:
