@@ -35,6 +35,9 @@ class KernelConfig:
     cooperative: bool = False
     # producer_consumer only: warpgroups that decode (the producers), each taking 32 rows per pass.
     decode_warpgroups: int = 1
+    # swap_ab only: token tiles are rounded up to a multiple of this, and the kernel holds one wgmma N per multiple
+    # up to tile_n (a tile of 40 tokens runs a 48-wide MMA with token_step=16); 0: every tile is tile_n wide.
+    token_step: int = 0
     # Diagnostics, never shipped: "no_dequant" skips the decode, "no_mma" skips the wgmma. The result is
     # wrong by design; the benchmark times such a config without checking it and labels the row.
     ablate: str = ""

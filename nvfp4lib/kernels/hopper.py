@@ -120,13 +120,19 @@ _ship(
     CONFIGS["producer_consumer_dual_tma_batched"].with_(name="producer_consumer_dual_tma_batched_auto", split_k=0),
 )
 # swap-AB (nvfp4lib.kernels.hopper_rs): weights decoded straight into wgmma's register operand, tokens on wgmma's N.
-# rs_m{weight rows per CTA}_t{tokens per CTA}_k{K per stage}_s{stages}; dual configs cover half the rows of each matrix
+# rs_m{weight rows per CTA}_t{tokens per CTA}_k{K per stage}_s{stages}[_v{token step}]; a dual config covers half the
+# rows of each matrix. _v: one wgmma N per multiple of the step, chosen per tile.
 _RS = KernelConfig("rs", swap_ab=True, tile_m=128, tile_k=128, ab_stages=4)
 _ship(*(_RS.with_(name=f"rs_m{tm}_t{bt}_k{bk}_s{st}", tile_m=tm, tile_n=bt, tile_k=bk, ab_stages=st)
         for tm, bt, bk, st in ((128, 64, 128, 4), (128, 128, 128, 4), (128, 96, 128, 3),
                                (256, 64, 128, 6), (256, 96, 128, 5), (256, 128, 128, 4))))
+_ship(*(_RS.with_(name=f"rs_m{tm}_t{bt}_k{bk}_s{st}_v{ts}", tile_m=tm, tile_n=bt, tile_k=bk, ab_stages=st, token_step=ts)
+        for tm, bt, bk, st, ts in ((128, 256, 128, 3, 32), (128, 128, 128, 4, 16), (128, 192, 128, 3, 32))))
 _ship(*(_RS.with_(name=f"rs_dual_m{tm}_t{bt}_k{bk}_s{st}", tile_m=tm, dual=True, tile_n=bt, tile_k=bk, ab_stages=st)
         for tm, bt, bk, st in ((64, 128, 128, 4), (128, 64, 128, 6), (128, 128, 128, 4))))
+_ship(*(_RS.with_(name=f"rs_dual_m{tm}_t{bt}_k{bk}_s{st}_v{ts}", tile_m=tm, dual=True, tile_n=bt, tile_k=bk,
+                  ab_stages=st, token_step=ts)
+        for tm, bt, bk, st, ts in ((64, 256, 128, 3, 32), (64, 128, 128, 4, 16), (128, 128, 128, 4, 16))))
 # Candidates the study pitched that are not shipped (refused by validate, or not verified on a GPU).
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="tile128x256_1wg", tile_n=256),

@@ -39,11 +39,13 @@ from .hopper import (
     _cute,
     _require_hopper,
 )
-from .packing import WIDE_TILE_COLUMNS, check_scales_finite, stack_weights, tile_table
+from .packing import WIDE_TILE_COLUMNS, check_scales_finite, stack_weights
 from .rs_layout import RS_DECODE_PTX, UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS, prepack_weights
 
 NWG = 2  # warpgroups per CTA, each one 64-row wgmma
 MAX_ACC_REGS = 128
+MAX_VARIANTS = 8  # wgmma N widths compiled into one kernel (code size and compile time grow with each)
+CTA_OVERHEAD_TOKENS = 20  # a CTA's fixed cost (weight decode, pipeline fill), in tokens of MMA: H100, S4 t64 vs t128
 ROW_BYTES = 128  # the prepacked weights are moved as rows of 128 bytes (18 per unit)
 
 
@@ -51,6 +53,11 @@ def blocks_per_warpgroup(cfg: KernelConfig) -> int:
     """64-row weight units per warpgroup: ``tile_m`` is 128·blocks weight rows (64·blocks for the dual GEMM,
     whose two warpgroups cover the same rows of gate and up)."""
     return cfg.tile_m * (2 if cfg.dual else 1) // (UNIT_ROWS * NWG)
+
+
+def token_step(cfg: KernelConfig) -> int:
+    """Tokens per wgmma N variant: tiles run with N = their tokens rounded up to this."""
+    return cfg.token_step or cfg.tile_n
 
 
 def acc_registers(cfg: KernelConfig) -> int:
@@ -84,6 +91,10 @@ def validate(cfg: KernelConfig) -> KernelConfig:
                          f"rows (two warpgroups of one or two 64-row wgmma blocks{', gate and up' if cfg.dual else ''})")
     if cfg.tile_n % 8 or not 8 <= cfg.tile_n <= 256:
         raise ValueError(f"{n}: tile_n={cfg.tile_n} tokens: wgmma's N must be a multiple of 8 in [8, 256]")
+    step = token_step(cfg)
+    if step % 8 or cfg.tile_n % step or cfg.tile_n // step > MAX_VARIANTS:
+        raise ValueError(f"{n}: token_step={cfg.token_step}: must be a multiple of 8 dividing tile_n={cfg.tile_n} into at "
+                         f"most {MAX_VARIANTS} wgmma N variants")
     if acc_registers(cfg) > MAX_ACC_REGS:
         raise ValueError(f"{n}: tile_n={cfg.tile_n} tokens × {blocks_per_warpgroup(cfg)} block(s) per warpgroup need "
                          f"{acc_registers(cfg)} fp32 accumulator registers per thread (at most {MAX_ACC_REGS})")
@@ -213,11 +224,16 @@ def _kernel_classes():
                 alpha_row(mGsA[i], (mGsB.iterator + 2 * i).toint(), (mAlpha.iterator + 2 * i).toint())
 
     class GroupedNvfp4GemmSm90RS:
-        """Swap-AB: weights (register A, decoded per thread) × tokens (smem B, fp16 by TMA) -> Cᵀ tiles."""
+        """Swap-AB: weights (register A, decoded per thread) × tokens (smem B, fp16 by TMA) -> Cᵀ tiles.
+
+        Every tile row carries its token count class: the CTA runs the variant of the kernel whose wgmma N is the
+        tile's tokens rounded up to ``token_step`` (one specialised mainloop per multiple of the step)."""
 
         def __init__(self, cfg: KernelConfig):
             self.cfg = validate(cfg)
             self.bt = cfg.tile_n
+            self.step = token_step(cfg)
+            self.variants = tuple(range(self.step, self.bt + 1, self.step))
             self.nsub = cfg.tile_k // UNIT_K
             self.blocks = blocks_per_warpgroup(cfg)
             self.stages = cfg.ab_stages
@@ -227,45 +243,60 @@ def _kernel_classes():
             self.w_rows = self.stage_units * UNIT_BYTES // ROW_BYTES  # 128-byte rows per stage
             self.rows_per_cta = cfg.tile_m
 
+        def _sx_layout(self, rows: int):
+            """The fp16 activation ring (nsub·stages slots) for ``rows`` tokens: K-major, 128-byte swizzle."""
+            return sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (UNIT_ROWS, rows, UNIT_K),
+                                                 cutlass.Float16, self.nsub * self.stages)
+
         @cute.jit
         def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mC: cute.Tensor, mTiles: cute.Tensor,
                      mAlpha: cute.Tensor, stream):
-            tiled_mma = sm90_utils.make_trivial_tiled_mma(
-                cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-                cutlass.Float32, (1, 1, 1), (UNIT_ROWS, self.bt), warpgroup.OperandSource.RMEM)
-            sx_layout = sm90_utils.make_smem_layout_b(
-                utils.LayoutEnum.ROW_MAJOR, (UNIT_ROWS, self.bt, UNIT_K), cutlass.Float16, self.nsub * self.stages)
+            sx_layout = self._sx_layout(self.bt)
             sw_layout = cute.make_layout((self.w_rows, ROW_BYTES, self.stages),
                                          stride=(ROW_BYTES, 1, self.w_rows * ROW_BYTES))
             g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
             tma_w, tW = cute.nvgpu.cpasync.make_tiled_tma_atom(
                 g2s, mW, cute.slice_(sw_layout, (None, None, 0)), (self.w_rows, ROW_BYTES))
+            # activations move in boxes of token_step rows: a tile of n tokens is n/step boxes per 64-K slot
             tma_x, tX = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                g2s, mX, cute.slice_(sx_layout, (None, None, 0)), (self.bt, UNIT_K))
+                g2s, mX, cute.slice_(self._sx_layout(self.step), (None, None, 0)), (self.step, UNIT_K))
+
+            i64, u8, f16 = cutlass.Int64, cutlass.Uint8, cutlass.Float16  # (a class body sees no closure names)
 
             @cute.struct
             class SharedStorage:
-                load_bars: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
-                sw: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cute.cosize(sw_layout)], 1024]
-                sx: cute.struct.Align[cute.struct.MemRange[cutlass.Float16, cute.cosize(sx_layout)], 1024]
+                load_bars: cute.struct.MemRange[i64, self.stages * 2]
+                sw: cute.struct.Align[cute.struct.MemRange[u8, cute.cosize(sw_layout)], 1024]
+                sx: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(sx_layout)], 1024]
 
             self.shared_storage = SharedStorage
-            self.kernel(tiled_mma, tma_w, tW, tma_x, tX, mC, mTiles, mAlpha, sw_layout, sx_layout).launch(
+            self.kernel(tma_w, tW, tma_x, tX, mC, mTiles, mAlpha, sw_layout, sx_layout).launch(
                 grid=(cute.size(mTiles, mode=[0]), 1, 1), block=(self.threads, 1, 1), stream=stream)
 
         @cute.kernel
-        def kernel(self, tiled_mma: cute.TiledMma, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom,
-                   tX: cute.Tensor, mC: cute.Tensor, mTiles: cute.Tensor, mAlpha: cute.Tensor,
-                   sw_layout: cute.Layout, sx_layout: cute.ComposedLayout):
+        def kernel(self, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom, tX: cute.Tensor,
+                   mC: cute.Tensor, mTiles: cute.Tensor, mAlpha: cute.Tensor, sw_layout: cute.Layout,
+                   sx_layout: cute.ComposedLayout):
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            bidx, _, _ = cute.arch.block_idx()
+            if warp_idx == 0:
+                cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
+                cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
+            storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+            variant = mTiles[bidx, 7]
+            for v in cutlass.range_constexpr(len(self.variants)):
+                if variant == v:
+                    self._tile(self.variants[v], storage, tma_w, tW, tma_x, tX, mC, mTiles, mAlpha, sw_layout,
+                               sx_layout)
+
+        @cute.jit
+        def _tile(self, nv: int, storage, tma_w, tW, tma_x, tX, mC, mTiles, mAlpha, sw_layout, sx_layout):
+            """One output tile with a wgmma N of ``nv`` tokens."""
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             wg = cute.arch.make_warp_uniform(tidx // 128)
             t = tidx % 128
-            if warp_idx == 0:
-                cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
-                cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
-
             group = mTiles[bidx, 0]
             tok_row0 = mTiles[bidx, 1]
             tok_valid = mTiles[bidx, 2]
@@ -276,9 +307,8 @@ def _kernel_classes():
             k_tile0 = mTiles[bidx, 8]
             out_row0 = mTiles[bidx, 9]
 
-            smem = cutlass.utils.SmemAllocator()
-            storage = smem.allocate(self.shared_storage)
-            tx_bytes = self.stage_units * UNIT_BYTES + self.nsub * self.bt * UNIT_K * 2
+            boxes = nv // self.step
+            tx_bytes = self.stage_units * UNIT_BYTES + self.nsub * nv * UNIT_K * 2
             load_pipe = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.load_bars.data_ptr(), num_stages=self.stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
@@ -289,6 +319,12 @@ def _kernel_classes():
 
             sW = storage.sw.get_tensor(sw_layout)
             sX = storage.sx.get_tensor(sx_layout.outer, swizzle=sx_layout.inner)
+            # this variant's view of the ring: the first nv token rows of every slot
+            full = sx_layout.outer
+            sXv = storage.sx.get_tensor(
+                cute.make_layout(((8, nv // 8), full.shape[1], full.shape[2]),
+                                 stride=(full.stride[0], full.stride[1], full.stride[2])),
+                swizzle=sx_layout.inner)
 
             # TMA partitions. Weights: stage tiles of w_rows 128-byte rows, CTA-block-major (a block's K tiles adjacent).
             k_tiles_all = cute.size(tX, mode=[1]) // (UNIT_K * self.nsub)
@@ -296,18 +332,23 @@ def _kernel_classes():
             gW = cute.local_tile(tW, (self.w_rows, ROW_BYTES), (None, 0))
             tWs, tWg = cute.nvgpu.cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                                                         cute.group_modes(gW, 0, 2))
-            gX = cute.local_tile(tX, (self.bt, UNIT_K), (tok_row0 // self.bt, None))
-            tXs, tXg = cute.nvgpu.cpasync.tma_partition(tma_x, 0, cute.make_layout(1), cute.group_modes(sX, 0, 2),
-                                                        cute.group_modes(gX, 0, 2))
+            # Activations: boxes of step rows; smem (box, (row block, 1, slot)), gmem (box, (row block, 64-K block))
+            tXs, tXg = cute.nvgpu.cpasync.tma_partition(tma_x, 0, cute.make_layout(1),
+                                                        cute.zipped_divide(sX, (self.step, UNIT_K)),
+                                                        cute.zipped_divide(tX, (self.step, UNIT_K)))
+            x_blk0 = tok_row0 // self.step
             x_sub0 = k_tile0 * self.nsub
 
+            tiled_mma = sm90_utils.make_trivial_tiled_mma(
+                cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+                cutlass.Float32, (1, 1, 1), (UNIT_ROWS, nv), warpgroup.OperandSource.RMEM)
             thr_mma = tiled_mma.get_slice(t)
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sX))
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sXv))
             a_shape = thr_mma.partition_shape_A((UNIT_ROWS, UNIT_K))
             # two register sets (sub-blocks alternate), each holding one fragment per block
             rA = [[tiled_mma.make_fragment_A(a_shape) for _ in range(self.blocks)] for _ in range(2)]
             rA32 = [[cute.recast_tensor(r, cutlass.Uint32) for r in rs] for rs in rA]
-            tCcC = thr_mma.partition_C(cute.make_identity_tensor((UNIT_ROWS, self.bt)))
+            tCcC = thr_mma.partition_C(cute.make_identity_tensor((UNIT_ROWS, nv)))
             accs = [cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) for _ in range(self.blocks)]
             for acc in accs:
                 acc.fill(0.0)
@@ -321,10 +362,11 @@ def _kernel_classes():
             prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            loads = (tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_blk0, x_sub0, boxes)
 
             if warp_idx == 0:
                 for _ in cutlass.range(cutlass.min(self.stages, k_tiles), unroll=1):
-                    self._issue(load_pipe, prod, tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_sub0)
+                    self._issue(load_pipe, prod, loads)
                     prod.advance()
 
             sink = cutlass.Uint32(0)
@@ -362,7 +404,7 @@ def _kernel_classes():
                             rel.advance()
                             if warp_idx == 0:
                                 if prod.count < k_tiles:
-                                    self._issue(load_pipe, prod, tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_sub0)
+                                    self._issue(load_pipe, prod, loads)
                                     prod.advance()
                 cons.advance()
             warpgroup.wait_group(0)
@@ -371,13 +413,15 @@ def _kernel_classes():
             self._epilogue(accs, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t)
 
         @cute.jit
-        def _issue(self, pipe, prod, tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_sub0):
+        def _issue(self, pipe, prod, loads):
+            tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_blk0, x_sub0, boxes = loads
             pipe.producer_acquire(prod)
             bar = pipe.producer_get_barrier(prod)
             cute.copy(tma_w, tWg[None, w_tile0 + prod.count], tWs[None, prod.index], tma_bar_ptr=bar)
             for s in cutlass.range_constexpr(self.nsub):
-                cute.copy(tma_x, tXg[None, x_sub0 + prod.count * self.nsub + s],
-                          tXs[None, prod.index * self.nsub + s], tma_bar_ptr=bar)
+                for j in cutlass.range_constexpr(boxes):
+                    cute.copy(tma_x, tXg[None, (x_blk0 + j, x_sub0 + prod.count * self.nsub + s)],
+                              tXs[None, (j, 0, prod.index * self.nsub + s)], tma_bar_ptr=bar)
             pipe.producer_commit(prod)
 
         @cute.jit
@@ -431,6 +475,74 @@ def _compile_cached(key, make, args):
     return _compiled[key]
 
 
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def split_tokens(mg: int, parts: int, step: int) -> list[tuple[int, int]]:
+    """(first token, tokens) of ``parts`` near-equal tiles of a group of ``mg`` tokens, each but the last a
+    multiple of ``step`` wide (fewer tiles if the rounding leaves some empty)."""
+    size = _round_up(-(-mg // parts), step)
+    return [(m0, min(size, mg - m0)) for m0 in range(0, mg, size)]
+
+
+def makespan(costs: list[float], machines: int) -> float:
+    """Longest-processing-time-first schedule of ``costs`` on ``machines``: the finish time of the last."""
+    import heapq
+
+    load = [0.0] * min(machines, max(1, len(costs)))
+    for c in sorted(costs, reverse=True):
+        heapq.heapreplace(load, load[0] + c)
+    return max(load)
+
+
+def plan_token_tiles(m, k_tiles, n_blocks, tile_n: int, step: int, sms: int) -> list[list[tuple[int, int]]]:
+    """Token tiles per group: start from the fewest tiles of at most ``tile_n`` tokens, then keep splitting the
+    group with the widest tiles while the estimated makespan (LPT over ``sms`` SMs, one CTA each, a CTA's cost
+    ``k_tiles × (tokens rounded to step + CTA_OVERHEAD_TOKENS)``) improves: small problems get more, narrower
+    CTAs to fill the GPU; large ones keep wide tiles (each weight decoded once per tile)."""
+    parts = [-(-mg // tile_n) if mg else 0 for mg in m]
+
+    def tiles(p):
+        return [split_tokens(mg, pg, step) if pg else [] for mg, pg in zip(m, p)]
+
+    def cost(p):
+        return makespan([kt * (_round_up(w, step) + CTA_OVERHEAD_TOKENS)
+                         for tg, kt, nb in zip(tiles(p), k_tiles, n_blocks) for _, w in tg for _ in range(nb)], sms)
+
+    best, best_cost = list(parts), cost(parts)
+    for _ in range(4 * len(m) + 8):
+        widths = [max((w for _, w in tg), default=0) for tg in tiles(parts)]
+        g = max(range(len(m)), key=lambda i: widths[i])
+        if widths[g] <= step:
+            break
+        parts[g] += 1
+        c = cost(parts)
+        if c < best_cost:
+            best, best_cost = list(parts), c
+    return tiles(best)
+
+
+def swap_tile_table(m, n, k, row_offsets, n_pad: int, cfg: KernelConfig, sms: int, device) -> torch.Tensor:
+    """int32 [tiles, 10] (:data:`WIDE_TILE_COLUMNS`; column ``pad`` holds the wgmma N variant) for the swap-AB kernel,
+    widest tiles first so the hardware's in-order CTA dispatch approximates a longest-first schedule."""
+    step = token_step(cfg)
+    k_tiles = [-(-kg // cfg.tile_k) for kg in k]
+    n_blocks = [-(-ng // cfg.tile_m) for ng in n]
+    plan = plan_token_tiles(m, k_tiles, n_blocks, cfg.tile_n, step, sms)
+    rows = []
+    for g, tg in enumerate(plan):
+        for n0 in range(0, n[g], cfg.tile_m):
+            for m0, w in tg:
+                r0 = row_offsets[g] + m0
+                rows.append((g, r0, w, n0, min(cfg.tile_m, n[g] - n0), g * n_pad + n0, k_tiles[g],
+                             _round_up(w, step) // step - 1, 0, r0))
+    rows.sort(key=lambda r: (-r[7] * r[6], r[0], r[3], r[1]))
+    if not rows:
+        return torch.zeros((0, len(WIDE_TILE_COLUMNS)), dtype=torch.int32, device=device)
+    return torch.tensor(rows, dtype=torch.int32, device=device)
+
+
 def activation_rows(a, row_offsets, rows: int, device) -> torch.Tensor:
     """int64 [rows, 3] (:data:`ROW_COLUMNS`): where each row of the padded activation buffer comes from.
 
@@ -468,15 +580,16 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
     weights = stack_weights([b] if b2 is None else [b, b2], cfg.tile_m, cfg.tile_k)
     packed = prepack_weights(list(zip(weights.codes, weights.scales)), NWG, blocks)
     m = tuple(int(t.shape[0]) for t in a)
+    step = token_step(cfg)
     offs, r = [], 0
-    for mg in m:
+    for mg in m:  # each group's rows start at a multiple of the TMA box (token_step rows)
         offs.append(r)
-        r += -(-mg // cfg.tile_n) * cfg.tile_n
-    rows = max(r, cfg.tile_n)
+        r += _round_up(mg, step)
+    rows = max(r, step)
     row_table = activation_rows(a, offs, rows, device)
     x16 = torch.zeros((rows, weights.k_pad), dtype=torch.float16, device=device)
-    tiles = tile_table(m, weights.n, weights.k, offs, weights.n_pad, cfg.tile_n, cfg.tile_m, cfg.tile_k, device,
-                       rows=rows, wide=True)
+    tiles = swap_tile_table(m, weights.n, weights.k, offs, weights.n_pad, cfg,
+                            torch.cuda.get_device_properties(device).multi_processor_count, device)
     c_all = torch.empty((rows, weights.n_pad), dtype=out_dtype, device=device)
     outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(offs, m, weights.n)]
     gs_a = torch.tensor([t.global_scale.data_ptr() for t in a], dtype=torch.int64).to(device)
