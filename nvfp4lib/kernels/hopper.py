@@ -129,7 +129,7 @@ _ship(*(_RS.with_(name=f"rs_m{tm}_t{bt}_k{bk}_s{st}", tile_m=tm, tile_n=bt, tile
 _ship(*(_RS.with_(name=f"rs_m{tm}_t{bt}_k{bk}_s{st}_v{ts}", tile_m=tm, tile_n=bt, tile_k=bk, ab_stages=st, token_step=ts)
         for tm, bt, bk, st, ts in ((128, 256, 128, 3, 32), (128, 128, 128, 4, 16), (128, 192, 128, 3, 32))))
 _ship(*(_RS.with_(name=f"rs_dual_m{tm}_t{bt}_k{bk}_s{st}", tile_m=tm, dual=True, tile_n=bt, tile_k=bk, ab_stages=st)
-        for tm, bt, bk, st in ((64, 128, 128, 4), (128, 64, 128, 6), (128, 128, 128, 4))))
+        for tm, bt, bk, st in ((64, 128, 128, 4), (128, 64, 128, 6), (128, 128, 128, 4), (64, 96, 128, 3))))
 _ship(*(_RS.with_(name=f"rs_dual_m{tm}_t{bt}_k{bk}_s{st}_v{ts}", tile_m=tm, dual=True, tile_n=bt, tile_k=bk,
                   ab_stages=st, token_step=ts)
         for tm, bt, bk, st, ts in ((64, 256, 128, 3, 32), (64, 128, 128, 4, 16), (128, 128, 128, 4, 16))))
@@ -153,10 +153,14 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
     *(CONFIGS[n].with_(name=f"{n}_{a}", ablate=a) for n in ("rs_m128_t128_k128_s4", "rs_m256_t128_k128_s4")
       for a in ("no_dequant", "no_mma")),
 )}
-# the fastest exact configs measured on the H100 (S1, S2, S4; dual S1, S3, S4), split-K only for few tiles;
-# "baseline" stays selectable
-DEFAULT_SINGLE = "tile64x128_stages2_tma_batched_auto"
-DEFAULT_DUAL = "producer_consumer_dual_tma_batched_auto"
+# "auto" (the default): prepare times these swap-AB candidates on the problem at hand and keeps the fastest. No
+# single tiling won every shape on the H100: 96-token tiles at 2 CTAs/SM (S2), 128 at 1 (S3), variable N up to 256
+# (S1); "baseline" (the study's kernel) and every other config stay selectable by name.
+AUTO_CANDIDATES = {
+    False: ("rs_m128_t96_k128_s3", "rs_m128_t128_k128_s4", "rs_m128_t256_k128_s3_v32"),
+    True: ("rs_dual_m64_t96_k128_s3", "rs_dual_m128_t128_k128_s4", "rs_dual_m64_t256_k128_s3_v32"),
+}
+DEFAULT_SINGLE = DEFAULT_DUAL = "auto"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,6 +313,8 @@ def get_config(config, dual: bool) -> KernelConfig:
         cfg = config
     else:
         name = config or (DEFAULT_DUAL if dual else DEFAULT_SINGLE)
+        if name == "auto":
+            raise ValueError("config 'auto' is a choice among AUTO_CANDIDATES made by prepare, not one config")
         table = {**CONFIGS, **SWEEP_CONFIGS, **ABLATIONS}
         if name not in table:
             raise ValueError(f"unknown cute-hopper config {name!r}; known: {', '.join(table)}")
@@ -937,6 +943,8 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Run
         raise ValueError(f"cute-hopper writes float16 (the only output checked on the H100), not {out_dtype}")
     t0 = time.perf_counter()
     device = a[0].data.device
+    if (config or (DEFAULT_DUAL if b2 is not None else DEFAULT_SINGLE)) == "auto":
+        return _autotuned(a, b, b2, out_dtype)
     cfg = get_config(config, dual=b2 is not None)  # refuse a bad config before touching the GPU
     if cfg.swap_ab:
         from . import hopper_rs
@@ -987,6 +995,29 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Run
                   info={"config": cfg.name, "tiles": len(tiles), "split_k": split,
                         **({"ablation": cfg.ablate} if cfg.ablate else {})},
                   keepalive=(packer, weights, tiles, c_all, alpha, work, row_group))
+
+
+def _autotuned(a, b, b2, out_dtype, iters: int = 10) -> Runner:
+    """Prepare every AUTO_CANDIDATES config, time each on these operands (median of ``iters`` CUDA-graph replays,
+    L2 flushed before each: the GPU's time, not the host's) and return the fastest runner; the times are kept in
+    ``runner.info["auto"]``."""
+    from ..bench import L2Flusher, time_runner
+    from ..launch import graphed
+
+    t0 = time.perf_counter()
+    flush = L2Flusher(a[0].data.device)
+    best, times = None, {}
+    for name in AUTO_CANDIDATES[b2 is not None]:
+        runner = prepare(a, b, b2, out_dtype=out_dtype, config=name)
+        times[name] = round(sorted(time_runner(graphed(runner), iters=iters, warmup=2, flush=flush))[iters // 2], 2)
+        if best is None or times[name] < times[best[0]]:
+            best = (name, runner)
+    name, runner = best
+    del flush
+    runner.info.update(config=name, auto=times)
+    runner.notes += f"; auto chose {name} of {times} (us, timed at prepare)"
+    runner.prepare_s = time.perf_counter() - t0
+    return runner
 
 
 def choose_split_k(cfg: KernelConfig, m, n, k, sms: int) -> int:

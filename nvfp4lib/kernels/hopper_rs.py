@@ -210,6 +210,7 @@ def _kernel_classes():
         @cute.kernel
         def kernel(self, mRows: cute.Tensor, mX: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
                    mAlpha: cute.Tensor):
+            cute.arch.griddepcontrol_launch_dependents()  # the GEMM may start its set-up and weight loads now
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
             i = bidx * ACT_THREADS + tidx
@@ -270,8 +271,9 @@ def _kernel_classes():
                 sx: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(sx_layout)], 1024]
 
             self.shared_storage = SharedStorage
+            # programmatic dependent launch: set-up and the first weight loads overlap the activation prologue
             self.kernel(tma_w, tW, tma_x, tX, mC, mTiles, mAlpha, sw_layout, sx_layout).launch(
-                grid=(cute.size(mTiles, mode=[0]), 1, 1), block=(self.threads, 1, 1), stream=stream)
+                grid=(cute.size(mTiles, mode=[0]), 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=True)
 
         @cute.kernel
         def kernel(self, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom, tX: cute.Tensor,
@@ -364,10 +366,20 @@ def _kernel_classes():
             rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             loads = (tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_blk0, x_sub0, boxes)
 
+            # first stages: the weights (independent of the prologue) before waiting for the prologue's grid,
+            # then their activations; every thread waits before it can read what the prologue wrote (x16, alpha)
+            first = cutlass.min(self.stages, k_tiles)
             if warp_idx == 0:
-                for _ in cutlass.range(cutlass.min(self.stages, k_tiles), unroll=1):
-                    self._issue(load_pipe, prod, loads)
+                for _ in cutlass.range(first, unroll=1):
+                    load_pipe.producer_acquire(prod)
+                    self._issue_w(load_pipe, prod, loads)
                     prod.advance()
+            cute.arch.griddepcontrol_wait()
+            if warp_idx == 0:
+                early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                for _ in cutlass.range(first, unroll=1):
+                    self._issue_x(load_pipe, early, loads)
+                    early.advance()
 
             sink = cutlass.Uint32(0)
             for kt in cutlass.range(k_tiles, unroll=1):
@@ -414,15 +426,25 @@ def _kernel_classes():
 
         @cute.jit
         def _issue(self, pipe, prod, loads):
-            tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_blk0, x_sub0, boxes = loads
+            """Acquire stage ``prod`` (its barrier then expects the whole stage) and load it."""
             pipe.producer_acquire(prod)
+            self._issue_w(pipe, prod, loads)
+            self._issue_x(pipe, prod, loads)
+
+        @cute.jit
+        def _issue_w(self, pipe, prod, loads):
+            tma_w, tWs, tWg, w_tile0 = loads[:4]
+            cute.copy(tma_w, tWg[None, w_tile0 + prod.count], tWs[None, prod.index],
+                      tma_bar_ptr=pipe.producer_get_barrier(prod))
+
+        @cute.jit
+        def _issue_x(self, pipe, prod, loads):
+            tma_x, tXs, tXg, x_blk0, x_sub0, boxes = loads[4:]
             bar = pipe.producer_get_barrier(prod)
-            cute.copy(tma_w, tWg[None, w_tile0 + prod.count], tWs[None, prod.index], tma_bar_ptr=bar)
             for s in cutlass.range_constexpr(self.nsub):
                 for j in cutlass.range_constexpr(boxes):
                     cute.copy(tma_x, tXg[None, (x_blk0 + j, x_sub0 + prod.count * self.nsub + s)],
                               tXs[None, (j, 0, prod.index * self.nsub + s)], tma_bar_ptr=bar)
-            pipe.producer_commit(prod)
 
         @cute.jit
         def _epilogue(self, accs, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t):
