@@ -20,3 +20,9 @@ check)
 single) timeout 560 python -m nvfp4lib bench --suite benchmark $OURS $PEERS --iters 30 --no-record --out $OUT/bench.jsonl 2>&1 | grep -A80 "^problem" ;;
 dual) timeout 560 python -m nvfp4lib bench --suite dual $OURS $PEERS --iters 30 --no-record --out $OUT/bench.jsonl 2>&1 | grep -A80 "^problem" ;;
 esac
+case "$1" in
+dual2)
+  timeout 400 python -m nvfp4lib bench --suite dual $OURS $PEERS --iters 30 --no-record --out $OUT/bench.jsonl 2>&1 | grep -A80 "^problem"
+  # S2 again: the auto runner, and its candidates by name, twice (was 73 us at prepare, 88 us in the bench)
+  timeout 150 python -m nvfp4lib bench --problem S2 --problem S2 --backend cute-hopper:graph=1 --backend cute-hopper:config=rs_m128_t96_k128_s3,graph=1 --backend cute-hopper:config=rs_m128_t128_k128_s4,graph=1 --iters 30 --no-record --out $OUT/bench_s2.jsonl 2>&1 | grep -A20 "^problem" ;;
+esac
