@@ -71,17 +71,21 @@ def read_rows(path) -> list[dict]:
     return rows
 
 
-# ``cute-hopper`` has had two kernels. Rows measured before this instant came from the first one (bf16 decode,
+# ``cute-hopper`` has had three kernels. Rows measured before this instant came from the first one (bf16 decode,
 # ``kernels/sm90.py``, removed in commit 111ecc9; configs such as vec4_wg2_dec2); later rows from the fp16-decode
 # kernel of ``kernels/hopper.py``. Both used config names such as "baseline": compare rows of one kernel only.
+# The swap-AB kernel (``kernels/hopper_rs.py``, weights decoded into wgmma's register operand) runs the configs
+# named ``rs_*`` (the ``auto`` default picks one of them and records it as ``info_config``).
 HOPPER_FP16_SINCE = "2026-11-22T23:20:00+00:00"
-HOPPER_KERNELS = ("bf16-decode (v1, removed)", "fp16-decode")
+HOPPER_KERNELS = ("bf16-decode (v1, removed)", "fp16-decode", "swap-AB register decode")
 
 
 def hopper_kernel(row: dict) -> str | None:
     """Which cute-hopper kernel measured ``row`` (None for other backends)."""
     if row.get("backend") != "cute-hopper":
         return None
+    if str(row.get("info_config", "")).startswith("rs_"):
+        return HOPPER_KERNELS[2]
     return HOPPER_KERNELS[1] if str(row.get("date", "")) >= HOPPER_FP16_SINCE else HOPPER_KERNELS[0]
 
 

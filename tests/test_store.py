@@ -112,6 +112,7 @@ def test_rows_name_the_hopper_kernel_that_measured_them(tmp_path):
     store.append_rows(path, [
         {"run_id": "a", "backend": "cute-hopper", "date": "2026-11-22T20:00:00+00:00"},
         {"run_id": "b", "backend": "cute-hopper", "date": "2026-11-22T23:30:00+00:00"},
+        {"run_id": "c", "backend": "cute-hopper", "date": "2026-11-23T07:30:00+00:00", "info_config": "rs_m128_t96"},
         {"run_id": "b", "backend": "triton", "date": "2026-11-22T23:30:00+00:00"}])
     kernels = store.load(path)["kernel"]
-    assert list(kernels[:2]) == list(store.HOPPER_KERNELS) and kernels.isna()[2]
+    assert list(kernels[:3]) == list(store.HOPPER_KERNELS) and kernels.isna()[3]

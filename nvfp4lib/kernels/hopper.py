@@ -1096,6 +1096,10 @@ def compile_report(cfg: KernelConfig, arch: str = "sm_90a", dump_dir: str | None
     if arch != "sm_90a":
         raise ValueError(f"the Hopper kernel compiles for sm_90a, not {arch}")
     validate(cfg)
+    if cfg.swap_ab:
+        from . import hopper_rs
+
+        return hopper_rs.compile_report(cfg, dump_dir=dump_dir)
     if cfg.split_k == 0:  # "auto" runs unsplit wherever the tiles fill the GPU: report that kernel
         cfg = cfg.with_(split_k=1)
     t0 = time.perf_counter()

@@ -675,6 +675,29 @@ def fake_prologue_arguments():
             cuda.CUstream(0))
 
 
+def compile_report(cfg: KernelConfig, dump_dir: str | None = None) -> dict:
+    """Compile ``cfg`` (and the activation prologue) for sm_90a with fake tensors: PTX instruction counts, ptxas
+    resources, the smem plan. No GPU needed."""
+    from .compiling import compile_offline, count_instructions
+
+    validate(cfg)
+    t0 = time.perf_counter()
+    art = compile_offline(kernel_for(cfg), *fake_arguments(cfg), arch="sm_90a", dump_dir=dump_dir)
+    plan = smem_plan(cfg)
+    log = art.ptxas.get("ptxas_log", "")
+    return {
+        **cfg.as_dict(), "compile_s": round(time.perf_counter() - t0, 2), "threads": 128 * NWG,
+        "math_warpgroups": NWG, "acc_registers": acc_registers(cfg), "smem_bytes": plan["total"],
+        "smem_per_stage": plan["per_stage"], "ctas_per_sm_by_smem": 233472 // (plan["total"] + 1024),
+        "wgmma_n_variants": cfg.tile_n // token_step(cfg),
+        **{k: v for k, v in art.ptxas.items() if k != "ptxas_log"}, **art.instructions,
+        **count_instructions(art.ptx, ("lop3.b32", "mul.rn.f16x2", "cvt.rn.f16x2.e4m3x2", "ld.shared.v4.b32",
+                                       "ld.shared.v2.b32", "griddepcontrol.wait", "st.shared", "bar.sync")),
+        # ptxas serialises every wgmma when it cannot prove the register operand safe (C7513): a silent slowdown
+        "wgmma_serialized": "C7513" in log, "ptx_path": art.ptx_path,
+    }
+
+
 def kernel_for(cfg: KernelConfig):
     return _kernel_classes()[1](cfg)
 
