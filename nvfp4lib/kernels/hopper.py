@@ -1005,6 +1005,7 @@ def _autotuned(a, b, b2, out_dtype, iters: int = 10) -> Runner:
     from ..launch import graphed
 
     t0 = time.perf_counter()
+    _require_hopper(a[0].data.device)
     flush = L2Flusher(a[0].data.device)
     best, times = None, {}
     for name in AUTO_CANDIDATES[b2 is not None]:
