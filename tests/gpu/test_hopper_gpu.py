@@ -72,3 +72,33 @@ def test_nan_scales_are_refused():
     inp.b[0].scales.view(torch.uint8)[0, 0] = 0x7F
     with pytest.raises(ValueError, match="NaN"):
         prepare(inp.a, inp.b, None, backend="cute-hopper")
+
+
+@pytest.mark.parametrize("config", ["rs_m128_t128_k128_s4", "rs_m128_t256_k128_s3_v32", "rs_dual_m64_t96_k128_s3",
+                                    "baseline"])
+def test_subnormal_scales_are_exact(config):
+    """E4M3 subnormal scales (m·2^-9) on both operands: the smallest products the decode must keep exact."""
+    _needs_sm90()
+    dual = "dual" in config
+    prob = CORRECTNESS[3].with_dual() if dual else CORRECTNESS[3]
+    inp = make_inputs(prob, seed=9, mode="uniform", device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    for t in inp.a + inp.b + (inp.b2 or []):
+        s = t.scales.view(torch.uint8)
+        s.copy_(torch.randint(1, 8, s.shape, dtype=torch.uint8, device="cuda", generator=gen))
+    ref = reference_grouped_gemm(inp.a, inp.b, inp.b2)
+    runner = prepare(inp.a, inp.b, inp.b2, backend="cute-hopper", config=config)
+    assert check_runner(runner, ref) <= TOL
+
+
+@pytest.mark.parametrize("dual", [False, True])
+def test_default_is_the_fastest_auto_candidate_and_exact(dual):
+    from nvfp4lib.kernels.hopper import AUTO_CANDIDATES
+
+    _needs_sm90()
+    prob = BENCHMARK[3].with_dual() if dual else BENCHMARK[3]
+    inp = make_inputs(prob, seed=4, mode="gaussian", device="cuda")
+    runner = prepare(inp.a, inp.b, inp.b2, backend="cute-hopper")
+    times = runner.info["auto"]
+    assert set(times) == set(AUTO_CANDIDATES[dual]) and runner.info["config"] == min(times, key=times.get)
+    assert check_runner(runner, reference_grouped_gemm(inp.a, inp.b, inp.b2)) <= TOL
