@@ -33,7 +33,9 @@ partials that the runner sums (``0``: only when the tiles fill at most a quarter
 
 Knobs live in :class:`~nvfp4lib.kernels.config.KernelConfig`; :func:`validate` refuses a config that
 cannot work before anything is compiled; compiled kernels are cached per (config, output dtype).
-Only configs in :data:`CONFIGS` are shipped: each was run exactly on an H100.
+Only configs in :data:`CONFIGS` are shipped: each was run exactly on an H100. Configs with ``swap_ab=True``
+(named ``rs_*``) run the register-decode kernel of :mod:`.hopper_rs`; the default, ``config="auto"``, times
+:data:`AUTO_CANDIDATES` at prepare and keeps the fastest.
 """
 from __future__ import annotations
 
