@@ -128,7 +128,8 @@ _RS = KernelConfig("rs", swap_ab=True, tile_m=128, tile_k=128, ab_stages=4)
 _ship(*(_RS.with_(name=f"rs_m{tm}_t{bt}_k{bk}_s{st}", tile_m=tm, tile_n=bt, tile_k=bk, ab_stages=st)
         for tm, bt, bk, st in ((128, 64, 128, 4), (128, 128, 128, 4), (128, 96, 128, 3),
                                (256, 64, 128, 6), (256, 96, 128, 5), (256, 128, 128, 4))))
-_ship(*(_RS.with_(name=f"rs_m{tm}_t{bt}_k{bk}_s{st}_v{ts}", tile_m=tm, tile_n=bt, tile_k=bk, ab_stages=st, token_step=ts)
+_ship(*(_RS.with_(name=f"rs_m{tm}_t{bt}_k{bk}_s{st}_v{ts}", tile_m=tm, tile_n=bt, tile_k=bk, ab_stages=st,
+                  token_step=ts)
         for tm, bt, bk, st, ts in ((128, 256, 128, 3, 32), (128, 128, 128, 4, 16), (128, 192, 128, 3, 32))))
 _ship(*(_RS.with_(name=f"rs_dual_m{tm}_t{bt}_k{bk}_s{st}", tile_m=tm, dual=True, tile_n=bt, tile_k=bk, ab_stages=st)
         for tm, bt, bk, st in ((64, 128, 128, 4), (128, 64, 128, 6), (128, 128, 128, 4), (64, 96, 128, 3))))

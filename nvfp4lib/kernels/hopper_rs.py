@@ -32,7 +32,6 @@ from ..backends import Runner
 from .config import KernelConfig
 from .hopper import (
     _DECODE_REGS,
-    OUT_DTYPES,
     POST_SCALE,
     SMEM_LIMIT,
     _convert_store_ptx,
@@ -87,14 +86,15 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         raise ValueError(f"{n}: the register-sourced kernel is the swap_ab=True kernel")
     allowed = (64, 128) if cfg.dual else (128, 256)
     if cfg.tile_m not in allowed:
-        raise ValueError(f"{n}: tile_m={cfg.tile_m}: with swap_ab a CTA covers {' or '.join(map(str, allowed))} weight "
-                         f"rows (two warpgroups of one or two 64-row wgmma blocks{', gate and up' if cfg.dual else ''})")
+        raise ValueError(f"{n}: tile_m={cfg.tile_m}: with swap_ab a CTA covers {' or '.join(map(str, allowed))} "
+                         "weight rows (two warpgroups of one or two 64-row wgmma blocks"
+                         f"{', gate and up' if cfg.dual else ''})")
     if cfg.tile_n % 8 or not 8 <= cfg.tile_n <= 256:
         raise ValueError(f"{n}: tile_n={cfg.tile_n} tokens: wgmma's N must be a multiple of 8 in [8, 256]")
     step = token_step(cfg)
     if step % 8 or cfg.tile_n % step or cfg.tile_n // step > MAX_VARIANTS:
-        raise ValueError(f"{n}: token_step={cfg.token_step}: must be a multiple of 8 dividing tile_n={cfg.tile_n} into at "
-                         f"most {MAX_VARIANTS} wgmma N variants")
+        raise ValueError(f"{n}: token_step={cfg.token_step}: must be a multiple of 8 dividing tile_n={cfg.tile_n} "
+                         f"into at most {MAX_VARIANTS} wgmma N variants")
     if acc_registers(cfg) > MAX_ACC_REGS:
         raise ValueError(f"{n}: tile_n={cfg.tile_n} tokens × {blocks_per_warpgroup(cfg)} block(s) per warpgroup need "
                          f"{acc_registers(cfg)} fp32 accumulator registers per thread (at most {MAX_ACC_REGS})")
@@ -328,7 +328,8 @@ def _kernel_classes():
                                  stride=(full.stride[0], full.stride[1], full.stride[2])),
                 swizzle=sx_layout.inner)
 
-            # TMA partitions. Weights: stage tiles of w_rows 128-byte rows, CTA-block-major (a block's K tiles adjacent).
+            # TMA partitions. Weights: stage tiles of w_rows 128-byte rows, CTA-block-major (a block's K tiles
+            # adjacent).
             k_tiles_all = cute.size(tX, mode=[1]) // (UNIT_K * self.nsub)
             w_tile0 = (b_row0 // self.rows_per_cta) * k_tiles_all + k_tile0
             gW = cute.local_tile(tW, (self.w_rows, ROW_BYTES), (None, 0))
