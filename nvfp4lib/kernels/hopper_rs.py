@@ -411,14 +411,23 @@ def _kernel_classes():
                     warpgroup.commit_group()
                     warpgroup.wait_group(1)
                     if cutlass.const_expr(s == 0):
-                        # the previous stage's last wgmma group is done: hand its buffers back, refill
+                        # the previous stage's last wgmma group is done: hand its buffers back, and refill them if
+                        # the other warpgroup has too. Warp 0 must not wait for it here: wgmma is warpgroup-wide, so
+                        # a blocked warp 0 would stall all of warpgroup 0; if the slot is not free yet, warp 0 refills
+                        # it at the end of this stage instead.
                         if kt > 0:
                             load_pipe.consumer_release(rel)
                             rel.advance()
                             if warp_idx == 0:
                                 if prod.count < k_tiles:
-                                    self._issue(load_pipe, prod, loads)
-                                    prod.advance()
+                                    if load_pipe.producer_try_acquire(prod):
+                                        self._issue(load_pipe, prod, loads, acquired=True)
+                                        prod.advance()
+                if warp_idx == 0:
+                    if kt > 0:
+                        if prod.count < cutlass.min(k_tiles, kt - 1 + self.stages):
+                            self._issue(load_pipe, prod, loads)
+                            prod.advance()
                 cons.advance()
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.cfg.ablate == "no_mma"):
@@ -426,9 +435,10 @@ def _kernel_classes():
             self._epilogue(accs, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t)
 
         @cute.jit
-        def _issue(self, pipe, prod, loads):
-            """Acquire stage ``prod`` (its barrier then expects the whole stage) and load it."""
-            pipe.producer_acquire(prod)
+        def _issue(self, pipe, prod, loads, acquired: bool = False):
+            """Acquire stage ``prod`` (its barrier then expects the whole stage; ``acquired``: a try_acquire already
+            saw it free) and load it."""
+            pipe.producer_acquire(prod, cutlass.Boolean(True) if acquired else None)
             self._issue_w(pipe, prod, loads)
             self._issue_x(pipe, prod, loads)
 
