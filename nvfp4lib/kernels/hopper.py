@@ -938,6 +938,8 @@ def _compile(cfg: KernelConfig, args):
 
 def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Runner:
     """Stack the weights, build the tile table, compile (cached); the runner packs A and launches once.
+    ``config="auto"`` (the default) returns the fastest of :data:`AUTO_CANDIDATES`; ``swap_ab`` configs are
+    prepared by :func:`.hopper_rs.prepare`.
 
     ``a``, ``b``, ``b2``: lists of NVFP4Tensor (one per group) on an sm_90 GPU."""
     if options:

@@ -8,19 +8,25 @@ weight is decoded once per token tile and the tokens pad wgmma's 64-row M. Here 
   and decodes them into exactly the 16 fp16 registers of its wgmma fragment (:mod:`.rs_layout`);
 - the **tokens** are wgmma's N (any multiple of 8 up to 256): a group of 40 tokens costs a 40-wide
   MMA, not a 64- or 128-row tile; with ``tile_n`` ≥ the group's rows, each weight is decoded once;
-- the **activations** are decoded once per call by a small prologue kernel into fp16 (value × scale ×
-  2^-7, exact) and reach shared memory by TMA (128-byte swizzle, the K-major B operand);
-- two warpgroups per CTA: 128 weight rows of one matrix, or (dual) the same 64 rows of B1 and B2 —
-  warpgroup 1's up-projection accumulators are handed to warpgroup 0 through shared memory, which
-  applies silu(gate)·up. One thread issues the TMA loads (weights: one contiguous prepacked block per
-  stage; activations: one 64-K box per sub-block) into an ``ab_stages``-deep mbarrier pipeline;
-- per 64-K sub-block: two shared loads, 4 × 14 decode instructions, 4 wgmma (k16) that run while the
-  next sub-block is decoded into the other register set (``wait_group(1)`` before reuse);
+- the **activations** are decoded once per call by a one-launch prologue that reads the caller's tensors in
+  place (a table of row addresses) into fp16 (value × scale × 2^-7, exact) and writes the per-group factors
+  ``alpha``; they reach shared memory by TMA (128-byte swizzle, the K-major B operand) in boxes of
+  ``token_step`` rows. The GEMM is launched with programmatic dependent launch: its set-up and first weight
+  loads overlap the prologue, which it waits for (``griddepcontrol.wait``) before loading activations;
+- two warpgroups per CTA, each with one or two 64-row wgmma blocks (``tile_m`` = 128 or 256 weight rows of one
+  matrix), or (dual) the same 64 or 128 rows of B1 and B2 — warpgroup 1's up-projection accumulators are handed
+  to warpgroup 0 through shared memory, which applies silu(gate)·up. One thread issues the TMA loads (weights: one
+  contiguous prepacked block per stage) into an ``ab_stages``-deep mbarrier pipeline;
+- per 64-K sub-block: two shared loads and 4 × 14 decode instructions per block, then 4 wgmma (k16) per block
+  that run while the next sub-block is decoded into the other register set (``wait_group(1)`` before reuse);
+- with ``token_step`` the kernel holds one wgmma N per multiple of the step up to ``tile_n`` and each tile runs
+  the narrowest that covers its tokens (:func:`plan_token_tiles` chooses the tiles, widest first);
 - epilogue: fp32 × ``alpha = gs_A·gs_B·2^14``, fp16, stored per element (the tile is Cᵀ: weight rows ×
   tokens).
 
-Knobs (``KernelConfig``): ``tile_n`` tokens per CTA, ``tile_k`` K per stage (128 or 256), ``ab_stages``.
-``tile_m`` is fixed by the structure: 128 weight rows (64 for the dual GEMM: gate and up rows).
+Knobs (``KernelConfig``): ``tile_m`` weight rows per CTA, ``tile_n`` tokens per CTA (the widest), ``token_step``,
+``tile_k`` K per stage (128 or 256), ``ab_stages``; :func:`validate` refuses what cannot work before compiling.
+Configs are named ``rs_*`` in :data:`nvfp4lib.kernels.hopper.CONFIGS`.
 """
 from __future__ import annotations
 
