@@ -8,7 +8,7 @@ from nvfp4lib.formats import E2M1_VALUES, NVFP4Tensor, dequantize
 from nvfp4lib.kernels import hopper, hopper_rs
 from nvfp4lib.kernels.config import KernelConfig
 from nvfp4lib.kernels.hopper import AUTO_CANDIDATES, CONFIGS, get_config
-from nvfp4lib.kernels.packing import WIDE_TILE_COLUMNS, stack_weights
+from nvfp4lib.kernels.packing import WIDE_TILE_COLUMNS, padded_row_offsets, stack_weights
 from nvfp4lib.kernels.rs_layout import (
     UNIT_BYTES,
     _byte,
@@ -115,10 +115,8 @@ def test_tile_table_computes_every_group(cfg):
     b = [nv(nn, kk) for nn, kk in zip(n, k)]
     w = stack_weights([b], cfg.tile_m, cfg.tile_k)
     step = hopper_rs.token_step(cfg)
-    offs, r = [], 0
-    for mg in m:
-        offs.append(r)
-        r += -(-mg // step) * step
+    offs, r = padded_row_offsets(m, step)
+    assert all(o % step == 0 for o in offs)
     tiles = hopper_rs.swap_tile_table(m, w.n, w.k, offs, w.n_pad, cfg, 132, "cpu")
     assert tiles.shape[1] == len(WIDE_TILE_COLUMNS) and 0 not in {int(t[2]) for t in tiles}
     f64 = torch.float64

@@ -45,7 +45,7 @@ import torch
 
 from ..backends import Runner
 from .config import KernelConfig
-from .packing import WIDE_TILE_COLUMNS, ActivationPacker, check_scales_finite, stack_weights, tile_table
+from .packing import WIDE_TILE_COLUMNS, ActivationPacker, check_scales_finite, stack_weights, tile_fields, tile_table
 
 SMEM_LIMIT = 232448  # bytes of shared memory one CTA may use on sm_90 (227 KB)
 # ptxas asked for 154 registers for a 128-accumulator wgmma warpgroup under a 128-register bound
@@ -586,15 +586,11 @@ def _kernel_class():
                     cute.nvgpu.cpasync.prefetch_descriptor(tma_b2)
                     cute.nvgpu.cpasync.prefetch_descriptor(tma_sfb2)
 
-            group = mTiles[bidx, 0]
-            row0 = mTiles[bidx, 1]
-            m_valid = mTiles[bidx, 2]
-            n0 = mTiles[bidx, 3]
-            n_valid = mTiles[bidx, 4]
-            b_row0 = mTiles[bidx, 5]
-            k_tiles = mTiles[bidx, 6]
-            k_tile0 = mTiles[bidx, 8]  # first K tile of this CTA's slice (split-K), else 0
-            out_row0 = mTiles[bidx, 9]  # output row (split-K: the slice's block of the fp32 workspace), else row0
+            f = tile_fields(mTiles, bidx)
+            group, row0, m_valid, n0, n_valid = f["group"], f["row0"], f["m_valid"], f["n0"], f["n_valid"]
+            b_row0, k_tiles = f["b_row0"], f["k_tiles"]
+            k_tile0 = f["k_tile0"]  # first K tile of this CTA's slice (split-K), else 0
+            out_row0 = f["out_row0"]  # output row (split-K: the slice's block of the fp32 workspace), else row0
 
             smem = cutlass.utils.SmemAllocator()
             storage = smem.allocate(self.shared_storage)

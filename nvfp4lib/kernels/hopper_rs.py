@@ -44,7 +44,7 @@ from .hopper import (
     _cute,
     _require_hopper,
 )
-from .packing import WIDE_TILE_COLUMNS, check_scales_finite, stack_weights
+from .packing import WIDE_TILE_COLUMNS, check_scales_finite, padded_row_offsets, stack_weights, tile_fields
 from .rs_layout import RS_DECODE_PTX, UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS, prepack_weights
 
 NWG = 2  # warpgroups per CTA, each one 64-row wgmma
@@ -291,7 +291,7 @@ def _kernel_classes():
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-            variant = mTiles[bidx, 7]
+            variant = tile_fields(mTiles, bidx)["pad"]  # the swap-AB table keeps the wgmma N variant in "pad"
             for v in cutlass.range_constexpr(len(self.variants)):
                 if variant == v:
                     self._tile(self.variants[v], storage, tma_w, tW, tma_x, tX, mC, mTiles, mAlpha, sw_layout,
@@ -305,15 +305,9 @@ def _kernel_classes():
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             wg = cute.arch.make_warp_uniform(tidx // 128)
             t = tidx % 128
-            group = mTiles[bidx, 0]
-            tok_row0 = mTiles[bidx, 1]
-            tok_valid = mTiles[bidx, 2]
-            n0 = mTiles[bidx, 3]
-            n_valid = mTiles[bidx, 4]
-            b_row0 = mTiles[bidx, 5]
-            k_tiles = mTiles[bidx, 6]
-            k_tile0 = mTiles[bidx, 8]
-            out_row0 = mTiles[bidx, 9]
+            f = tile_fields(mTiles, bidx)  # tokens are the tile's rows: row0/m_valid count tokens
+            group, tok_row0, tok_valid, n0, n_valid = f["group"], f["row0"], f["m_valid"], f["n0"], f["n_valid"]
+            b_row0, k_tiles, k_tile0, out_row0 = f["b_row0"], f["k_tiles"], f["k_tile0"], f["out_row0"]
 
             boxes = nv // self.step
             tx_bytes = self.stage_units * UNIT_BYTES + self.nsub * nv * UNIT_K * 2
@@ -545,21 +539,23 @@ def plan_token_tiles(m, k_tiles, n_blocks, tile_n: int, step: int, sms: int) -> 
     def tiles(p):
         return [split_tokens(mg, pg, step) if pg else [] for mg, pg in zip(m, p)]
 
-    def cost(p):
+    def cost(t):
         return makespan([kt * (_round_up(w, step) + CTA_OVERHEAD_TOKENS)
-                         for tg, kt, nb in zip(tiles(p), k_tiles, n_blocks) for _, w in tg for _ in range(nb)], sms)
+                         for tg, kt, nb in zip(t, k_tiles, n_blocks) for _, w in tg for _ in range(nb)], sms)
 
-    best, best_cost = list(parts), cost(parts)
+    cur = tiles(parts)
+    best, best_cost = cur, cost(cur)
     for _ in range(4 * len(m) + 8):
-        widths = [max((w for _, w in tg), default=0) for tg in tiles(parts)]
+        widths = [max((w for _, w in tg), default=0) for tg in cur]
         g = max(range(len(m)), key=lambda i: widths[i])
         if widths[g] <= step:
             break
         parts[g] += 1
-        c = cost(parts)
+        cur = tiles(parts)
+        c = cost(cur)
         if c < best_cost:
-            best, best_cost = list(parts), c
-    return tiles(best)
+            best, best_cost = cur, c
+    return best
 
 
 def swap_tile_table(m, n, k, row_offsets, n_pad: int, cfg: KernelConfig, sms: int, device) -> torch.Tensor:
@@ -619,12 +615,7 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
     weights = stack_weights([b] if b2 is None else [b, b2], cfg.tile_m, cfg.tile_k)
     packed = prepack_weights(list(zip(weights.codes, weights.scales)), NWG, blocks)
     m = tuple(int(t.shape[0]) for t in a)
-    step = token_step(cfg)
-    offs, r = [], 0
-    for mg in m:  # each group's rows start at a multiple of the TMA box (token_step rows)
-        offs.append(r)
-        r += _round_up(mg, step)
-    rows = max(r, step)
+    offs, rows = padded_row_offsets(m, token_step(cfg))  # each group starts at a TMA box (token_step rows)
     row_table = activation_rows(a, offs, rows, device)
     x16 = torch.zeros((rows, weights.k_pad), dtype=torch.float16, device=device)
     tiles = swap_tile_table(m, weights.n, weights.k, offs, weights.n_pad, cfg,

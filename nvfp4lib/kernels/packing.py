@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["TILE_COLUMNS", "WIDE_TILE_COLUMNS", "split_ranges", "StackedWeights", "stack_weights",
-           "ActivationPacker", "tile_table", "round_up", "check_scales_finite"]
+           "ActivationPacker", "tile_table", "tile_fields", "padded_row_offsets", "round_up", "check_scales_finite"]
 
 TILE_COLUMNS = ("group", "row0", "m_valid", "n0", "n_valid", "b_row0", "k_tiles", "pad")
 WIDE_TILE_COLUMNS = TILE_COLUMNS + ("k_tile0", "out_row0")
@@ -35,6 +35,22 @@ WIDE_TILE_COLUMNS = TILE_COLUMNS + ("k_tile0", "out_row0")
 
 def round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
+
+
+def padded_row_offsets(m, multiple: int) -> tuple[tuple[int, ...], int]:
+    """Each group's first row when every group's rows are padded to ``multiple``, and the rows in all (at least
+    ``multiple``, so that an all-empty problem still has one tile of rows)."""
+    offs, r = [], 0
+    for mg in m:
+        offs.append(r)
+        r += round_up(mg, multiple)
+    return tuple(offs), max(r, multiple)
+
+
+def tile_fields(tiles, i) -> dict:
+    """Row ``i`` of a wide tile table as {column name: value}; in a kernel, ``tiles`` is the device tensor and the
+    values are its loads (unused columns are never read once compiled)."""
+    return {c: tiles[i, j] for j, c in enumerate(WIDE_TILE_COLUMNS)}
 
 
 def check_scales_finite(ts, what: str) -> None:
@@ -94,18 +110,13 @@ class ActivationPacker:
     def __init__(self, m, k, k_pad: int, tile_m: int, device):
         self.m = tuple(int(x) for x in m)
         self.k = tuple(int(x) for x in k)
-        offs, r = [], 0
-        for mg in self.m:
-            offs.append(r)
-            r += round_up(mg, tile_m)
-        self.row_offsets = tuple(offs)
-        self.rows = max(r, tile_m)
+        self.row_offsets, self.rows = padded_row_offsets(self.m, tile_m)
         self.k_pad = k_pad
         self.codes = torch.zeros((self.rows, k_pad // 2), dtype=torch.uint8, device=device)
         self.scales = torch.zeros((self.rows, k_pad // 16), dtype=torch.uint8, device=device)
         self.global_scales = torch.ones(len(self.m), dtype=torch.float32, device=device)
         self.same_k = len(set(self.k)) == 1
-        rows = [torch.arange(o, o + mg) for o, mg in zip(offs, self.m)]
+        rows = [torch.arange(o, o + mg) for o, mg in zip(self.row_offsets, self.m)]
         self.row_index = (torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)).to(device)
 
     def __call__(self, a) -> torch.Tensor:
