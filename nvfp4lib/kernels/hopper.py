@@ -155,6 +155,8 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
     _T.with_(name="tma_batched_no_mma", decode="batched", ablate="no_mma"),
     *(CONFIGS[n].with_(name=f"{n}_{a}", ablate=a) for n in ("rs_m128_t128_k128_s4", "rs_m256_t128_k128_s4")
       for a in ("no_dequant", "no_mma")),
+    *(CONFIGS[n].with_(name=f"{n}_{a}", ablate=a) for n in ("rs_m128_t128_k128_s4", "rs_dual_m128_t128_k128_s4")
+      for a in ("no_x", "no_store")),
 )}
 # "auto" (the default): prepare times these swap-AB candidates on the problem at hand and keeps the fastest. No
 # single tiling won every shape on the H100: 96-token tiles at 2 CTAs/SM (S2), 128 at 1 (S3), variable N up to 256

@@ -52,6 +52,9 @@ MAX_ACC_REGS = 128
 MAX_VARIANTS = 8  # wgmma N widths compiled into one kernel (code size and compile time grow with each)
 CTA_OVERHEAD_TOKENS = 20  # a CTA's fixed cost (weight decode, pipeline fill), in tokens of MMA: H100, S4 t64 vs t128
 ROW_BYTES = 128  # the prepacked weights are moved as rows of 128 bytes (18 per unit)
+# diagnostics (wrong results by design): the weight words fed to wgmma undecoded; no wgmma (decode kept alive);
+# no activation loads (their smem slots hold stale data); no output stores (kept alive by an impossible test)
+ABLATE = ("", "no_dequant", "no_mma", "no_x", "no_store")
 
 
 def blocks_per_warpgroup(cfg: KernelConfig) -> int:
@@ -124,8 +127,8 @@ def validate(cfg: KernelConfig) -> KernelConfig:
     if cfg.dual and cfg.ab_stages * (cfg.tile_k // UNIT_K) < 2 * blocks_per_warpgroup(cfg):
         raise ValueError(f"{n}: the dual epilogue hands the up accumulators over in the activation buffers, which "
                          f"need at least {2 * blocks_per_warpgroup(cfg)} sub-block slots (ab_stages × tile_k/64)")
-    if cfg.ablate not in ("", "no_dequant", "no_mma"):
-        raise ValueError(f"{n}: ablate={cfg.ablate!r}: must be '', 'no_dequant' or 'no_mma'")
+    if cfg.ablate not in ABLATE:
+        raise ValueError(f"{n}: ablate={cfg.ablate!r}: must be one of {ABLATE}")
     plan = smem_plan(cfg)
     if plan["total"] > SMEM_LIMIT:
         raise ValueError(f"{n}: needs {plan['total']} bytes of shared memory > the sm_90 limit {SMEM_LIMIT} "
@@ -310,7 +313,9 @@ def _kernel_classes():
             b_row0, k_tiles, k_tile0, out_row0 = f["b_row0"], f["k_tiles"], f["k_tile0"], f["out_row0"]
 
             boxes = nv // self.step
-            tx_bytes = self.stage_units * UNIT_BYTES + self.nsub * nv * UNIT_K * 2
+            tx_bytes = self.stage_units * UNIT_BYTES
+            if cutlass.const_expr(self.cfg.ablate != "no_x"):
+                tx_bytes += self.nsub * nv * UNIT_K * 2
             load_pipe = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.load_bars.data_ptr(), num_stages=self.stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
@@ -434,6 +439,10 @@ def _kernel_classes():
                 accs[0][0] = cutlass.Float32(sink)
             self._epilogue(accs, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t)
 
+        def _keep(self, v):
+            """Store this element? Always, but with ablate='no_store' only if it equals an unlikely value."""
+            return cutlass.Boolean(True) if self.cfg.ablate != "no_store" else v == cutlass.Float32(-1234.5)
+
         @cute.jit
         def _issue(self, pipe, prod, loads, acquired: bool = False):
             """Acquire stage ``prod`` (its barrier then expects the whole stage; ``acquired``: a try_acquire already
@@ -452,7 +461,7 @@ def _kernel_classes():
         def _issue_x(self, pipe, prod, loads):
             tma_x, tXs, tXg, x_blk0, x_sub0, boxes = loads[4:]
             bar = pipe.producer_get_barrier(prod)
-            for s in cutlass.range_constexpr(self.nsub):
+            for s in cutlass.range_constexpr(self.nsub if self.cfg.ablate != "no_x" else 0):
                 for j in cutlass.range_constexpr(boxes):
                     cute.copy(tma_x, tXg[None, (x_blk0 + j, x_sub0 + prod.count * self.nsub + s)],
                               tXs[None, (j, 0, prod.index * self.nsub + s)], tma_bar_ptr=bar)
@@ -479,7 +488,7 @@ def _kernel_classes():
                         for i in cutlass.range_constexpr(size):
                             m, n = tCcC[i]
                             col = b * UNIT_ROWS + m
-                            if n < tok_valid and col < n_valid:
+                            if n < tok_valid and col < n_valid and self._keep(accs[b][i]):
                                 g = accs[b][i] * a_gate
                                 v = g / (1.0 + cute.math.exp(-g)) * (xfer[b * size + i, t] * a_up)
                                 mC[out_row0 + n, n0 + col] = v.to(mC.element_type)
@@ -489,7 +498,7 @@ def _kernel_classes():
                     col0 = (wg * self.blocks + b) * UNIT_ROWS
                     for i in cutlass.range_constexpr(size):
                         m, n = tCcC[i]
-                        if n < tok_valid and col0 + m < n_valid:
+                        if n < tok_valid and col0 + m < n_valid and self._keep(accs[b][i]):
                             mC[out_row0 + n, n0 + col0 + m] = (accs[b][i] * alpha).to(mC.element_type)
 
     _CLASSES = (ActivationPrologueSm90, GroupedNvfp4GemmSm90RS)
