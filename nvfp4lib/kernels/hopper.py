@@ -136,14 +136,6 @@ _ship(*(_RS.with_(name=f"rs_dual_m{tm}_t{bt}_k{bk}_s{st}", tile_m=tm, dual=True,
 _ship(*(_RS.with_(name=f"rs_dual_m{tm}_t{bt}_k{bk}_s{st}_v{ts}", tile_m=tm, dual=True, tile_n=bt, tile_k=bk,
                   ab_stages=st, token_step=ts)
         for tm, bt, bk, st, ts in ((64, 256, 128, 3, 32), (64, 128, 128, 4, 16), (128, 128, 128, 4, 16))))
-# act_decode="fused" (suffix _f): no prologue launch; every CTA decodes its token rows itself (3 K tiles of fp16
-# activations in smem, so the weight pipeline can be deeper)
-_ship(*(CONFIGS[n].with_(name=f"{n}_f", act_decode="fused") for n in (
-    "rs_m128_t128_k128_s4", "rs_m128_t96_k128_s3", "rs_m128_t256_k128_s3_v32", "rs_dual_m128_t128_k128_s4",
-    "rs_dual_m64_t96_k128_s3", "rs_dual_m64_t256_k128_s3_v32")))
-_ship(*(_RS.with_(name=f"rs{'_dual' if d else ''}_m{tm}_t{bt}_k128_s{st}_f", tile_m=tm, dual=d, tile_n=bt,
-                  ab_stages=st, act_decode="fused")
-        for d, tm, bt, st in ((False, 128, 128, 8), (False, 128, 64, 8), (True, 128, 128, 6), (True, 64, 128, 8))))
 # Candidates the study pitched that are not shipped (refused by validate, or not verified on a GPU).
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="tile128x256_1wg", tile_n=256),
