@@ -136,6 +136,10 @@ _ship(*(_RS.with_(name=f"rs_dual_m{tm}_t{bt}_k{bk}_s{st}", tile_m=tm, dual=True,
 _ship(*(_RS.with_(name=f"rs_dual_m{tm}_t{bt}_k{bk}_s{st}_v{ts}", tile_m=tm, dual=True, tile_n=bt, tile_k=bk,
                   ab_stages=st, token_step=ts)
         for tm, bt, bk, st, ts in ((64, 256, 128, 3, 32), (64, 128, 128, 4, 16), (128, 128, 128, 4, 16))))
+# epilogue="staged" (suffix _e): the output tile goes through shared memory and leaves in 16-byte row chunks
+_ship(*(CONFIGS[n].with_(name=f"{n}_e", epilogue="staged") for n in (
+    "rs_m128_t96_k128_s3", "rs_m128_t128_k128_s4", "rs_m128_t256_k128_s3_v32", "rs_dual_m64_t96_k128_s3",
+    "rs_dual_m128_t128_k128_s4", "rs_dual_m64_t256_k128_s3_v32")))
 # Candidates the study pitched that are not shipped (refused by validate, or not verified on a GPU).
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="tile128x256_1wg", tile_n=256),

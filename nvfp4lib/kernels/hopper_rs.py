@@ -72,6 +72,19 @@ def acc_registers(cfg: KernelConfig) -> int:
     return blocks_per_warpgroup(cfg) * cfg.tile_n // 2
 
 
+STAGE_PAD = 8  # elements of padding per staged output row (16 bytes: rows start in different banks)
+
+
+def xfer_bytes(cfg: KernelConfig) -> int:
+    """Dual: the accumulators handed between the warpgroups (fp32, one per thread and element); 0 otherwise."""
+    return acc_registers(cfg) * 4 * 128 if cfg.dual else 0
+
+
+def stage_bytes(cfg: KernelConfig) -> int:
+    """epilogue="staged": the output tile as C rows (tile_n tokens × the tile's columns + pad, 2 bytes each)."""
+    return cfg.tile_n * (cfg.tile_m + STAGE_PAD) * 2 if cfg.epilogue == "staged" else 0
+
+
 def stage_units(cfg: KernelConfig) -> int:
     return cfg.tile_k // UNIT_K * NWG * blocks_per_warpgroup(cfg)
 
@@ -120,13 +133,15 @@ def validate(cfg: KernelConfig) -> KernelConfig:
     if cfg.warp_spec != "none" or cfg.cooperative or cfg.decode_warpgroups != 1:
         raise ValueError(f"{n}: swap_ab runs two decoding+MMA warpgroups (warp_spec='none'); "
                          f"got warp_spec={cfg.warp_spec!r}, cooperative={cfg.cooperative}")
-    if cfg.epilogue != "simt":
-        raise ValueError(f"{n}: epilogue={cfg.epilogue!r}: the swap_ab kernel stores through the SIMT epilogue")
+    if cfg.epilogue not in ("simt", "staged"):
+        raise ValueError(f"{n}: epilogue={cfg.epilogue!r}: the swap_ab kernel stores per element ('simt') or "
+                         "through a shared-memory tile ('staged')")
     if cfg.split_k != 1:
         raise ValueError(f"{n}: split_k={cfg.split_k}: not implemented for swap_ab")
-    if cfg.dual and cfg.ab_stages * (cfg.tile_k // UNIT_K) < 2 * blocks_per_warpgroup(cfg):
-        raise ValueError(f"{n}: the dual epilogue hands the up accumulators over in the activation buffers, which "
-                         f"need at least {2 * blocks_per_warpgroup(cfg)} sub-block slots (ab_stages × tile_k/64)")
+    x_bytes = cfg.ab_stages * (cfg.tile_k // UNIT_K) * cfg.tile_n * UNIT_K * 2
+    if xfer_bytes(cfg) + stage_bytes(cfg) > x_bytes:
+        raise ValueError(f"{n}: the epilogue reuses the activation buffers ({x_bytes} bytes) for the dual hand-over "
+                         f"({xfer_bytes(cfg)}) and the staged output tile ({stage_bytes(cfg)}): too small")
     if cfg.ablate not in ABLATE:
         raise ValueError(f"{n}: ablate={cfg.ablate!r}: must be one of {ABLATE}")
     plan = smem_plan(cfg)
@@ -189,6 +204,17 @@ def _kernel_classes():
     def decode_unit(loaded, *, loc=None, ip=None):
         return [cutlass.Uint32(v) for v in _asm(RS_DECODE_PTX, 16, loaded, ",".join(["=r"] * 16 + ["r"] * 6),
                                                 False)]
+
+    @dsl_user_op
+    def copy16(src, dst, *, loc=None, ip=None):
+        """16 bytes from shared address ``src`` to global address ``dst``."""
+        _asm("{\n.reg .b32 a, b, c, d;\nld.shared.v4.b32 {a, b, c, d}, [$0];\nst.global.v4.b32 [$1], {a, b, c, d};\n}",
+             0, [cutlass.Int32(src).ir_value(loc=loc, ip=ip), cutlass.Int64(dst).ir_value(loc=loc, ip=ip)], "r,l",
+             True)
+
+    def _silu_mul(g, u):
+        """silu(g)·u with the fast exp and reciprocal (~2 ulp of fp32 before the rounding to the output type)."""
+        return g * cute.arch.rcp_approx(1.0 + cute.math.exp(-g, fastmath=True)) * u
 
     def _i64(vals, loc, ip):
         return [cutlass.Int64(v).ir_value(loc=loc, ip=ip) for v in vals]
@@ -437,20 +463,7 @@ def _kernel_classes():
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.cfg.ablate == "no_mma"):
                 accs[0][0] = cutlass.Float32(sink)
-            self._epilogue(accs, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t)
-
-        @cute.jit
-        def _store_dual(self, g, u, coord, b, mC, out_row0, tok_valid, n0, n_valid):
-            """silu(g)·u (fast exp and reciprocal: ~2 ulp of fp32 before the rounding to the output type)."""
-            m, n = coord
-            col = b * UNIT_ROWS + m
-            if n < tok_valid and col < n_valid and self._keep(g):
-                v = g * cute.arch.rcp_approx(1.0 + cute.math.exp(-g, fastmath=True)) * u
-                mC[out_row0 + n, n0 + col] = v.to(mC.element_type)
-
-        def _keep(self, v):
-            """Store this element? Always, but with ablate='no_store' only if it equals an unlikely value."""
-            return cutlass.Boolean(True) if self.cfg.ablate != "no_store" else v == cutlass.Float32(-1234.5)
+            self._epilogue(nv, accs, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t)
 
         @cute.jit
         def _issue(self, pipe, prod, loads, acquired: bool = False):
@@ -476,17 +489,27 @@ def _kernel_classes():
                               tXs[None, (j, 0, prod.index * self.nsub + s)], tma_bar_ptr=bar)
 
         @cute.jit
-        def _epilogue(self, accs, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t):
-            """Cᵀ tiles -> C: element (weight row m of block b, token n) to C[out_row0 + n, n0 + col]."""
+        def _epilogue(self, nv: int, accs, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg,
+                      t):
+            """Cᵀ tiles -> C: element (weight row m of block b, token n) to C[out_row0 + n, n0 + col].
+
+            epilogue="simt": each element stored by its thread (2-byte stores, 4 token rows per warp store);
+            "staged": the tile is written to shared memory as C rows, then copied out in 16-byte row chunks."""
             size = cute.size(accs[0])
+            staged = self.cfg.epilogue == "staged"
+            bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
+            bar.arrive_and_wait()  # every wgmma of both warpgroups has read its operands: the buffers are free
+            sx = storage.sx.data_ptr()
+            cols = self.cfg.tile_m  # output columns of the tile (dual: the rows of gate = the rows of up)
+            ld = cols + STAGE_PAD
+            stage_ptr = cute.recast_ptr(sx + xfer_bytes(self.cfg) // 2, dtype=mC.element_type)
+            sC = cute.make_tensor(stage_ptr, cute.make_layout((self.bt, ld), stride=(ld, 1)))
             if cutlass.const_expr(self.dual):
                 # the two warpgroups hold gate and up of the same elements: each hands the other half of its
                 # accumulators over in shared memory, then computes silu(gate)·up for its own half
-                bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
-                xfer = cute.make_tensor(cute.recast_ptr(storage.sx.data_ptr(), dtype=cutlass.Float32),
+                xfer = cute.make_tensor(cute.recast_ptr(sx, dtype=cutlass.Float32),
                                         cute.make_layout((size * self.blocks, 128), stride=(128, 1)))
                 half = size // 2
-                bar.arrive_and_wait()  # every wgmma of both warpgroups has read its operands
                 if wg == 1:
                     for b in cutlass.range_constexpr(self.blocks):
                         for i in cutlass.range_constexpr(half):
@@ -501,21 +524,40 @@ def _kernel_classes():
                 if wg == 0:
                     for b in cutlass.range_constexpr(self.blocks):
                         for i in cutlass.range_constexpr(half):
-                            self._store_dual(accs[b][i] * a_gate, xfer[b * size + i, t] * a_up, tCcC[i], b, mC,
-                                             out_row0, tok_valid, n0, n_valid)
+                            self._put(staged, sC, mC, _silu_mul(accs[b][i] * a_gate, xfer[b * size + i, t] * a_up),
+                                      tCcC[i], b * UNIT_ROWS, out_row0, tok_valid, n0, n_valid)
                 else:
                     for b in cutlass.range_constexpr(self.blocks):
                         for i in cutlass.range_constexpr(half, size):
-                            self._store_dual(xfer[b * size + i, t] * a_gate, accs[b][i] * a_up, tCcC[i], b, mC,
-                                             out_row0, tok_valid, n0, n_valid)
+                            self._put(staged, sC, mC, _silu_mul(xfer[b * size + i, t] * a_gate, accs[b][i] * a_up),
+                                      tCcC[i], b * UNIT_ROWS, out_row0, tok_valid, n0, n_valid)
             else:
                 alpha = mAlpha[group, 0]
                 for b in cutlass.range_constexpr(self.blocks):
-                    col0 = (wg * self.blocks + b) * UNIT_ROWS
                     for i in cutlass.range_constexpr(size):
-                        m, n = tCcC[i]
-                        if n < tok_valid and col0 + m < n_valid and self._keep(accs[b][i]):
-                            mC[out_row0 + n, n0 + col0 + m] = (accs[b][i] * alpha).to(mC.element_type)
+                        self._put(staged, sC, mC, accs[b][i] * alpha, tCcC[i], (wg * self.blocks + b) * UNIT_ROWS,
+                                  out_row0, tok_valid, n0, n_valid)
+            if cutlass.const_expr(staged):
+                bar.arrive_and_wait()
+                tidx, _, _ = cute.arch.thread_idx()
+                per_row = cols // 8  # 16-byte chunks per token row
+                total = nv * per_row
+                for r in cutlass.range_constexpr(-(-total // self.threads)):
+                    q = tidx + self.threads * r
+                    n = q // per_row
+                    c8 = (q - n * per_row) * 8
+                    if q < total and n < tok_valid and c8 < n_valid and cutlass.const_expr(self.cfg.ablate != "no_store"):
+                        copy16((sC.iterator + n * ld + c8).toint(),
+                               (mC.iterator + (out_row0 + n) * mC.stride[0] + n0 + c8).toint())
+
+        @cute.jit
+        def _put(self, staged: bool, sC, mC, v, coord, col0, out_row0, tok_valid, n0, n_valid):
+            """Element (m, n) of a block starting at tile column col0: to the staging tile, or straight to C."""
+            m, n = coord
+            if cutlass.const_expr(staged):
+                sC[n, col0 + m] = v.to(mC.element_type)
+            elif n < tok_valid and col0 + m < n_valid and cutlass.const_expr(self.cfg.ablate != "no_store"):
+                mC[out_row0 + n, n0 + col0 + m] = v.to(mC.element_type)
 
     _CLASSES = (ActivationPrologueSm90, GroupedNvfp4GemmSm90RS)
     return _CLASSES
