@@ -140,6 +140,8 @@ _ship(*(_RS.with_(name=f"rs_dual_m{tm}_t{bt}_k{bk}_s{st}_v{ts}", tile_m=tm, dual
 _ship(*(CONFIGS[n].with_(name=f"{n}_e", epilogue="staged") for n in (
     "rs_m128_t96_k128_s3", "rs_m128_t128_k128_s4", "rs_m128_t256_k128_s3_v32", "rs_dual_m64_t96_k128_s3",
     "rs_dual_m128_t128_k128_s4", "rs_dual_m64_t256_k128_s3_v32")))
+_ship(*(_RS.with_(name=f"rs_m128_t{bt}_k{bk}_s{st}_e", tile_n=bt, tile_k=bk, ab_stages=st, epilogue="staged")
+        for bt, bk, st in ((128, 128, 5), (128, 256, 2), (64, 128, 4))))
 # Candidates the study pitched that are not shipped (refused by validate, or not verified on a GPU).
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="tile128x256_1wg", tile_n=256),
@@ -166,8 +168,10 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
 # single tiling won every shape on the H100: 96-token tiles at 2 CTAs/SM (S2), 128 at 1 (S3), variable N up to 256
 # (S1); "baseline" (the study's kernel) and every other config stay selectable by name.
 AUTO_CANDIDATES = {
-    False: ("rs_m128_t96_k128_s3", "rs_m128_t128_k128_s4", "rs_m128_t256_k128_s3_v32"),
-    True: ("rs_dual_m64_t96_k128_s3", "rs_dual_m128_t128_k128_s4", "rs_dual_m64_t256_k128_s3_v32"),
+    False: ("rs_m128_t96_k128_s3_e", "rs_m128_t128_k128_s4_e", "rs_m128_t128_k128_s5_e", "rs_m128_t64_k128_s4_e",
+            "rs_m128_t256_k128_s3_v32_e"),
+    True: ("rs_dual_m64_t96_k128_s3_e", "rs_dual_m128_t128_k128_s4_e", "rs_dual_m128_t128_k128_s4",
+           "rs_dual_m64_t256_k128_s3_v32_e"),
 }
 DEFAULT_SINGLE = DEFAULT_DUAL = "auto"
 
