@@ -224,6 +224,17 @@ def _kernel_classes():
         _asm(ACT_DECODE_PTX, 0, _i64((src, sf, dst, dst + 16), loc, ip), "l,l,l,l", True)
 
     @dsl_user_op
+    def load_row(addr, *, loc=None, ip=None):
+        """A row of the activation table (:data:`ROW_COLUMNS`) in one go: the three loads issue together (loaded
+        where used, the chunk count's branch put the two address loads a memory round trip later)."""
+        i64 = cutlass.Int64.mlir_type
+        res = llvm.inline_asm(llvm.StructType.get_literal([i64] * 3), _i64((addr,), loc, ip),
+                              "{\nld.global.nc.u64 $0, [$3];\nld.global.nc.u64 $1, [$3+8];\n"
+                              "ld.global.nc.u64 $2, [$3+16];\n}", "=l,=l,=l,l", has_side_effects=True,
+                              is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
+        return [cutlass.Int64(llvm.extractvalue(i64, res, [i])) for i in range(3)]
+
+    @dsl_user_op
     def alpha_row(gs_a, gs_b, out, *, loc=None, ip=None):
         _asm(ALPHA_PTX, 0, _i64((gs_a, gs_b, out), loc, ip), "l,l,l", True)
 
@@ -253,9 +264,10 @@ def _kernel_classes():
             if i < cute.size(mRows, mode=[0]) * per_row:
                 r = i // per_row
                 c = i - r * per_row
-                if c < mRows[r, 2]:
+                codes, scales, chunks = load_row((mRows.iterator + r * mRows.stride[0]).toint())
+                if c < chunks:
                     dst = (mX.iterator + r * mX.stride[0] + 16 * c).toint()
-                    decode_act16(mRows[r, 0] + 8 * c, mRows[r, 1] + c, dst)
+                    decode_act16(codes + 8 * c, scales + c, dst)
             if i < cute.size(mGsA):
                 alpha_row(mGsA[i], (mGsB.iterator + 2 * i).toint(), (mAlpha.iterator + 2 * i).toint())
 
@@ -767,7 +779,8 @@ def compile_report(cfg: KernelConfig, dump_dir: str | None = None) -> dict:
         "wgmma_n_variants": cfg.tile_n // token_step(cfg),
         **{k: v for k, v in art.ptxas.items() if k != "ptxas_log"}, **art.instructions,
         **count_instructions(art.ptx, ("lop3.b32", "mul.rn.f16x2", "cvt.rn.f16x2.e4m3x2", "ld.shared.v4.b32",
-                                       "ld.shared.v2.b32", "griddepcontrol.wait", "st.shared", "bar.sync")),
+                                       "ld.shared.v2.b32", "griddepcontrol.wait", "st.shared", "st.shared.b16",
+                                       "st.global.v4.b32", "st.global.b16", "bar.sync")),
         # ptxas serialises every wgmma when it cannot prove the register operand safe (C7513): a silent slowdown
         "wgmma_serialized": "C7513" in log, "ptx_path": art.ptx_path,
     }
