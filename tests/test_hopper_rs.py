@@ -160,6 +160,9 @@ def test_activation_rows_point_into_the_callers_tensors():
     (RS.with_(epilogue="tma"), "epilogue"),
     (RS.with_(split_k=2), "split_k"),
     (RS.with_(warp_spec="producer_consumer"), "warp_spec"),
+    (RS.with_(ab_stages=1, epilogue="staged"), "staged output tile"),  # 34.8 KB of output in 32 KB of buffers
+    (RS.with_(dual=True, ab_stages=1), "dual hand-over"),  # 64 KB of up accumulators in 32 KB
+    (RS.with_(ablate="no_everything"), "ablate"),
 ])
 def test_impossible_swap_configs_are_refused(cfg, rule):
     with pytest.raises(ValueError, match=rule):
