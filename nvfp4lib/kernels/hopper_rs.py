@@ -421,7 +421,12 @@ def _kernel_classes():
 
             # TMA partitions. Weights: stage tiles of w_rows 128-byte rows, CTA-block-major (a block's K tiles
             # adjacent).
-            k_tiles_all = cute.size(tX, mode=[1]) // (UNIT_K * self.nsub)
+            if cutlass.const_expr(self.fused):
+                # the weights are (G · n_pad / tile_m) blocks of k_tiles_all stage tiles; n_pad is C's width
+                k_tiles_all = cute.size(tW, mode=[0]) * self.rows_per_cta // (
+                    self.w_rows * cute.size(mGsB, mode=[0]) * cute.size(mC, mode=[1]))
+            else:
+                k_tiles_all = cute.size(tX, mode=[1]) // (UNIT_K * self.nsub)
             w_tile0 = (b_row0 // self.rows_per_cta) * k_tiles_all + k_tile0
             gW = cute.local_tile(tW, (self.w_rows, ROW_BYTES), (None, 0))
             tWs, tWg = cute.nvgpu.cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),

@@ -6,7 +6,7 @@ from nvfp4lib.api import prepare
 from nvfp4lib.formats import dequantize
 from nvfp4lib.problems import GroupedProblem, make_inputs
 
-for M, N, K in ((128, 128, 128), (128, 128, 256), (128, 128, 384), (64, 128, 256)):
+for M, N, K in ((128, 256, 256), (96, 384, 384)):
     prob = GroupedProblem.uniform_nk(f"dbg{M}x{N}x{K}", [M], N, K)
     inp = make_inputs(prob, seed=1, device="cuda")
     A = dequantize(inp.a[0]).double().cpu()
