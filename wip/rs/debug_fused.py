@@ -1,4 +1,5 @@
-"""Which (activation K tile, weight K tile) products does the fused-decode kernel sum? Least squares of its output on
+"""Which (activation K tile, weight K tile) products does the fused-decode kernel sum? (Ran at commit 3eccde4, where
+the `*_f` configs exist; removed since.) Least squares of its output on
 every A_i·B_jᵀ: the right kernel gives the identity. python wip/rs/debug_fused.py"""
 import torch
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # act_decode="fused" with the weight-tile count fixed (it came from the activation tensor's width, which fused mode
+# ran at commit 3eccde4 (the *_f configs were removed after it: exact, but slower than the prologue path)
 # does not pass): exactness, then per-kernel time against the prologue path
 set -o pipefail
 source .gpu/env.sh || exit 1
