@@ -558,7 +558,8 @@ def _kernel_classes():
                     q = tidx + self.threads * r
                     n = q // per_row
                     c8 = (q - n * per_row) * 8
-                    if q < total and n < tok_valid and c8 < n_valid and cutlass.const_expr(self.cfg.ablate != "no_store"):
+                    keep = self.cfg.ablate != "no_store"
+                    if q < total and n < tok_valid and c8 < n_valid and cutlass.const_expr(keep):
                         copy16((sC.iterator + n * ld + c8).toint(),
                                (mC.iterator + (out_row0 + n) * mC.stride[0] + n0 + c8).toint())
 
