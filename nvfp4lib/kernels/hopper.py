@@ -165,8 +165,9 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
       for a in ("no_x", "no_store")),
 )}
 # "auto" (the default): prepare times these swap-AB candidates on the problem at hand and keeps the fastest. No
-# single tiling won every shape on the H100: 96-token tiles at 2 CTAs/SM (S2), 128 at 1 (S3), variable N up to 256
-# (S1); "baseline" (the study's kernel) and every other config stay selectable by name.
+# single tiling won every shape on the H100 (run of 2026-11-23 at 84fac66): 96-token tiles (S2, S1-dual, S2-dual),
+# 128 with 4 stages (S3, S4) or 5 (S1), the per-element dual epilogue (S3-dual, S4-dual; within 1% of the staged one),
+# variable N up to 256 (large M); "baseline" (the study's kernel) and every other config stay selectable by name.
 AUTO_CANDIDATES = {
     False: ("rs_m128_t96_k128_s3_e", "rs_m128_t128_k128_s4_e", "rs_m128_t128_k128_s5_e", "rs_m128_t64_k128_s4_e",
             "rs_m128_t256_k128_s3_v32_e"),

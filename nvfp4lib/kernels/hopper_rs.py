@@ -14,19 +14,20 @@ weight is decoded once per token tile and the tokens pad wgmma's 64-row M. Here 
   ``token_step`` rows. The GEMM is launched with programmatic dependent launch: its set-up and first weight
   loads overlap the prologue, which it waits for (``griddepcontrol.wait``) before loading activations;
 - two warpgroups per CTA, each with one or two 64-row wgmma blocks (``tile_m`` = 128 or 256 weight rows of one
-  matrix), or (dual) the same 64 or 128 rows of B1 and B2 — warpgroup 1's up-projection accumulators are handed
-  to warpgroup 0 through shared memory, which applies silu(gate)·up. One thread issues the TMA loads (weights: one
-  contiguous prepacked block per stage) into an ``ab_stages``-deep mbarrier pipeline;
+  matrix), or (dual) the same 64 or 128 rows of B1 (warpgroup 0) and B2 (warpgroup 1). One thread issues the TMA
+  loads (weights: one contiguous prepacked block per stage) into an ``ab_stages``-deep mbarrier pipeline;
 - per 64-K sub-block: two shared loads and 4 × 14 decode instructions per block, then 4 wgmma (k16) per block
   that run while the next sub-block is decoded into the other register set (``wait_group(1)`` before reuse);
 - with ``token_step`` the kernel holds one wgmma N per multiple of the step up to ``tile_n`` and each tile runs
   the narrowest that covers its tokens (:func:`plan_token_tiles` chooses the tiles, widest first);
-- epilogue: fp32 × ``alpha = gs_A·gs_B·2^14``, fp16, stored per element (the tile is Cᵀ: weight rows ×
-  tokens).
+- epilogue: fp32 × ``alpha = gs_A·gs_B·2^14`` (the tile is Cᵀ: weight rows × tokens), rounded to the output type and
+  stored per element (``epilogue="simt"``), or written to shared memory as C rows and copied out in 16-byte row
+  chunks (``"staged"``, configs ``*_e``). Dual: both warpgroups hand half of their accumulators to the other and
+  compute silu(gate)·up (fast exp and reciprocal) for their own half.
 
 Knobs (``KernelConfig``): ``tile_m`` weight rows per CTA, ``tile_n`` tokens per CTA (the widest), ``token_step``,
-``tile_k`` K per stage (128 or 256), ``ab_stages``; :func:`validate` refuses what cannot work before compiling.
-Configs are named ``rs_*`` in :data:`nvfp4lib.kernels.hopper.CONFIGS`.
+``tile_k`` K per stage (128 or 256), ``ab_stages``, ``epilogue``; :func:`validate` refuses what cannot work before
+compiling. Configs are named ``rs_*`` in :data:`nvfp4lib.kernels.hopper.CONFIGS`.
 """
 from __future__ import annotations
 
