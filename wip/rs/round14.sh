@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fused activation decode with the loads after the proxy fence (a fence waits for the thread's outstanding loads)
-# ran at commit 88f-fused2 (the *_f configs were removed after it)
+# ran at commit 171c302 (the *_f configs were removed after it)
 set -o pipefail
 source .gpu/env.sh || exit 1
 SF="rs_m128_t128_k128_s4_e_f rs_m128_t96_k128_s3_e_f"
