@@ -38,10 +38,6 @@ class KernelConfig:
     # swap_ab only: token tiles are rounded up to a multiple of this, and the kernel holds one wgmma N per multiple
     # up to tile_n (a tile of 40 tokens runs a 48-wide MMA with token_step=16); 0: every tile is tile_n wide.
     token_step: int = 0
-    # swap_ab only: where the activations are decoded. "prologue": once per call by a separate launch into an fp16
-    # buffer that the GEMM loads by TMA; "fused": every CTA loads its token rows' NVFP4 codes from the caller's
-    # tensors and decodes them into its own shared memory (one launch; each row decoded once per weight-row block).
-    act_decode: str = "prologue"
     # Diagnostics, never shipped: "no_dequant" skips the decode, "no_mma" skips the wgmma. The result is
     # wrong by design; the benchmark times such a config without checking it and labels the row.
     ablate: str = ""

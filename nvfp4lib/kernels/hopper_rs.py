@@ -39,7 +39,6 @@ from ..backends import Runner
 from .config import KernelConfig
 from .hopper import (
     _DECODE_REGS,
-    CONVERT16_PTX,
     POST_SCALE,
     SMEM_LIMIT,
     _convert_store_ptx,
@@ -57,7 +56,6 @@ ROW_BYTES = 128  # the prepacked weights are moved as rows of 128 bytes (18 per 
 # diagnostics (wrong results by design): the weight words fed to wgmma undecoded; no wgmma (decode kept alive);
 # no activation loads (their smem slots hold stale data); no output stores (kept alive by an impossible test)
 ABLATE = ("", "no_dequant", "no_mma", "no_x", "no_store")
-FUSED_X_SLOTS = 3  # act_decode="fused": k-tiles of decoded activations in flight (decode kt+1 while wgmma reads kt)
 
 
 def blocks_per_warpgroup(cfg: KernelConfig) -> int:
@@ -88,16 +86,6 @@ def stage_bytes(cfg: KernelConfig) -> int:
     return cfg.tile_n * (cfg.tile_m + STAGE_PAD) * 2 if cfg.epilogue == "staged" else 0
 
 
-def x_slots(cfg: KernelConfig) -> int:
-    """K tiles of fp16 activations in shared memory: one per pipeline stage (TMA), or FUSED_X_SLOTS."""
-    return FUSED_X_SLOTS if cfg.act_decode == "fused" else cfg.ab_stages
-
-
-def x_items(cfg: KernelConfig, tokens: int) -> int:
-    """act_decode="fused": (token row, 64-K sub-block) decode items per thread and K tile."""
-    return -(-tokens * (cfg.tile_k // UNIT_K) // (128 * NWG))
-
-
 def stage_units(cfg: KernelConfig) -> int:
     return cfg.tile_k // UNIT_K * NWG * blocks_per_warpgroup(cfg)
 
@@ -107,7 +95,7 @@ def smem_plan(cfg: KernelConfig) -> dict:
     plan = {
         "barriers": cfg.ab_stages * 16,
         "weights": cfg.ab_stages * stage_units(cfg) * UNIT_BYTES,
-        "activations": x_slots(cfg) * nsub * cfg.tile_n * UNIT_K * 2,
+        "activations": cfg.ab_stages * nsub * cfg.tile_n * UNIT_K * 2,
     }
     plan["total"] = 1024 + 1024 + plan["weights"] + 1024 + plan["activations"]
     plan["per_stage"] = (plan["weights"] + plan["activations"]) // cfg.ab_stages
@@ -143,8 +131,6 @@ def validate(cfg: KernelConfig) -> KernelConfig:
                          "box limit of 256")
     if cfg.ab_stages < 1:
         raise ValueError(f"{n}: ab_stages={cfg.ab_stages} must be >= 1")
-    if cfg.act_decode not in ("prologue", "fused"):
-        raise ValueError(f"{n}: act_decode={cfg.act_decode!r}: must be 'prologue' or 'fused'")
     if cfg.warp_spec != "none" or cfg.cooperative or cfg.decode_warpgroups != 1:
         raise ValueError(f"{n}: swap_ab runs two decoding+MMA warpgroups (warp_spec='none'); "
                          f"got warp_spec={cfg.warp_spec!r}, cooperative={cfg.cooperative}")
@@ -153,7 +139,7 @@ def validate(cfg: KernelConfig) -> KernelConfig:
                          "through a shared-memory tile ('staged')")
     if cfg.split_k != 1:
         raise ValueError(f"{n}: split_k={cfg.split_k}: not implemented for swap_ab")
-    x_bytes = x_slots(cfg) * (cfg.tile_k // UNIT_K) * cfg.tile_n * UNIT_K * 2
+    x_bytes = cfg.ab_stages * (cfg.tile_k // UNIT_K) * cfg.tile_n * UNIT_K * 2
     if xfer_bytes(cfg) + stage_bytes(cfg) > x_bytes:
         raise ValueError(f"{n}: the epilogue reuses the activation buffers ({x_bytes} bytes) for the dual hand-over "
                          f"({xfer_bytes(cfg)}) and the staged output tile ({stage_bytes(cfg)}): too small")
@@ -182,12 +168,6 @@ ALPHA_PTX = "\n".join([
     "ld.global.f32 a, [$0];", "ld.global.v2.f32 {b0, b1}, [$1];",
     "mul.rn.f32 b0, a, b0;", "mul.rn.f32 b1, a, b1;",
     "st.global.v2.f32 [$2], {b0, b1};", "}",
-])
-# act_decode="fused": one 16-code block of an activation row from global memory ($0, $1 codes, $2 scale byte from
-# addresses $3, $4), or zeros where $5 == 0 (past the row's K, a padding row): a zero scale decodes to zeros
-ACT_LOAD_PTX = "\n".join([
-    "{", ".reg .pred p;", "setp.ne.u32 p, $5, 0;", "mov.b32 $0, 0;", "mov.b32 $1, 0;", "mov.b32 $2, 0;",
-    "@p ld.global.nc.v2.b32 {$0, $1}, [$3];", "@p ld.global.nc.u8 $2, [$4];", "}",
 ])
 ROW_COLUMNS = ("codes_addr", "scales_addr", "chunks")  # per padded activation row; chunks = 0 for padding rows
 
@@ -259,25 +239,6 @@ def _kernel_classes():
     def alpha_row(gs_a, gs_b, out, *, loc=None, ip=None):
         _asm(ALPHA_PTX, 0, _i64((gs_a, gs_b, out), loc, ip), "l,l,l", True)
 
-    @dsl_user_op
-    def load_act16(src, sf, valid, *, loc=None, ip=None):
-        """A 16-code block of one activation row (2 code words, the scale byte), zeros unless ``valid``."""
-        return [cutlass.Uint32(v) for v in _asm(
-            ACT_LOAD_PTX, 3, [*_i64((src, sf), loc, ip), cutlass.Int32(valid).ir_value(loc=loc, ip=ip)],
-            "=r,=r,=r,l,l,r", True)]
-
-    @dsl_user_op
-    def store_act16(words, dst0, dst1, *, loc=None, ip=None):
-        """Decode a loaded block to fp16 (value × scale × 2^-7) and store its two 16-byte halves to shared memory."""
-        _asm(CONVERT16_PTX, 0, [cutlass.Uint32(w).ir_value(loc=loc, ip=ip) for w in words]
-             + [cutlass.Int32(d).ir_value(loc=loc, ip=ip) for d in (dst0, dst1)], "r,r,r,r,r", True)
-
-    @dsl_user_op
-    def load_f32(addr, *, loc=None, ip=None):
-        return cutlass.Float32(llvm.inline_asm(cutlass.Float32.mlir_type, _i64((addr,), loc, ip),
-                                               "ld.global.nc.f32 $0, [$1];", "=f,l", has_side_effects=True,
-                                               is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
-
     class ActivationPrologueSm90:
         """One launch per call: every activation row decoded from the caller's own tensors into the padded fp16
         buffer (value × scale × 2^-7), and the per-group epilogue factors ``alpha``.
@@ -330,32 +291,24 @@ def _kernel_classes():
             self.stage_units = stage_units(cfg)
             self.w_rows = self.stage_units * UNIT_BYTES // ROW_BYTES  # 128-byte rows per stage
             self.rows_per_cta = cfg.tile_m
-            self.fused = cfg.act_decode == "fused"
-            self.x_slots = x_slots(cfg)
 
         def _sx_layout(self, rows: int):
             """The fp16 activation ring (nsub·stages slots) for ``rows`` tokens: K-major, 128-byte swizzle."""
             return sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (UNIT_ROWS, rows, UNIT_K),
-                                                 cutlass.Float16, self.nsub * self.x_slots)
+                                                 cutlass.Float16, self.nsub * self.stages)
 
         @cute.jit
         def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mC: cute.Tensor, mTiles: cute.Tensor,
-                     mAlpha: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor, stream):
-            """``mX``: the fp16 activations (act_decode="prologue", with ``mAlpha`` written by the prologue), or the
-            row table of :func:`activation_rows` (act_decode="fused", alpha from ``mGsA``, ``mGsB`` in the
-            epilogue)."""
+                     mAlpha: cute.Tensor, stream):
             sx_layout = self._sx_layout(self.bt)
             sw_layout = cute.make_layout((self.w_rows, ROW_BYTES, self.stages),
                                          stride=(ROW_BYTES, 1, self.w_rows * ROW_BYTES))
             g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
             tma_w, tW = cute.nvgpu.cpasync.make_tiled_tma_atom(
                 g2s, mW, cute.slice_(sw_layout, (None, None, 0)), (self.w_rows, ROW_BYTES))
-            if cutlass.const_expr(self.fused):
-                tma_x, tX = tma_w, tW  # (unused: every CTA decodes its activations itself)
-            else:
-                # activations move in boxes of token_step rows: a tile of n tokens is n/step boxes per 64-K slot
-                tma_x, tX = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                    g2s, mX, cute.slice_(self._sx_layout(self.step), (None, None, 0)), (self.step, UNIT_K))
+            # activations move in boxes of token_step rows: a tile of n tokens is n/step boxes per 64-K slot
+            tma_x, tX = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                g2s, mX, cute.slice_(self._sx_layout(self.step), (None, None, 0)), (self.step, UNIT_K))
 
             i64, u8, f16 = cutlass.Int64, cutlass.Uint8, cutlass.Float16  # (a class body sees no closure names)
 
@@ -367,13 +320,13 @@ def _kernel_classes():
 
             self.shared_storage = SharedStorage
             # programmatic dependent launch: set-up and the first weight loads overlap the activation prologue
-            self.kernel(tma_w, tW, tma_x, tX, mX, mC, mTiles, mAlpha, mGsA, mGsB, sw_layout, sx_layout).launch(
+            self.kernel(tma_w, tW, tma_x, tX, mC, mTiles, mAlpha, sw_layout, sx_layout).launch(
                 grid=(cute.size(mTiles, mode=[0]), 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=True)
 
         @cute.kernel
         def kernel(self, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom, tX: cute.Tensor,
-                   mX: cute.Tensor, mC: cute.Tensor, mTiles: cute.Tensor, mAlpha: cute.Tensor, mGsA: cute.Tensor,
-                   mGsB: cute.Tensor, sw_layout: cute.Layout, sx_layout: cute.ComposedLayout):
+                   mC: cute.Tensor, mTiles: cute.Tensor, mAlpha: cute.Tensor, sw_layout: cute.Layout,
+                   sx_layout: cute.ComposedLayout):
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             bidx, _, _ = cute.arch.block_idx()
             if warp_idx == 0:
@@ -383,12 +336,11 @@ def _kernel_classes():
             variant = tile_fields(mTiles, bidx)["pad"]  # the swap-AB table keeps the wgmma N variant in "pad"
             for v in cutlass.range_constexpr(len(self.variants)):
                 if variant == v:
-                    self._tile(self.variants[v], storage, tma_w, tW, tma_x, tX, mX, mC, mTiles, mAlpha, mGsA, mGsB,
-                               sw_layout, sx_layout)
+                    self._tile(self.variants[v], storage, tma_w, tW, tma_x, tX, mC, mTiles, mAlpha, sw_layout,
+                               sx_layout)
 
         @cute.jit
-        def _tile(self, nv: int, storage, tma_w, tW, tma_x, tX, mX, mC, mTiles, mAlpha, mGsA, mGsB, sw_layout,
-                  sx_layout):
+        def _tile(self, nv: int, storage, tma_w, tW, tma_x, tX, mC, mTiles, mAlpha, sw_layout, sx_layout):
             """One output tile with a wgmma N of ``nv`` tokens."""
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
@@ -401,7 +353,7 @@ def _kernel_classes():
 
             boxes = nv // self.step
             tx_bytes = self.stage_units * UNIT_BYTES
-            if cutlass.const_expr(self.cfg.ablate != "no_x" and not self.fused):
+            if cutlass.const_expr(self.cfg.ablate != "no_x"):
                 tx_bytes += self.nsub * nv * UNIT_K * 2
             load_pipe = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.load_bars.data_ptr(), num_stages=self.stages,
@@ -422,24 +374,17 @@ def _kernel_classes():
 
             # TMA partitions. Weights: stage tiles of w_rows 128-byte rows, CTA-block-major (a block's K tiles
             # adjacent).
-            if cutlass.const_expr(self.fused):
-                # the weights are (G · n_pad / tile_m) blocks of k_tiles_all stage tiles; n_pad is C's width
-                k_tiles_all = cute.size(tW, mode=[0]) * self.rows_per_cta // (
-                    self.w_rows * cute.size(mGsB, mode=[0]) * cute.size(mC, mode=[1]))
-            else:
-                k_tiles_all = cute.size(tX, mode=[1]) // (UNIT_K * self.nsub)
+            k_tiles_all = cute.size(tX, mode=[1]) // (UNIT_K * self.nsub)
             w_tile0 = (b_row0 // self.rows_per_cta) * k_tiles_all + k_tile0
             gW = cute.local_tile(tW, (self.w_rows, ROW_BYTES), (None, 0))
             tWs, tWg = cute.nvgpu.cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                                                         cute.group_modes(gW, 0, 2))
-            if cutlass.const_expr(not self.fused):
-                # Activations: boxes of step rows; smem (box, (row block, 1, slot)), gmem (box, (row block, 64-K
-                # block))
-                tXs, tXg = cute.nvgpu.cpasync.tma_partition(tma_x, 0, cute.make_layout(1),
-                                                            cute.zipped_divide(sX, (self.step, UNIT_K)),
-                                                            cute.zipped_divide(tX, (self.step, UNIT_K)))
-                x_blk0 = tok_row0 // self.step
-                x_sub0 = k_tile0 * self.nsub
+            # Activations: boxes of step rows; smem (box, (row block, 1, slot)), gmem (box, (row block, 64-K block))
+            tXs, tXg = cute.nvgpu.cpasync.tma_partition(tma_x, 0, cute.make_layout(1),
+                                                        cute.zipped_divide(sX, (self.step, UNIT_K)),
+                                                        cute.zipped_divide(tX, (self.step, UNIT_K)))
+            x_blk0 = tok_row0 // self.step
+            x_sub0 = k_tile0 * self.nsub
 
             tiled_mma = sm90_utils.make_trivial_tiled_mma(
                 cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
@@ -464,11 +409,7 @@ def _kernel_classes():
             prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            if cutlass.const_expr(self.fused):
-                loads = (tma_w, tWs, tWg, w_tile0)
-                xr, xitems = self._x_setup(nv, mX, tok_row0, tok_valid, storage)
-            else:
-                loads = (tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_blk0, x_sub0, boxes)
+            loads = (tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_blk0, x_sub0, boxes)
 
             # first stages: the weights (independent of the prologue) before waiting for the prologue's grid,
             # then their activations; every thread waits before it can read what the prologue wrote (x16, alpha)
@@ -479,14 +420,7 @@ def _kernel_classes():
                     self._issue_w(load_pipe, prod, loads)
                     prod.advance()
             cute.arch.griddepcontrol_wait()
-            if cutlass.const_expr(self.fused):
-                # the first K tile's activations decoded, the second's loaded into registers
-                self._x_load(xr, xitems, k_tile0)
-                self._x_store(xr, xitems, 0)
-                self._x_publish()
-                if k_tiles > 1:
-                    self._x_load(xr, xitems, k_tile0 + 1)
-            elif warp_idx == 0:
+            if warp_idx == 0:
                 early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 for _ in cutlass.range(first, unroll=1):
                     self._issue_x(load_pipe, early, loads)
@@ -494,7 +428,6 @@ def _kernel_classes():
 
             sink = cutlass.Uint32(0)
             for kt in cutlass.range(k_tiles, unroll=1):
-                x_slot = kt % self.x_slots if cutlass.const_expr(self.fused) else cons.index
                 load_pipe.consumer_wait(cons)
                 stage_base = sw_base + cons.index * (self.stage_units * UNIT_BYTES)
                 units = [((i // self.blocks) * NWG * self.blocks + i % self.blocks) * UNIT_BYTES
@@ -518,7 +451,7 @@ def _kernel_classes():
                         for b in cutlass.range_constexpr(self.blocks):
                             for kb in cutlass.range_constexpr(UNIT_K // 16):
                                 cute.gemm(tiled_mma, accs[b], rA[s % 2][b][None, None, kb],
-                                          tCrB[None, None, kb, x_slot * self.nsub + s], accs[b])
+                                          tCrB[None, None, kb, cons.index * self.nsub + s], accs[b])
                     warpgroup.commit_group()
                     warpgroup.wait_group(1)
                     if cutlass.const_expr(s == 0):
@@ -539,79 +472,11 @@ def _kernel_classes():
                         if prod.count < cutlass.min(k_tiles, kt - 1 + self.stages):
                             self._issue(load_pipe, prod, loads)
                             prod.advance()
-                if cutlass.const_expr(self.fused):
-                    # while the last wgmma group of this tile runs: decode the next K tile's activations into the
-                    # slot read two tiles ago (both warpgroups are past it: wait_group(1) before the last barrier),
-                    # publish them, then load the one after into the registers just freed. The loads go after the
-                    # proxy fence: a fence waits for the thread's outstanding loads, which would expose their latency
-                    if kt + 1 < k_tiles:
-                        self._x_store(xr, xitems, (kt + 1) % self.x_slots)
-                        self._x_publish()
-                        if kt + 2 < k_tiles:
-                            self._x_load(xr, xitems, k_tile0 + kt + 2)
                 cons.advance()
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.cfg.ablate == "no_mma"):
                 accs[0][0] = cutlass.Float32(sink)
-            if cutlass.const_expr(self.fused):
-                gs_a = load_f32(mGsA[group])
-                alpha = (gs_a * mGsB[group, 0], gs_a * mGsB[group, 1])
-            else:
-                alpha = (mAlpha[group, 0], mAlpha[group, 1])
-            self._epilogue(nv, accs, tCcC, storage, mC, alpha, out_row0, tok_valid, n0, n_valid, wg, t)
-
-        @cute.jit
-        def _x_setup(self, nv: int, mX, tok_row0, tok_valid, storage):
-            """act_decode="fused": this thread's decode items (token row n, 64-K sub-block) of a K tile — item
-            tidx + 256·j, n = item mod nv (consecutive threads take consecutive rows: their 16-byte stores hit
-            distinct banks of the 128-byte swizzle) — with the row's code and scale addresses and 16-code block
-            count (0 past the tile's tokens: the row decodes to zeros); and the registers for one K tile."""
-            tidx, _, _ = cute.arch.thread_idx()
-            items = []
-            for j in cutlass.range_constexpr(x_items(self.cfg, nv)):
-                item = tidx + 128 * NWG * j
-                n = item % nv
-                row = tok_row0 + cutlass.min(n, tok_valid - 1)
-                chunks = cutlass.Int32(mX[row, 2])
-                if n >= tok_valid:
-                    chunks = cutlass.Int32(0)
-                sub = item // nv
-                items.append((item < nv * self.nsub, mX[row, 0] + sub * (UNIT_K // 2), mX[row, 1] + sub * 4,
-                              chunks - sub * 4, (sub * self.bt + n) * (UNIT_K * 2), n % 8))
-            xr = cute.make_rmem_tensor((len(items) * 12,), cutlass.Uint32)
-            return xr, (items, storage.sx.data_ptr().toint())
-
-        @cute.jit
-        def _x_load(self, xr, items, k_tile):
-            """Load K tile ``k_tile`` of this thread's items (4 blocks of 16 codes each) into ``xr``."""
-            for j in cutlass.range_constexpr(len(items[0])):
-                active, codes, scales, chunks = items[0][j][:4]
-                if active:
-                    kb = k_tile * (self.nsub * 4)  # the item's first 16-code block of this K tile
-                    for q in cutlass.range_constexpr(4):
-                        w = load_act16(codes + (kb + q) * 8, scales + kb + q,
-                                       cutlass.Int32(kb + q < chunks))
-                        for i in cutlass.range_constexpr(3):
-                            xr[(j * 4 + q) * 3 + i] = w[i]
-
-        @cute.jit
-        def _x_store(self, xr, items, slot):
-            """Decode ``xr`` into activation slot ``slot`` (128-byte swizzle: 16-byte chunk c of row n at c ^ n%8)."""
-            base = items[1] + slot * (self.nsub * self.bt * UNIT_K * 2)
-            for j in cutlass.range_constexpr(len(items[0])):
-                active, row_off, sw = items[0][j][0], items[0][j][4], items[0][j][5]
-                if active:
-                    for q in cutlass.range_constexpr(4):
-                        dst = base + row_off
-                        store_act16([xr[(j * 4 + q) * 3 + i] for i in range(3)],
-                                    dst + (sw ^ (2 * q)) * 16, dst + (sw ^ (2 * q + 1)) * 16)
-
-        @cute.jit
-        def _x_publish(self):
-            """Make the decoded activations visible to wgmma (async proxy) and wait for both warpgroups."""
-            cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta)
-            pipeline.NamedBarrier(barrier_id=2, num_threads=self.threads).arrive_and_wait()
-
+            self._epilogue(nv, accs, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t)
 
         @cute.jit
         def _issue(self, pipe, prod, loads, acquired: bool = False):
@@ -629,17 +494,16 @@ def _kernel_classes():
 
         @cute.jit
         def _issue_x(self, pipe, prod, loads):
-            if cutlass.const_expr(self.fused or self.cfg.ablate == "no_x"):
-                return
             tma_x, tXs, tXg, x_blk0, x_sub0, boxes = loads[4:]
             bar = pipe.producer_get_barrier(prod)
-            for s in cutlass.range_constexpr(self.nsub):
+            for s in cutlass.range_constexpr(self.nsub if self.cfg.ablate != "no_x" else 0):
                 for j in cutlass.range_constexpr(boxes):
                     cute.copy(tma_x, tXg[None, (x_blk0 + j, x_sub0 + prod.count * self.nsub + s)],
                               tXs[None, (j, 0, prod.index * self.nsub + s)], tma_bar_ptr=bar)
 
         @cute.jit
-        def _epilogue(self, nv: int, accs, tCcC, storage, mC, alpha, out_row0, tok_valid, n0, n_valid, wg, t):
+        def _epilogue(self, nv: int, accs, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg,
+                      t):
             """Cᵀ tiles -> C: element (weight row m of block b, token n) to C[out_row0 + n, n0 + col].
 
             epilogue="simt": each element stored by its thread (2-byte stores, 4 token rows per warp store);
@@ -668,7 +532,8 @@ def _kernel_classes():
                         for i in cutlass.range_constexpr(half, size):
                             xfer[b * size + i, t] = accs[b][i]
                 bar.arrive_and_wait()
-                a_gate, a_up = alpha
+                a_gate = mAlpha[group, 0]
+                a_up = mAlpha[group, 1]
                 if wg == 0:
                     for b in cutlass.range_constexpr(self.blocks):
                         for i in cutlass.range_constexpr(half):
@@ -680,7 +545,7 @@ def _kernel_classes():
                             self._put(staged, sC, mC, _silu_mul(xfer[b * size + i, t] * a_gate, accs[b][i] * a_up),
                                       tCcC[i], b * UNIT_ROWS, out_row0, tok_valid, n0, n_valid)
             else:
-                alpha = alpha[0]
+                alpha = mAlpha[group, 0]
                 for b in cutlass.range_constexpr(self.blocks):
                     for i in cutlass.range_constexpr(size):
                         self._put(staged, sC, mC, accs[b][i] * alpha, tCcC[i], (wg * self.blocks + b) * UNIT_ROWS,
@@ -817,8 +682,8 @@ def activation_rows(a, row_offsets, rows: int, device) -> torch.Tensor:
 
 
 def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
-    """Prepack the weights (once), compile (cached); each call is two launches, the activation prologue (decode +
-    global scales) and the GEMM, or (act_decode="fused") the GEMM alone."""
+    """Prepack the weights (once), compile (cached); each call is two launches: the activation prologue
+    (decode + global scales) and the GEMM."""
     t0 = time.perf_counter()
     validate(cfg)
     device = a[0].data.device
@@ -833,8 +698,7 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
     m = tuple(int(t.shape[0]) for t in a)
     offs, rows = padded_row_offsets(m, token_step(cfg))  # each group starts at a TMA box (token_step rows)
     row_table = activation_rows(a, offs, rows, device)
-    fused = cfg.act_decode == "fused"
-    x16 = None if fused else torch.zeros((rows, weights.k_pad), dtype=torch.float16, device=device)
+    x16 = torch.zeros((rows, weights.k_pad), dtype=torch.float16, device=device)
     tiles = swap_tile_table(m, weights.n, weights.k, offs, weights.n_pad, cfg,
                             torch.cuda.get_device_properties(device).multi_processor_count, device)
     c_all = torch.empty((rows, weights.n_pad), dtype=out_dtype, device=device)
@@ -846,19 +710,14 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
     def stream():
         return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
 
-    if fused:
-        prologue = None
-    else:
-        pro_args = (_cute(row_table, 8), _cute(x16), _cute(gs_a, 8), _cute(gs_b, 8), _cute(alpha, 8))
-        prologue = _compile_cached(("prologue",), pro_cls, (*pro_args, stream()))
-    gemm_args = (_cute(packed.view(-1, ROW_BYTES)), _cute(row_table, 8) if fused else _cute(x16), _cute(c_all),
-                 _cute(tiles), _cute(alpha, 8), _cute(gs_a, 8), _cute(gs_b, 8))
+    pro_args = (_cute(row_table, 8), _cute(x16), _cute(gs_a, 8), _cute(gs_b, 8), _cute(alpha, 8))
+    prologue = _compile_cached(("prologue",), pro_cls, (*pro_args, stream()))
+    gemm_args = (_cute(packed.view(-1, ROW_BYTES)), _cute(x16), _cute(c_all), _cute(tiles), _cute(alpha, 8))
     gemm = (_compile_cached((cfg, str(out_dtype)), lambda: gemm_cls(cfg), (*gemm_args, stream()))
             if len(tiles) else None)
 
     def run():
-        if prologue is not None:
-            prologue(*pro_args, stream())
+        prologue(*pro_args, stream())
         if gemm is not None:
             gemm(*gemm_args, stream())
 
@@ -883,13 +742,9 @@ def fake_arguments(cfg: KernelConfig):
         return make_fake_compact_tensor(dtype, shape, stride_order=(1, 0), assumed_align=align)
 
     s = cute.sym_int
-    groups = s()
-    x = (fake(cutlass.Int64, (s(), len(ROW_COLUMNS)), 8) if cfg.act_decode == "fused"
-         else fake(cutlass.Float16, (s(), s(divisibility=cfg.tile_k))))
-    return (fake(cutlass.Uint8, (s(), ROW_BYTES)), x,
+    return (fake(cutlass.Uint8, (s(), ROW_BYTES)), fake(cutlass.Float16, (s(), s(divisibility=cfg.tile_k))),
             fake(cutlass.Float16, (s(), s(divisibility=8))), fake(cutlass.Int32, (s(), len(WIDE_TILE_COLUMNS))),
-            fake(cutlass.Float32, (groups, 2), 8), make_fake_compact_tensor(cutlass.Int64, (groups,), assumed_align=8),
-            fake(cutlass.Float32, (groups, 2), 8), cuda.CUstream(0))
+            fake(cutlass.Float32, (s(), 2), 8), cuda.CUstream(0))
 
 
 def fake_prologue_arguments():
