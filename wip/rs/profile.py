@@ -46,5 +46,25 @@ for pname in sys.argv[1].split(","):
             if dt and e.key:
                 t[short(e.key)] += dt / ITERS
         t.pop("fill", None)  # the L2 flush
+        try:
+            # the span of one call: first kernel start to last kernel end between two flushes (overlap via PDL shows)
+            evs = sorted((e for e in prof.events() if getattr(e, "device_type", None) is not None
+                          and str(e.device_type).endswith("CUDA") and e.time_range.end > e.time_range.start),
+                         key=lambda e: e.time_range.start)
+            spans, cur = [], []
+            for e in evs:
+                if short(e.name) == "fill":
+                    if cur:
+                        spans.append(max(x.time_range.end for x in cur) - min(x.time_range.start for x in cur))
+                    cur = []
+                else:
+                    cur.append(e)
+            if cur:
+                spans.append(max(x.time_range.end for x in cur) - min(x.time_range.start for x in cur))
+            if spans:
+                t["span(median)"] = sorted(spans)[len(spans) // 2]
+        except Exception as exc:  # noqa: BLE001 (the span is a diagnostic)
+            print("span failed:", exc)
+        span = t.pop("span(median)", float("nan"))
         parts = " ".join(f"{k}={v:.1f}" for k, v in sorted(t.items(), key=lambda kv: -kv[1]) if v > 0.05)
-        print(f"{pname:<8} {cfg:<32} sum={sum(t.values()):7.1f} us  {parts}", flush=True)
+        print(f"{pname:<8} {cfg:<32} sum={sum(t.values()):7.1f} us  span={span:.1f} us  {parts}", flush=True)
