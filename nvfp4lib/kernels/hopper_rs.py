@@ -45,7 +45,14 @@ from .hopper import (
     _cute,
     _require_hopper,
 )
-from .packing import WIDE_TILE_COLUMNS, check_scales_finite, padded_row_offsets, stack_weights, tile_fields
+from .packing import (
+    WIDE_TILE_COLUMNS,
+    check_scales_finite,
+    padded_row_offsets,
+    round_up,
+    stack_weights,
+    tile_fields,
+)
 from .rs_layout import RS_DECODE_PTX, UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS, prepack_weights
 
 NWG = 2  # warpgroups per CTA, each one 64-row wgmma
@@ -139,7 +146,7 @@ def validate(cfg: KernelConfig) -> KernelConfig:
                          "through a shared-memory tile ('staged')")
     if cfg.split_k != 1:
         raise ValueError(f"{n}: split_k={cfg.split_k}: not implemented for swap_ab")
-    x_bytes = cfg.ab_stages * (cfg.tile_k // UNIT_K) * cfg.tile_n * UNIT_K * 2
+    x_bytes = smem_plan(cfg)["activations"]
     if xfer_bytes(cfg) + stage_bytes(cfg) > x_bytes:
         raise ValueError(f"{n}: the epilogue reuses the activation buffers ({x_bytes} bytes) for the dual hand-over "
                          f"({xfer_bytes(cfg)}) and the staged output tile ({stage_bytes(cfg)}): too small")
@@ -291,6 +298,7 @@ def _kernel_classes():
             self.stage_units = stage_units(cfg)
             self.w_rows = self.stage_units * UNIT_BYTES // ROW_BYTES  # 128-byte rows per stage
             self.rows_per_cta = cfg.tile_m
+            self.stores = cfg.ablate != "no_store"  # False: the no_store diagnostic
 
         def _sx_layout(self, rows: int):
             """The fp16 activation ring (nsub·stages slots) for ``rows`` tokens: K-major, 128-byte swizzle."""
@@ -559,8 +567,7 @@ def _kernel_classes():
                     q = tidx + self.threads * r
                     n = q // per_row
                     c8 = (q - n * per_row) * 8
-                    keep = self.cfg.ablate != "no_store"
-                    if q < total and n < tok_valid and c8 < n_valid and cutlass.const_expr(keep):
+                    if q < total and n < tok_valid and c8 < n_valid and cutlass.const_expr(self.stores):
                         copy16((sC.iterator + n * ld + c8).toint(),
                                (mC.iterator + (out_row0 + n) * mC.stride[0] + n0 + c8).toint())
 
@@ -570,7 +577,7 @@ def _kernel_classes():
             m, n = coord
             if cutlass.const_expr(staged):
                 sC[n, col0 + m] = v.to(mC.element_type)
-            elif n < tok_valid and col0 + m < n_valid and cutlass.const_expr(self.cfg.ablate != "no_store"):
+            elif n < tok_valid and col0 + m < n_valid and cutlass.const_expr(self.stores):
                 mC[out_row0 + n, n0 + col0 + m] = v.to(mC.element_type)
 
     _CLASSES = (ActivationPrologueSm90, GroupedNvfp4GemmSm90RS)
@@ -589,14 +596,10 @@ def _compile_cached(key, make, args):
     return _compiled[key]
 
 
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
 def split_tokens(mg: int, parts: int, step: int) -> list[tuple[int, int]]:
     """(first token, tokens) of ``parts`` near-equal tiles of a group of ``mg`` tokens, each but the last a
     multiple of ``step`` wide (fewer tiles if the rounding leaves some empty)."""
-    size = _round_up(-(-mg // parts), step)
+    size = round_up(-(-mg // parts), step)
     return [(m0, min(size, mg - m0)) for m0 in range(0, mg, size)]
 
 
@@ -621,7 +624,7 @@ def plan_token_tiles(m, k_tiles, n_blocks, tile_n: int, step: int, sms: int) -> 
         return [split_tokens(mg, pg, step) if pg else [] for mg, pg in zip(m, p)]
 
     def cost(t):
-        return makespan([kt * (_round_up(w, step) + CTA_OVERHEAD_TOKENS)
+        return makespan([kt * (round_up(w, step) + CTA_OVERHEAD_TOKENS)
                          for tg, kt, nb in zip(t, k_tiles, n_blocks) for _, w in tg for _ in range(nb)], sms)
 
     cur = tiles(parts)
@@ -652,7 +655,7 @@ def swap_tile_table(m, n, k, row_offsets, n_pad: int, cfg: KernelConfig, sms: in
             for m0, w in tg:
                 r0 = row_offsets[g] + m0
                 rows.append((g, r0, w, n0, min(cfg.tile_m, n[g] - n0), g * n_pad + n0, k_tiles[g],
-                             _round_up(w, step) // step - 1, 0, r0))
+                             round_up(w, step) // step - 1, 0, r0))
     rows.sort(key=lambda r: (-r[7] * r[6], r[0], r[3], r[1]))
     if not rows:
         return torch.zeros((0, len(WIDE_TILE_COLUMNS)), dtype=torch.int32, device=device)
