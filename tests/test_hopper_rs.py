@@ -163,6 +163,9 @@ def test_activation_rows_point_into_the_callers_tensors():
     (RS.with_(ab_stages=1, epilogue="staged"), "staged output tile"),  # 34.8 KB of output in 32 KB of buffers
     (RS.with_(dual=True, ab_stages=1), "dual hand-over"),  # 64 KB of up accumulators in 32 KB
     (RS.with_(ablate="no_everything"), "ablate"),
+    (RS.with_(act_decode="fused"), "act_decode"),
+    (RS.with_(act_decode="warpgroup", tile_n=256, token_step=32, ab_stages=3), "384 threads"),
+    (RS.with_(act_decode="warpgroup", ablate="no_x"), "no_x"),
 ])
 def test_impossible_swap_configs_are_refused(cfg, rule):
     with pytest.raises(ValueError, match=rule):

@@ -38,6 +38,11 @@ class KernelConfig:
     # swap_ab only: token tiles are rounded up to a multiple of this, and the kernel holds one wgmma N per multiple
     # up to tile_n (a tile of 40 tokens runs a 48-wide MMA with token_step=16); 0: every tile is tile_n wide.
     token_step: int = 0
+    # swap_ab only: who decodes the activations. "prologue": a launch before the GEMM decodes them to fp16 once per
+    # call (the GEMM loads them by TMA); "warpgroup": a third warpgroup in every CTA decodes its own token rows from
+    # the caller's tensors into the fp16 ring and issues the weight loads (one launch, no prologue on the critical
+    # path, each CTA re-decodes its rows).
+    act_decode: str = "prologue"
     # Diagnostics, never shipped: "no_dequant" skips the decode, "no_mma" skips the wgmma. The result is
     # wrong by design; the benchmark times such a config without checking it and labels the row.
     ablate: str = ""

@@ -142,6 +142,10 @@ _ship(*(CONFIGS[n].with_(name=f"{n}_e", epilogue="staged") for n in (
     "rs_dual_m128_t128_k128_s4", "rs_dual_m64_t256_k128_s3_v32")))
 _ship(*(_RS.with_(name=f"rs_m128_t{bt}_k{bk}_s{st}_e", tile_n=bt, tile_k=bk, ab_stages=st, epilogue="staged")
         for bt, bk, st in ((128, 128, 5), (64, 128, 4))))
+# act_decode="warpgroup" (suffix _dw): a third warpgroup decodes each CTA's token rows into the ring and issues the
+# weight loads; no prologue launch
+_ship(*(CONFIGS[n].with_(name=f"{n}_dw", act_decode="warpgroup") for n in (
+    "rs_m128_t128_k128_s4_e", "rs_m128_t96_k128_s3_e", "rs_m128_t64_k128_s4_e", "rs_dual_m64_t96_k128_s3_e")))
 # Candidates the study pitched that are not shipped (refused by validate, or not verified on a GPU).
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="tile128x256_1wg", tile_n=256),

@@ -39,6 +39,7 @@ from ..backends import Runner
 from .config import KernelConfig
 from .hopper import (
     _DECODE_REGS,
+    CONVERT16_PTX,
     POST_SCALE,
     SMEM_LIMIT,
     _convert_store_ptx,
@@ -60,6 +61,10 @@ MAX_ACC_REGS = 128
 MAX_VARIANTS = 8  # wgmma N widths compiled into one kernel (code size and compile time grow with each)
 CTA_OVERHEAD_TOKENS = 20  # a CTA's fixed cost (weight decode, pipeline fill), in tokens of MMA: H100, S4 t64 vs t128
 ROW_BYTES = 128  # the prepacked weights are moved as rows of 128 bytes (18 per unit)
+# act_decode="warpgroup": 384 threads share 64K registers (168 each); the MMA warpgroups hold their accumulators,
+# two A fragment sets and the staged loads of a sub-block, the decode warpgroup DW_BATCH K tiles of raw codes
+DW_MAX_ACC_REGS = 64
+DW_BATCH = 2  # K tiles whose raw activations the decode warpgroup loads at once (their latency is paid once)
 # diagnostics (wrong results by design): the weight words fed to wgmma undecoded; no wgmma (decode kept alive);
 # no activation loads (their smem slots hold stale data); no output stores (kept alive by an impossible test)
 ABLATE = ("", "no_dequant", "no_mma", "no_x", "no_store")
@@ -78,6 +83,11 @@ def token_step(cfg: KernelConfig) -> int:
 
 def acc_registers(cfg: KernelConfig) -> int:
     return blocks_per_warpgroup(cfg) * cfg.tile_n // 2
+
+
+def block_threads(cfg: KernelConfig) -> int:
+    """The MMA warpgroups, and the decode warpgroup of act_decode="warpgroup"."""
+    return 128 * (NWG + (cfg.act_decode == "warpgroup"))
 
 
 STAGE_PAD = 8  # elements of padding per staged output row (16 bytes: rows start in different banks)
@@ -152,6 +162,17 @@ def validate(cfg: KernelConfig) -> KernelConfig:
                          f"({xfer_bytes(cfg)}) and the staged output tile ({stage_bytes(cfg)}): too small")
     if cfg.ablate not in ABLATE:
         raise ValueError(f"{n}: ablate={cfg.ablate!r}: must be one of {ABLATE}")
+    if cfg.act_decode not in ("prologue", "warpgroup"):
+        raise ValueError(f"{n}: act_decode={cfg.act_decode!r}: must be 'prologue' or 'warpgroup'")
+    if cfg.act_decode == "warpgroup":
+        if acc_registers(cfg) > DW_MAX_ACC_REGS:
+            raise ValueError(f"{n}: act_decode='warpgroup' runs {block_threads(cfg)} threads, which leaves at most "
+                             f"{65536 // block_threads(cfg)} registers each: at most {DW_MAX_ACC_REGS} accumulator "
+                             f"registers per thread, not {acc_registers(cfg)} (tile_n={cfg.tile_n}, "
+                             f"{blocks_per_warpgroup(cfg)} block(s) per warpgroup)")
+        if cfg.ablate == "no_x":
+            raise ValueError(f"{n}: ablate='no_x' removes the activations' TMA loads, which act_decode='warpgroup' "
+                             "does not have")
     plan = smem_plan(cfg)
     if plan["total"] > SMEM_LIMIT:
         raise ValueError(f"{n}: needs {plan['total']} bytes of shared memory > the sm_90 limit {SMEM_LIMIT} "
@@ -177,6 +198,12 @@ ALPHA_PTX = "\n".join([
     "st.global.v2.f32 [$2], {b0, b1};", "}",
 ])
 ROW_COLUMNS = ("codes_addr", "scales_addr", "chunks")  # per padded activation row; chunks = 0 for padding rows
+# act_decode="warpgroup": one 16-code block of an activation row from global memory ($0, $1 codes, $2 scale byte
+# from addresses $3, $4), or zeros where $5 == 0 (past the row's K, a padding row): a zero scale decodes to zeros
+ACT_LOAD_PTX = "\n".join([
+    "{", ".reg .pred p;", "setp.ne.u32 p, $5, 0;", "mov.b32 $0, 0;", "mov.b32 $1, 0;", "mov.b32 $2, 0;",
+    "@p ld.global.nc.v2.b32 {$0, $1}, [$3];", "@p ld.global.nc.u8 $2, [$4];", "}",
+])
 
 
 def _kernel_classes():
@@ -246,6 +273,25 @@ def _kernel_classes():
     def alpha_row(gs_a, gs_b, out, *, loc=None, ip=None):
         _asm(ALPHA_PTX, 0, _i64((gs_a, gs_b, out), loc, ip), "l,l,l", True)
 
+    @dsl_user_op
+    def load_act16(src, sf, valid, *, loc=None, ip=None):
+        """A 16-code block of one activation row (2 code words, the scale byte), zeros unless ``valid``."""
+        return [cutlass.Uint32(v) for v in _asm(
+            ACT_LOAD_PTX, 3, [*_i64((src, sf), loc, ip), cutlass.Int32(valid).ir_value(loc=loc, ip=ip)],
+            "=r,=r,=r,l,l,r", True)]
+
+    @dsl_user_op
+    def store_act16(words, dst0, dst1, *, loc=None, ip=None):
+        """Decode a loaded block to fp16 (value × scale × 2^-7) and store its two 16-byte halves to shared memory."""
+        _asm(CONVERT16_PTX, 0, [cutlass.Uint32(w).ir_value(loc=loc, ip=ip) for w in words]
+             + [cutlass.Int32(d).ir_value(loc=loc, ip=ip) for d in (dst0, dst1)], "r,r,r,r,r", True)
+
+    @dsl_user_op
+    def load_f32(addr, *, loc=None, ip=None):
+        return cutlass.Float32(llvm.inline_asm(cutlass.Float32.mlir_type, _i64((addr,), loc, ip),
+                                               "ld.global.nc.f32 $0, [$1];", "=f,l", has_side_effects=True,
+                                               is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
     class ActivationPrologueSm90:
         """One launch per call: every activation row decoded from the caller's own tensors into the padded fp16
         buffer (value × scale × 2^-7), and the per-group epilogue factors ``alpha``.
@@ -280,7 +326,7 @@ def _kernel_classes():
                 alpha_row(mGsA[i], (mGsB.iterator + 2 * i).toint(), (mAlpha.iterator + 2 * i).toint())
 
     class GroupedNvfp4GemmSm90RS:
-        """Swap-AB: weights (register A, decoded per thread) × tokens (smem B, fp16 by TMA) -> Cᵀ tiles.
+        """Swap-AB: weights (register A, decoded per thread) × tokens (smem B, fp16) -> Cᵀ tiles.
 
         Every tile row carries its token count class: the CTA runs the variant of the kernel whose wgmma N is the
         tile's tokens rounded up to ``token_step`` (one specialised mainloop per multiple of the step)."""
@@ -294,7 +340,8 @@ def _kernel_classes():
             self.blocks = blocks_per_warpgroup(cfg)
             self.stages = cfg.ab_stages
             self.dual = cfg.dual
-            self.threads = 128 * NWG
+            self.threads = 128 * NWG  # the MMA warpgroups (the epilogue's barriers count these)
+            self.dw = cfg.act_decode == "warpgroup"
             self.stage_units = stage_units(cfg)
             self.w_rows = self.stage_units * UNIT_BYTES // ROW_BYTES  # 128-byte rows per stage
             self.rows_per_cta = cfg.tile_m
@@ -307,16 +354,22 @@ def _kernel_classes():
 
         @cute.jit
         def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mC: cute.Tensor, mTiles: cute.Tensor,
-                     mAlpha: cute.Tensor, stream):
+                     mAlpha: cute.Tensor, mGsA: cute.Tensor, stream):
+            """``mX``: the fp16 activations written by the prologue, with ``mAlpha`` its per-group factors
+            (act_decode="prologue"); or the row table of :func:`activation_rows`, with ``mAlpha`` = gs_B·2^14 and
+            ``mGsA`` the addresses of A's global scales (act_decode="warpgroup"). ``mGsA`` [G] also gives G."""
             sx_layout = self._sx_layout(self.bt)
             sw_layout = cute.make_layout((self.w_rows, ROW_BYTES, self.stages),
                                          stride=(ROW_BYTES, 1, self.w_rows * ROW_BYTES))
             g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
             tma_w, tW = cute.nvgpu.cpasync.make_tiled_tma_atom(
                 g2s, mW, cute.slice_(sw_layout, (None, None, 0)), (self.w_rows, ROW_BYTES))
-            # activations move in boxes of token_step rows: a tile of n tokens is n/step boxes per 64-K slot
-            tma_x, tX = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                g2s, mX, cute.slice_(self._sx_layout(self.step), (None, None, 0)), (self.step, UNIT_K))
+            if cutlass.const_expr(self.dw):
+                tma_x, tX = tma_w, tW  # (unused: the decode warpgroup writes the ring itself)
+            else:
+                # activations move in boxes of token_step rows: a tile of n tokens is n/step boxes per 64-K slot
+                tma_x, tX = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                    g2s, mX, cute.slice_(self._sx_layout(self.step), (None, None, 0)), (self.step, UNIT_K))
 
             i64, u8, f16 = cutlass.Int64, cutlass.Uint8, cutlass.Float16  # (a class body sees no closure names)
 
@@ -327,45 +380,48 @@ def _kernel_classes():
                 sx: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(sx_layout)], 1024]
 
             self.shared_storage = SharedStorage
-            # programmatic dependent launch: set-up and the first weight loads overlap the activation prologue
-            self.kernel(tma_w, tW, tma_x, tX, mC, mTiles, mAlpha, sw_layout, sx_layout).launch(
-                grid=(cute.size(mTiles, mode=[0]), 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=True)
+            # prologue: programmatic dependent launch, so set-up and the first weight loads overlap the prologue
+            self.kernel(tma_w, tW, tma_x, tX, mX, mC, mTiles, mAlpha, mGsA, sw_layout, sx_layout).launch(
+                grid=(cute.size(mTiles, mode=[0]), 1, 1), block=(block_threads(self.cfg), 1, 1), stream=stream,
+                use_pdl=not self.dw)
 
         @cute.kernel
         def kernel(self, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom, tX: cute.Tensor,
-                   mC: cute.Tensor, mTiles: cute.Tensor, mAlpha: cute.Tensor, sw_layout: cute.Layout,
-                   sx_layout: cute.ComposedLayout):
+                   mX: cute.Tensor, mC: cute.Tensor, mTiles: cute.Tensor, mAlpha: cute.Tensor, mGsA: cute.Tensor,
+                   sw_layout: cute.Layout, sx_layout: cute.ComposedLayout):
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             bidx, _, _ = cute.arch.block_idx()
             if warp_idx == 0:
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
-                cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
+                if cutlass.const_expr(not self.dw):
+                    cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
             variant = tile_fields(mTiles, bidx)["pad"]  # the swap-AB table keeps the wgmma N variant in "pad"
             for v in cutlass.range_constexpr(len(self.variants)):
                 if variant == v:
-                    self._tile(self.variants[v], storage, tma_w, tW, tma_x, tX, mC, mTiles, mAlpha, sw_layout,
-                               sx_layout)
+                    self._tile(self.variants[v], storage, tma_w, tW, tma_x, tX, mX, mC, mTiles, mAlpha, mGsA,
+                               sw_layout, sx_layout)
 
         @cute.jit
-        def _tile(self, nv: int, storage, tma_w, tW, tma_x, tX, mC, mTiles, mAlpha, sw_layout, sx_layout):
+        def _tile(self, nv: int, storage, tma_w, tW, tma_x, tX, mX, mC, mTiles, mAlpha, mGsA, sw_layout,
+                  sx_layout):
             """One output tile with a wgmma N of ``nv`` tokens."""
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
-            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             wg = cute.arch.make_warp_uniform(tidx // 128)
-            t = tidx % 128
             f = tile_fields(mTiles, bidx)  # tokens are the tile's rows: row0/m_valid count tokens
             group, tok_row0, tok_valid, n0, n_valid = f["group"], f["row0"], f["m_valid"], f["n0"], f["n_valid"]
             b_row0, k_tiles, k_tile0, out_row0 = f["b_row0"], f["k_tiles"], f["k_tile0"], f["out_row0"]
 
             boxes = nv // self.step
             tx_bytes = self.stage_units * UNIT_BYTES
-            if cutlass.const_expr(self.cfg.ablate != "no_x"):
+            if cutlass.const_expr(self.cfg.ablate != "no_x" and not self.dw):
                 tx_bytes += self.nsub * nv * UNIT_K * 2
+            # a stage is full when its weights have landed (TMA bytes, one arrive) and, with a decode warpgroup,
+            # when its 128 threads have each arrived after writing their activations
             load_pipe = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.load_bars.data_ptr(), num_stages=self.stages,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1 + (128 if self.dw else 0)),
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * NWG),
                 tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
             cute.arch.mbarrier_init_fence()
@@ -381,19 +437,41 @@ def _kernel_classes():
                 swizzle=sx_layout.inner)
 
             # TMA partitions. Weights: stage tiles of w_rows 128-byte rows, CTA-block-major (a block's K tiles
-            # adjacent).
-            k_tiles_all = cute.size(tX, mode=[1]) // (UNIT_K * self.nsub)
+            # adjacent): G·n_pad/tile_m blocks of k_tiles_all stage tiles (n_pad is C's width)
+            k_tiles_all = cute.size(tW, mode=[0]) * self.rows_per_cta // (
+                self.w_rows * cute.size(mGsA, mode=[0]) * cute.size(mC, mode=[1]))
             w_tile0 = (b_row0 // self.rows_per_cta) * k_tiles_all + k_tile0
             gW = cute.local_tile(tW, (self.w_rows, ROW_BYTES), (None, 0))
             tWs, tWg = cute.nvgpu.cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                                                         cute.group_modes(gW, 0, 2))
-            # Activations: boxes of step rows; smem (box, (row block, 1, slot)), gmem (box, (row block, 64-K block))
-            tXs, tXg = cute.nvgpu.cpasync.tma_partition(tma_x, 0, cute.make_layout(1),
-                                                        cute.zipped_divide(sX, (self.step, UNIT_K)),
-                                                        cute.zipped_divide(tX, (self.step, UNIT_K)))
-            x_blk0 = tok_row0 // self.step
-            x_sub0 = k_tile0 * self.nsub
+            loads = (tma_w, tWs, tWg, w_tile0)
+            if cutlass.const_expr(not self.dw):
+                # Activations: boxes of step rows; smem (box, (row block, 1, slot)), gmem (box, (row block, 64-K
+                # block))
+                tXs, tXg = cute.nvgpu.cpasync.tma_partition(tma_x, 0, cute.make_layout(1),
+                                                            cute.zipped_divide(sX, (self.step, UNIT_K)),
+                                                            cute.zipped_divide(tX, (self.step, UNIT_K)))
+                loads = (*loads, tma_x, tXs, tXg, tok_row0 // self.step, k_tile0 * self.nsub, boxes)
 
+            if cutlass.const_expr(self.dw):
+                if wg == NWG:
+                    self._decode_warpgroup(nv, storage, load_pipe, loads, mX, tok_row0, tok_valid, k_tiles, k_tile0)
+                else:
+                    self._mma_warpgroups(nv, storage, load_pipe, loads, sXv, mC, mAlpha, mGsA, group, out_row0,
+                                         tok_valid, n0, n_valid, k_tiles)
+            else:
+                self._mma_warpgroups(nv, storage, load_pipe, loads, sXv, mC, mAlpha, mGsA, group, out_row0, tok_valid,
+                                     n0, n_valid, k_tiles)
+
+        @cute.jit
+        def _mma_warpgroups(self, nv: int, storage, load_pipe, loads, sXv, mC, mAlpha, mGsA, group, out_row0,
+                            tok_valid, n0, n_valid, k_tiles):
+            """Warpgroups 0 and 1: decode their weights into registers, wgmma against the ring, the epilogue. With
+            the prologue, warp 0 also issues the loads."""
+            tidx, _, _ = cute.arch.thread_idx()
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            t = tidx % 128
             tiled_mma = sm90_utils.make_trivial_tiled_mma(
                 cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
                 cutlass.Float32, (1, 1, 1), (UNIT_ROWS, nv), warpgroup.OperandSource.RMEM)
@@ -417,22 +495,22 @@ def _kernel_classes():
             prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            loads = (tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, x_blk0, x_sub0, boxes)
 
-            # first stages: the weights (independent of the prologue) before waiting for the prologue's grid,
-            # then their activations; every thread waits before it can read what the prologue wrote (x16, alpha)
-            first = cutlass.min(self.stages, k_tiles)
-            if warp_idx == 0:
-                for _ in cutlass.range(first, unroll=1):
-                    load_pipe.producer_acquire(prod)
-                    self._issue_w(load_pipe, prod, loads)
-                    prod.advance()
-            cute.arch.griddepcontrol_wait()
-            if warp_idx == 0:
-                early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                for _ in cutlass.range(first, unroll=1):
-                    self._issue_x(load_pipe, early, loads)
-                    early.advance()
+            if cutlass.const_expr(not self.dw):
+                # first stages: the weights (independent of the prologue) before waiting for the prologue's grid,
+                # then their activations; every thread waits before it can read what the prologue wrote
+                first = cutlass.min(self.stages, k_tiles)
+                if warp_idx == 0:
+                    for _ in cutlass.range(first, unroll=1):
+                        load_pipe.producer_acquire(prod)
+                        self._issue_w(load_pipe, prod, loads)
+                        prod.advance()
+                cute.arch.griddepcontrol_wait()
+                if warp_idx == 0:
+                    early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                    for _ in cutlass.range(first, unroll=1):
+                        self._issue_x(load_pipe, early, loads)
+                        early.advance()
 
             sink = cutlass.Uint32(0)
             for kt in cutlass.range(k_tiles, unroll=1):
@@ -463,28 +541,124 @@ def _kernel_classes():
                     warpgroup.commit_group()
                     warpgroup.wait_group(1)
                     if cutlass.const_expr(s == 0):
-                        # the previous stage's last wgmma group is done: hand its buffers back, and refill them if
-                        # the other warpgroup has too. Warp 0 must not wait for it here: wgmma is warpgroup-wide, so
-                        # a blocked warp 0 would stall all of warpgroup 0; if the slot is not free yet, warp 0 refills
-                        # it at the end of this stage instead.
+                        # the previous stage's last wgmma group is done: hand its buffers back, and (prologue mode)
+                        # refill them if the other warpgroup has too. Warp 0 must not wait for it here: wgmma is
+                        # warpgroup-wide, so a blocked warp 0 would stall all of warpgroup 0; if the slot is not
+                        # free yet, warp 0 refills it at the end of this stage instead.
                         if kt > 0:
                             load_pipe.consumer_release(rel)
                             rel.advance()
-                            if warp_idx == 0:
-                                if prod.count < k_tiles:
-                                    if load_pipe.producer_try_acquire(prod):
-                                        self._issue(load_pipe, prod, loads, acquired=True)
-                                        prod.advance()
-                if warp_idx == 0:
-                    if kt > 0:
-                        if prod.count < cutlass.min(k_tiles, kt - 1 + self.stages):
-                            self._issue(load_pipe, prod, loads)
-                            prod.advance()
+                            if cutlass.const_expr(not self.dw):
+                                if warp_idx == 0:
+                                    if prod.count < k_tiles:
+                                        if load_pipe.producer_try_acquire(prod):
+                                            self._issue(load_pipe, prod, loads, acquired=True)
+                                            prod.advance()
+                if cutlass.const_expr(not self.dw):
+                    if warp_idx == 0:
+                        if kt > 0:
+                            if prod.count < cutlass.min(k_tiles, kt - 1 + self.stages):
+                                self._issue(load_pipe, prod, loads)
+                                prod.advance()
                 cons.advance()
             warpgroup.wait_group(0)
             if cutlass.const_expr(self.cfg.ablate == "no_mma"):
                 accs[0][0] = cutlass.Float32(sink)
-            self._epilogue(nv, accs, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg, t)
+            if cutlass.const_expr(self.dw):
+                gs_a = load_f32(mGsA[group])
+                alpha = (gs_a * mAlpha[group, 0], gs_a * mAlpha[group, 1])
+            else:
+                alpha = (mAlpha[group, 0], mAlpha[group, 1])
+            self._epilogue(nv, accs, tCcC, storage, mC, alpha, out_row0, tok_valid, n0, n_valid, wg, t)
+
+        @cute.jit
+        def _decode_warpgroup(self, nv: int, storage, load_pipe, loads, mRows, tok_row0, tok_valid, k_tiles,
+                              k_tile0):
+            """act_decode="warpgroup", warpgroup 2: the weight loads (thread 0) and the activations. Each thread owns
+            token rows of the tile (``nv`` ≤ 128: row t mod nv, with 128 // nv threads sharing a row's 16-code
+            blocks; else rows t and t + 128) and, per K tile, decodes its blocks from the caller's tensors into the
+            ring slot (128-byte swizzle: 16-byte chunk c of row n at c ^ n%8), then arrives on the stage's barrier.
+            The raw codes of DW_BATCH K tiles are loaded together, after the last proxy fence of the batch before."""
+            tidx, _, _ = cute.arch.thread_idx()
+            t = tidx % 128
+            per_row = self.cfg.tile_k // 16  # 16-code blocks of a row per K tile
+            # (row, first block, block stride) per row this thread owns
+            if cutlass.const_expr(nv <= 128):
+                share = 128 // nv  # threads per row: thread t takes blocks t // nv + share·i of row t mod nv
+                slots = [(t % nv, t // nv, share)]
+            else:
+                slots = [(t, 0, 1), (t + 128, 0, 1)]
+            # per block: code and scale addresses of the row, index of the block in K tile 0, the row's chunk
+            # count, smem offset of the row in its sub-block, its swizzle, 32-byte half, and the threads that store
+            # it (t < limit; a thread past the limit has no such block and loads, but never stores, a stray one)
+            items = []
+            for si in cutlass.range_constexpr(len(slots)):
+                n, j0, js = slots[si]
+                row = n if cutlass.const_expr(si == 0) else cutlass.min(n, nv - 1)
+                codes, scales, chunks = load_row((mRows.iterator + (tok_row0 + row) * mRows.stride[0]).toint())
+                chunks = cutlass.Int32(chunks)
+                if n >= tok_valid:
+                    chunks = cutlass.Int32(0)
+                for i in cutlass.range_constexpr(-(-per_row // js)):
+                    limit = nv * min(js, per_row - js * i) if cutlass.const_expr(nv <= 128) else (
+                        128 if si == 0 else nv - 128)
+                    blk = j0 + js * i
+                    items.append((codes, scales, k_tile0 * per_row + blk, chunks,
+                                  (blk // 4) * (self.bt * UNIT_K * 2) + n * (UNIT_K * 2), n % 8, blk % 4, limit))
+            xr = cute.make_rmem_tensor((DW_BATCH * len(items) * 3,), cutlass.Uint32)
+            slot_bytes = self.nsub * self.bt * UNIT_K * 2
+            sx_base = storage.sx.data_ptr().toint()
+
+            # the first stages' weights, then every K tile: its activations (and, past the first stages, its weights)
+            w_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            x_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            first = cutlass.min(self.stages, k_tiles)
+            if t == 0:
+                for _ in cutlass.range(first, unroll=1):
+                    load_pipe.producer_acquire(w_state)
+                    self._issue_w(load_pipe, w_state, loads)
+                    w_state.advance()
+            self._dw_load(xr, items, 0, k_tiles)
+            for kb in cutlass.range(0, k_tiles, DW_BATCH, unroll=1):
+                for p in cutlass.range_constexpr(DW_BATCH):
+                    if kb + p < k_tiles:
+                        if t == 0:
+                            if kb + p >= first:
+                                load_pipe.producer_acquire(w_state)
+                                self._issue_w(load_pipe, w_state, loads)
+                                w_state.advance()
+                        load_pipe.sync_object_empty.wait(x_state.index, x_state.phase)
+                        base = sx_base + x_state.index * slot_bytes
+                        for i in cutlass.range_constexpr(len(items)):
+                            self._dw_store(xr, p * len(items) + i, items[i], base, t)
+                        # the ring is read by wgmma (the async proxy): publish the generic stores to it first
+                        cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta)
+                        cute.arch.mbarrier_arrive(load_pipe.producer_get_barrier(x_state))
+                        x_state.advance()
+                self._dw_load(xr, items, kb + DW_BATCH, k_tiles)
+
+        @cute.jit
+        def _dw_store(self, xr, j, item, base, t):
+            """Decode raw block ``j`` of ``xr`` into its two 16-byte chunks of the slot at ``base``."""
+            dst = base + item[4]
+            words = [xr[j * 3 + w] for w in range(3)]
+            if cutlass.const_expr(item[7] >= 128):
+                store_act16(words, dst + (item[5] ^ (2 * item[6])) * 16, dst + (item[5] ^ (2 * item[6] + 1)) * 16)
+            elif t < item[7]:
+                store_act16(words, dst + (item[5] ^ (2 * item[6])) * 16, dst + (item[5] ^ (2 * item[6] + 1)) * 16)
+
+        @cute.jit
+        def _dw_load(self, xr, items, kt0, k_tiles):
+            """The raw blocks of K tiles kt0 .. kt0 + DW_BATCH - 1 (those below ``k_tiles``) into ``xr``."""
+            per_row = self.cfg.tile_k // 16
+            for p in cutlass.range_constexpr(DW_BATCH):
+                if kt0 + p < k_tiles:
+                    for i in cutlass.range_constexpr(len(items)):
+                        codes, scales, blk0, chunks = items[i][:4]
+                        c = blk0 + (kt0 + p) * per_row
+                        w = load_act16(codes + 8 * c, scales + c, cutlass.Int32(c < chunks))
+                        for q in cutlass.range_constexpr(3):
+                            xr[(p * len(items) + i) * 3 + q] = w[q]
 
         @cute.jit
         def _issue(self, pipe, prod, loads, acquired: bool = False):
@@ -510,8 +684,7 @@ def _kernel_classes():
                               tXs[None, (j, 0, prod.index * self.nsub + s)], tma_bar_ptr=bar)
 
         @cute.jit
-        def _epilogue(self, nv: int, accs, tCcC, storage, mC, mAlpha, group, out_row0, tok_valid, n0, n_valid, wg,
-                      t):
+        def _epilogue(self, nv: int, accs, tCcC, storage, mC, alpha, out_row0, tok_valid, n0, n_valid, wg, t):
             """Cᵀ tiles -> C: element (weight row m of block b, token n) to C[out_row0 + n, n0 + col].
 
             epilogue="simt": each element stored by its thread (2-byte stores, 4 token rows per warp store);
@@ -540,8 +713,7 @@ def _kernel_classes():
                         for i in cutlass.range_constexpr(half, size):
                             xfer[b * size + i, t] = accs[b][i]
                 bar.arrive_and_wait()
-                a_gate = mAlpha[group, 0]
-                a_up = mAlpha[group, 1]
+                a_gate, a_up = alpha
                 if wg == 0:
                     for b in cutlass.range_constexpr(self.blocks):
                         for i in cutlass.range_constexpr(half):
@@ -553,10 +725,9 @@ def _kernel_classes():
                             self._put(staged, sC, mC, _silu_mul(xfer[b * size + i, t] * a_gate, accs[b][i] * a_up),
                                       tCcC[i], b * UNIT_ROWS, out_row0, tok_valid, n0, n_valid)
             else:
-                alpha = mAlpha[group, 0]
                 for b in cutlass.range_constexpr(self.blocks):
                     for i in cutlass.range_constexpr(size):
-                        self._put(staged, sC, mC, accs[b][i] * alpha, tCcC[i], (wg * self.blocks + b) * UNIT_ROWS,
+                        self._put(staged, sC, mC, accs[b][i] * alpha[0], tCcC[i], (wg * self.blocks + b) * UNIT_ROWS,
                                   out_row0, tok_valid, n0, n_valid)
             if cutlass.const_expr(staged):
                 bar.arrive_and_wait()
@@ -685,8 +856,8 @@ def activation_rows(a, row_offsets, rows: int, device) -> torch.Tensor:
 
 
 def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
-    """Prepack the weights (once), compile (cached); each call is two launches: the activation prologue
-    (decode + global scales) and the GEMM."""
+    """Prepack the weights (once), compile (cached); each call is two launches, the activation prologue (decode +
+    global scales) and the GEMM, or (act_decode="warpgroup") the GEMM alone."""
     t0 = time.perf_counter()
     validate(cfg)
     device = a[0].data.device
@@ -701,26 +872,33 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
     m = tuple(int(t.shape[0]) for t in a)
     offs, rows = padded_row_offsets(m, token_step(cfg))  # each group starts at a TMA box (token_step rows)
     row_table = activation_rows(a, offs, rows, device)
-    x16 = torch.zeros((rows, weights.k_pad), dtype=torch.float16, device=device)
+    dw = cfg.act_decode == "warpgroup"
+    x16 = None if dw else torch.zeros((rows, weights.k_pad), dtype=torch.float16, device=device)
     tiles = swap_tile_table(m, weights.n, weights.k, offs, weights.n_pad, cfg,
                             torch.cuda.get_device_properties(device).multi_processor_count, device)
     c_all = torch.empty((rows, weights.n_pad), dtype=out_dtype, device=device)
     outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(offs, m, weights.n)]
     gs_a = torch.tensor([t.global_scale.data_ptr() for t in a], dtype=torch.int64).to(device)
     gs_b = torch.stack([weights.global_scales[0], weights.global_scales[-1]], dim=1) * POST_SCALE
-    alpha = torch.zeros((len(a), 2), dtype=torch.float32, device=device)
+    alpha = None if dw else torch.zeros((len(a), 2), dtype=torch.float32, device=device)
 
     def stream():
         return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
 
-    pro_args = (_cute(row_table, 8), _cute(x16), _cute(gs_a, 8), _cute(gs_b, 8), _cute(alpha, 8))
-    prologue = _compile_cached(("prologue",), pro_cls, (*pro_args, stream()))
-    gemm_args = (_cute(packed.view(-1, ROW_BYTES)), _cute(x16), _cute(c_all), _cute(tiles), _cute(alpha, 8))
+    prologue = pro_args = None
+    if not dw:
+        pro_args = (_cute(row_table, 8), _cute(x16), _cute(gs_a, 8), _cute(gs_b, 8), _cute(alpha, 8))
+        prologue = _compile_cached(("prologue",), pro_cls, (*pro_args, stream()))
+    gemm_args = ((_cute(packed.view(-1, ROW_BYTES)), _cute(row_table, 8), _cute(c_all), _cute(tiles), _cute(gs_b, 8))
+                 if dw else
+                 (_cute(packed.view(-1, ROW_BYTES)), _cute(x16), _cute(c_all), _cute(tiles), _cute(alpha, 8)))
+    gemm_args = (*gemm_args, _cute(gs_a, 8))
     gemm = (_compile_cached((cfg, str(out_dtype)), lambda: gemm_cls(cfg), (*gemm_args, stream()))
             if len(tiles) else None)
 
     def run():
-        prologue(*pro_args, stream())
+        if prologue is not None:
+            prologue(*pro_args, stream())
         if gemm is not None:
             gemm(*gemm_args, stream())
 
@@ -745,9 +923,12 @@ def fake_arguments(cfg: KernelConfig):
         return make_fake_compact_tensor(dtype, shape, stride_order=(1, 0), assumed_align=align)
 
     s = cute.sym_int
-    return (fake(cutlass.Uint8, (s(), ROW_BYTES)), fake(cutlass.Float16, (s(), s(divisibility=cfg.tile_k))),
-            fake(cutlass.Float16, (s(), s(divisibility=8))), fake(cutlass.Int32, (s(), len(WIDE_TILE_COLUMNS))),
-            fake(cutlass.Float32, (s(), 2), 8), cuda.CUstream(0))
+    groups = s()
+    x = (fake(cutlass.Int64, (s(), len(ROW_COLUMNS)), 8) if cfg.act_decode == "warpgroup"
+         else fake(cutlass.Float16, (s(), s(divisibility=cfg.tile_k))))
+    return (fake(cutlass.Uint8, (s(), ROW_BYTES)), x, fake(cutlass.Float16, (s(), s(divisibility=8))),
+            fake(cutlass.Int32, (s(), len(WIDE_TILE_COLUMNS))), fake(cutlass.Float32, (groups, 2), 8),
+            make_fake_compact_tensor(cutlass.Int64, (groups,), assumed_align=8), cuda.CUstream(0))
 
 
 def fake_prologue_arguments():
@@ -778,13 +959,14 @@ def compile_report(cfg: KernelConfig, dump_dir: str | None = None) -> dict:
     plan = smem_plan(cfg)
     log = art.ptxas.get("ptxas_log", "")
     return {
-        **cfg.as_dict(), "compile_s": round(time.perf_counter() - t0, 2), "threads": 128 * NWG,
+        **cfg.as_dict(), "compile_s": round(time.perf_counter() - t0, 2), "threads": block_threads(cfg),
         "math_warpgroups": NWG, "acc_registers": acc_registers(cfg), "smem_bytes": plan["total"],
         "smem_per_stage": plan["per_stage"], "ctas_per_sm_by_smem": 233472 // (plan["total"] + 1024),
         "wgmma_n_variants": cfg.tile_n // token_step(cfg),
         **{k: v for k, v in art.ptxas.items() if k != "ptxas_log"}, **art.instructions,
         **count_instructions(art.ptx, ("lop3.b32", "mul.rn.f16x2", "cvt.rn.f16x2.e4m3x2", "ld.shared.v4.b32",
                                        "ld.shared.v2.b32", "griddepcontrol.wait", "st.shared", "st.shared.b16",
+                                       "st.shared.v4.b32", "fence.proxy.async", "ld.global.nc.v2.b32",
                                        "st.global.v4.b32", "st.global.b16", "bar.sync")),
         # ptxas serialises every wgmma when it cannot prove the register operand safe (C7513): a silent slowdown
         "wgmma_serialized": "C7513" in log, "ptx_path": art.ptx_path,

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# act_decode="warpgroup" (_dw): exactness of the new configs, then where the time goes (profile) and a same-run
+# comparison against the prologue configs on S1-S4 and the duals (no peers: they come in the final run)
+set -o pipefail
+source .gpu/env.sh || exit 1
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv,noheader
+export NVFP4LIB_GIT_COMMIT=$(cat wip/rs/COMMIT 2>/dev/null || echo unknown)
+S="--backend cute-hopper:config=rs_m128_t128_k128_s4_e_dw --backend cute-hopper:config=rs_m128_t96_k128_s3_e_dw --backend cute-hopper:config=rs_m128_t64_k128_s4_e_dw"
+timeout 150 python -m nvfp4lib check $S --suite correctness --suite edge --suite benchmark --modes gaussian uniform > $OUT/check_single.log 2>&1
+echo "single ok: $(grep -c '^ok' $OUT/check_single.log)"; grep -v "^ok" $OUT/check_single.log | tail -8
+timeout 100 python -m nvfp4lib check --backend cute-hopper:config=rs_dual_m64_t96_k128_s3_e_dw --suite correctness-dual --suite dual --modes gaussian uniform > $OUT/check_dual.log 2>&1
+echo "dual ok: $(grep -c '^ok' $OUT/check_dual.log)"; grep -v "^ok" $OUT/check_dual.log | tail -8
+grep -q "^0 failure" $OUT/check_single.log || exit 1
+timeout 120 python wip/rs/profile.py S4,S3,S2,S1 rs_m128_t128_k128_s4_e,rs_m128_t128_k128_s4_e_dw,rs_m128_t96_k128_s3_e_dw,rs_m128_t64_k128_s4_e_dw 2>&1 | grep -v -i warn | tee $OUT/profile.log
+timeout 60 python wip/rs/profile.py S4-dual,S2-dual rs_dual_m64_t96_k128_s3_e,rs_dual_m64_t96_k128_s3_e_dw 2>&1 | grep -v -i warn | tee -a $OUT/profile.log
+B=""; for c in rs_m128_t128_k128_s4_e rs_m128_t128_k128_s4_e_dw rs_m128_t96_k128_s3_e rs_m128_t96_k128_s3_e_dw rs_m128_t64_k128_s4_e_dw rs_dual_m64_t96_k128_s3_e rs_dual_m64_t96_k128_s3_e_dw rs_dual_m128_t128_k128_s4; do B="$B --backend cute-hopper:config=$c,graph=1"; done
+timeout 200 python -m nvfp4lib bench --suite benchmark --suite dual $B --iters 30 --no-record --out $OUT/bench.jsonl 2>&1 | grep -A80 "^problem"
