@@ -609,33 +609,37 @@ def _kernel_classes():
             slot_bytes = self.nsub * self.bt * UNIT_K * 2
             sx_base = storage.sx.data_ptr().toint()
 
-            # the first stages' weights, then every K tile: its activations (and, past the first stages, its weights)
-            w_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            x_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            # the first stages' weights, then every K tile: its activations (and, past the first stages, its weights).
+            # Stage states are computed from the K tile, not carried: nothing to keep in step between the threads.
             first = cutlass.min(self.stages, k_tiles)
             if t == 0:
-                for _ in cutlass.range(first, unroll=1):
-                    load_pipe.producer_acquire(w_state)
-                    self._issue_w(load_pipe, w_state, loads)
-                    w_state.advance()
+                for kt in cutlass.range(first, unroll=1):
+                    st = self._producer_state(kt)
+                    load_pipe.producer_acquire(st)
+                    self._issue_w(load_pipe, st, loads)
             self._dw_load(xr, items, 0, k_tiles)
             for kb in cutlass.range(0, k_tiles, DW_BATCH, unroll=1):
                 for p in cutlass.range_constexpr(DW_BATCH):
-                    if kb + p < k_tiles:
+                    kt = kb + p
+                    if kt < k_tiles:
+                        st = self._producer_state(kt)
                         if t == 0:
-                            if kb + p >= first:
-                                load_pipe.producer_acquire(w_state)
-                                self._issue_w(load_pipe, w_state, loads)
-                                w_state.advance()
-                        load_pipe.sync_object_empty.wait(x_state.index, x_state.phase)
-                        base = sx_base + x_state.index * slot_bytes
+                            if kt >= first:
+                                load_pipe.producer_acquire(st)
+                                self._issue_w(load_pipe, st, loads)
+                        load_pipe.sync_object_empty.wait(st.index, st.phase)
+                        base = sx_base + st.index * slot_bytes
                         for i in cutlass.range_constexpr(len(items)):
                             self._dw_store(xr, p * len(items) + i, items[i], base, t)
                         # the ring is read by wgmma (the async proxy): publish the generic stores to it first
                         cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta)
-                        cute.arch.mbarrier_arrive(load_pipe.producer_get_barrier(x_state))
-                        x_state.advance()
+                        cute.arch.mbarrier_arrive(load_pipe.producer_get_barrier(st))
                 self._dw_load(xr, items, kb + DW_BATCH, k_tiles)
+
+        def _producer_state(self, kt):
+            """The producer's state at K tile ``kt``: its slot, and the parity of the slot's empty phase to wait for
+            (a producer starts with parity 1: a fresh slot is free)."""
+            return pipeline.PipelineState(self.stages, kt, kt % self.stages, ((kt // self.stages) % 2) ^ 1)
 
         @cute.jit
         def _dw_store(self, xr, j, item, base, t):
