@@ -174,9 +174,10 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
 # variable N up to 256 (large M); "baseline" (the study's kernel) and every other config stay selectable by name.
 AUTO_CANDIDATES = {
     False: ("rs_m128_t96_k128_s3_e", "rs_m128_t128_k128_s4_e", "rs_m128_t128_k128_s5_e", "rs_m128_t64_k128_s4_e",
-            "rs_m128_t256_k128_s3_v32_e"),
+            "rs_m128_t256_k128_s3_v32_e", "rs_m128_t128_k128_s4_e_dw", "rs_m128_t96_k128_s3_e_dw",
+            "rs_m128_t64_k128_s4_e_dw"),
     True: ("rs_dual_m64_t96_k128_s3_e", "rs_dual_m128_t128_k128_s4_e", "rs_dual_m128_t128_k128_s4",
-           "rs_dual_m64_t256_k128_s3_v32_e"),
+           "rs_dual_m64_t256_k128_s3_v32_e", "rs_dual_m64_t96_k128_s3_e_dw"),
 }
 DEFAULT_SINGLE = DEFAULT_DUAL = "auto"
 

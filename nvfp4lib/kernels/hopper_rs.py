@@ -574,8 +574,8 @@ def _kernel_classes():
         @cute.jit
         def _decode_warpgroup(self, nv: int, storage, load_pipe, loads, mRows, tok_row0, tok_valid, k_tiles,
                               k_tile0):
-            """act_decode="warpgroup", warpgroup 2: the weight loads (thread 0) and the activations. Each thread owns
-            token rows of the tile (``nv`` ≤ 128: row t mod nv, with 128 // nv threads sharing a row's 16-code
+            """act_decode="warpgroup", warpgroup 2: the weight loads (its first warp) and the activations. Each thread
+            owns token rows of the tile (``nv`` ≤ 128: row t mod nv, with 128 // nv threads sharing a row's 16-code
             blocks; else rows t and t + 128) and, per K tile, decodes its blocks from the caller's tensors into the
             ring slot (128-byte swizzle: 16-byte chunk c of row n at c ^ n%8), then arrives on the stage's barrier.
             The raw codes of DW_BATCH K tiles are loaded together, after the last proxy fence of the batch before."""
@@ -612,7 +612,11 @@ def _kernel_classes():
             # the first stages' weights, then every K tile: its activations (and, past the first stages, its weights).
             # Stage states are computed from the K tile, not carried: nothing to keep in step between the threads.
             first = cutlass.min(self.stages, k_tiles)
-            if t == 0:
+            # the weights' producer is a whole warp: the TMA copy and the arrive with its byte count elect one lane
+            # (elect.sync), which a single diverged thread must not run (the first version hung past the first
+            # stages)
+            w_warp = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4 * NWG
+            if w_warp:
                 for kt in cutlass.range(first, unroll=1):
                     st = self._producer_state(kt)
                     load_pipe.producer_acquire(st)
@@ -623,7 +627,7 @@ def _kernel_classes():
                     kt = kb + p
                     if kt < k_tiles:
                         st = self._producer_state(kt)
-                        if t == 0:
+                        if w_warp:
                             if kt >= first:
                                 load_pipe.producer_acquire(st)
                                 self._issue_w(load_pipe, st, loads)
