@@ -66,8 +66,9 @@ ROW_BYTES = 128  # the prepacked weights are moved as rows of 128 bytes (18 per 
 DW_MAX_ACC_REGS = 64
 DW_BATCH = 2  # K tiles whose raw activations the decode warpgroup loads at once (their latency is paid once)
 # diagnostics (wrong results by design): the weight words fed to wgmma undecoded; no wgmma (decode kept alive);
-# no activation loads (their smem slots hold stale data); no output stores (kept alive by an impossible test)
-ABLATE = ("", "no_dequant", "no_mma", "no_x", "no_store")
+# no activation loads (their smem slots hold stale data); no output stores (kept alive by an impossible test); the
+# decode warpgroup decoding zeros instead of loading the activations from global memory
+ABLATE = ("", "no_dequant", "no_mma", "no_x", "no_store", "no_xload")
 
 
 def blocks_per_warpgroup(cfg: KernelConfig) -> int:
@@ -173,6 +174,8 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         if cfg.ablate == "no_x":
             raise ValueError(f"{n}: ablate='no_x' removes the activations' TMA loads, which act_decode='warpgroup' "
                              "does not have")
+    elif cfg.ablate == "no_xload":
+        raise ValueError(f"{n}: ablate='no_xload' removes the decode warpgroup's loads: act_decode='warpgroup' only")
     plan = smem_plan(cfg)
     if plan["total"] > SMEM_LIMIT:
         raise ValueError(f"{n}: needs {plan['total']} bytes of shared memory > the sm_90 limit {SMEM_LIMIT} "
@@ -664,7 +667,10 @@ def _kernel_classes():
                     for i in cutlass.range_constexpr(len(items)):
                         codes, scales, blk0, chunks = items[i][:4]
                         c = blk0 + (kt0 + p) * per_row
-                        w = load_act16(codes + 8 * c, scales + c, cutlass.Int32(c < chunks))
+                        if cutlass.const_expr(self.cfg.ablate == "no_xload"):  # diagnostic: zeros, no loads
+                            w = [cutlass.Uint32(c * 0), cutlass.Uint32(0), cutlass.Uint32(0)]
+                        else:
+                            w = load_act16(codes + 8 * c, scales + c, cutlass.Int32(c < chunks))
                         for q in cutlass.range_constexpr(3):
                             xr[(p * len(items) + i) * 3 + q] = w[q]
 
