@@ -577,37 +577,32 @@ def _kernel_classes():
         @cute.jit
         def _decode_warpgroup(self, nv: int, storage, load_pipe, loads, mRows, tok_row0, tok_valid, k_tiles,
                               k_tile0):
-            """act_decode="warpgroup", warpgroup 2: the weight loads (its first warp) and the activations. Each thread
-            owns token rows of the tile (``nv`` ≤ 128: row t mod nv, with 128 // nv threads sharing a row's 16-code
-            blocks; else rows t and t + 128) and, per K tile, decodes its blocks from the caller's tensors into the
-            ring slot (128-byte swizzle: 16-byte chunk c of row n at c ^ n%8), then arrives on the stage's barrier.
-            The raw codes of DW_BATCH K tiles are loaded together, after the last proxy fence of the batch before."""
+            """act_decode="warpgroup", warpgroup 2: the weight loads (its first warp) and the activations. Per K tile,
+            thread t decodes 16-code block t mod (tile_k/16) of every (128·16/tile_k)-th token row of the tile from
+            the caller's tensors into the ring slot (128-byte swizzle: 16-byte chunk c of row n at c ^ n%8), then
+            arrives on the stage's barrier. Consecutive threads read consecutive 8-byte pieces of one row (a first
+            version gave each thread a row: every warp load touched 32 rows, and the loads cost 9 us on S4). The raw
+            codes of DW_BATCH K tiles are loaded together, after the last proxy fence of the batch before."""
             tidx, _, _ = cute.arch.thread_idx()
             t = tidx % 128
             per_row = self.cfg.tile_k // 16  # 16-code blocks of a row per K tile
-            # (row, first block, block stride) per row this thread owns
-            if cutlass.const_expr(nv <= 128):
-                share = 128 // nv  # threads per row: thread t takes blocks t // nv + share·i of row t mod nv
-                slots = [(t % nv, t // nv, share)]
-            else:
-                slots = [(t, 0, 1), (t + 128, 0, 1)]
-            # per block: code and scale addresses of the row, index of the block in K tile 0, the row's chunk
-            # count, smem offset of the row in its sub-block, its swizzle, 32-byte half, and the threads that store
-            # it (t < limit; a thread past the limit has no such block and loads, but never stores, a stray one)
+            rows_per_pass = 128 // per_row
+            blk = t % per_row  # the same block of each of this thread's rows: a warp reads whole row segments
+            # per row this thread owns: code and scale addresses of the row, index of the block in K tile 0, the
+            # row's chunk count, smem offset of the row in its sub-block, its swizzle, the block's 32-byte half,
+            # and the threads that store it (t < limit; past the limit a thread's row is past the tile's
+            # ``nv`` tokens: it loads a clamped row but never stores)
             items = []
-            for si in cutlass.range_constexpr(len(slots)):
-                n, j0, js = slots[si]
-                row = n if cutlass.const_expr(si == 0) else cutlass.min(n, nv - 1)
+            for i in cutlass.range_constexpr(-(-nv // rows_per_pass)):
+                n = t // per_row + rows_per_pass * i
+                limit = per_row * (nv - rows_per_pass * i)
+                row = n if cutlass.const_expr(limit >= 128) else cutlass.min(n, nv - 1)
                 codes, scales, chunks = load_row((mRows.iterator + (tok_row0 + row) * mRows.stride[0]).toint())
                 chunks = cutlass.Int32(chunks)
                 if n >= tok_valid:
                     chunks = cutlass.Int32(0)
-                for i in cutlass.range_constexpr(-(-per_row // js)):
-                    limit = nv * min(js, per_row - js * i) if cutlass.const_expr(nv <= 128) else (
-                        128 if si == 0 else nv - 128)
-                    blk = j0 + js * i
-                    items.append((codes, scales, k_tile0 * per_row + blk, chunks,
-                                  (blk // 4) * (self.bt * UNIT_K * 2) + n * (UNIT_K * 2), n % 8, blk % 4, limit))
+                items.append((codes, scales, k_tile0 * per_row + blk, chunks,
+                              (blk // 4) * (self.bt * UNIT_K * 2) + n * (UNIT_K * 2), n % 8, blk % 4, limit))
             xr = cute.make_rmem_tensor((DW_BATCH * len(items) * 3,), cutlass.Uint32)
             slot_bytes = self.nsub * self.bt * UNIT_K * 2
             sx_base = storage.sx.data_ptr().toint()
