@@ -174,12 +174,14 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
 # single tiling won every shape on the H100 (run of 2026-11-23 at 84fac66): 96-token tiles (S2, S1-dual, S2-dual),
 # 128 with 4 stages (S3, S4) or 5 (S1), the per-element dual epilogue (S3-dual, S4-dual; within 1% of the staged one),
 # variable N up to 256 (large M); "baseline" (the study's kernel) and every other config stay selectable by name.
+# The decode-warpgroup configs (_dw) were candidates in the runs at db91a56 and 30f2014 and lost every shape (S4 22.6
+# vs 18.0 us, S1 198 vs 131 at 30f2014): they stay selectable by name, out of auto (each candidate costs a compile
+# and timing at prepare).
 AUTO_CANDIDATES = {
     False: ("rs_m128_t96_k128_s3_e", "rs_m128_t128_k128_s4_e", "rs_m128_t128_k128_s5_e", "rs_m128_t64_k128_s4_e",
-            "rs_m128_t256_k128_s3_v32_e", "rs_m128_t128_k128_s4_e_dw", "rs_m128_t96_k128_s3_e_dw",
-            "rs_m128_t64_k128_s4_e_dw"),
+            "rs_m128_t256_k128_s3_v32_e"),
     True: ("rs_dual_m64_t96_k128_s3_e", "rs_dual_m128_t128_k128_s4_e", "rs_dual_m128_t128_k128_s4",
-           "rs_dual_m64_t256_k128_s3_v32_e", "rs_dual_m64_t96_k128_s3_e_dw"),
+           "rs_dual_m64_t256_k128_s3_v32_e"),
 }
 DEFAULT_SINGLE = DEFAULT_DUAL = "auto"
 
