@@ -13,6 +13,9 @@ weight is decoded once per token tile and the tokens pad wgmma's 64-row M. Here 
   ``alpha``; they reach shared memory by TMA (128-byte swizzle, the K-major B operand) in boxes of
   ``token_step`` rows. The GEMM is launched with programmatic dependent launch: its set-up and first weight
   loads overlap the prologue, which it waits for (``griddepcontrol.wait``) before loading activations;
+- or (``act_decode="warpgroup"``, configs ``*_dw``) a third warpgroup in every CTA decodes the tile's token rows from
+  the caller's tensors straight into the fp16 ring and issues the weight loads: one launch, no prologue. Exact, and
+  slower than the prologue pair on every benchmark shape on the H100 (its global loads, notebook 09 steps 21–23);
 - two warpgroups per CTA, each with one or two 64-row wgmma blocks (``tile_m`` = 128 or 256 weight rows of one
   matrix), or (dual) the same 64 or 128 rows of B1 (warpgroup 0) and B2 (warpgroup 1). One thread issues the TMA
   loads (weights: one contiguous prepacked block per stage) into an ``ab_stages``-deep mbarrier pipeline;
@@ -26,8 +29,8 @@ weight is decoded once per token tile and the tokens pad wgmma's 64-row M. Here 
   compute silu(gate)·up (fast exp and reciprocal) for their own half.
 
 Knobs (``KernelConfig``): ``tile_m`` weight rows per CTA, ``tile_n`` tokens per CTA (the widest), ``token_step``,
-``tile_k`` K per stage (128 or 256), ``ab_stages``, ``epilogue``; :func:`validate` refuses what cannot work before
-compiling. Configs are named ``rs_*`` in :data:`nvfp4lib.kernels.hopper.CONFIGS`.
+``tile_k`` K per stage (128 or 256), ``ab_stages``, ``epilogue``, ``act_decode``; :func:`validate` refuses what cannot
+work before compiling. Configs are named ``rs_*`` in :data:`nvfp4lib.kernels.hopper.CONFIGS`.
 """
 from __future__ import annotations
 
