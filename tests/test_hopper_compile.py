@@ -42,6 +42,8 @@ def test_shipped_config_compiles_with_tma_and_wgmma(reports, name):
         if cfg.act_decode == "warpgroup":  # no prologue: a third warpgroup decodes activations into the ring
             assert r["threads"] == 384 and r["griddepcontrol.wait"] == 0
             assert r["st.shared.v4.b32"] > 0 and r["fence.proxy.async"] >= 1 and r["ld.global.nc.v2.b32"] > 0
+            # ping-pong: warpgroup 0 signals the end of its K loop at a named barrier that warpgroup 1 waits on
+            assert r["bar.arrive"] == (cfg.warp_spec == "pingpong")
         else:
             assert r["griddepcontrol.wait"] >= 1, "the GEMM does not wait for the prologue's grid"
             assert r["st.shared.v4.b32"] == 0

@@ -72,6 +72,12 @@ def test_cta_blocks_hold_the_units_each_warpgroup_reads(blocks):
         for w in range(2):
             for b in range(blocks):  # warpgroup w, block b: rows (cta*per + w*blocks + b)*64
                 assert torch.equal(single[cta, :, w * blocks + b], u0[cta * per + w * blocks + b])
+    ping = prepack_weights([(c0, s0)], 2, blocks, wg_major=True)  # each warpgroup's K tiles contiguous
+    assert ping.shape == (4 // per, 2, 2, blocks, UNIT_BYTES)
+    for cta in range(4 // per):
+        for w in range(2):
+            for b in range(blocks):
+                assert torch.equal(ping[cta, w, :, b], single[cta, :, w * blocks + b])
     dual = prepack_weights([(c0, s0), (c1, s1)], 2, blocks)
     for cta in range(4 // blocks):
         for b in range(blocks):  # warpgroup 0: the gate's rows, warpgroup 1: the same rows of up
@@ -166,6 +172,10 @@ def test_activation_rows_point_into_the_callers_tensors():
     (RS.with_(act_decode="fused"), "act_decode"),
     (RS.with_(act_decode="warpgroup", tile_n=256, token_step=32, ab_stages=3), "384 threads"),
     (RS.with_(act_decode="warpgroup", ablate="no_x"), "no_x"),
+    (RS.with_(ablate="no_xload"), "no_xload"),
+    (RS.with_(warp_spec="pingpong"), "decode warpgroup"),
+    (RS.with_(warp_spec="pingpong", act_decode="warpgroup", epilogue="staged"), "simt"),
+    (RS.with_(warp_spec="pingpong", act_decode="warpgroup", tile_m=64, dual=True), "dual"),
 ])
 def test_impossible_swap_configs_are_refused(cfg, rule):
     with pytest.raises(ValueError, match=rule):

@@ -146,6 +146,12 @@ _ship(*(_RS.with_(name=f"rs_m128_t{bt}_k{bk}_s{st}_e", tile_n=bt, tile_k=bk, ab_
 # weight loads; no prologue launch
 _ship(*(CONFIGS[n].with_(name=f"{n}_dw", act_decode="warpgroup") for n in (
     "rs_m128_t128_k128_s4_e", "rs_m128_t96_k128_s3_e", "rs_m128_t64_k128_s4_e", "rs_dual_m64_t96_k128_s3_e")))
+# Round 4 on the swap-AB kernel, same tile and SIMT epilogue: none (rs_m128_t128_k128_s4: the MMA warpgroups load),
+# producer/consumer (_dw: the decode warpgroup loads and feeds both) and ping-pong (_pp: the same producer; the MMA
+# warpgroups run their K loops one after the other, each on its own stages)
+_ship(CONFIGS["rs_m128_t128_k128_s4"].with_(name="rs_m128_t128_k128_s4_dw", act_decode="warpgroup"),
+      CONFIGS["rs_m128_t128_k128_s4"].with_(name="rs_m128_t128_k128_s4_pp", act_decode="warpgroup",
+                                              warp_spec="pingpong"))
 # Candidates the study pitched that are not shipped (refused by validate, or not verified on a GPU).
 SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="tile128x256_1wg", tile_n=256),

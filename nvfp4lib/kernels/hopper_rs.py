@@ -107,8 +107,14 @@ def stage_bytes(cfg: KernelConfig) -> int:
     return cfg.tile_n * (cfg.tile_m + STAGE_PAD) * 2 if cfg.epilogue == "staged" else 0
 
 
+def stage_warpgroups(cfg: KernelConfig) -> int:
+    """Warpgroups whose weights one pipeline stage holds: both (they run the same K tile together), or with
+    ``warp_spec="pingpong"`` one (each runs its whole K loop on its own stages, one after the other)."""
+    return 1 if cfg.warp_spec == "pingpong" else NWG
+
+
 def stage_units(cfg: KernelConfig) -> int:
-    return cfg.tile_k // UNIT_K * NWG * blocks_per_warpgroup(cfg)
+    return cfg.tile_k // UNIT_K * stage_warpgroups(cfg) * blocks_per_warpgroup(cfg)
 
 
 def smem_plan(cfg: KernelConfig) -> dict:
@@ -152,9 +158,15 @@ def validate(cfg: KernelConfig) -> KernelConfig:
                          "box limit of 256")
     if cfg.ab_stages < 1:
         raise ValueError(f"{n}: ab_stages={cfg.ab_stages} must be >= 1")
-    if cfg.warp_spec != "none" or cfg.cooperative or cfg.decode_warpgroups != 1:
-        raise ValueError(f"{n}: swap_ab runs two decoding+MMA warpgroups (warp_spec='none'); "
-                         f"got warp_spec={cfg.warp_spec!r}, cooperative={cfg.cooperative}")
+    if cfg.warp_spec not in ("none", "pingpong") or cfg.cooperative or cfg.decode_warpgroups != 1:
+        raise ValueError(f"{n}: swap_ab runs two decoding+MMA warpgroups on the same K tiles (warp_spec='none') or one "
+                         f"after the other (warp_spec='pingpong'); got warp_spec={cfg.warp_spec!r}, "
+                         f"cooperative={cfg.cooperative}, decode_warpgroups={cfg.decode_warpgroups}")
+    if cfg.warp_spec == "pingpong" and (cfg.act_decode != "warpgroup" or cfg.dual or cfg.epilogue != "simt"):
+        raise ValueError(f"{n}: warp_spec='pingpong' needs the decode warpgroup as its producer "
+                         f"(act_decode='warpgroup', got {cfg.act_decode!r}), a single GEMM (the dual's warpgroups hold "
+                         f"gate and up of the same rows; dual={cfg.dual}) and epilogue='simt' (one warpgroup stores "
+                         f"while the other still reads the activation ring; got {cfg.epilogue!r})")
     if cfg.epilogue not in ("simt", "staged"):
         raise ValueError(f"{n}: epilogue={cfg.epilogue!r}: the swap_ab kernel stores per element ('simt') or "
                          "through a shared-memory tile ('staged')")
@@ -348,6 +360,8 @@ def _kernel_classes():
             self.dual = cfg.dual
             self.threads = 128 * NWG  # the MMA warpgroups (the epilogue's barriers count these)
             self.dw = cfg.act_decode == "warpgroup"
+            self.pp = cfg.warp_spec == "pingpong"  # each MMA warpgroup runs its K loop alone, one after the other
+            self.stage_wgs = stage_warpgroups(cfg)
             self.stage_units = stage_units(cfg)
             self.w_rows = self.stage_units * UNIT_BYTES // ROW_BYTES  # 128-byte rows per stage
             self.rows_per_cta = cfg.tile_m
@@ -428,7 +442,7 @@ def _kernel_classes():
             load_pipe = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.load_bars.data_ptr(), num_stages=self.stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1 + (128 if self.dw else 0)),
-                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * NWG),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.stage_wgs),
                 tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
             cute.arch.mbarrier_init_fence()
             cute.arch.sync_threads()
@@ -443,10 +457,15 @@ def _kernel_classes():
                 swizzle=sx_layout.inner)
 
             # TMA partitions. Weights: stage tiles of w_rows 128-byte rows, CTA-block-major (a block's K tiles
-            # adjacent): G·n_pad/tile_m blocks of k_tiles_all stage tiles (n_pad is C's width)
+            # adjacent): G·n_pad/tile_m blocks of k_tiles_all stage tiles (n_pad is C's width); with pingpong each
+            # block holds the K tiles of warpgroup 0, then those of warpgroup 1
+            w_parts = NWG // self.stage_wgs
             k_tiles_all = cute.size(tW, mode=[0]) * self.rows_per_cta // (
-                self.w_rows * cute.size(mGsA, mode=[0]) * cute.size(mC, mode=[1]))
-            w_tile0 = (b_row0 // self.rows_per_cta) * k_tiles_all + k_tile0
+                self.w_rows * w_parts * cute.size(mGsA, mode=[0]) * cute.size(mC, mode=[1]))
+            if cutlass.const_expr(self.pp):
+                w_tile0 = (b_row0 // self.rows_per_cta) * (w_parts * k_tiles_all) + k_tile0
+            else:
+                w_tile0 = (b_row0 // self.rows_per_cta) * k_tiles_all + k_tile0
             gW = cute.local_tile(tW, (self.w_rows, ROW_BYTES), (None, 0))
             tWs, tWg = cute.nvgpu.cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                                                         cute.group_modes(gW, 0, 2))
@@ -461,7 +480,8 @@ def _kernel_classes():
 
             if cutlass.const_expr(self.dw):
                 if wg == NWG:
-                    self._decode_warpgroup(nv, storage, load_pipe, loads, mX, tok_row0, tok_valid, k_tiles, k_tile0)
+                    self._decode_warpgroup(nv, storage, load_pipe, loads, mX, tok_row0, tok_valid, k_tiles, k_tile0,
+                                           k_tiles_all)
                 else:
                     self._mma_warpgroups(nv, storage, load_pipe, loads, sXv, mC, mAlpha, mGsA, group, out_row0,
                                          tok_valid, n0, n_valid, k_tiles)
@@ -493,14 +513,27 @@ def _kernel_classes():
                 acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
 
-            # this thread's bytes of unit (sub, wg, block) of a stage: (((sub*NWG + wg)*blocks + block) * UNIT_BYTES
+            # this thread's bytes of unit (sub, wg, block) of a stage: (((sub*NWG + wg)*blocks + block) * UNIT_BYTES;
+            # pingpong: a stage holds one warpgroup's units, ((sub*blocks) + block) * UNIT_BYTES
             sw_base = storage.sw.data_ptr().toint()
-            code_off = wg * self.blocks * UNIT_BYTES + 16 * t
-            scale_off = wg * self.blocks * UNIT_BYTES + UNIT_CODE_BYTES + 8 * (8 * (t // 32) + (t % 32) // 4)
+            wg_off = 0 if cutlass.const_expr(self.pp) else wg * self.blocks * UNIT_BYTES
+            code_off = wg_off + 16 * t
+            scale_off = wg_off + UNIT_CODE_BYTES + 8 * (8 * (t // 32) + (t % 32) // 4)
 
             prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            if cutlass.const_expr(self.pp):
+                # warpgroup w consumes pipeline iterations w·k_tiles ... (w+1)·k_tiles - 1; warpgroup 1 starts once
+                # warpgroup 0 has issued its last wgmma (the ping-pong order: one K loop on the tensor cores at a
+                # time, the first warpgroup's epilogue under the second's K loop)
+                base = wg * k_tiles
+                cons = pipeline.PipelineState(self.stages, base, base % self.stages, (base // self.stages) % 2)
+                rel = pipeline.PipelineState(self.stages, base, base % self.stages, (base // self.stages) % 2)
+                order = pipeline.NamedBarrier(barrier_id=2, num_threads=self.threads)
+                if wg == 1:
+                    order.arrive_and_wait()  # 128 arrivals here + warpgroup 0's 128 after its K loop
+            else:
+                cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+                rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
 
             if cutlass.const_expr(not self.dw):
                 # first stages: the weights (independent of the prologue) before waiting for the prologue's grid,
@@ -522,7 +555,7 @@ def _kernel_classes():
             for kt in cutlass.range(k_tiles, unroll=1):
                 load_pipe.consumer_wait(cons)
                 stage_base = sw_base + cons.index * (self.stage_units * UNIT_BYTES)
-                units = [((i // self.blocks) * NWG * self.blocks + i % self.blocks) * UNIT_BYTES
+                units = [((i // self.blocks) * self.stage_wgs * self.blocks + i % self.blocks) * UNIT_BYTES
                          for i in range(self.nsub * self.blocks)]
                 loaded = [load_unit(stage_base + u + code_off, stage_base + u + scale_off) for u in units]
                 for s in cutlass.range_constexpr(self.nsub):
@@ -567,7 +600,12 @@ def _kernel_classes():
                                 self._issue(load_pipe, prod, loads)
                                 prod.advance()
                 cons.advance()
+            if cutlass.const_expr(self.pp):
+                if wg == 0:
+                    order.arrive()
             warpgroup.wait_group(0)
+            if cutlass.const_expr(self.pp):
+                load_pipe.consumer_release(rel)  # the last stage too: the other warpgroup's K tiles follow in it
             if cutlass.const_expr(self.cfg.ablate == "no_mma"):
                 accs[0][0] = cutlass.Float32(sink)
             if cutlass.const_expr(self.dw):
@@ -579,7 +617,7 @@ def _kernel_classes():
 
         @cute.jit
         def _decode_warpgroup(self, nv: int, storage, load_pipe, loads, mRows, tok_row0, tok_valid, k_tiles,
-                              k_tile0):
+                              k_tile0, k_tiles_all):
             """act_decode="warpgroup", warpgroup 2: the weight loads (its first warp) and the activations. Per K tile,
             thread t decodes 16-code block t mod (tile_k/16) of every (128·16/tile_k)-th token row of the tile from
             the caller's tensors into the ring slot (128-byte swizzle: 16-byte chunk c of row n at c ^ n%8), then
@@ -612,26 +650,29 @@ def _kernel_classes():
 
             # the first stages' weights, then every K tile: its activations (and, past the first stages, its weights).
             # Stage states are computed from the K tile, not carried: nothing to keep in step between the threads.
-            first = cutlass.min(self.stages, k_tiles)
+            # pipeline iterations: the K tiles, or (pingpong) those of warpgroup 0, then those of warpgroup 1, whose
+            # weights follow warpgroup 0's in the CTA block and whose activations are decoded again
+            iters = k_tiles * (NWG if cutlass.const_expr(self.pp) else 1)
+            first = cutlass.min(self.stages, iters)
             # the weights' producer is a whole warp: the TMA copy and the arrive with its byte count elect one lane
             # (elect.sync), which a single diverged thread must not run (the first version hung past the first
             # stages)
             w_warp = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4 * NWG
             if w_warp:
-                for kt in cutlass.range(first, unroll=1):
-                    st = self._producer_state(kt)
+                for it in cutlass.range(first, unroll=1):
+                    st = self._producer_state(it)
                     load_pipe.producer_acquire(st)
-                    self._issue_w(load_pipe, st, loads)
-            self._dw_load(xr, items, 0, k_tiles)
-            for kb in cutlass.range(0, k_tiles, DW_BATCH, unroll=1):
+                    self._issue_w(load_pipe, st, loads, self._w_tile(loads, it, k_tiles, k_tiles_all))
+            self._dw_load(xr, items, 0, iters, k_tiles)
+            for kb in cutlass.range(0, iters, DW_BATCH, unroll=1):
                 for p in cutlass.range_constexpr(DW_BATCH):
-                    kt = kb + p
-                    if kt < k_tiles:
-                        st = self._producer_state(kt)
+                    it = kb + p
+                    if it < iters:
+                        st = self._producer_state(it)
                         if w_warp:
-                            if kt >= first:
+                            if it >= first:
                                 load_pipe.producer_acquire(st)
-                                self._issue_w(load_pipe, st, loads)
+                                self._issue_w(load_pipe, st, loads, self._w_tile(loads, it, k_tiles, k_tiles_all))
                         load_pipe.sync_object_empty.wait(st.index, st.phase)
                         base = sx_base + st.index * slot_bytes
                         for i in cutlass.range_constexpr(len(items)):
@@ -639,7 +680,13 @@ def _kernel_classes():
                         # the ring is read by wgmma (the async proxy): publish the generic stores to it first
                         cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta)
                         cute.arch.mbarrier_arrive(load_pipe.producer_get_barrier(st))
-                self._dw_load(xr, items, kb + DW_BATCH, k_tiles)
+                self._dw_load(xr, items, kb + DW_BATCH, iters, k_tiles)
+
+        def _w_tile(self, loads, it, k_tiles, k_tiles_all):
+            """The weights' stage tile of pipeline iteration ``it``."""
+            if cutlass.const_expr(self.pp):
+                return loads[3] + (it // k_tiles) * k_tiles_all + it % k_tiles
+            return loads[3] + it
 
         def _producer_state(self, kt):
             """The producer's state at K tile ``kt``: its slot, and the parity of the slot's empty phase to wait for
@@ -657,14 +704,15 @@ def _kernel_classes():
                 store_act16(words, dst + (item[5] ^ (2 * item[6])) * 16, dst + (item[5] ^ (2 * item[6] + 1)) * 16)
 
         @cute.jit
-        def _dw_load(self, xr, items, kt0, k_tiles):
-            """The raw blocks of K tiles kt0 .. kt0 + DW_BATCH - 1 (those below ``k_tiles``) into ``xr``."""
+        def _dw_load(self, xr, items, it0, iters, k_tiles):
+            """The raw blocks of pipeline iterations it0 .. it0 + DW_BATCH - 1 (those below ``iters``) into ``xr``."""
             per_row = self.cfg.tile_k // 16
             for p in cutlass.range_constexpr(DW_BATCH):
-                if kt0 + p < k_tiles:
+                if it0 + p < iters:
+                    kt = (it0 + p) % k_tiles if cutlass.const_expr(self.pp) else it0 + p
                     for i in cutlass.range_constexpr(len(items)):
                         codes, scales, blk0, chunks = items[i][:4]
-                        c = blk0 + (kt0 + p) * per_row
+                        c = blk0 + kt * per_row
                         if cutlass.const_expr(self.cfg.ablate == "no_xload"):  # diagnostic: zeros, no loads
                             w = [cutlass.Uint32(c * 0), cutlass.Uint32(0), cutlass.Uint32(0)]
                         else:
@@ -681,9 +729,10 @@ def _kernel_classes():
             self._issue_x(pipe, prod, loads)
 
         @cute.jit
-        def _issue_w(self, pipe, prod, loads):
+        def _issue_w(self, pipe, prod, loads, tile=None):
+            """The weights of stage ``prod``: stage tile ``tile``, by default the next of this CTA block."""
             tma_w, tWs, tWg, w_tile0 = loads[:4]
-            cute.copy(tma_w, tWg[None, w_tile0 + prod.count], tWs[None, prod.index],
+            cute.copy(tma_w, tWg[None, w_tile0 + prod.count if tile is None else tile], tWs[None, prod.index],
                       tma_bar_ptr=pipe.producer_get_barrier(prod))
 
         @cute.jit
@@ -704,7 +753,8 @@ def _kernel_classes():
             size = cute.size(accs[0])
             staged = self.cfg.epilogue == "staged"
             bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
-            bar.arrive_and_wait()  # every wgmma of both warpgroups has read its operands: the buffers are free
+            if cutlass.const_expr(not self.pp):  # (pingpong stores per element: it reuses no buffer)
+                bar.arrive_and_wait()  # every wgmma of both warpgroups has read its operands: the buffers are free
             sx = storage.sx.data_ptr()
             cols = self.cfg.tile_m  # output columns of the tile (dual: the rows of gate = the rows of up)
             ld = cols + STAGE_PAD
@@ -880,7 +930,8 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
     check_scales_finite(a, "a")
     blocks = blocks_per_warpgroup(cfg)
     weights = stack_weights([b] if b2 is None else [b, b2], cfg.tile_m, cfg.tile_k)
-    packed = prepack_weights(list(zip(weights.codes, weights.scales)), NWG, blocks)
+    packed = prepack_weights(list(zip(weights.codes, weights.scales)), NWG, blocks,
+                             wg_major=cfg.warp_spec == "pingpong")
     m = tuple(int(t.shape[0]) for t in a)
     offs, rows = padded_row_offsets(m, token_step(cfg))  # each group starts at a TMA box (token_step rows)
     row_table = activation_rows(a, offs, rows, device)
@@ -979,7 +1030,7 @@ def compile_report(cfg: KernelConfig, dump_dir: str | None = None) -> dict:
         **count_instructions(art.ptx, ("lop3.b32", "mul.rn.f16x2", "cvt.rn.f16x2.e4m3x2", "ld.shared.v4.b32",
                                        "ld.shared.v2.b32", "griddepcontrol.wait", "st.shared", "st.shared.b16",
                                        "st.shared.v4.b32", "fence.proxy.async", "ld.global.nc.v2.b32",
-                                       "st.global.v4.b32", "st.global.b16", "bar.sync")),
+                                       "st.global.v4.b32", "st.global.b16", "bar.sync", "bar.arrive")),
         # ptxas serialises every wgmma when it cannot prove the register operand safe (C7513): a silent slowdown
         "wgmma_serialized": "C7513" in log, "ptx_path": art.ptx_path,
     }
