@@ -44,6 +44,10 @@ PITCHES = (
     Pitch("2", "warp_spec", "Warp specialization (producer/consumer, ping-pong)", (1.25, 1.40), (1.15, 1.35),
           "withdrawn pending tile tuning", {},
           ("cute-hopper:config=baseline,graph=1", "cute-hopper:config=producer_consumer,graph=1")),
+    # the same pitch's other half, on the v3 (swap-AB) kernel, the one with ping-pong; same tile, same epilogue
+    Pitch("2", "pingpong", "Warp specialization: ping-pong (v3 kernel, same tile)", (1.25, 1.40), (1.15, 1.35),
+          "withdrawn pending tile tuning", {},
+          ("cute-hopper:config=rs_m128_t128_k128_s4,graph=1", "cute-hopper:config=rs_m128_t128_k128_s4_pp,graph=1")),
     Pitch("5A", "triton", "Full Triton kernel", (373 / 500, 373 / 160), None,
           "Triton has no native FP4 MMA path there", {},
           ("cute-hopper:config=baseline,graph=1", "triton:graph=1")),
