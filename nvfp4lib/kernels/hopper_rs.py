@@ -462,10 +462,7 @@ def _kernel_classes():
             w_parts = NWG // self.stage_wgs
             k_tiles_all = cute.size(tW, mode=[0]) * self.rows_per_cta // (
                 self.w_rows * w_parts * cute.size(mGsA, mode=[0]) * cute.size(mC, mode=[1]))
-            if cutlass.const_expr(self.pp):
-                w_tile0 = (b_row0 // self.rows_per_cta) * (w_parts * k_tiles_all) + k_tile0
-            else:
-                w_tile0 = (b_row0 // self.rows_per_cta) * k_tiles_all + k_tile0
+            w_tile0 = (b_row0 // self.rows_per_cta) * (w_parts * k_tiles_all) + k_tile0
             gW = cute.local_tile(tW, (self.w_rows, ROW_BYTES), (None, 0))
             tWs, tWg = cute.nvgpu.cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                                                         cute.group_modes(gW, 0, 2))
@@ -527,7 +524,7 @@ def _kernel_classes():
                 # time, the first warpgroup's epilogue under the second's K loop)
                 base = wg * k_tiles
                 cons = pipeline.PipelineState(self.stages, base, base % self.stages, (base // self.stages) % 2)
-                rel = pipeline.PipelineState(self.stages, base, base % self.stages, (base // self.stages) % 2)
+                rel = cons.clone()
                 order = pipeline.NamedBarrier(barrier_id=2, num_threads=self.threads)
                 if wg == 1:
                     order.arrive_and_wait()  # 128 arrivals here + warpgroup 0's 128 after its K loop
