@@ -23,8 +23,8 @@ Warp specialization: ``none`` — one warpgroup (128 threads) does everything, o
 issues the TMA loads (the study's baseline structure), or with ``cooperative`` one warpgroup per 64
 rows, each decoding its share and running the MMA of its rows; ``producer_consumer`` — one or two
 (``decode_warpgroups``) producer warpgroups wait for TMA and decode into a ring of fp16 buffers,
-``tile_m/64`` consumer warpgroups run wgmma and the epilogue. ``pingpong`` is not implemented
-(refused by :func:`validate`).
+``tile_m/64`` consumer warpgroups run wgmma and the epilogue. ``pingpong`` is not implemented in this
+kernel (refused by :func:`validate`); the swap-AB kernel has it (``rs_*_pp``).
 
 ``decode="batched"`` issues all of a thread's shared-memory loads of a sub-block before converting
 (``chunked``: load, convert, store per 16 codes; a load after a store to shared memory cannot be
@@ -276,7 +276,8 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         raise ValueError(f"{n}: warp_spec={cfg.warp_spec!r}: must be 'none', 'producer_consumer' or 'pingpong'")
     if cfg.warp_spec == "pingpong":
         raise ValueError(f"{n}: warp_spec='pingpong' is not implemented in this kernel "
-                         "(implemented: 'none', 'producer_consumer')")
+                         "(implemented: 'none', 'producer_consumer'); the swap-AB kernel has it (swap_ab=True, "
+                         "act_decode='warpgroup', e.g. config 'rs_m128_t128_k128_s4_pp')")
     if cfg.epilogue not in ("simt", "tma"):
         raise ValueError(f"{n}: epilogue={cfg.epilogue!r}: must be 'simt' or 'tma'")
     if cfg.tile_m not in (64, 128):
