@@ -523,7 +523,7 @@ def _kernel_classes():
                 # warpgroup 0 has issued its last wgmma (the ping-pong order: one K loop on the tensor cores at a
                 # time, the first warpgroup's epilogue under the second's K loop)
                 base = wg * k_tiles
-                cons = pipeline.PipelineState(self.stages, base, base % self.stages, (base // self.stages) % 2)
+                cons = self._pipeline_state(base, producer=False)
                 rel = cons.clone()
                 order = pipeline.NamedBarrier(barrier_id=2, num_threads=self.threads)
                 if wg == 1:
@@ -657,7 +657,7 @@ def _kernel_classes():
             w_warp = cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 4 * NWG
             if w_warp:
                 for it in cutlass.range(first, unroll=1):
-                    st = self._producer_state(it)
+                    st = self._pipeline_state(it, producer=True)
                     load_pipe.producer_acquire(st)
                     self._issue_w(load_pipe, st, loads, self._w_tile(loads, it, k_tiles, k_tiles_all))
             self._dw_load(xr, items, 0, iters, k_tiles)
@@ -665,7 +665,7 @@ def _kernel_classes():
                 for p in cutlass.range_constexpr(DW_BATCH):
                     it = kb + p
                     if it < iters:
-                        st = self._producer_state(it)
+                        st = self._pipeline_state(it, producer=True)
                         if w_warp:
                             if it >= first:
                                 load_pipe.producer_acquire(st)
@@ -685,20 +685,22 @@ def _kernel_classes():
                 return loads[3] + (it // k_tiles) * k_tiles_all + it % k_tiles
             return loads[3] + it
 
-        def _producer_state(self, kt):
-            """The producer's state at K tile ``kt``: its slot, and the parity of the slot's empty phase to wait for
-            (a producer starts with parity 1: a fresh slot is free)."""
-            return pipeline.PipelineState(self.stages, kt, kt % self.stages, ((kt // self.stages) % 2) ^ 1)
+        def _pipeline_state(self, it, producer: bool):
+            """The state of pipeline iteration ``it``, computed rather than carried: its slot and the parity of the
+            phase to wait for (a producer's parity starts at 1: a fresh slot is free; a consumer's at 0)."""
+            return pipeline.PipelineState(self.stages, it, it % self.stages,
+                                          ((it // self.stages) % 2) ^ 1 if producer else (it // self.stages) % 2)
 
         @cute.jit
         def _dw_store(self, xr, j, item, base, t):
             """Decode raw block ``j`` of ``xr`` into its two 16-byte chunks of the slot at ``base``."""
             dst = base + item[4]
             words = [xr[j * 3 + w] for w in range(3)]
-            if cutlass.const_expr(item[7] >= 128):
-                store_act16(words, dst + (item[5] ^ (2 * item[6])) * 16, dst + (item[5] ^ (2 * item[6] + 1)) * 16)
+            halves = (dst + (item[5] ^ (2 * item[6])) * 16, dst + (item[5] ^ (2 * item[6] + 1)) * 16)
+            if cutlass.const_expr(item[7] >= 128):  # every thread holds this block
+                store_act16(words, *halves)
             elif t < item[7]:
-                store_act16(words, dst + (item[5] ^ (2 * item[6])) * 16, dst + (item[5] ^ (2 * item[6] + 1)) * 16)
+                store_act16(words, *halves)
 
         @cute.jit
         def _dw_load(self, xr, items, it0, iters, k_tiles):
