@@ -70,8 +70,11 @@ DW_MAX_ACC_REGS = 64
 DW_BATCH = 2  # K tiles whose raw activations the decode warpgroup loads at once (their latency is paid once)
 # diagnostics (wrong results by design): the weight words fed to wgmma undecoded; no wgmma (decode kept alive);
 # no activation loads (their smem slots hold stale data); no output stores (kept alive by an impossible test); the
-# decode warpgroup decoding zeros instead of loading the activations from global memory
-ABLATE = ("", "no_dequant", "no_mma", "no_x", "no_store", "no_xload")
+# decode warpgroup decoding zeros instead of loading the activations from global memory; "timeline": exact, but thread 0
+# of every CTA also writes TIMELINE_POINTS %globaltimer stamps (ns, int64) over the first 32 outputs of its tile's first
+# token row (read by :func:`read_timeline`)
+ABLATE = ("", "no_dequant", "no_mma", "no_x", "no_store", "no_xload", "timeline")
+TIMELINE_POINTS = ("entry", "weights_issued", "prologue_done", "first_stage", "k_loop_done", "stored")
 
 
 def blocks_per_warpgroup(cfg: KernelConfig) -> int:
@@ -265,6 +268,12 @@ def _kernel_classes():
              0, [cutlass.Int32(src).ir_value(loc=loc, ip=ip), cutlass.Int64(dst).ir_value(loc=loc, ip=ip)], "r,l",
              True)
 
+    @dsl_user_op
+    def stamp_to(addr, *, loc=None, ip=None):
+        """%globaltimer (ns) to the shared address ``addr``."""
+        _asm("{\n.reg .u64 t;\nmov.u64 t, %globaltimer;\nst.shared.u64 [$0], t;\n}", 0,
+             [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)], "r", True)
+
     def _silu_mul(g, u):
         """silu(g)·u with the fast exp and reciprocal (~2 ulp of fp32 before the rounding to the output type)."""
         return g * cute.arch.rcp_approx(1.0 + cute.math.exp(-g, fastmath=True)) * u
@@ -396,6 +405,7 @@ def _kernel_classes():
             @cute.struct
             class SharedStorage:
                 load_bars: cute.struct.MemRange[i64, self.stages * 2]
+                stamps: cute.struct.MemRange[i64, 8]  # ablate="timeline"
                 sw: cute.struct.Align[cute.struct.MemRange[u8, cute.cosize(sw_layout)], 1024]
                 sx: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(sx_layout)], 1024]
 
@@ -416,6 +426,7 @@ def _kernel_classes():
                 if cutlass.const_expr(not self.dw):
                     cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+            self._stamp(storage, 0)
             variant = tile_fields(mTiles, bidx)["pad"]  # the swap-AB table keeps the wgmma N variant in "pad"
             for v in cutlass.range_constexpr(len(self.variants)):
                 if variant == v:
@@ -541,7 +552,9 @@ def _kernel_classes():
                         load_pipe.producer_acquire(prod)
                         self._issue_w(load_pipe, prod, loads)
                         prod.advance()
+                self._stamp(storage, 1)
                 cute.arch.griddepcontrol_wait()
+                self._stamp(storage, 2)
                 if warp_idx == 0:
                     early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                     for _ in cutlass.range(first, unroll=1):
@@ -551,6 +564,9 @@ def _kernel_classes():
             sink = cutlass.Uint32(0)
             for kt in cutlass.range(k_tiles, unroll=1):
                 load_pipe.consumer_wait(cons)
+                if cutlass.const_expr(self.cfg.ablate == "timeline"):
+                    if kt == 0:
+                        self._stamp(storage, 3)
                 stage_base = sw_base + cons.index * (self.stage_units * UNIT_BYTES)
                 units = [((i // self.blocks) * self.stage_wgs * self.blocks + i % self.blocks) * UNIT_BYTES
                          for i in range(self.nsub * self.blocks)]
@@ -601,6 +617,7 @@ def _kernel_classes():
                 if wg == 0:
                     order.arrive()
             warpgroup.wait_group(0)
+            self._stamp(storage, 4)
             if cutlass.const_expr(self.pp):
                 load_pipe.consumer_release(rel)  # the last stage too: the other warpgroup's K tiles follow in it
             if cutlass.const_expr(self.cfg.ablate == "no_mma"):
@@ -802,6 +819,24 @@ def _kernel_classes():
                     if q < total and n < tok_valid and c8 < n_valid and cutlass.const_expr(self.stores):
                         copy16((sC.iterator + n * ld + c8).toint(),
                                (mC.iterator + (out_row0 + n) * mC.stride[0] + n0 + c8).toint())
+
+            if cutlass.const_expr(self.cfg.ablate == "timeline"):
+                bar.arrive_and_wait()  # every thread has issued its stores
+                self._stamp(storage, 5)
+                tidx, _, _ = cute.arch.thread_idx()
+                base = storage.stamps.data_ptr().toint()
+                if tidx == 0:
+                    for part in cutlass.range_constexpr(4):
+                        copy16(base + 16 * part, (mC.iterator + out_row0 * mC.stride[0] + n0 + 8 * part).toint())
+
+        @cute.jit
+        def _stamp(self, storage, point: int):
+            """ablate="timeline": thread 0 keeps the %globaltimer at ``point`` (:data:`TIMELINE_POINTS`)."""
+            if cutlass.const_expr(self.cfg.ablate == "timeline"):
+                tidx, _, _ = cute.arch.thread_idx()
+                addr = storage.stamps.data_ptr().toint() + 8 * point
+                if tidx == 0:
+                    stamp_to(addr)
 
         @cute.jit
         def _put(self, staged: bool, sC, mC, v, coord, col0, out_row0, tok_valid, n0, n_valid):
@@ -1041,3 +1076,19 @@ def kernel_for(cfg: KernelConfig):
 
 def prologue_kernel():
     return _kernel_classes()[0]()
+
+
+def read_timeline(runner) -> dict:
+    """ablate="timeline": per CTA, the stamps of :data:`TIMELINE_POINTS` in µs from the earliest CTA's entry, read
+    from the outputs of a prepared (not graphed or graphed) runner after a call. {point: [per CTA]}."""
+    if isinstance(runner.keepalive[0], type(runner)):  # a graphed runner keeps the runner it captured
+        return read_timeline(runner.keepalive[0])
+    tiles, c_all = runner.keepalive[4], runner.keepalive[5]
+    t = tiles.cpu()
+    cols = {c: i for i, c in enumerate(WIDE_TILE_COLUMNS)}
+    raw = c_all.view(torch.int64).cpu()  # [rows, n_pad / 4]: the stamps are int64 at columns n0 .. n0 + 31 (fp16)
+    stamps = torch.stack([raw[int(r[cols["out_row0"]]), int(r[cols["n0"]]) // 4: int(r[cols["n0"]]) // 4 + 8]
+                          for r in t])
+    stamps = stamps[:, :len(TIMELINE_POINTS)].to(torch.float64)
+    stamps = (stamps - stamps[:, 0].min()) / 1e3
+    return {p: stamps[:, i].tolist() for i, p in enumerate(TIMELINE_POINTS)}
