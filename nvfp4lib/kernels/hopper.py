@@ -177,7 +177,9 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
       for a in ("no_xload", "no_mma", "no_dequant", "no_store")),
     # per-CTA %globaltimer stamps written into the output (hopper_rs.read_timeline)
     *(CONFIGS[n].with_(name=f"{n}_timeline", ablate="timeline") for n in (
-        "rs_m128_t128_k128_s4_e", "rs_m128_t128_k128_s4", "rs_dual_m128_t128_k128_s4")),
+        "rs_m128_t128_k128_s4_e", "rs_m128_t128_k128_s4", "rs_dual_m128_t128_k128_s4", "rs_m128_t128_k128_s4_e_dw")),
+    CONFIGS["rs_m128_t128_k128_s4_e_dw"].with_(name="rs_m128_t128_k128_s4_e_dw_no_xload_timeline",
+                                               ablate="no_xload+timeline"),
 )}
 # "auto" (the default): prepare times these swap-AB candidates on the problem at hand and keeps the fastest. No
 # single tiling won every shape on the H100 (run of 2026-11-23 at 84fac66): 96-token tiles (S2, S1-dual, S2-dual),

@@ -77,6 +77,11 @@ ABLATE = ("", "no_dequant", "no_mma", "no_x", "no_store", "no_xload", "timeline"
 TIMELINE_POINTS = ("entry", "weights_issued", "prologue_done", "first_stage", "k_loop_done", "stored")
 
 
+def ablated(cfg: KernelConfig, what: str) -> bool:
+    """Whether diagnostic ``what`` (:data:`ABLATE`) is on: ``cfg.ablate`` names one, or several joined by '+'."""
+    return what in cfg.ablate.split("+")
+
+
 def blocks_per_warpgroup(cfg: KernelConfig) -> int:
     """64-row weight units per warpgroup: ``tile_m`` is 128·blocks weight rows (64·blocks for the dual GEMM,
     whose two warpgroups cover the same rows of gate and up)."""
@@ -179,8 +184,8 @@ def validate(cfg: KernelConfig) -> KernelConfig:
     if xfer_bytes(cfg) + stage_bytes(cfg) > x_bytes:
         raise ValueError(f"{n}: the epilogue reuses the activation buffers ({x_bytes} bytes) for the dual hand-over "
                          f"({xfer_bytes(cfg)}) and the staged output tile ({stage_bytes(cfg)}): too small")
-    if cfg.ablate not in ABLATE:
-        raise ValueError(f"{n}: ablate={cfg.ablate!r}: must be one of {ABLATE}")
+    if any(a not in ABLATE for a in cfg.ablate.split("+")):
+        raise ValueError(f"{n}: ablate={cfg.ablate!r}: must be one of {ABLATE}, or several joined by '+'")
     if cfg.act_decode not in ("prologue", "warpgroup"):
         raise ValueError(f"{n}: act_decode={cfg.act_decode!r}: must be 'prologue' or 'warpgroup'")
     if cfg.act_decode == "warpgroup":
@@ -189,10 +194,10 @@ def validate(cfg: KernelConfig) -> KernelConfig:
                              f"{65536 // block_threads(cfg)} registers each: at most {DW_MAX_ACC_REGS} accumulator "
                              f"registers per thread, not {acc_registers(cfg)} (tile_n={cfg.tile_n}, "
                              f"{blocks_per_warpgroup(cfg)} block(s) per warpgroup)")
-        if cfg.ablate == "no_x":
+        if ablated(cfg, "no_x"):
             raise ValueError(f"{n}: ablate='no_x' removes the activations' TMA loads, which act_decode='warpgroup' "
                              "does not have")
-    elif cfg.ablate == "no_xload":
+    elif ablated(cfg, "no_xload"):
         raise ValueError(f"{n}: ablate='no_xload' removes the decode warpgroup's loads: act_decode='warpgroup' only")
     plan = smem_plan(cfg)
     if plan["total"] > SMEM_LIMIT:
@@ -374,7 +379,7 @@ def _kernel_classes():
             self.stage_units = stage_units(cfg)
             self.w_rows = self.stage_units * UNIT_BYTES // ROW_BYTES  # 128-byte rows per stage
             self.rows_per_cta = cfg.tile_m
-            self.stores = cfg.ablate != "no_store"  # False: the no_store diagnostic
+            self.stores = not ablated(cfg, "no_store")  # False: the no_store diagnostic
 
         def _sx_layout(self, rows: int):
             """The fp16 activation ring (nsub·stages slots) for ``rows`` tokens: K-major, 128-byte swizzle."""
@@ -446,7 +451,7 @@ def _kernel_classes():
 
             boxes = nv // self.step
             tx_bytes = self.stage_units * UNIT_BYTES
-            if cutlass.const_expr(self.cfg.ablate != "no_x" and not self.dw):
+            if cutlass.const_expr(not ablated(self.cfg, "no_x") and not self.dw):
                 tx_bytes += self.nsub * nv * UNIT_K * 2
             # a stage is full when its weights have landed (TMA bytes, one arrive) and, with a decode warpgroup,
             # when its 128 threads have each arrived after writing their activations
@@ -564,7 +569,7 @@ def _kernel_classes():
             sink = cutlass.Uint32(0)
             for kt in cutlass.range(k_tiles, unroll=1):
                 load_pipe.consumer_wait(cons)
-                if cutlass.const_expr(self.cfg.ablate == "timeline"):
+                if cutlass.const_expr(ablated(self.cfg, "timeline")):
                     if kt == 0:
                         self._stamp(storage, 3)
                 stage_base = sw_base + cons.index * (self.stage_units * UNIT_BYTES)
@@ -574,17 +579,17 @@ def _kernel_classes():
                 for s in cutlass.range_constexpr(self.nsub):
                     for b in cutlass.range_constexpr(self.blocks):
                         words = loaded[s * self.blocks + b]
-                        if cutlass.const_expr(self.cfg.ablate == "no_dequant"):  # diagnostic: loaded words as operands
+                        if cutlass.const_expr(ablated(self.cfg, "no_dequant")):  # diagnostic: loaded words as operands
                             regs = [cutlass.Uint32(words[q % 4]) for q in range(16)]
                         else:
                             regs = decode_unit(words)
-                        if cutlass.const_expr(self.cfg.ablate == "no_mma"):  # diagnostic: keep the decode alive
+                        if cutlass.const_expr(ablated(self.cfg, "no_mma")):  # diagnostic: keep the decode alive
                             for q in cutlass.range_constexpr(16):
                                 sink = sink ^ regs[q]
                         else:
                             for q in cutlass.range_constexpr(16):
                                 rA32[s % 2][b][q] = regs[q]
-                    if cutlass.const_expr(self.cfg.ablate != "no_mma"):
+                    if cutlass.const_expr(not ablated(self.cfg, "no_mma")):
                         warpgroup.fence()
                         for b in cutlass.range_constexpr(self.blocks):
                             for kb in cutlass.range_constexpr(UNIT_K // 16):
@@ -620,7 +625,7 @@ def _kernel_classes():
             self._stamp(storage, 4)
             if cutlass.const_expr(self.pp):
                 load_pipe.consumer_release(rel)  # the last stage too: the other warpgroup's K tiles follow in it
-            if cutlass.const_expr(self.cfg.ablate == "no_mma"):
+            if cutlass.const_expr(ablated(self.cfg, "no_mma")):
                 accs[0][0] = cutlass.Float32(sink)
             if cutlass.const_expr(self.dw):
                 gs_a = load_f32(mGsA[group])
@@ -729,7 +734,7 @@ def _kernel_classes():
                     for i in cutlass.range_constexpr(len(items)):
                         codes, scales, blk0, chunks = items[i][:4]
                         c = blk0 + kt * per_row
-                        if cutlass.const_expr(self.cfg.ablate == "no_xload"):  # diagnostic: zeros, no loads
+                        if cutlass.const_expr(ablated(self.cfg, "no_xload")):  # diagnostic: zeros, no loads
                             w = [cutlass.Uint32(c * 0), cutlass.Uint32(0), cutlass.Uint32(0)]
                         else:
                             w = load_act16(codes + 8 * c, scales + c, cutlass.Int32(c < chunks))
@@ -755,7 +760,7 @@ def _kernel_classes():
         def _issue_x(self, pipe, prod, loads):
             tma_x, tXs, tXg, x_blk0, x_sub0, boxes = loads[4:]
             bar = pipe.producer_get_barrier(prod)
-            for s in cutlass.range_constexpr(self.nsub if self.cfg.ablate != "no_x" else 0):
+            for s in cutlass.range_constexpr(self.nsub if not ablated(self.cfg, "no_x") else 0):
                 for j in cutlass.range_constexpr(boxes):
                     cute.copy(tma_x, tXg[None, (x_blk0 + j, x_sub0 + prod.count * self.nsub + s)],
                               tXs[None, (j, 0, prod.index * self.nsub + s)], tma_bar_ptr=bar)
@@ -820,7 +825,7 @@ def _kernel_classes():
                         copy16((sC.iterator + n * ld + c8).toint(),
                                (mC.iterator + (out_row0 + n) * mC.stride[0] + n0 + c8).toint())
 
-            if cutlass.const_expr(self.cfg.ablate == "timeline"):
+            if cutlass.const_expr(ablated(self.cfg, "timeline")):
                 bar.arrive_and_wait()  # every thread has issued its stores
                 self._stamp(storage, 5)
                 tidx, _, _ = cute.arch.thread_idx()
@@ -832,7 +837,7 @@ def _kernel_classes():
         @cute.jit
         def _stamp(self, storage, point: int):
             """ablate="timeline": thread 0 keeps the %globaltimer at ``point`` (:data:`TIMELINE_POINTS`)."""
-            if cutlass.const_expr(self.cfg.ablate == "timeline"):
+            if cutlass.const_expr(ablated(self.cfg, "timeline")):
                 tidx, _, _ = cute.arch.thread_idx()
                 addr = storage.stamps.data_ptr().toint() + 8 * point
                 if tidx == 0:
