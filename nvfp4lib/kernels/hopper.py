@@ -146,6 +146,10 @@ _ship(*(_RS.with_(name=f"rs_m128_t{bt}_k{bk}_s{st}_e", tile_n=bt, tile_k=bk, ab_
 # weight loads; no prologue launch
 _ship(*(CONFIGS[n].with_(name=f"{n}_dw", act_decode="warpgroup") for n in (
     "rs_m128_t128_k128_s4_e", "rs_m128_t96_k128_s3_e", "rs_m128_t64_k128_s4_e", "rs_dual_m64_t96_k128_s3_e")))
+# act_decode="inline" (suffix _i): the MMA warpgroups copy their raw activation rows (cp.async) and decode them into a
+# two-slot fp16 ring one K tile ahead; no prologue launch, no third warpgroup
+_ship(*(_RS.with_(name=f"rs_m128_t{bt}_k128_s{st}_e_i", tile_n=bt, ab_stages=st, epilogue="staged", act_decode="inline")
+        for bt, st in ((128, 6), (96, 6), (64, 8))))
 # Round 4 on the swap-AB kernel, same tile and SIMT epilogue: none (rs_m128_t128_k128_s4: the MMA warpgroups load),
 # producer/consumer (_dw: the decode warpgroup loads and feeds both) and ping-pong (_pp: the same producer; the MMA
 # warpgroups run their K loops one after the other, each on its own stages)
@@ -177,7 +181,8 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
       for a in ("no_xload", "no_mma", "no_dequant", "no_store")),
     # per-CTA %globaltimer stamps written into the output (hopper_rs.read_timeline)
     *(CONFIGS[n].with_(name=f"{n}_timeline", ablate="timeline") for n in (
-        "rs_m128_t128_k128_s4_e", "rs_m128_t128_k128_s4", "rs_dual_m128_t128_k128_s4", "rs_m128_t128_k128_s4_e_dw")),
+        "rs_m128_t128_k128_s4_e", "rs_m128_t128_k128_s4", "rs_dual_m128_t128_k128_s4", "rs_m128_t128_k128_s4_e_dw",
+        "rs_m128_t128_k128_s6_e_i")),
     CONFIGS["rs_m128_t128_k128_s4_e_dw"].with_(name="rs_m128_t128_k128_s4_e_dw_no_xload_timeline",
                                                ablate="no_xload+timeline"),
 )}

@@ -64,6 +64,10 @@ MAX_ACC_REGS = 128
 MAX_VARIANTS = 8  # wgmma N widths compiled into one kernel (code size and compile time grow with each)
 CTA_OVERHEAD_TOKENS = 20  # a CTA's fixed cost (weight decode, pipeline fill), in tokens of MMA: H100, S4 t64 vs t128
 ROW_BYTES = 128  # the prepacked weights are moved as rows of 128 bytes (18 per unit)
+# where the activations are decoded: a prologue launch (to fp16 in global memory, then TMA), a third warpgroup of every
+# CTA (from global memory into the fp16 ring), or the MMA warpgroups themselves (raw codes and scales copied to shared
+# memory by cp.async, decoded into a two-slot fp16 ring one K tile ahead of the wgmma that reads it)
+ACT_DECODES = ("prologue", "warpgroup", "inline")
 # act_decode="warpgroup": 384 threads share 64K registers (168 each); the MMA warpgroups hold their accumulators,
 # two A fragment sets and the staged loads of a sub-block, the decode warpgroup DW_BATCH K tiles of raw codes
 DW_MAX_ACC_REGS = 64
@@ -125,15 +129,28 @@ def stage_units(cfg: KernelConfig) -> int:
     return cfg.tile_k // UNIT_K * stage_warpgroups(cfg) * blocks_per_warpgroup(cfg)
 
 
+def x_slots(cfg: KernelConfig) -> int:
+    """Slots of the fp16 activation ring: one per pipeline stage, or (act_decode="inline") two, written one K tile
+    ahead of the wgmma that reads them."""
+    return 2 if cfg.act_decode == "inline" else cfg.ab_stages
+
+
+def raw_stage_bytes(cfg: KernelConfig) -> int:
+    """act_decode="inline": a stage's raw activations (tile_n rows of tile_k/2 code bytes, then of tile_k/16 scales)."""
+    return cfg.tile_n * (cfg.tile_k // 2 + cfg.tile_k // 16) if cfg.act_decode == "inline" else 0
+
+
 def smem_plan(cfg: KernelConfig) -> dict:
     nsub = cfg.tile_k // UNIT_K
     plan = {
         "barriers": cfg.ab_stages * 16,
         "weights": cfg.ab_stages * stage_units(cfg) * UNIT_BYTES,
-        "activations": cfg.ab_stages * nsub * cfg.tile_n * UNIT_K * 2,
+        "activations": x_slots(cfg) * nsub * cfg.tile_n * UNIT_K * 2,
+        "raw_activations": cfg.ab_stages * raw_stage_bytes(cfg),
     }
-    plan["total"] = 1024 + 1024 + plan["weights"] + 1024 + plan["activations"]
-    plan["per_stage"] = (plan["weights"] + plan["activations"]) // cfg.ab_stages
+    plan["total"] = 1024 + 1024 + plan["weights"] + 1024 + plan["activations"] + plan["raw_activations"]
+    plan["per_stage"] = (plan["weights"] + plan["raw_activations"]) // cfg.ab_stages + (
+        0 if cfg.act_decode == "inline" else plan["activations"] // cfg.ab_stages)
     return plan
 
 
@@ -186,8 +203,17 @@ def validate(cfg: KernelConfig) -> KernelConfig:
                          f"({xfer_bytes(cfg)}) and the staged output tile ({stage_bytes(cfg)}): too small")
     if any(a not in ABLATE for a in cfg.ablate.split("+")):
         raise ValueError(f"{n}: ablate={cfg.ablate!r}: must be one of {ABLATE}, or several joined by '+'")
-    if cfg.act_decode not in ("prologue", "warpgroup"):
-        raise ValueError(f"{n}: act_decode={cfg.act_decode!r}: must be 'prologue' or 'warpgroup'")
+    if cfg.act_decode not in ACT_DECODES:
+        raise ValueError(f"{n}: act_decode={cfg.act_decode!r}: must be one of {ACT_DECODES}")
+    if cfg.act_decode == "inline":
+        if acc_registers(cfg) > DW_MAX_ACC_REGS:
+            raise ValueError(f"{n}: act_decode='inline' keeps the addresses of its activation rows in registers beside "
+                             f"the accumulators: at most {DW_MAX_ACC_REGS} accumulator registers per thread, not "
+                             f"{acc_registers(cfg)} (tile_n={cfg.tile_n}, {blocks_per_warpgroup(cfg)} block(s) per "
+                             "warpgroup)")
+        if ablated(cfg, "no_x") or ablated(cfg, "no_xload"):
+            raise ValueError(f"{n}: ablate={cfg.ablate!r}: act_decode='inline' has neither activation TMA loads "
+                             "('no_x') nor a decode warpgroup ('no_xload')")
     if cfg.act_decode == "warpgroup":
         if acc_registers(cfg) > DW_MAX_ACC_REGS:
             raise ValueError(f"{n}: act_decode='warpgroup' runs {block_threads(cfg)} threads, which leaves at most "
@@ -272,6 +298,27 @@ def _kernel_classes():
         _asm("{\n.reg .b32 a, b, c, d;\nld.shared.v4.b32 {a, b, c, d}, [$0];\nst.global.v4.b32 [$1], {a, b, c, d};\n}",
              0, [cutlass.Int32(src).ir_value(loc=loc, ip=ip), cutlass.Int64(dst).ir_value(loc=loc, ip=ip)], "r,l",
              True)
+
+    @dsl_user_op
+    def cp_async8(dst, src, size, *, loc=None, ip=None):
+        """8 bytes from global ``src`` to shared ``dst`` by cp.async; ``size`` (8 or 0) bytes are read, zeros fill."""
+        _asm("cp.async.ca.shared.global [$0], [$1], 8, $2;", 0,
+             [cutlass.Int32(dst).ir_value(loc=loc, ip=ip), cutlass.Int64(src).ir_value(loc=loc, ip=ip),
+              cutlass.Int32(size).ir_value(loc=loc, ip=ip)], "r,l,r", True)
+
+    @dsl_user_op
+    def cp_async_arrive(bar, *, loc=None, ip=None):
+        """Arrive on the mbarrier at shared ``bar`` once this thread's earlier cp.async copies have landed (counts as
+        one of its expected arrivals: .noinc)."""
+        _asm("cp.async.mbarrier.arrive.noinc.shared.b64 [$0];", 0, [cutlass.Int32(bar).ir_value(loc=loc, ip=ip)], "r",
+             True)
+
+    @dsl_user_op
+    def load_raw16(codes, scale, *, loc=None, ip=None):
+        """A 16-code block in shared memory: its two code words and its scale byte."""
+        return [cutlass.Uint32(v) for v in _asm("{\nld.shared.v2.b32 {$0, $1}, [$3];\nld.shared.u8 $2, [$4];\n}", 3,
+                                                [cutlass.Int32(v).ir_value(loc=loc, ip=ip) for v in (codes, scale)],
+                                                "=r,=r,=r,r,r", True)]
 
     @dsl_user_op
     def stamp_to(addr, *, loc=None, ip=None):
@@ -374,6 +421,9 @@ def _kernel_classes():
             self.dual = cfg.dual
             self.threads = 128 * NWG  # the MMA warpgroups (the epilogue's barriers count these)
             self.dw = cfg.act_decode == "warpgroup"
+            self.inline = cfg.act_decode == "inline"
+            self.direct = self.dw or self.inline  # no prologue: the kernel reads the caller's activations itself
+            self.raw_bytes = raw_stage_bytes(cfg)
             self.pp = cfg.warp_spec == "pingpong"  # each MMA warpgroup runs its K loop alone, one after the other
             self.stage_wgs = stage_warpgroups(cfg)
             self.stage_units = stage_units(cfg)
@@ -384,7 +434,7 @@ def _kernel_classes():
         def _sx_layout(self, rows: int):
             """The fp16 activation ring (nsub·stages slots) for ``rows`` tokens: K-major, 128-byte swizzle."""
             return sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (UNIT_ROWS, rows, UNIT_K),
-                                                 cutlass.Float16, self.nsub * self.stages)
+                                                 cutlass.Float16, self.nsub * x_slots(self.cfg))
 
         @cute.jit
         def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mC: cute.Tensor, mTiles: cute.Tensor,
@@ -398,8 +448,8 @@ def _kernel_classes():
             g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
             tma_w, tW = cute.nvgpu.cpasync.make_tiled_tma_atom(
                 g2s, mW, cute.slice_(sw_layout, (None, None, 0)), (self.w_rows, ROW_BYTES))
-            if cutlass.const_expr(self.dw):
-                tma_x, tX = tma_w, tW  # (unused: the decode warpgroup writes the ring itself)
+            if cutlass.const_expr(self.direct):
+                tma_x, tX = tma_w, tW  # (unused: the CTA writes the ring itself)
             else:
                 # activations move in boxes of token_step rows: a tile of n tokens is n/step boxes per 64-K slot
                 tma_x, tX = cute.nvgpu.cpasync.make_tiled_tma_atom(
@@ -414,11 +464,19 @@ def _kernel_classes():
                 sw: cute.struct.Align[cute.struct.MemRange[u8, cute.cosize(sw_layout)], 1024]
                 sx: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(sx_layout)], 1024]
 
-            self.shared_storage = SharedStorage
+            @cute.struct
+            class SharedStorageInline:  # act_decode="inline": also the raw activation stages
+                load_bars: cute.struct.MemRange[i64, self.stages * 2]
+                stamps: cute.struct.MemRange[i64, 8]
+                sw: cute.struct.Align[cute.struct.MemRange[u8, cute.cosize(sw_layout)], 1024]
+                sx: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(sx_layout)], 1024]
+                sa: cute.struct.Align[cute.struct.MemRange[u8, self.stages * self.raw_bytes], 128]
+
+            self.shared_storage = SharedStorageInline if self.inline else SharedStorage
             # prologue: programmatic dependent launch, so set-up and the first weight loads overlap the prologue
             self.kernel(tma_w, tW, tma_x, tX, mX, mC, mTiles, mAlpha, mGsA, sw_layout, sx_layout).launch(
                 grid=(cute.size(mTiles, mode=[0]), 1, 1), block=(block_threads(self.cfg), 1, 1), stream=stream,
-                use_pdl=not self.dw)
+                use_pdl=not self.direct)
 
         @cute.kernel
         def kernel(self, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom, tX: cute.Tensor,
@@ -428,7 +486,7 @@ def _kernel_classes():
             bidx, _, _ = cute.arch.block_idx()
             if warp_idx == 0:
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
-                if cutlass.const_expr(not self.dw):
+                if cutlass.const_expr(not self.direct):
                     cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
             self._stamp(storage, 0)
@@ -451,13 +509,15 @@ def _kernel_classes():
 
             boxes = nv // self.step
             tx_bytes = self.stage_units * UNIT_BYTES
-            if cutlass.const_expr(not ablated(self.cfg, "no_x") and not self.dw):
+            if cutlass.const_expr(not ablated(self.cfg, "no_x") and not self.direct):
                 tx_bytes += self.nsub * nv * UNIT_K * 2
             # a stage is full when its weights have landed (TMA bytes, one arrive) and, with a decode warpgroup,
-            # when its 128 threads have each arrived after writing their activations
+            # when its 128 threads have each arrived after writing their activations, or (inline) when the
+            # cp.async copies of the raw activations of each of the CTA's threads have landed (one arrive each)
+            writers = 128 if self.dw else (self.threads if self.inline else 0)
             load_pipe = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.load_bars.data_ptr(), num_stages=self.stages,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1 + (128 if self.dw else 0)),
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1 + writers),
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.stage_wgs),
                 tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
             cute.arch.mbarrier_init_fence()
@@ -483,7 +543,7 @@ def _kernel_classes():
             tWs, tWg = cute.nvgpu.cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                                                         cute.group_modes(gW, 0, 2))
             loads = (tma_w, tWs, tWg, w_tile0)
-            if cutlass.const_expr(not self.dw):
+            if cutlass.const_expr(not self.direct):
                 # Activations: boxes of step rows; smem (box, (row block, 1, slot)), gmem (box, (row block, 64-K
                 # block))
                 tXs, tXg = cute.nvgpu.cpasync.tma_partition(tma_x, 0, cute.make_layout(1),
@@ -491,7 +551,10 @@ def _kernel_classes():
                                                             cute.zipped_divide(tX, (self.step, UNIT_K)))
                 loads = (*loads, tma_x, tXs, tXg, tok_row0 // self.step, k_tile0 * self.nsub, boxes)
 
-            if cutlass.const_expr(self.dw):
+            if cutlass.const_expr(self.inline):
+                self._mma_inline(nv, storage, load_pipe, loads, sXv, mX, mC, mAlpha, mGsA, group, tok_row0,
+                                 out_row0, tok_valid, n0, n_valid, k_tiles, k_tile0)
+            elif cutlass.const_expr(self.dw):
                 if wg == NWG:
                     self._decode_warpgroup(nv, storage, load_pipe, loads, mX, tok_row0, tok_valid, k_tiles, k_tile0,
                                            k_tiles_all)
@@ -511,27 +574,8 @@ def _kernel_classes():
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             wg = cute.arch.make_warp_uniform(tidx // 128)
             t = tidx % 128
-            tiled_mma = sm90_utils.make_trivial_tiled_mma(
-                cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-                cutlass.Float32, (1, 1, 1), (UNIT_ROWS, nv), warpgroup.OperandSource.RMEM)
-            thr_mma = tiled_mma.get_slice(t)
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sXv))
-            a_shape = thr_mma.partition_shape_A((UNIT_ROWS, UNIT_K))
-            # two register sets (sub-blocks alternate), each holding one fragment per block
-            rA = [[tiled_mma.make_fragment_A(a_shape) for _ in range(self.blocks)] for _ in range(2)]
-            rA32 = [[cute.recast_tensor(r, cutlass.Uint32) for r in rs] for rs in rA]
-            tCcC = thr_mma.partition_C(cute.make_identity_tensor((UNIT_ROWS, nv)))
-            accs = [cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) for _ in range(self.blocks)]
-            for acc in accs:
-                acc.fill(0.0)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-
-            # this thread's bytes of unit (sub, wg, block) of a stage: (((sub*NWG + wg)*blocks + block) * UNIT_BYTES;
-            # pingpong: a stage holds one warpgroup's units, ((sub*blocks) + block) * UNIT_BYTES
+            tiled_mma, tCrB, rA, rA32, tCcC, accs = self._mma_setup(nv, sXv, t)
             sw_base = storage.sw.data_ptr().toint()
-            wg_off = 0 if cutlass.const_expr(self.pp) else wg * self.blocks * UNIT_BYTES
-            code_off = wg_off + 16 * t
-            scale_off = wg_off + UNIT_CODE_BYTES + 8 * (8 * (t // 32) + (t % 32) // 4)
 
             prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             if cutlass.const_expr(self.pp):
@@ -572,31 +616,9 @@ def _kernel_classes():
                 if cutlass.const_expr(ablated(self.cfg, "timeline")):
                     if kt == 0:
                         self._stamp(storage, 3)
-                stage_base = sw_base + cons.index * (self.stage_units * UNIT_BYTES)
-                units = [((i // self.blocks) * self.stage_wgs * self.blocks + i % self.blocks) * UNIT_BYTES
-                         for i in range(self.nsub * self.blocks)]
-                loaded = [load_unit(stage_base + u + code_off, stage_base + u + scale_off) for u in units]
+                loaded = self._load_units(sw_base, cons.index, wg, t)
                 for s in cutlass.range_constexpr(self.nsub):
-                    for b in cutlass.range_constexpr(self.blocks):
-                        words = loaded[s * self.blocks + b]
-                        if cutlass.const_expr(ablated(self.cfg, "no_dequant")):  # diagnostic: loaded words as operands
-                            regs = [cutlass.Uint32(words[q % 4]) for q in range(16)]
-                        else:
-                            regs = decode_unit(words)
-                        if cutlass.const_expr(ablated(self.cfg, "no_mma")):  # diagnostic: keep the decode alive
-                            for q in cutlass.range_constexpr(16):
-                                sink = sink ^ regs[q]
-                        else:
-                            for q in cutlass.range_constexpr(16):
-                                rA32[s % 2][b][q] = regs[q]
-                    if cutlass.const_expr(not ablated(self.cfg, "no_mma")):
-                        warpgroup.fence()
-                        for b in cutlass.range_constexpr(self.blocks):
-                            for kb in cutlass.range_constexpr(UNIT_K // 16):
-                                cute.gemm(tiled_mma, accs[b], rA[s % 2][b][None, None, kb],
-                                          tCrB[None, None, kb, cons.index * self.nsub + s], accs[b])
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(1)
+                    sink = self._decode_mma(s, loaded, tiled_mma, rA, rA32, accs, tCrB, cons.index, sink)
                     if cutlass.const_expr(s == 0):
                         # the previous stage's last wgmma group is done: hand its buffers back, and (prologue mode)
                         # refill them if the other warpgroup has too. Warp 0 must not wait for it here: wgmma is
@@ -633,6 +655,177 @@ def _kernel_classes():
             else:
                 alpha = (mAlpha[group, 0], mAlpha[group, 1])
             self._epilogue(nv, accs, tCcC, storage, mC, alpha, out_row0, tok_valid, n0, n_valid, wg, t)
+
+        @cute.jit
+        def _mma_inline(self, nv: int, storage, load_pipe, loads, sXv, mRows, mC, mAlpha, mGsA, group, tok_row0,
+                        out_row0, tok_valid, n0, n_valid, k_tiles, k_tile0):
+            """act_decode="inline": both warpgroups copy their tile's raw activation rows (codes, scales) from the
+            caller's tensors into the stage with cp.async beside the weights' TMA, and decode them into the two-slot
+            fp16 ring one K tile ahead: the activations of K tile kt+1 are decoded, half after each sub-block's wgmma
+            of K tile kt is issued, then a barrier of both warpgroups publishes the slot and frees the stage for
+            K tile kt+stages. Thread i of the CTA owns 16-code blocks i, i+256, ... of the tile (block j: token row
+            j // (tile_k/16), block j % (tile_k/16) of the K tile) for the copies and the decode alike."""
+            tidx, _, _ = cute.arch.thread_idx()
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            t = tidx % 128
+            tiled_mma, tCrB, rA, rA32, tCcC, accs = self._mma_setup(nv, sXv, t)
+            sw_base = storage.sw.data_ptr().toint()
+            per_row = self.cfg.tile_k // 16  # 16-code blocks of a row per K tile
+            # this thread's blocks: (code address, scale address, bytes to copy (0: a padding row, zeros), token row,
+            # block); a padding row reads a valid row of the tile with a copy size of 0
+            items = []
+            for j in cutlass.range_constexpr(-(-nv * per_row // self.threads)):
+                i = tidx + self.threads * j
+                n = i // per_row
+                codes, scales, _ = load_row(
+                    (mRows.iterator + (tok_row0 + cutlass.min(n, tok_valid - 1)) * mRows.stride[0]).toint())
+                size = cutlass.Int32(8)
+                if n >= tok_valid:
+                    size = cutlass.Int32(0)
+                items.append((codes, scales, size, n, i - n * per_row, i < nv * per_row))
+            half = -(-len(items) // 2)
+            sa_base = storage.sa.data_ptr().toint()
+            sx_base = storage.sx.data_ptr().toint()
+            slot_bytes = self.nsub * self.bt * UNIT_K * 2
+            fence_bar = pipeline.NamedBarrier(barrier_id=3, num_threads=self.threads)
+
+            first = cutlass.min(self.stages, k_tiles)
+            if warp_idx == 0:
+                for it in cutlass.range(first, unroll=1):
+                    st = self._pipeline_state(it, producer=True)
+                    load_pipe.producer_acquire(st)
+                    self._issue_w(load_pipe, st, loads, loads[3] + it)
+            for it in cutlass.range(first, unroll=1):
+                self._inline_copy(load_pipe, items, sa_base, it, k_tile0)
+            self._stamp(storage, 1)
+            # K tile 0's activations, then every K tile: its wgmma, and the next K tile's activations decoded under it
+            load_pipe.consumer_wait(self._pipeline_state(0, producer=False))
+            self._stamp(storage, 3)
+            self._inline_decode(items, 0, len(items), sa_base, 0, sx_base)
+            cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta)
+            fence_bar.arrive_and_wait()
+            sink = cutlass.Uint32(0)
+            for kt in cutlass.range(k_tiles, unroll=1):
+                cur = self._pipeline_state(kt, producer=False)
+                loaded = self._load_units(sw_base, cur.index, wg, t)
+                slot = kt % 2
+                nxt = self._pipeline_state(kt + 1, producer=False)
+                for s in cutlass.range_constexpr(self.nsub):
+                    sink = self._decode_mma(s, loaded, tiled_mma, rA, rA32, accs, tCrB, slot, sink)
+                    # K tile kt+1's activations into the other slot (its last reader, K tile kt-1, has retired)
+                    lo, hi = (0, half) if cutlass.const_expr(s == 0) else (half, len(items))
+                    if cutlass.const_expr(s == 0 or s == self.nsub - 1):
+                        if kt + 1 < k_tiles:
+                            if cutlass.const_expr(s == 0):
+                                load_pipe.consumer_wait(nxt)
+                            self._inline_decode(items, lo, hi, sa_base, nxt.index, sx_base + (1 - slot) * slot_bytes)
+                cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared, space=cute.arch.SharedSpace.shared_cta)
+                # both warpgroups: the next slot is written, and stage kt is read (weights and activations)
+                fence_bar.arrive_and_wait()
+                if kt + self.stages < k_tiles:
+                    load_pipe.consumer_release(cur)
+                    ref = self._pipeline_state(kt + self.stages, producer=True)
+                    if warp_idx == 0:
+                        load_pipe.producer_acquire(ref)
+                        self._issue_w(load_pipe, ref, loads, loads[3] + kt + self.stages)
+                    self._inline_copy(load_pipe, items, sa_base, kt + self.stages, k_tile0)
+            warpgroup.wait_group(0)
+            self._stamp(storage, 4)
+            if cutlass.const_expr(ablated(self.cfg, "no_mma")):
+                accs[0][0] = cutlass.Float32(sink)
+            gs_a = load_f32(mGsA[group])
+            self._epilogue(nv, accs, tCcC, storage, mC, (gs_a * mAlpha[group, 0], gs_a * mAlpha[group, 1]), out_row0,
+                           tok_valid, n0, n_valid, wg, t)
+
+        @cute.jit
+        def _inline_copy(self, load_pipe, items, sa_base, it, k_tile0):
+            """cp.async this thread's raw blocks of K tile ``it`` into its stage; then arrive on the stage's barrier
+            when they have landed (every thread arrives, with or without blocks)."""
+            st = self._pipeline_state(it, producer=True)
+            base = sa_base + st.index * self.raw_bytes
+            per_row = self.cfg.tile_k // 16
+            scales0 = base + self.bt * (self.cfg.tile_k // 2)
+            kb = (k_tile0 + it) * per_row  # the K tile's first 16-code block in the row
+            for codes, scales, size, n, c, active in items:
+                if active:
+                    cp_async8(base + n * (self.cfg.tile_k // 2) + 8 * c, codes + 8 * (kb + c), size)
+                    if c % 8 == 0:  # the row's scale bytes of blocks c .. c+7
+                        cp_async8(scales0 + n * per_row + c, scales + kb + c, size)
+            cp_async_arrive(load_pipe.producer_get_barrier(st).toint())
+
+        @cute.jit
+        def _inline_decode(self, items, lo: int, hi: int, sa_base, stage, slot_base):
+            """Decode this thread's blocks ``lo`` .. ``hi`` - 1 of raw stage ``stage`` into the fp16 slot at
+            ``slot_base`` (128-byte swizzle: 16-byte chunk q of a token row's 64-K sub-block at q ^ row % 8)."""
+            base = sa_base + stage * self.raw_bytes
+            per_row = self.cfg.tile_k // 16
+            scales0 = base + self.bt * (self.cfg.tile_k // 2)
+            for j in cutlass.range_constexpr(lo, hi):
+                _, _, _, n, c, active = items[j]
+                if active:
+                    words = load_raw16(base + n * (self.cfg.tile_k // 2) + 8 * c, scales0 + n * per_row + c)
+                    dst = slot_base + (c // 4) * (self.bt * UNIT_K * 2) + n * (UNIT_K * 2)
+                    store_act16(words, dst + ((n % 8) ^ (2 * (c % 4))) * 16, dst + ((n % 8) ^ (2 * (c % 4) + 1)) * 16)
+
+        @cute.jit
+        def _mma_setup(self, nv: int, sXv, t):
+            """The wgmma of N = ``nv`` tokens for thread ``t`` of its warpgroup: the tiled MMA, the B fragments over the
+            ring, two register sets of A fragments (sub-blocks alternate; one fragment per block), the C coordinates
+            and the zeroed accumulators."""
+            tiled_mma = sm90_utils.make_trivial_tiled_mma(
+                cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+                cutlass.Float32, (1, 1, 1), (UNIT_ROWS, nv), warpgroup.OperandSource.RMEM)
+            thr_mma = tiled_mma.get_slice(t)
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sXv))
+            a_shape = thr_mma.partition_shape_A((UNIT_ROWS, UNIT_K))
+            rA = [[tiled_mma.make_fragment_A(a_shape) for _ in range(self.blocks)] for _ in range(2)]
+            rA32 = [[cute.recast_tensor(r, cutlass.Uint32) for r in rs] for rs in rA]
+            tCcC = thr_mma.partition_C(cute.make_identity_tensor((UNIT_ROWS, nv)))
+            accs = [cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) for _ in range(self.blocks)]
+            for acc in accs:
+                acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            return tiled_mma, tCrB, rA, rA32, tCcC, accs
+
+        @cute.jit
+        def _load_units(self, sw_base, stage, wg, t):
+            """This thread's code and scale words of every unit of weight stage ``stage``: unit (sub, wg, block) at
+            ((sub·NWG + wg)·blocks + block)·UNIT_BYTES; pingpong (a stage holds one warpgroup's units) at
+            (sub·blocks + block)·UNIT_BYTES."""
+            wg_off = 0 if cutlass.const_expr(self.pp) else wg * self.blocks * UNIT_BYTES
+            code_off = wg_off + 16 * t
+            scale_off = wg_off + UNIT_CODE_BYTES + 8 * (8 * (t // 32) + (t % 32) // 4)
+            stage_base = sw_base + stage * (self.stage_units * UNIT_BYTES)
+            units = [((i // self.blocks) * self.stage_wgs * self.blocks + i % self.blocks) * UNIT_BYTES
+                     for i in range(self.nsub * self.blocks)]
+            return [load_unit(stage_base + u + code_off, stage_base + u + scale_off) for u in units]
+
+        @cute.jit
+        def _decode_mma(self, s: int, loaded, tiled_mma, rA, rA32, accs, tCrB, slot, sink):
+            """Sub-block ``s``: decode its weights into register set s % 2, issue its wgmma against ring slot ``slot``,
+            commit, and wait until only this group is in flight. Returns the no_mma diagnostic's sink."""
+            for b in cutlass.range_constexpr(self.blocks):
+                words = loaded[s * self.blocks + b]
+                if cutlass.const_expr(ablated(self.cfg, "no_dequant")):  # diagnostic: loaded words as operands
+                    regs = [cutlass.Uint32(words[q % 4]) for q in range(16)]
+                else:
+                    regs = decode_unit(words)
+                if cutlass.const_expr(ablated(self.cfg, "no_mma")):  # diagnostic: keep the decode alive
+                    for q in cutlass.range_constexpr(16):
+                        sink = sink ^ regs[q]
+                else:
+                    for q in cutlass.range_constexpr(16):
+                        rA32[s % 2][b][q] = regs[q]
+            if cutlass.const_expr(not ablated(self.cfg, "no_mma")):
+                warpgroup.fence()
+                for b in cutlass.range_constexpr(self.blocks):
+                    for kb in cutlass.range_constexpr(UNIT_K // 16):
+                        cute.gemm(tiled_mma, accs[b], rA[s % 2][b][None, None, kb],
+                                  tCrB[None, None, kb, slot * self.nsub + s], accs[b])
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)
+            return sink
 
         @cute.jit
         def _decode_warpgroup(self, nv: int, storage, load_pipe, loads, mRows, tok_row0, tok_valid, k_tiles,
@@ -956,9 +1149,26 @@ def activation_rows(a, row_offsets, rows: int, device) -> torch.Tensor:
     return table.to(device)
 
 
+def check_inline(a, cfg: KernelConfig) -> None:
+    """act_decode="inline" copies whole K tiles of raw activations 8 bytes at a time: refuse, naming the rule, a group
+    whose K is not a multiple of tile_k or whose scale rows are not 8-byte aligned."""
+    for g, t in enumerate(a):
+        if int(t.shape[0]) == 0:
+            continue
+        k, scales = int(t.shape[1]), t.scales
+        if k % cfg.tile_k:
+            raise ValueError(f"a[{g}]: K={k} is not a multiple of tile_k={cfg.tile_k}, which config {cfg.name} "
+                             "(act_decode='inline') needs; the prologue configs (e.g. 'rs_m128_t128_k128_s4_e') take "
+                             "any K that is a multiple of 32")
+        if scales.data_ptr() % 8 or scales.stride(0) % 8:
+            raise ValueError(f"a[{g}]: config {cfg.name} (act_decode='inline') copies scale rows 8 bytes at a time and "
+                             f"needs them 8-byte aligned (address % 8 = {scales.data_ptr() % 8}, row stride "
+                             f"{scales.stride(0)}); pass .contiguous() tensors with K a multiple of 128")
+
+
 def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
     """Prepack the weights (once), compile (cached); each call is two launches, the activation prologue (decode +
-    global scales) and the GEMM, or (act_decode="warpgroup") the GEMM alone."""
+    global scales) and the GEMM, or (act_decode="warpgroup" or "inline") the GEMM alone."""
     t0 = time.perf_counter()
     validate(cfg)
     device = a[0].data.device
@@ -974,7 +1184,9 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
     m = tuple(int(t.shape[0]) for t in a)
     offs, rows = padded_row_offsets(m, token_step(cfg))  # each group starts at a TMA box (token_step rows)
     row_table = activation_rows(a, offs, rows, device)
-    dw = cfg.act_decode == "warpgroup"
+    dw = cfg.act_decode != "prologue"  # the GEMM reads the caller's activations itself
+    if cfg.act_decode == "inline":
+        check_inline(a, cfg)
     x16 = None if dw else torch.zeros((rows, weights.k_pad), dtype=torch.float16, device=device)
     tiles = swap_tile_table(m, weights.n, weights.k, offs, weights.n_pad, cfg,
                             torch.cuda.get_device_properties(device).multi_processor_count, device)
@@ -1026,7 +1238,7 @@ def fake_arguments(cfg: KernelConfig):
 
     s = cute.sym_int
     groups = s()
-    x = (fake(cutlass.Int64, (s(), len(ROW_COLUMNS)), 8) if cfg.act_decode == "warpgroup"
+    x = (fake(cutlass.Int64, (s(), len(ROW_COLUMNS)), 8) if cfg.act_decode != "prologue"
          else fake(cutlass.Float16, (s(), s(divisibility=cfg.tile_k))))
     return (fake(cutlass.Uint8, (s(), ROW_BYTES)), x, fake(cutlass.Float16, (s(), s(divisibility=8))),
             fake(cutlass.Int32, (s(), len(WIDE_TILE_COLUMNS))), fake(cutlass.Float32, (groups, 2), 8),
