@@ -132,7 +132,8 @@ _ship(*(_RS.with_(name=f"rs_m{tm}_t{bt}_k{bk}_s{st}_v{ts}", tile_m=tm, tile_n=bt
                   token_step=ts)
         for tm, bt, bk, st, ts in ((128, 256, 128, 3, 32), (128, 128, 128, 4, 16), (128, 192, 128, 3, 32))))
 _ship(*(_RS.with_(name=f"rs_dual_m{tm}_t{bt}_k{bk}_s{st}", tile_m=tm, dual=True, tile_n=bt, tile_k=bk, ab_stages=st)
-        for tm, bt, bk, st in ((64, 128, 128, 4), (128, 64, 128, 6), (128, 128, 128, 4), (64, 96, 128, 3))))
+        for tm, bt, bk, st in ((64, 128, 128, 4), (128, 64, 128, 6), (128, 128, 128, 4), (64, 96, 128, 3),
+                               (128, 128, 128, 3))))
 _ship(*(_RS.with_(name=f"rs_dual_m{tm}_t{bt}_k{bk}_s{st}_v{ts}", tile_m=tm, dual=True, tile_n=bt, tile_k=bk,
                   ab_stages=st, token_step=ts)
         for tm, bt, bk, st, ts in ((64, 256, 128, 3, 32), (64, 128, 128, 4, 16), (128, 128, 128, 4, 16))))
@@ -192,12 +193,14 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
 # variable N up to 256 (large M); "baseline" (the study's kernel) and every other config stay selectable by name.
 # The decode-warpgroup configs (_dw) were candidates in the runs at db91a56 and 30f2014 and lost every shape (S4 22.6
 # vs 18.0 us, S1 198 vs 131 at 30f2014): they stay selectable by name, out of auto (each candidate costs a compile
-# and timing at prepare).
+# and timing at prepare); so do the inline-decode configs (_i: S4 24.5 vs 18.0 us, S1 232 vs 133 at 6c6a2e6). Three
+# stages of 128-token tiles start sooner on one-wave shapes (a smaller first burst of loads: S4 17.8 vs 18.1 us at
+# 3cb93ac); two starve the pipeline (S4 25.5).
 AUTO_CANDIDATES = {
-    False: ("rs_m128_t96_k128_s3_e", "rs_m128_t128_k128_s4_e", "rs_m128_t128_k128_s5_e", "rs_m128_t64_k128_s4_e",
-            "rs_m128_t256_k128_s3_v32_e"),
-    True: ("rs_dual_m64_t96_k128_s3_e", "rs_dual_m128_t128_k128_s4_e", "rs_dual_m128_t128_k128_s4",
-           "rs_dual_m64_t256_k128_s3_v32_e"),
+    False: ("rs_m128_t96_k128_s3_e", "rs_m128_t128_k128_s3_e", "rs_m128_t128_k128_s4_e", "rs_m128_t128_k128_s5_e",
+            "rs_m128_t64_k128_s4_e", "rs_m128_t256_k128_s3_v32_e"),
+    True: ("rs_dual_m64_t96_k128_s3_e", "rs_dual_m128_t128_k128_s3", "rs_dual_m128_t128_k128_s4_e",
+           "rs_dual_m128_t128_k128_s4", "rs_dual_m64_t256_k128_s3_v32_e"),
 }
 DEFAULT_SINGLE = DEFAULT_DUAL = "auto"
 
