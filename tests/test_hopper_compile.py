@@ -44,6 +44,10 @@ def test_shipped_config_compiles_with_tma_and_wgmma(reports, name):
             assert r["st.shared.v4.b32"] > 0 and r["fence.proxy.async"] >= 1 and r["ld.global.nc.v2.b32"] > 0
             # ping-pong: warpgroup 0 signals the end of its K loop at a named barrier that warpgroup 1 waits on
             assert r["bar.arrive"] == (cfg.warp_spec == "pingpong")
+        elif cfg.act_decode == "inline":  # the MMA warpgroups copy raw rows (cp.async) and decode them into the ring
+            assert r["threads"] == 256 and r["griddepcontrol.wait"] == 0
+            assert r["cp.async.ca.shared.global"] > 0 and r["cp.async.mbarrier.arrive.noinc"] > 0
+            assert r["st.shared.v4.b32"] > 0 and r["fence.proxy.async"] >= 1
         else:
             assert r["griddepcontrol.wait"] >= 1, "the GEMM does not wait for the prologue's grid"
             assert r["st.shared.v4.b32"] == 0
@@ -250,3 +254,15 @@ def test_sass_counts_say_why_without_cuobjdump(monkeypatch):
 
     monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
     assert "cuobjdump not found" in compiling.sass_counts("k.cubin")["sass"]
+
+
+def test_activation_prologue_compiles_and_prefetches_the_first_weights():
+    """The prologue of the prologue-mode swap-AB configs: it releases the GEMM at once (PDL), decodes with the
+    conversion instruction, and bulk-prefetches the GEMM's first weight stages into L2."""
+    from nvfp4lib.kernels import hopper_rs
+
+    r = hopper_rs.prologue_report()
+    assert r["griddepcontrol.launch_dependents"] == 1
+    assert r["cp.async.bulk.prefetch.L2"] == 1
+    assert r["cvt.rn.f16x2.e4m3x2"] >= 1 and r["ld.global.nc.v2.b32"] >= 1 and r["st.global.v4.b32"] >= 1
+    assert r["spill_stores"] == 0

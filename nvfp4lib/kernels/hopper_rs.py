@@ -242,6 +242,8 @@ ACT_DECODE_PTX = "\n".join([
     "}",
 ])
 ACT_THREADS = 256
+# the prologue bulk-prefetches each CTA block's first ab_stages weight stages into L2 (False: none, for A/B timing)
+WEIGHT_PREFETCH = True
 # alpha[g] = gs_A[g] · (gs_B1[g], gs_B2[g]) · 2^14, from the 0-d global-scale tensor of A's group g
 ALPHA_PTX = "\n".join([
     "{", ".reg .f32 a, b0, b1;",
@@ -349,6 +351,12 @@ def _kernel_classes():
         return [cutlass.Int64(llvm.extractvalue(i64, res, [i])) for i in range(3)]
 
     @dsl_user_op
+    def prefetch_l2(entry, *, loc=None, ip=None):
+        """Bulk-prefetch into L2 the (address, bytes) range held at global ``entry`` (16-byte multiples)."""
+        _asm("{\n.reg .u64 a, n;\n.reg .u32 b;\nld.global.nc.v2.u64 {a, n}, [$0];\ncvt.u32.u64 b, n;\n"
+             "cp.async.bulk.prefetch.L2.global [a], b;\n}", 0, _i64((entry,), loc, ip), "l", True)
+
+    @dsl_user_op
     def alpha_row(gs_a, gs_b, out, *, loc=None, ip=None):
         _asm(ALPHA_PTX, 0, _i64((gs_a, gs_b, out), loc, ip), "l,l,l", True)
 
@@ -377,22 +385,27 @@ def _kernel_classes():
 
         ``mRows`` int64 [R, 3] (:data:`ROW_COLUMNS`): the row's code and scale addresses and its 16-code chunk
         count (0: a padding row, left as the zeros it was allocated with). ``mGsA`` int64 [G]: addresses of A's
-        global scales; ``mGsB`` float32 [G, 2]: gs_B1·2^14, gs_B2·2^14."""
+        global scales; ``mGsB`` float32 [G, 2]: gs_B1·2^14, gs_B2·2^14. ``mPf`` int64 [B, 2]: (address, bytes) of
+        the weights the GEMM's CTAs load first, one range per CTA block: thread i < B prefetches range i into L2
+        (the GEMM starts its loads about 1.5 us after this kernel; they then come from L2, not DRAM)."""
 
         @cute.jit
         def __call__(self, mRows: cute.Tensor, mX: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
-                     mAlpha: cute.Tensor, stream):
+                     mAlpha: cute.Tensor, mPf: cute.Tensor, stream):
             work = cute.size(mRows, mode=[0]) * (cute.size(mX, mode=[1]) // 16)
-            self.kernel(mRows, mX, mGsA, mGsB, mAlpha).launch(
+            work = cutlass.max(work, cute.size(mPf, mode=[0]))
+            self.kernel(mRows, mX, mGsA, mGsB, mAlpha, mPf).launch(
                 grid=((work + ACT_THREADS - 1) // ACT_THREADS, 1, 1), block=(ACT_THREADS, 1, 1), stream=stream)
 
         @cute.kernel
         def kernel(self, mRows: cute.Tensor, mX: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
-                   mAlpha: cute.Tensor):
+                   mAlpha: cute.Tensor, mPf: cute.Tensor):
             cute.arch.griddepcontrol_launch_dependents()  # the GEMM may start its set-up and weight loads now
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
             i = bidx * ACT_THREADS + tidx
+            if i < cute.size(mPf, mode=[0]):
+                prefetch_l2((mPf.iterator + i * mPf.stride[0]).toint())
             per_row = cute.size(mX, mode=[1]) // 16
             if i < cute.size(mRows, mode=[0]) * per_row:
                 r = i // per_row
@@ -1149,6 +1162,16 @@ def activation_rows(a, row_offsets, rows: int, device) -> torch.Tensor:
     return table.to(device)
 
 
+def weight_prefetch(packed: torch.Tensor, cfg: KernelConfig) -> torch.Tensor:
+    """int64 [blocks, 2]: (address, bytes) of each CTA block's first ``ab_stages`` weight stages in the prepacked
+    tensor (``[blocks, K/64, nwg·blocks, 2304]``: a block's stages are contiguous), which the prologue prefetches
+    into L2."""
+    blocks, per_block = packed.shape[0] if WEIGHT_PREFETCH else 0, packed[0].numel()
+    nbytes = min(per_block, cfg.ab_stages * stage_units(cfg) * UNIT_BYTES)
+    base = packed.data_ptr() + per_block * torch.arange(blocks, dtype=torch.int64)
+    return torch.stack([base, torch.full_like(base, nbytes)], dim=1).to(packed.device)
+
+
 def check_inline(a, cfg: KernelConfig) -> None:
     """act_decode="inline" copies whole K tiles of raw activations 8 bytes at a time: refuse, naming the rule, a group
     whose K is not a multiple of tile_k or whose scale rows are not 8-byte aligned."""
@@ -1200,8 +1223,9 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
         return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
 
     prologue = pro_args = None
+    pf = None if dw else weight_prefetch(packed, cfg)
     if not dw:
-        pro_args = (_cute(row_table, 8), _cute(x16), _cute(gs_a, 8), _cute(gs_b, 8), _cute(alpha, 8))
+        pro_args = (_cute(row_table, 8), _cute(x16), _cute(gs_a, 8), _cute(gs_b, 8), _cute(alpha, 8), _cute(pf, 16))
         prologue = _compile_cached(("prologue",), pro_cls, (*pro_args, stream()))
     gemm_args = ((_cute(packed.view(-1, ROW_BYTES)), _cute(row_table, 8), _cute(c_all), _cute(tiles), _cute(gs_b, 8))
                  if dw else
@@ -1221,7 +1245,7 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
                   notes=f"weights prepacked once for the register decode ({packed.numel() / 1e6:.1f} MB); "
                         f"config {cfg.name}",
                   info={"config": cfg.name, "tiles": len(tiles), "split_k": 1},
-                  keepalive=(a, packed, row_table, x16, tiles, c_all, gs_a, gs_b, alpha))
+                  keepalive=(a, packed, row_table, x16, tiles, c_all, gs_a, gs_b, alpha, pf))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1259,6 +1283,7 @@ def fake_prologue_arguments():
             make_fake_compact_tensor(cutlass.Int64, (groups,), assumed_align=8),
             make_fake_compact_tensor(cutlass.Float32, (groups, 2), stride_order=(1, 0), assumed_align=8),
             make_fake_compact_tensor(cutlass.Float32, (groups, 2), stride_order=(1, 0), assumed_align=8),
+            make_fake_compact_tensor(cutlass.Int64, (s(), 2), stride_order=(1, 0), assumed_align=16),
             cuda.CUstream(0))
 
 
@@ -1281,10 +1306,21 @@ def compile_report(cfg: KernelConfig, dump_dir: str | None = None) -> dict:
         **count_instructions(art.ptx, ("lop3.b32", "mul.rn.f16x2", "cvt.rn.f16x2.e4m3x2", "ld.shared.v4.b32",
                                        "ld.shared.v2.b32", "griddepcontrol.wait", "st.shared", "st.shared.b16",
                                        "st.shared.v4.b32", "fence.proxy.async", "ld.global.nc.v2.b32",
-                                       "st.global.v4.b32", "st.global.b16", "bar.sync", "bar.arrive")),
+                                       "st.global.v4.b32", "st.global.b16", "bar.sync", "bar.arrive",
+                                       "cp.async.ca.shared.global", "cp.async.mbarrier.arrive.noinc")),
         # ptxas serialises every wgmma when it cannot prove the register operand safe (C7513): a silent slowdown
         "wgmma_serialized": "C7513" in log, "ptx_path": art.ptx_path,
     }
+
+
+def prologue_report(dump_dir: str | None = None) -> dict:
+    """Compile the activation prologue for sm_90a with fake tensors: its PTX instruction counts and ptxas resources."""
+    from .compiling import compile_offline, count_instructions
+
+    art = compile_offline(prologue_kernel(), *fake_prologue_arguments(), arch="sm_90a", dump_dir=dump_dir)
+    return {**{k: v for k, v in art.ptxas.items() if k != "ptxas_log"}, **art.instructions,
+            **count_instructions(art.ptx, ("griddepcontrol.launch_dependents", "cp.async.bulk.prefetch.L2",
+                                           "cvt.rn.f16x2.e4m3x2", "ld.global.nc.v2.b32", "st.global.v4.b32"))}
 
 
 def kernel_for(cfg: KernelConfig):
