@@ -263,6 +263,6 @@ def test_activation_prologue_compiles_and_prefetches_the_first_weights():
 
     r = hopper_rs.prologue_report()
     assert r["griddepcontrol.launch_dependents"] == 1
-    assert r["cp.async.bulk.prefetch.L2"] == 1
+    assert r["prefetch.global.L2"] == 1
     assert r["cvt.rn.f16x2.e4m3x2"] >= 1 and r["ld.global.nc.v2.b32"] >= 1 and r["st.global.v4.b32"] >= 1
     assert r["spill_stores"] == 0
