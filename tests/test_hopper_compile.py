@@ -256,13 +256,12 @@ def test_sass_counts_say_why_without_cuobjdump(monkeypatch):
     assert "cuobjdump not found" in compiling.sass_counts("k.cubin")["sass"]
 
 
-def test_activation_prologue_compiles_and_prefetches_the_first_weights():
-    """The prologue of the prologue-mode swap-AB configs: it releases the GEMM at once (PDL), decodes with the
-    conversion instruction, and bulk-prefetches the GEMM's first weight stages into L2."""
+def test_activation_prologue_compiles():
+    """The prologue of the prologue-mode swap-AB configs: it releases the GEMM at once (PDL) and decodes with the
+    conversion instruction."""
     from nvfp4lib.kernels import hopper_rs
 
     r = hopper_rs.prologue_report()
     assert r["griddepcontrol.launch_dependents"] == 1
-    assert r["prefetch.global.L2"] == 1
     assert r["cvt.rn.f16x2.e4m3x2"] >= 1 and r["ld.global.nc.v2.b32"] >= 1 and r["st.global.v4.b32"] >= 1
     assert r["spill_stores"] == 0

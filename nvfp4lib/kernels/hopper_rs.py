@@ -242,8 +242,6 @@ ACT_DECODE_PTX = "\n".join([
     "}",
 ])
 ACT_THREADS = 256
-# the prologue bulk-prefetches each CTA block's first ab_stages weight stages into L2 (False: none, for A/B timing)
-WEIGHT_PREFETCH = True
 # alpha[g] = gs_A[g] · (gs_B1[g], gs_B2[g]) · 2^14, from the 0-d global-scale tensor of A's group g
 ALPHA_PTX = "\n".join([
     "{", ".reg .f32 a, b0, b1;",
@@ -351,13 +349,6 @@ def _kernel_classes():
         return [cutlass.Int64(llvm.extractvalue(i64, res, [i])) for i in range(3)]
 
     @dsl_user_op
-    def prefetch_l2(entry, *, loc=None, ip=None):
-        """Prefetch into L2 the 128-byte line whose address is held at global ``entry`` (a hint: nothing waits for
-        it; a bulk prefetch per range instead held its CTA, and the prologue, until the bytes had landed)."""
-        _asm("{\n.reg .u64 a;\nld.global.nc.u64 a, [$0];\nprefetch.global.L2 [a];\n}", 0, _i64((entry,), loc, ip),
-             "l", True)
-
-    @dsl_user_op
     def alpha_row(gs_a, gs_b, out, *, loc=None, ip=None):
         _asm(ALPHA_PTX, 0, _i64((gs_a, gs_b, out), loc, ip), "l,l,l", True)
 
@@ -386,27 +377,22 @@ def _kernel_classes():
 
         ``mRows`` int64 [R, 3] (:data:`ROW_COLUMNS`): the row's code and scale addresses and its 16-code chunk
         count (0: a padding row, left as the zeros it was allocated with). ``mGsA`` int64 [G]: addresses of A's
-        global scales; ``mGsB`` float32 [G, 2]: gs_B1·2^14, gs_B2·2^14. ``mPf`` int64 [L]: the 128-byte lines of
-        the weights the GEMM's CTAs load first: thread i < L prefetches line i into L2 (the GEMM starts its loads
-        about 1.5 us after this kernel starts; they then come from L2, not DRAM)."""
+        global scales; ``mGsB`` float32 [G, 2]: gs_B1·2^14, gs_B2·2^14."""
 
         @cute.jit
         def __call__(self, mRows: cute.Tensor, mX: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
-                     mAlpha: cute.Tensor, mPf: cute.Tensor, stream):
+                     mAlpha: cute.Tensor, stream):
             work = cute.size(mRows, mode=[0]) * (cute.size(mX, mode=[1]) // 16)
-            work = cutlass.max(work, cute.size(mPf, mode=[0]))
-            self.kernel(mRows, mX, mGsA, mGsB, mAlpha, mPf).launch(
+            self.kernel(mRows, mX, mGsA, mGsB, mAlpha).launch(
                 grid=((work + ACT_THREADS - 1) // ACT_THREADS, 1, 1), block=(ACT_THREADS, 1, 1), stream=stream)
 
         @cute.kernel
         def kernel(self, mRows: cute.Tensor, mX: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
-                   mAlpha: cute.Tensor, mPf: cute.Tensor):
+                   mAlpha: cute.Tensor):
             cute.arch.griddepcontrol_launch_dependents()  # the GEMM may start its set-up and weight loads now
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
             i = bidx * ACT_THREADS + tidx
-            if i < cute.size(mPf, mode=[0]):
-                prefetch_l2((mPf.iterator + i).toint())
             per_row = cute.size(mX, mode=[1]) // 16
             if i < cute.size(mRows, mode=[0]) * per_row:
                 r = i // per_row
@@ -1163,16 +1149,6 @@ def activation_rows(a, row_offsets, rows: int, device) -> torch.Tensor:
     return table.to(device)
 
 
-def weight_prefetch(packed: torch.Tensor, cfg: KernelConfig) -> torch.Tensor:
-    """int64 [lines]: the addresses of the 128-byte lines of each CTA block's first ``ab_stages`` weight stages in
-    the prepacked tensor (``[blocks, K/64, nwg·blocks, 2304]``: a block's stages are contiguous), which the prologue
-    prefetches into L2."""
-    blocks, per_block = packed.shape[0] if WEIGHT_PREFETCH else 0, packed[0].numel()
-    lines = -(-min(per_block, cfg.ab_stages * stage_units(cfg) * UNIT_BYTES) // 128)
-    base = packed.data_ptr() + per_block * torch.arange(blocks, dtype=torch.int64)
-    return (base[:, None] + 128 * torch.arange(lines, dtype=torch.int64)).reshape(-1).to(packed.device)
-
-
 def check_inline(a, cfg: KernelConfig) -> None:
     """act_decode="inline" copies whole K tiles of raw activations 8 bytes at a time: refuse, naming the rule, a group
     whose K is not a multiple of tile_k or whose scale rows are not 8-byte aligned."""
@@ -1224,9 +1200,8 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
         return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
 
     prologue = pro_args = None
-    pf = None if dw else weight_prefetch(packed, cfg)
     if not dw:
-        pro_args = (_cute(row_table, 8), _cute(x16), _cute(gs_a, 8), _cute(gs_b, 8), _cute(alpha, 8), _cute(pf, 8))
+        pro_args = (_cute(row_table, 8), _cute(x16), _cute(gs_a, 8), _cute(gs_b, 8), _cute(alpha, 8))
         prologue = _compile_cached(("prologue",), pro_cls, (*pro_args, stream()))
     gemm_args = ((_cute(packed.view(-1, ROW_BYTES)), _cute(row_table, 8), _cute(c_all), _cute(tiles), _cute(gs_b, 8))
                  if dw else
@@ -1246,7 +1221,7 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
                   notes=f"weights prepacked once for the register decode ({packed.numel() / 1e6:.1f} MB); "
                         f"config {cfg.name}",
                   info={"config": cfg.name, "tiles": len(tiles), "split_k": 1},
-                  keepalive=(a, packed, row_table, x16, tiles, c_all, gs_a, gs_b, alpha, pf))
+                  keepalive=(a, packed, row_table, x16, tiles, c_all, gs_a, gs_b, alpha))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1284,7 +1259,6 @@ def fake_prologue_arguments():
             make_fake_compact_tensor(cutlass.Int64, (groups,), assumed_align=8),
             make_fake_compact_tensor(cutlass.Float32, (groups, 2), stride_order=(1, 0), assumed_align=8),
             make_fake_compact_tensor(cutlass.Float32, (groups, 2), stride_order=(1, 0), assumed_align=8),
-            make_fake_compact_tensor(cutlass.Int64, (s(),), assumed_align=8),
             cuda.CUstream(0))
 
 
@@ -1320,7 +1294,7 @@ def prologue_report(dump_dir: str | None = None) -> dict:
 
     art = compile_offline(prologue_kernel(), *fake_prologue_arguments(), arch="sm_90a", dump_dir=dump_dir)
     return {**{k: v for k, v in art.ptxas.items() if k != "ptxas_log"}, **art.instructions,
-            **count_instructions(art.ptx, ("griddepcontrol.launch_dependents", "prefetch.global.L2",
+            **count_instructions(art.ptx, ("griddepcontrol.launch_dependents",
                                            "cvt.rn.f16x2.e4m3x2", "ld.global.nc.v2.b32", "st.global.v4.b32"))}
 
 
