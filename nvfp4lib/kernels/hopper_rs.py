@@ -242,6 +242,9 @@ ACT_DECODE_PTX = "\n".join([
     "}",
 ])
 ACT_THREADS = 256
+# dynamic shared memory the prologue asks for (unused by it): 0, or enough that its SMs run with the large
+# shared-memory carveout the GEMM needs, so that GEMM CTAs can start beside prologue CTAs (PDL) rather than after them
+ACT_SMEM = 0
 # alpha[g] = gs_A[g] · (gs_B1[g], gs_B2[g]) · 2^14, from the 0-d global-scale tensor of A's group g
 ALPHA_PTX = "\n".join([
     "{", ".reg .f32 a, b0, b1;",
@@ -384,7 +387,8 @@ def _kernel_classes():
                      mAlpha: cute.Tensor, stream):
             work = cute.size(mRows, mode=[0]) * (cute.size(mX, mode=[1]) // 16)
             self.kernel(mRows, mX, mGsA, mGsB, mAlpha).launch(
-                grid=((work + ACT_THREADS - 1) // ACT_THREADS, 1, 1), block=(ACT_THREADS, 1, 1), stream=stream)
+                grid=((work + ACT_THREADS - 1) // ACT_THREADS, 1, 1), block=(ACT_THREADS, 1, 1), stream=stream,
+                smem=ACT_SMEM)
 
         @cute.kernel
         def kernel(self, mRows: cute.Tensor, mX: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
@@ -1202,7 +1206,7 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
     prologue = pro_args = None
     if not dw:
         pro_args = (_cute(row_table, 8), _cute(x16), _cute(gs_a, 8), _cute(gs_b, 8), _cute(alpha, 8))
-        prologue = _compile_cached(("prologue",), pro_cls, (*pro_args, stream()))
+        prologue = _compile_cached(("prologue", ACT_SMEM), pro_cls, (*pro_args, stream()))
     gemm_args = ((_cute(packed.view(-1, ROW_BYTES)), _cute(row_table, 8), _cute(c_all), _cute(tiles), _cute(gs_b, 8))
                  if dw else
                  (_cute(packed.view(-1, ROW_BYTES)), _cute(x16), _cute(c_all), _cute(tiles), _cute(alpha, 8)))
