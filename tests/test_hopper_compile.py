@@ -256,12 +256,16 @@ def test_sass_counts_say_why_without_cuobjdump(monkeypatch):
     assert "cuobjdump not found" in compiling.sass_counts("k.cubin")["sass"]
 
 
-def test_activation_prologue_compiles():
+@pytest.mark.parametrize("param_groups", [0, 2, 16])
+def test_activation_prologue_compiles(param_groups):
     """The prologue of the prologue-mode swap-AB configs: it releases the GEMM at once (PDL) and decodes with the
-    conversion instruction."""
+    conversion instruction; up to PARAM_GROUPS groups it takes their addresses as kernel parameters and loads no row
+    table (three 8-byte loads per row otherwise)."""
     from nvfp4lib.kernels import hopper_rs
 
-    r = hopper_rs.prologue_report()
+    r = hopper_rs.prologue_report(param_groups)
     assert r["griddepcontrol.launch_dependents"] == 1
+    assert r["params"] == len(hopper_rs.GROUP_PARAMS) * param_groups
+    assert r["ld.global.nc.u64"] == (0 if param_groups else 3)
     assert r["cvt.rn.f16x2.e4m3x2"] >= 1 and r["ld.global.nc.v2.b32"] >= 1 and r["st.global.v4.b32"] >= 1
     assert r["spill_stores"] == 0
