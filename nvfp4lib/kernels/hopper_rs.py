@@ -13,9 +13,15 @@ weight is decoded once per token tile and the tokens pad wgmma's 64-row M. Here 
   ``alpha``; they reach shared memory by TMA (128-byte swizzle, the K-major B operand) in boxes of
   ``token_step`` rows. The GEMM is launched with programmatic dependent launch: its set-up and first weight
   loads overlap the prologue, which it waits for (``griddepcontrol.wait``) before loading activations;
+  Up to :data:`PARAM_GROUPS` groups the prologue takes the groups' addresses as kernel parameters (no row table to
+  load first), and it asks for :data:`ACT_SMEM` bytes of shared memory so that its SMs already run with the GEMM's
+  carveout and the GEMM's CTAs start beside it;
 - or (``act_decode="warpgroup"``, configs ``*_dw``) a third warpgroup in every CTA decodes the tile's token rows from
   the caller's tensors straight into the fp16 ring and issues the weight loads: one launch, no prologue. Exact, and
   slower than the prologue pair on every benchmark shape on the H100 (its global loads, notebook 09 steps 21–23);
+- or (``act_decode="inline"``, configs ``*_e_i``) the MMA warpgroups copy their raw activation rows into each stage
+  with cp.async and decode them into a two-slot fp16 ring one K tile ahead. Exact, and slower still (a K tile costs
+  1.26 instead of 0.66 us on S4; notebook 09 step 26);
 - two warpgroups per CTA, each with one or two 64-row wgmma blocks (``tile_m`` = 128 or 256 weight rows of one
   matrix), or (dual) the same 64 or 128 rows of B1 (warpgroup 0) and B2 (warpgroup 1). One thread issues the TMA
   loads (weights: one contiguous prepacked block per stage) into an ``ab_stages``-deep mbarrier pipeline;
