@@ -603,11 +603,7 @@ def _kernel_classes():
                             tok_valid, n0, n_valid, k_tiles):
             """Warpgroups 0 and 1: decode their weights into registers, wgmma against the ring, the epilogue. With
             the prologue, warp 0 also issues the loads."""
-            tidx, _, _ = cute.arch.thread_idx()
-            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            wg = cute.arch.make_warp_uniform(tidx // 128)
-            t = tidx % 128
-            tiled_mma, tCrB, rA, rA32, tCcC, accs = self._mma_setup(nv, sXv, t)
+            tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs = self._mma_setup(nv, sXv)
             sw_base = storage.sw.data_ptr().toint()
 
             prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
@@ -698,11 +694,7 @@ def _kernel_classes():
             of K tile kt is issued, then a barrier of both warpgroups publishes the slot and frees the stage for
             K tile kt+stages. Thread i of the CTA owns 16-code blocks i, i+256, ... of the tile (block j: token row
             j // (tile_k/16), block j % (tile_k/16) of the K tile) for the copies and the decode alike."""
-            tidx, _, _ = cute.arch.thread_idx()
-            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            wg = cute.arch.make_warp_uniform(tidx // 128)
-            t = tidx % 128
-            tiled_mma, tCrB, rA, rA32, tCcC, accs = self._mma_setup(nv, sXv, t)
+            tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs = self._mma_setup(nv, sXv)
             sw_base = storage.sw.data_ptr().toint()
             per_row = self.cfg.tile_k // 16  # 16-code blocks of a row per K tile
             # this thread's blocks: (code address, scale address, bytes to copy (0: a padding row, zeros), token row,
@@ -802,10 +794,14 @@ def _kernel_classes():
                     store_act16(words, dst + ((n % 8) ^ (2 * (c % 4))) * 16, dst + ((n % 8) ^ (2 * (c % 4) + 1)) * 16)
 
         @cute.jit
-        def _mma_setup(self, nv: int, sXv, t):
-            """The wgmma of N = ``nv`` tokens for thread ``t`` of its warpgroup: the tiled MMA, the B fragments over the
-            ring, two register sets of A fragments (sub-blocks alternate; one fragment per block), the C coordinates
-            and the zeroed accumulators."""
+        def _mma_setup(self, nv: int, sXv):
+            """This thread's indices (in the CTA, its warp, its warpgroup, in the warpgroup) and the wgmma of N = ``nv``
+            tokens for it: the tiled MMA, the B fragments over the ring, two register sets of A fragments (sub-blocks
+            alternate; one fragment per block), the C coordinates and the zeroed accumulators."""
+            tidx, _, _ = cute.arch.thread_idx()
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            t = tidx % 128
             tiled_mma = sm90_utils.make_trivial_tiled_mma(
                 cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
                 cutlass.Float32, (1, 1, 1), (UNIT_ROWS, nv), warpgroup.OperandSource.RMEM)
@@ -819,7 +815,7 @@ def _kernel_classes():
             for acc in accs:
                 acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            return tiled_mma, tCrB, rA, rA32, tCcC, accs
+            return tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs
 
         @cute.jit
         def _load_units(self, sw_base, stage, wg, t):
