@@ -153,7 +153,39 @@ def test_activation_rows_point_into_the_callers_tensors():
         hopper_rs.activation_rows([bad], (0,), 8, "cpu")
 
 
+def test_group_parameters_give_the_row_tables_addresses():
+    """The prologue's parameter form computes, for every padded row, what the row table holds (padding and an empty
+    group included); past PARAM_GROUPS groups it falls back to the table."""
+    gen = torch.Generator().manual_seed(6)
+    a = [NVFP4Tensor(*(lambda c, s: (c, s.view(torch.float8_e4m3fn)))(*_rand(mg, 256, gen)), 1.0) for mg in (3, 0, 5)]
+    offs, rows = (0, 8, 8), 16
+    table = hopper_rs.activation_rows(a, offs, rows, "cpu")
+    params = [int(v) for v in hopper_rs.group_parameters(a, offs)]
+    per = len(hopper_rs.GROUP_PARAMS)
+    assert len(params) == per * len(a)
+    for r in range(rows):
+        got = (0, 0, 0)
+        for g in range(len(a)):  # what ActivationPrologueSm90._group_row computes
+            ca, sa, cs, ss, r0, n, ch = params[g * per: (g + 1) * per]
+            if r0 <= r < r0 + n:
+                got = (ca + (r - r0) * cs, sa + (r - r0) * ss, ch)
+        assert got == tuple(int(v) for v in table[r]), r
+    assert hopper_rs.group_parameters(a * 6, (0,) * 18) == ()  # 18 groups > PARAM_GROUPS
+
+
+def test_inline_decode_refuses_k_it_cannot_copy():
+    gen = torch.Generator().manual_seed(7)
+    cfg = CONFIGS["rs_m128_t128_k128_s6_e_i"]
+    ok = [NVFP4Tensor(*(lambda c, s: (c, s.view(torch.float8_e4m3fn)))(*_rand(4, 256, gen)), 1.0)]
+    hopper_rs.check_inline(ok, cfg)
+    odd = [NVFP4Tensor(*(lambda c, s: (c, s.view(torch.float8_e4m3fn)))(*_rand(4, 2880, gen)), 1.0)]
+    with pytest.raises(ValueError, match="multiple of tile_k"):
+        hopper_rs.check_inline(odd, cfg)
+
+
 @pytest.mark.parametrize("cfg, rule", [
+    (RS.with_(act_decode="inline", tile_n=256, token_step=32, ab_stages=3), "inline"),
+    (RS.with_(act_decode="inline", ablate="no_x"), "inline"),
     (RS.with_(tile_m=64), "tile_m"),
     (RS.with_(tile_m=256, dual=True), "tile_m"),
     (RS.with_(tile_n=100), "multiple of 8"),
