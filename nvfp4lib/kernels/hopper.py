@@ -142,7 +142,7 @@ _ship(*(CONFIGS[n].with_(name=f"{n}_e", epilogue="staged") for n in (
     "rs_m128_t96_k128_s3", "rs_m128_t128_k128_s4", "rs_m128_t256_k128_s3_v32", "rs_dual_m64_t96_k128_s3",
     "rs_dual_m128_t128_k128_s4", "rs_dual_m64_t256_k128_s3_v32")))
 _ship(*(_RS.with_(name=f"rs_m128_t{bt}_k{bk}_s{st}_e", tile_n=bt, tile_k=bk, ab_stages=st, epilogue="staged")
-        for bt, bk, st in ((128, 128, 5), (64, 128, 4), (128, 128, 3), (128, 128, 2))))
+        for bt, bk, st in ((128, 128, 5), (64, 128, 4), (128, 128, 3))))
 # act_decode="warpgroup" (suffix _dw): a third warpgroup decodes each CTA's token rows into the ring and issues the
 # weight loads; no prologue launch
 _ship(*(CONFIGS[n].with_(name=f"{n}_dw", act_decode="warpgroup") for n in (
@@ -165,6 +165,8 @@ SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
     _B.with_(name="pingpong", warp_spec="pingpong"),
     _B.with_(name="baseline_dual_128", dual=True),
     _PC.with_(name="tile128x256_pc2", tile_n=256, decode_warpgroups=2),  # 512 threads leave 128 registers
+    # two stages of 128-token tiles: exact on its canary, and the pipeline starves (S4 25.5 vs 17.8 us with three)
+    _RS.with_(name="rs_m128_t128_k128_s2_e", ab_stages=2, epilogue="staged"),
     # round 1 on the dual GEMM (128x64 tiles, as baseline_dual)
     *(_B.with_(name=f"baseline_dual_stages{s}", tile_n=64, dual=True, ab_stages=s) for s in (2, 3, 4)),
 )}
@@ -183,7 +185,8 @@ ABLATIONS: dict[str, KernelConfig] = {c.name: c for c in (
     # per-CTA %globaltimer stamps written into the output (hopper_rs.read_timeline)
     *(CONFIGS[n].with_(name=f"{n}_timeline", ablate="timeline") for n in (
         "rs_m128_t128_k128_s4_e", "rs_m128_t128_k128_s4", "rs_dual_m128_t128_k128_s4", "rs_m128_t128_k128_s4_e_dw",
-        "rs_m128_t128_k128_s6_e_i", "rs_m128_t128_k128_s3_e", "rs_m128_t128_k128_s2_e")),
+        "rs_m128_t128_k128_s6_e_i", "rs_m128_t128_k128_s3_e")),
+    SWEEP_CONFIGS["rs_m128_t128_k128_s2_e"].with_(name="rs_m128_t128_k128_s2_e_timeline", ablate="timeline"),
     CONFIGS["rs_m128_t128_k128_s4_e_dw"].with_(name="rs_m128_t128_k128_s4_e_dw_no_xload_timeline",
                                                ablate="no_xload+timeline"),
 )}
