@@ -211,21 +211,17 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         raise ValueError(f"{n}: ablate={cfg.ablate!r}: must be one of {ABLATE}, or several joined by '+'")
     if cfg.act_decode not in ACT_DECODES:
         raise ValueError(f"{n}: act_decode={cfg.act_decode!r}: must be one of {ACT_DECODES}")
-    if cfg.act_decode == "inline":
-        if acc_registers(cfg) > DW_MAX_ACC_REGS:
-            raise ValueError(f"{n}: act_decode='inline' keeps the addresses of its activation rows in registers beside "
-                             f"the accumulators: at most {DW_MAX_ACC_REGS} accumulator registers per thread, not "
-                             f"{acc_registers(cfg)} (tile_n={cfg.tile_n}, {blocks_per_warpgroup(cfg)} block(s) per "
-                             "warpgroup)")
-        if ablated(cfg, "no_x") or ablated(cfg, "no_xload"):
-            raise ValueError(f"{n}: ablate={cfg.ablate!r}: act_decode='inline' has neither activation TMA loads "
-                             "('no_x') nor a decode warpgroup ('no_xload')")
+    if cfg.act_decode != "prologue" and acc_registers(cfg) > DW_MAX_ACC_REGS:
+        why = (f"runs {block_threads(cfg)} threads, which leaves at most {65536 // block_threads(cfg)} registers each"
+               if cfg.act_decode == "warpgroup" else
+               "keeps the addresses of its activation rows in registers beside the accumulators")
+        raise ValueError(f"{n}: act_decode={cfg.act_decode!r} {why}: at most {DW_MAX_ACC_REGS} accumulator registers "
+                         f"per thread, not {acc_registers(cfg)} (tile_n={cfg.tile_n}, {blocks_per_warpgroup(cfg)} "
+                         "block(s) per warpgroup)")
+    if cfg.act_decode == "inline" and (ablated(cfg, "no_x") or ablated(cfg, "no_xload")):
+        raise ValueError(f"{n}: ablate={cfg.ablate!r}: act_decode='inline' has neither activation TMA loads "
+                         "('no_x') nor a decode warpgroup ('no_xload')")
     if cfg.act_decode == "warpgroup":
-        if acc_registers(cfg) > DW_MAX_ACC_REGS:
-            raise ValueError(f"{n}: act_decode='warpgroup' runs {block_threads(cfg)} threads, which leaves at most "
-                             f"{65536 // block_threads(cfg)} registers each: at most {DW_MAX_ACC_REGS} accumulator "
-                             f"registers per thread, not {acc_registers(cfg)} (tile_n={cfg.tile_n}, "
-                             f"{blocks_per_warpgroup(cfg)} block(s) per warpgroup)")
         if ablated(cfg, "no_x"):
             raise ValueError(f"{n}: ablate='no_x' removes the activations' TMA loads, which act_decode='warpgroup' "
                              "does not have")
@@ -678,12 +674,8 @@ def _kernel_classes():
                 load_pipe.consumer_release(rel)  # the last stage too: the other warpgroup's K tiles follow in it
             if cutlass.const_expr(ablated(self.cfg, "no_mma")):
                 accs[0][0] = cutlass.Float32(sink)
-            if cutlass.const_expr(self.dw):
-                gs_a = load_f32(mGsA[group])
-                alpha = (gs_a * mAlpha[group, 0], gs_a * mAlpha[group, 1])
-            else:
-                alpha = (mAlpha[group, 0], mAlpha[group, 1])
-            self._epilogue(nv, accs, tCcC, storage, mC, alpha, out_row0, tok_valid, n0, n_valid, wg, t)
+            self._epilogue(nv, accs, tCcC, storage, mC, self._alpha(mAlpha, mGsA, group), out_row0, tok_valid, n0,
+                           n_valid, wg, t)
 
         @cute.jit
         def _mma_inline(self, nv: int, storage, load_pipe, loads, sXv, mRows, mC, mAlpha, mGsA, group, tok_row0,
@@ -759,9 +751,17 @@ def _kernel_classes():
             self._stamp(storage, 4)
             if cutlass.const_expr(ablated(self.cfg, "no_mma")):
                 accs[0][0] = cutlass.Float32(sink)
-            gs_a = load_f32(mGsA[group])
-            self._epilogue(nv, accs, tCcC, storage, mC, (gs_a * mAlpha[group, 0], gs_a * mAlpha[group, 1]), out_row0,
-                           tok_valid, n0, n_valid, wg, t)
+            self._epilogue(nv, accs, tCcC, storage, mC, self._alpha(mAlpha, mGsA, group), out_row0, tok_valid, n0,
+                           n_valid, wg, t)
+
+        @cute.jit
+        def _alpha(self, mAlpha, mGsA, group):
+            """The group's epilogue factors (gate, up): written by the prologue, or (no prologue) gs_A, read from the
+            caller's 0-d tensor, times gs_B·2^14."""
+            if cutlass.const_expr(self.direct):
+                gs_a = load_f32(mGsA[group])
+                return gs_a * mAlpha[group, 0], gs_a * mAlpha[group, 1]
+            return mAlpha[group, 0], mAlpha[group, 1]
 
         @cute.jit
         def _inline_copy(self, load_pipe, items, sa_base, it, k_tile0):
@@ -782,7 +782,7 @@ def _kernel_classes():
         @cute.jit
         def _inline_decode(self, items, lo: int, hi: int, sa_base, stage, slot_base):
             """Decode this thread's blocks ``lo`` .. ``hi`` - 1 of raw stage ``stage`` into the fp16 slot at
-            ``slot_base`` (128-byte swizzle: 16-byte chunk q of a token row's 64-K sub-block at q ^ row % 8)."""
+            ``slot_base``."""
             base = sa_base + stage * self.raw_bytes
             per_row = self.cfg.tile_k // 16
             scales0 = base + self.bt * (self.cfg.tile_k // 2)
@@ -790,8 +790,7 @@ def _kernel_classes():
                 _, _, _, n, c, active = items[j]
                 if active:
                     words = load_raw16(base + n * (self.cfg.tile_k // 2) + 8 * c, scales0 + n * per_row + c)
-                    dst = slot_base + (c // 4) * (self.bt * UNIT_K * 2) + n * (UNIT_K * 2)
-                    store_act16(words, dst + ((n % 8) ^ (2 * (c % 4))) * 16, dst + ((n % 8) ^ (2 * (c % 4) + 1)) * 16)
+                    store_act16(words, *self._ring_halves(*self._ring_block(slot_base, n, c)))
 
         @cute.jit
         def _mma_setup(self, nv: int, sXv):
@@ -883,8 +882,7 @@ def _kernel_classes():
                 chunks = cutlass.Int32(chunks)
                 if n >= tok_valid:
                     chunks = cutlass.Int32(0)
-                items.append((codes, scales, k_tile0 * per_row + blk, chunks,
-                              (blk // 4) * (self.bt * UNIT_K * 2) + n * (UNIT_K * 2), n % 8, blk % 4, limit))
+                items.append((codes, scales, k_tile0 * per_row + blk, chunks, *self._ring_block(0, n, blk), limit))
             xr = cute.make_rmem_tensor((DW_BATCH * len(items) * 3,), cutlass.Uint32)
             slot_bytes = self.nsub * self.bt * UNIT_K * 2
             sx_base = storage.sx.data_ptr().toint()
@@ -935,12 +933,21 @@ def _kernel_classes():
             return pipeline.PipelineState(self.stages, it, it % self.stages,
                                           ((it // self.stages) % 2) ^ 1 if producer else (it // self.stages) % 2)
 
+        def _ring_block(self, slot, n, c):
+            """Where 16-code block ``c`` (of a K tile) of token row ``n`` goes in the fp16 ring slot at ``slot``: the
+            start of its row in its 64-K sub-block, the row's swizzle (n % 8) and the block's 32-byte half (c % 4)."""
+            return slot + (c // 4) * (self.bt * UNIT_K * 2) + n * (UNIT_K * 2), n % 8, c % 4
+
+        def _ring_halves(self, dst, swizzle, half):
+            """The two 16-byte chunks of a block whose row starts at ``dst`` (128-byte swizzle: chunk q of a row at
+            q ^ row % 8)."""
+            return dst + (swizzle ^ (2 * half)) * 16, dst + (swizzle ^ (2 * half + 1)) * 16
+
         @cute.jit
         def _dw_store(self, xr, j, item, base, t):
             """Decode raw block ``j`` of ``xr`` into its two 16-byte chunks of the slot at ``base``."""
-            dst = base + item[4]
             words = [xr[j * 3 + w] for w in range(3)]
-            halves = (dst + (item[5] ^ (2 * item[6])) * 16, dst + (item[5] ^ (2 * item[6] + 1)) * 16)
+            halves = self._ring_halves(base + item[4], item[5], item[6])
             if cutlass.const_expr(item[7] >= 128):  # every thread holds this block
                 store_act16(words, *halves)
             elif t < item[7]:
@@ -1227,28 +1234,28 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
     m = tuple(int(t.shape[0]) for t in a)
     offs, rows = padded_row_offsets(m, token_step(cfg))  # each group starts at a TMA box (token_step rows)
     row_table = activation_rows(a, offs, rows, device)
-    dw = cfg.act_decode != "prologue"  # the GEMM reads the caller's activations itself
+    direct = cfg.act_decode != "prologue"  # the GEMM reads the caller's activations itself
     if cfg.act_decode == "inline":
         check_inline(a, cfg)
-    x16 = None if dw else torch.zeros((rows, weights.k_pad), dtype=torch.float16, device=device)
+    x16 = None if direct else torch.zeros((rows, weights.k_pad), dtype=torch.float16, device=device)
     tiles = swap_tile_table(m, weights.n, weights.k, offs, weights.n_pad, cfg,
                             torch.cuda.get_device_properties(device).multi_processor_count, device)
     c_all = torch.empty((rows, weights.n_pad), dtype=out_dtype, device=device)
     outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(offs, m, weights.n)]
     gs_a = torch.tensor([t.global_scale.data_ptr() for t in a], dtype=torch.int64).to(device)
     gs_b = torch.stack([weights.global_scales[0], weights.global_scales[-1]], dim=1) * POST_SCALE
-    alpha = None if dw else torch.zeros((len(a), 2), dtype=torch.float32, device=device)
+    alpha = None if direct else torch.zeros((len(a), 2), dtype=torch.float32, device=device)
 
     def stream():
         return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
 
     prologue = pro_args = None
-    if not dw:
+    if not direct:
         groups = group_parameters(a, offs)
         pro_args = (_cute(row_table, 8), _cute(x16), _cute(gs_a, 8), _cute(gs_b, 8), _cute(alpha, 8), groups)
         prologue = _compile_cached(("prologue", ACT_SMEM, len(groups)), pro_cls, (*pro_args, stream()))
     gemm_args = ((_cute(packed.view(-1, ROW_BYTES)), _cute(row_table, 8), _cute(c_all), _cute(tiles), _cute(gs_b, 8))
-                 if dw else
+                 if direct else
                  (_cute(packed.view(-1, ROW_BYTES)), _cute(x16), _cute(c_all), _cute(tiles), _cute(alpha, 8)))
     gemm_args = (*gemm_args, _cute(gs_a, 8))
     gemm = (_compile_cached((cfg, str(out_dtype)), lambda: gemm_cls(cfg), (*gemm_args, stream()))
