@@ -110,8 +110,9 @@ def sass_counts(cubin_path: str) -> dict:
 
 
 def compile_offline(jit_fn, *args, arch: str, dump_dir: str | None = None, ptxas: bool = True,
-                    **kwargs) -> CompileArtifacts:
-    """``cute.compile`` for ``arch`` keeping PTX and cubin; tolerate only the no-driver load error."""
+                    extra_options: str = "", **kwargs) -> CompileArtifacts:
+    """``cute.compile`` for ``arch`` keeping PTX and cubin; tolerate only the no-driver load error.
+    ``extra_options`` are appended to the compile options (e.g. ``--enable-tvm-ffi``)."""
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
     import cutlass.cute as cute
@@ -120,7 +121,7 @@ def compile_offline(jit_fn, *args, arch: str, dump_dir: str | None = None, ptxas
     dump_dir = dump_dir or tempfile.mkdtemp(prefix=f"nvfp4lib-{arch}-")
     os.makedirs(dump_dir, exist_ok=True)
     start = time.time() - 1.0  # artifacts written by this compile (a reused dump_dir may hold older ones)
-    opts = f"--keep-ptx --keep-cubin --gpu-arch {arch} --dump-dir {dump_dir}"
+    opts = f"--keep-ptx --keep-cubin --gpu-arch {arch} --dump-dir {dump_dir} {extra_options}".strip()
     loaded, load_error = None, ""
     try:
         loaded = cute.compile(jit_fn, *args, options=opts, **kwargs)

@@ -1,0 +1,150 @@
+"""Knobs of the device-scheduled swap-AB kernel, and the rules a config must keep (no GPU, no cutlass).
+
+The kernel is the register-decode design of :mod:`nvfp4lib.kernels.hopper_rs` (weights decoded per thread into
+wgmma's register A operand, tokens on wgmma's N), with the activation prologue and the staged epilogue of its
+default configs, and one difference that serving needs: every CTA finds its tile from the group offsets in device
+memory, so one compiled launch serves any split of the rows. Only this family's fields live here.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from ..rs_layout import UNIT_BYTES, UNIT_K, UNIT_ROWS
+
+NWG = 2  # MMA warpgroups per CTA, each one 64-row wgmma per block
+MAX_ACC_REGS = 128  # fp32 accumulator registers per thread (beyond it ptxas spills)
+MAX_VARIANTS = 8  # wgmma N widths compiled into one kernel (code size and compile time grow with each)
+ROW_BYTES = 128  # the prepacked weights move as rows of 128 bytes
+SMEM_LIMIT = 232448  # bytes of shared memory one CTA may use on sm_90 (227 KB)
+STAGE_PAD = 8  # elements of padding per staged output row (rows start in different banks)
+EPILOGUES = ("simt", "staged")
+
+
+@dataclass(frozen=True)
+class VarlenConfig:
+    """``tile_m`` weight rows per CTA (a dual CTA covers the same ``tile_m`` rows of gate and up), ``tile_n`` tokens
+    per CTA (the widest wgmma N), ``token_step`` (a tile of w tokens runs a wgmma N of w rounded up to it; 0: always
+    ``tile_n``), ``tile_k`` K per pipeline stage, ``ab_stages`` pipeline depth, ``epilogue``: per-element stores
+    ("simt") or a shared-memory tile copied out in 16-byte row chunks ("staged")."""
+
+    name: str
+    tile_m: int = 128
+    tile_n: int = 128
+    token_step: int = 0
+    tile_k: int = 128
+    ab_stages: int = 3
+    epilogue: str = "staged"
+    dual: bool = False
+
+    def with_(self, **changes) -> "VarlenConfig":
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def step(self) -> int:
+        return self.token_step or self.tile_n
+
+    @property
+    def blocks(self) -> int:
+        """64-row weight units per warpgroup."""
+        return self.tile_m * (2 if self.dual else 1) // (UNIT_ROWS * NWG)
+
+    @property
+    def acc_registers(self) -> int:
+        return self.blocks * self.tile_n // 2
+
+    @property
+    def stage_units(self) -> int:
+        return self.tile_k // UNIT_K * NWG * self.blocks
+
+    def smem_bytes(self) -> int:
+        weights = self.ab_stages * self.stage_units * UNIT_BYTES
+        acts = self.ab_stages * self.tile_k * self.tile_n * 2
+        return 3 * 1024 + weights + acts
+
+
+def xfer_bytes(cfg: VarlenConfig) -> int:
+    """Dual: the accumulators handed between the warpgroups (fp32, one per thread and element)."""
+    return cfg.acc_registers * 4 * 128 if cfg.dual else 0
+
+
+def stage_bytes(cfg: VarlenConfig) -> int:
+    """epilogue="staged": the output tile as C rows (tile_n tokens × the tile's columns + pad, 2 bytes each)."""
+    return cfg.tile_n * (cfg.tile_m + STAGE_PAD) * 2 if cfg.epilogue == "staged" else 0
+
+
+def validate(cfg: VarlenConfig) -> VarlenConfig:
+    """Raise ValueError naming the rule ``cfg`` breaks; return it unchanged if it can work."""
+    n = cfg.name
+    allowed = (64, 128) if cfg.dual else (128, 256)
+    if cfg.tile_m not in allowed:
+        raise ValueError(f"{n}: tile_m={cfg.tile_m}: a CTA covers {' or '.join(map(str, allowed))} weight rows "
+                         f"(two warpgroups of one or two 64-row wgmma blocks{', gate and up' if cfg.dual else ''})")
+    if cfg.tile_n % 8 or not 8 <= cfg.tile_n <= 256:
+        raise ValueError(f"{n}: tile_n={cfg.tile_n} tokens: wgmma's N must be a multiple of 8 in [8, 256]")
+    if cfg.step % 8 or cfg.tile_n % cfg.step or cfg.tile_n // cfg.step > MAX_VARIANTS:
+        raise ValueError(f"{n}: token_step={cfg.token_step}: must be a multiple of 8 dividing tile_n={cfg.tile_n} "
+                         f"into at most {MAX_VARIANTS} wgmma N variants")
+    if cfg.acc_registers > MAX_ACC_REGS:
+        raise ValueError(f"{n}: tile_n={cfg.tile_n} tokens × {cfg.blocks} block(s) per warpgroup need "
+                         f"{cfg.acc_registers} fp32 accumulator registers per thread (at most {MAX_ACC_REGS})")
+    if cfg.tile_k not in (128, 256):
+        raise ValueError(f"{n}: tile_k={cfg.tile_k}: must be 128 or 256 (an even number of 64-K sub-blocks, and a "
+                         "stage's weights are one TMA box of at most 256 rows of 128 bytes)")
+    if cfg.stage_units * UNIT_BYTES // ROW_BYTES > 256:
+        raise ValueError(f"{n}: a stage's weights are {cfg.stage_units * UNIT_BYTES // ROW_BYTES} rows of 128 bytes, "
+                         "over the TMA box limit of 256")
+    if cfg.ab_stages < 2:
+        raise ValueError(f"{n}: ab_stages={cfg.ab_stages}: the loads of one stage overlap the MMA of another (>= 2)")
+    if cfg.epilogue not in EPILOGUES:
+        raise ValueError(f"{n}: epilogue={cfg.epilogue!r}: must be one of {EPILOGUES}")
+    acts = cfg.ab_stages * cfg.tile_k * cfg.tile_n * 2
+    if xfer_bytes(cfg) + stage_bytes(cfg) > acts:
+        raise ValueError(f"{n}: the epilogue reuses the activation ring ({acts} bytes) for the dual hand-over "
+                         f"({xfer_bytes(cfg)}) and the staged output tile ({stage_bytes(cfg)}): too small")
+    if cfg.smem_bytes() > SMEM_LIMIT:
+        raise ValueError(f"{n}: needs {cfg.smem_bytes()} bytes of shared memory > the sm_90 limit {SMEM_LIMIT}")
+    return cfg
+
+
+def _name(dual: bool, tm: int, tn: int, tk: int, st: int, ts: int, epi: str) -> str:
+    return (f"vl_{'dual_' if dual else ''}m{tm}_t{tn}_k{tk}_s{st}" + (f"_v{ts}" if ts else "")
+            + ("_e" if epi == "staged" else ""))
+
+
+def make(dual: bool, tile_m: int, tile_n: int, ab_stages: int, token_step: int = 0, tile_k: int = 128,
+         epilogue: str = "staged") -> VarlenConfig:
+    return validate(VarlenConfig(_name(dual, tile_m, tile_n, tile_k, ab_stages, token_step, epilogue), tile_m=tile_m,
+                                 tile_n=tile_n, token_step=token_step, tile_k=tile_k, ab_stages=ab_stages,
+                                 epilogue=epilogue, dual=dual))
+
+
+# The tilings `auto` chooses among: those of the host-scheduled kernel's AUTO_CANDIDATES (each ran exact on the H100
+# there), under this family's names.
+CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
+    make(False, 128, 96, 3), make(False, 128, 128, 3), make(False, 128, 128, 4), make(False, 128, 128, 5),
+    make(False, 128, 64, 4), make(False, 128, 256, 3, token_step=32),
+    make(True, 64, 96, 3), make(True, 128, 128, 3, epilogue="simt"), make(True, 128, 128, 4),
+    make(True, 128, 128, 4, epilogue="simt"), make(True, 64, 256, 3, token_step=32),
+)}
+
+
+def get_config(name, dual: bool) -> VarlenConfig:
+    if isinstance(name, VarlenConfig):
+        cfg = name
+    elif name not in CONFIGS:
+        raise ValueError(f"unknown cute-hopper serving config {name!r}; known: {', '.join(CONFIGS)}")
+    else:
+        cfg = CONFIGS[name]
+    if cfg.dual != dual:
+        raise ValueError(f"config {cfg.name} is for the {'dual' if cfg.dual else 'single'} GEMM; these weights are "
+                         f"{'dual (b2 given)' if dual else 'single'}")
+    return validate(cfg)
+
+
+def max_token_tiles(rows: int, groups: int, tile_n: int) -> int:
+    """The most token tiles any split of ``rows`` rows over ``groups`` groups can need (each non-empty group of m
+    rows needs ceil(m / tile_n)): the grid is sized for it, CTAs past the split's tiles exit at once."""
+    return min(rows, (rows + groups * (tile_n - 1)) // tile_n)

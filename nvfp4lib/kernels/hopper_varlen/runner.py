@@ -1,0 +1,101 @@
+"""The torch-facing side of the device-scheduled kernel: prepack the weights once, compile once per weight shape
+(through CuTe DSL's TVM-FFI entry: torch tensors passed directly, torch's current stream), launch per call.
+
+A call takes the packed activations (codes ``[T, K/2]`` uint8, E4M3 scales ``[T, K/16]``), A's global scale (one,
+or one per group, float32 on the device) and the group offsets (int32 ``[G+1]`` on the device); it allocates its
+output and scratch from torch's caching allocator and never synchronises, so it can be captured in a CUDA graph and
+replayed for another split of the rows.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...formats import NVFP4Tensor
+from ..packing import check_scales_finite, stack_weights
+from ..rs_layout import prepack_weights
+from .config import NWG, ROW_BYTES, VarlenConfig, validate
+from .kernel import kernel_classes
+from .report import TVM_FFI, gemm_arguments, prologue_arguments
+
+POST_SCALE = 2.0**14  # the decoded operands are value × 2^-7 each; the product carries 2^-14
+OUT_DTYPES = {torch.float16: "Float16", torch.bfloat16: "BFloat16"}
+_compiled: dict = {}
+
+
+def require_hopper(device: torch.device) -> None:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise RuntimeError("cute-hopper needs a CUDA GPU with sm_90 (Hopper); the weights are on "
+                           f"{device} and CUDA available={torch.cuda.is_available()}")
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        raise RuntimeError(f"cute-hopper runs on sm_90 (Hopper) only; found sm_{major}{minor} "
+                           f"({torch.cuda.get_device_name(device)})")
+
+
+def _compile(key, make, args):
+    import cutlass.cute as cute
+
+    if key not in _compiled:
+        _compiled[key] = cute.compile(make(), *args, options=TVM_FFI)
+    return _compiled[key]
+
+
+class PackedWeights:
+    """The weights in the kernel's layout for one (dual, tile_m, tile_k): one GPU pass over the caller's tensors.
+    Every config with that layout (:func:`layout_of`) runs on the same packed tensor."""
+
+    def __init__(self, b: list[NVFP4Tensor], b2: list[NVFP4Tensor] | None, tile_m: int, tile_k: int):
+        device = b[0].data.device
+        require_hopper(device)
+        self.device, self.groups, self.dual, self.tile_m, self.tile_k = device, len(b), b2 is not None, tile_m, tile_k
+        self.n, self.k = int(b[0].shape[0]), int(b[0].shape[1])
+        for name, w in (("b", b), ("b2", b2 or [])):
+            check_scales_finite(w, name)
+        weights = stack_weights([b] if b2 is None else [b, b2], tile_m, tile_k)
+        self.k_pad = weights.k_pad
+        blocks = tile_m * (2 if self.dual else 1) // (64 * NWG)
+        self.packed = prepack_weights(list(zip(weights.codes, weights.scales)), NWG, blocks).view(-1, ROW_BYTES)
+        self.gs_b = (torch.stack([weights.global_scales[0], weights.global_scales[-1]], dim=1) * POST_SCALE).contiguous()
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() + self.gs_b.numel() * 4
+
+
+def layout_of(cfg: VarlenConfig) -> tuple[bool, int, int]:
+    return cfg.dual, cfg.tile_m, cfg.tile_k
+
+
+class VarlenRunner:
+    """One config compiled for packed weights: ``runner(codes, scales, gs_a, offsets) -> C [T, N]``."""
+
+    def __init__(self, w: PackedWeights, cfg: VarlenConfig, out_dtype=torch.float16):
+        self.cfg = validate(cfg)
+        if layout_of(cfg) != (w.dual, w.tile_m, w.tile_k):
+            raise ValueError(f"config {cfg.name} needs the layout {layout_of(cfg)} (dual, tile_m, tile_k); the weights "
+                             f"were packed for {(w.dual, w.tile_m, w.tile_k)}")
+        if out_dtype not in OUT_DTYPES:
+            raise ValueError(f"cute-hopper writes {', '.join(map(str, OUT_DTYPES))}, not {out_dtype}")
+        self.w, self.out_dtype = w, out_dtype
+        pro_cls, gemm_cls = kernel_classes()
+        out_name = OUT_DTYPES[out_dtype]
+        g, n, kp = w.groups, w.n, w.k_pad
+        self._gemm = _compile(("gemm", cfg, g, n, kp, out_name), lambda: gemm_cls(cfg, g, n, kp),
+                              gemm_arguments(cfg, g, n, kp, out_name))
+        self._prologue = {per: _compile(("prologue", g, per), pro_cls, prologue_arguments(g, per))
+                          for per in (False, True)}
+
+    def __call__(self, codes: torch.Tensor, scales: torch.Tensor, gs_a: torch.Tensor,
+                 offsets: torch.Tensor) -> torch.Tensor:
+        """``codes`` uint8 [T, K/2], ``scales`` E4M3 bytes as uint8 [T, K/16] (row-major), ``gs_a`` float32 [1] or [G],
+        ``offsets`` int32 [G+1]; all on the weights' device, already checked by the caller."""
+        w = self.w
+        rows = codes.shape[0]
+        out = torch.empty((rows, w.n), dtype=self.out_dtype, device=w.device)
+        if rows == 0:
+            return out
+        x16 = torch.empty((rows, w.k_pad), dtype=torch.float16, device=w.device)
+        alpha = torch.empty((w.groups, 2), dtype=torch.float32, device=w.device)
+        self._prologue[gs_a.shape[0] > 1 or w.groups == 1](codes, scales, x16, gs_a, w.gs_b, alpha)
+        self._gemm(w.packed, x16, out, offsets, alpha)
+        return out

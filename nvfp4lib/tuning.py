@@ -1,0 +1,131 @@
+"""Which config a prepared grouped GEMM runs: chosen from a cache, never by timing inside a call.
+
+``config="auto"`` resolves per call from the problem's key — (GPU name, backend, dual, out dtype, G, N, K, M bucket,
+package version), the M bucket being the rows per group rounded up to a power of two (the call knows T from the
+tensor's shape: no synchronisation). The cache lives in memory and in ``<cache dir>/tuning.json`` (the user cache
+directory, ``NVFP4LIB_CACHE`` to override). A miss takes :func:`heuristic` at once; timing happens only where asked
+(:func:`tune`, ``prepare_weights(..., tune=True)`` or ``python -m nvfp4lib tune``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+__all__ = ["cache_dir", "m_bucket", "problem_key", "lookup", "store", "heuristic", "tune"]
+
+_lock = threading.Lock()
+_memory: dict[str, str] | None = None
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("NVFP4LIB_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "nvfp4lib"
+
+
+def _path() -> Path:
+    return cache_dir() / "tuning.json"
+
+
+def m_bucket(rows: int, groups: int) -> int:
+    """Rows per group rounded up to a power of two (at least 1)."""
+    per = max(1, -(-rows // max(1, groups)))
+    return 1 << (per - 1).bit_length()
+
+
+def problem_key(gpu: str, backend: str, dual: bool, out_dtype, groups: int, n: int, k: int, bucket: int,
+                layout: str = "") -> str:
+    from . import __version__
+
+    return "|".join(map(str, (gpu, backend, "dual" if dual else "single", str(out_dtype).replace("torch.", ""),
+                              groups, n, k, bucket, layout, __version__)))
+
+
+def _load() -> dict[str, str]:
+    global _memory
+    if _memory is None:
+        try:
+            _memory = json.loads(_path().read_text())
+            if not isinstance(_memory, dict):
+                _memory = {}
+        except (OSError, ValueError):
+            _memory = {}
+    return _memory
+
+
+def lookup(key: str) -> str | None:
+    with _lock:
+        return _load().get(key)
+
+
+def store(key: str, config: str) -> None:
+    """Remember ``config`` for ``key`` in memory and on disk (written atomically; other keys kept)."""
+    with _lock:
+        table = _load()
+        table[key] = config
+        path = _path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+            os.replace(tmp, path)
+        except OSError as e:  # a read-only home still tunes, for this process
+            import warnings
+
+            warnings.warn(f"nvfp4lib: could not write the tuning cache {path}: {e}", stacklevel=2)
+
+
+def forget_memory() -> None:
+    """Drop the in-memory copy (the next lookup rereads the file)."""
+    global _memory
+    with _lock:
+        _memory = None
+
+
+def heuristic(dual: bool, bucket: int, candidates: list[str]) -> str:
+    """A shape rule for a cache miss (from the host-scheduled kernel's `auto` choices on the H100): narrow token
+    tiles for few rows per group, 128-token tiles otherwise."""
+    want = 64 if bucket <= 64 and not dual else (96 if bucket <= 128 else 128)
+    best = min(candidates, key=lambda c: (abs(_tile_n(c) - want), c))
+    return best
+
+
+def _tile_n(name: str) -> int:
+    for part in name.split("_"):
+        if part.startswith("t") and part[1:].isdigit():
+            return int(part[1:])
+    return 0
+
+
+def tune(run, candidates: list[str], *, iters: int = 20, progress: bool = True) -> tuple[str, dict[str, float]]:
+    """Time ``run(candidate)`` (a callable launching one call) for every candidate: median of ``iters`` CUDA-event
+    timings with the L2 flushed before each; return (fastest, {candidate: microseconds})."""
+    import torch
+
+    from .bench import L2Flusher
+
+    flush = L2Flusher()
+    times = {}
+    it = candidates
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(candidates, desc="nvfp4lib tune", leave=False)
+    for c in it:
+        run(c)  # compile and warm up
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(iters):
+            flush()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run(c)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3)
+        times[c] = sorted(samples)[len(samples) // 2]
+    return min(times, key=times.get), times
