@@ -86,19 +86,26 @@ def forget_memory() -> None:
         _memory = None
 
 
+# A miss's choice, from the H100 run of 2026-11-25 (device-scheduled kernel, S1-S4 and the dual forms, graph replay):
+# up to 128 rows per group the 256-token tile with 32-token steps was fastest or within 2% (S1 129.5 vs 141.0 us for
+# 96-token tiles, S2 70.4 vs 69.2, S1-dual 228.9 vs 242.4, S2-dual 138.1 vs 137.4); from 256 rows per group the
+# 128-token tiles (S3 33.5 us, S4 18.6, S3-dual 50.7, S4-dual 26.9).
+PREFERENCE = (
+    (128, ("vl_m128_t256_k128_s3_v32_e", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m128_t128_k128_s3")),
+    (1 << 30, ("vl_m128_t128_k128_s4_e", "vl_m128_t128_k128_s3_e", "vl_dual_m128_t128_k128_s3",
+               "vl_dual_m64_t96_k128_s3_e")),
+)
+
+
 def heuristic(dual: bool, bucket: int, candidates: list[str]) -> str:
-    """A shape rule for a cache miss (from the host-scheduled kernel's `auto` choices on the H100): narrow token
-    tiles for few rows per group, 128-token tiles otherwise."""
-    want = 64 if bucket <= 64 and not dual else (96 if bucket <= 128 else 128)
-    best = min(candidates, key=lambda c: (abs(_tile_n(c) - want), c))
-    return best
-
-
-def _tile_n(name: str) -> int:
-    for part in name.split("_"):
-        if part.startswith("t") and part[1:].isdigit():
-            return int(part[1:])
-    return 0
+    """A shape rule for a cache miss: the first of :data:`PREFERENCE`'s configs for the bucket that is a candidate
+    (the candidates share the prepared weights' layout), else the first candidate."""
+    for limit, names in PREFERENCE:
+        if bucket <= limit:
+            for name in names:
+                if name in candidates:
+                    return name
+    return candidates[0]
 
 
 def tune(run, candidates: list[str], *, iters: int = 20, progress: bool = True) -> tuple[str, dict[str, float]]:

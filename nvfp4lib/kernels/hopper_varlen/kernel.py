@@ -3,8 +3,8 @@
 Two launches per call, the second with programmatic dependent launch:
 
 - **prologue** (:class:`ActivationDecodeSm90`): every row of the packed activations ``[T, K]`` (codes, E4M3
-  scales) to fp16 ``value × scale × 2^-7`` (exact) in ``x16 [T, K_pad]`` (the padding columns written as zeros),
-  and each group's epilogue factors ``alpha[g] = gs_A[g]·gs_B[g]·2^14``. It knows nothing of the groups' rows;
+  scales) to fp16 ``value × scale × 2^-7`` (exact) in ``x16 [T, K_pad]`` (the padding columns written as zeros).
+  It knows nothing of the groups;
 - **GEMM** (:class:`GroupedVarlenGemmSm90`): CTA ``b`` reads the group offsets ``[G+1]`` and finds its tile
   (:meth:`_schedule`): group g owns rows ``offsets[g] .. offsets[g+1]`` (clamped to ``[0, T]``), split into
   ``ceil(m / tile_n)`` near-equal token tiles (multiples of ``token_step``), each crossed with the ``N / tile_m``
@@ -14,7 +14,8 @@ Two launches per call, the second with programmatic dependent launch:
   into wgmma's register A operand; the tile's tokens by TMA from ``x16`` in boxes of ``token_step`` rows starting
   at the group's first row (no alignment needed: rows past the tile belong to wgmma columns that are never
   stored, rows past T arrive as zeros); the narrowest compiled wgmma N that covers the tile; the epilogue
-  multiplies by alpha (dual: silu(gate)·up, split over both warpgroups) and stores C rows ``[T, N]``.
+  multiplies by ``gs_A·gs_B·2^14`` (A's global scale one or per group; dual: silu(gate)·up, split over both
+  warpgroups) and stores C rows ``[T, N]``.
 
 Nothing here depends on the host knowing the split: the same launch is captured once in a CUDA graph and replayed
 for any offsets.
@@ -37,7 +38,8 @@ ACT_DECODE_PTX = "\n".join([
     _convert_store_ptx("$2", "$3", space="global"),
     "}",
 ])
-ZERO32_PTX = "{\n.reg .b32 z;\nmov.b32 z, 0;\nst.global.v4.b32 [$0], {z, z, z, z};\nst.global.v4.b32 [$1], {z, z, z, z};\n}"
+ZERO32_PTX = "\n".join(["{", ".reg .b32 z;", "mov.b32 z, 0;", "st.global.v4.b32 [$0], {z, z, z, z};",
+                        "st.global.v4.b32 [$1], {z, z, z, z};", "}"])
 
 _CLASSES = None
 
@@ -103,22 +105,18 @@ def _build():
         return g * cute.arch.rcp_approx(1.0 + cute.math.exp(-g, fastmath=True)) * u
 
     class ActivationDecodeSm90:
-        """``mCodes`` uint8 [T, K/2], ``mScales`` E4M3 [T, K/16] (row-major, the caller's tensors), ``mX`` fp16
-        [T, K_pad] (written), ``mGsA`` float32 [1] or [G] (A's global scale, one or per group), ``mGsB`` float32
-        [G, 2] (gs_B1·2^14, gs_B2·2^14), ``mAlpha`` float32 [G, 2] (written)."""
+        """``mCodes`` uint8 [T, K/2], ``mScales`` E4M3 bytes [T, K/16] (row-major, the caller's tensors), ``mX``
+        fp16 [T, K_pad] (written)."""
 
         @cute.jit
-        def __call__(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, mGsA: cute.Tensor,
-                     mGsB: cute.Tensor, mAlpha: cute.Tensor, stream):
+        def __call__(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, stream):
             work = cute.size(mX, mode=[0]) * (cute.size(mX, mode=[1]) // 16)
-            work = cutlass.max(work, cute.size(mGsB, mode=[0]))
-            self.kernel(mCodes, mScales, mX, mGsA, mGsB, mAlpha).launch(
+            self.kernel(mCodes, mScales, mX).launch(
                 grid=((work + ACT_THREADS - 1) // ACT_THREADS, 1, 1), block=(ACT_THREADS, 1, 1), stream=stream,
                 smem=ACT_SMEM)
 
         @cute.kernel
-        def kernel(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, mGsA: cute.Tensor,
-                   mGsB: cute.Tensor, mAlpha: cute.Tensor):
+        def kernel(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor):
             cute.arch.griddepcontrol_launch_dependents()  # the GEMM may start its set-up and weight loads now
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
@@ -134,12 +132,6 @@ def _build():
                                  (mScales.iterator + r * mScales.stride[0] + c).toint(), dst)
                 else:
                     zero32(dst)  # a zero operand: the weights' padding is zero too, but 0 × NaN is not
-            if i < cute.size(mGsB, mode=[0]):
-                gs = mGsA[0]
-                if cute.size(mGsA, mode=[0]) > 1:
-                    gs = mGsA[i]
-                mAlpha[i, 0] = gs * mGsB[i, 0]
-                mAlpha[i, 1] = gs * mGsB[i, 1]
 
     class GroupedVarlenGemmSm90:
         """Swap-AB: weights (register A, decoded per thread) × tokens (smem B, fp16) -> Cᵀ tiles, one per CTA, each
@@ -167,7 +159,7 @@ def _build():
 
         @cute.jit
         def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mC: cute.Tensor, mOffsets: cute.Tensor,
-                     mAlpha: cute.Tensor, stream):
+                     mGsA: cute.Tensor, mGsB: cute.Tensor, stream):
             sx_layout = self._sx_layout(self.bt)
             sw_layout = cute.make_layout((self.w_rows, ROW_BYTES, self.stages),
                                          stride=(ROW_BYTES, 1, self.w_rows * ROW_BYTES))
@@ -187,7 +179,7 @@ def _build():
             self.shared_storage = SharedStorage
             rows = cute.size(mX, mode=[0])
             tiles_max = cutlass.min(rows, (rows + self.groups * (self.bt - 1)) // self.bt) * self.n_blocks
-            self.kernel(tma_w, tW, tma_x, tX, mC, mOffsets, mAlpha, sw_layout, sx_layout).launch(
+            self.kernel(tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, sw_layout, sx_layout).launch(
                 grid=(tiles_max, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=True)
 
         @cute.jit
@@ -219,7 +211,7 @@ def _build():
 
         @cute.kernel
         def kernel(self, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom, tX: cute.Tensor,
-                   mC: cute.Tensor, mOffsets: cute.Tensor, mAlpha: cute.Tensor, sw_layout: cute.Layout,
+                   mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor, sw_layout: cute.Layout,
                    sx_layout: cute.ComposedLayout):
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             group, tok_row0, tokens, n0 = self._schedule(mOffsets, cute.size(mC, mode=[0]))
@@ -231,12 +223,11 @@ def _build():
                 variant = (tokens + self.step - 1) // self.step - 1
                 for v in cutlass.range_constexpr(len(self.variants)):
                     if variant == v:
-                        self._tile(self.variants[v], storage, tma_w, tW, tma_x, tX, mC, mAlpha, group, tok_row0,
-                                   tokens, n0, sw_layout, sx_layout)
+                        self._tile(self.variants[v], storage, tma_w, tW, tma_x, tX, mC, (mGsA, mGsB, group),
+                                   tok_row0, tokens, n0, sw_layout, sx_layout)
 
         @cute.jit
-        def _tile(self, nv: int, storage, tma_w, tW, tma_x, tX, mC, mAlpha, group, tok_row0, tokens, n0, sw_layout,
-                  sx_layout):
+        def _tile(self, nv: int, storage, tma_w, tW, tma_x, tX, mC, scales, tok_row0, tokens, n0, sw_layout, sx_layout):
             """One output tile with a wgmma N of ``nv`` tokens."""
             n_valid = cutlass.min(self.cfg.tile_m, self.n - n0)
             boxes = nv // self.step
@@ -257,6 +248,7 @@ def _build():
                                  stride=(full.stride[0], full.stride[1], full.stride[2])),
                 swizzle=sx_layout.inner)
 
+            group = scales[2]
             # weights: stage tiles of w_rows 128-byte rows, CTA-block-major (a block's K tiles adjacent)
             w_tile0 = (group * self.n_blocks + n0 // self.cfg.tile_m) * self.k_tiles
             gW = cute.local_tile(tW, (self.w_rows, ROW_BYTES), (None, 0))
@@ -268,11 +260,10 @@ def _build():
                 tma_x, 0, cute.make_layout(1), cute.zipped_divide(sX, (self.step, UNIT_K)),
                 cute.zipped_divide(cute.domain_offset((tok_row0, 0), tX), (self.step, UNIT_K)))
             loads = (tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, boxes)
-            self._mainloop(nv, storage, load_pipe, loads, sXv, mC, mAlpha, group, tok_row0, tokens, n0, n_valid)
+            self._mainloop(nv, storage, load_pipe, loads, sXv, mC, scales, tok_row0, tokens, n0, n_valid)
 
         @cute.jit
-        def _mainloop(self, nv: int, storage, load_pipe, loads, sXv, mC, mAlpha, group, tok_row0, tokens, n0,
-                      n_valid):
+        def _mainloop(self, nv: int, storage, load_pipe, loads, sXv, mC, scales, tok_row0, tokens, n0, n_valid):
             """Both warpgroups decode their weights into registers and run wgmma against the ring; warp 0 also
             issues the loads: the first stages' weights before waiting for the prologue, then their activations."""
             tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs = self._mma_setup(nv, sXv)
@@ -287,7 +278,7 @@ def _build():
                     load_pipe.producer_acquire(prod)
                     self._issue_w(load_pipe, prod, loads)
                     prod.advance()
-            cute.arch.griddepcontrol_wait()  # x16 and alpha are the prologue's
+            cute.arch.griddepcontrol_wait()  # x16 is the prologue's
             if warp_idx == 0:
                 early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 for _ in cutlass.range(first, unroll=1):
@@ -317,8 +308,15 @@ def _build():
                             prod.advance()
                 cons.advance()
             warpgroup.wait_group(0)
-            self._epilogue(nv, accs, tCcC, storage, mC, (mAlpha[group, 0], mAlpha[group, 1]), tok_row0, tokens, n0,
-                           n_valid, wg, t)
+            self._epilogue(nv, accs, tCcC, storage, mC, self._alpha(*scales), tok_row0, tokens, n0, n_valid, wg, t)
+
+        @cute.jit
+        def _alpha(self, mGsA, mGsB, group):
+            """The group's epilogue factors (gate, up): A's global scale (one, or the group's) times gs_B·2^14."""
+            gs = mGsA[0]
+            if cute.size(mGsA, mode=[0]) > 1:
+                gs = mGsA[group]
+            return gs * mGsB[group, 0], gs * mGsB[group, 1]
 
         @cute.jit
         def _mma_setup(self, nv: int, sXv):

@@ -22,27 +22,26 @@ def env_stream():
     return make_fake_stream(use_tvm_ffi_env_stream=True)
 
 
-def prologue_arguments(groups: int, per_group_scale: bool):
-    """(codes [T, K/2] u8, scales [T, K/16] (E4M3 bytes as u8), x16 [T, K_pad] f16, gs_a [1 or G], gs_b [G, 2], alpha [G, 2])."""
+def prologue_arguments():
+    """(codes [T, K/2] u8, scales [T, K/16] (E4M3 bytes as u8), x16 [T, K_pad] f16)."""
     import cutlass
     import cutlass.cute as cute
 
     rows, half_k, sk, k_pad = cute.sym_int(), cute.sym_int(divisibility=8), cute.sym_int(), cute.sym_int(
         divisibility=128)
     return (_fake(cutlass.Uint8, (rows, half_k), 8), _fake(cutlass.Uint8, (rows, sk), 1),
-            _fake(cutlass.Float16, (rows, k_pad)), _fake(cutlass.Float32, (groups if per_group_scale else 1,), 4),
-            _fake(cutlass.Float32, (groups, 2), 8), _fake(cutlass.Float32, (groups, 2), 8), env_stream())
+            _fake(cutlass.Float16, (rows, k_pad)), env_stream())
 
 
 def gemm_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype: str = "Float16"):
-    """(weights [rows, 128] u8, x16 [T, K_pad] f16, C [T, N], offsets [G+1] i32, alpha [G, 2] f32)."""
+    """(weights [rows, 128] u8, x16 [T, K_pad] f16, C [T, N], offsets [G+1] i32, gs_a [1 or G] f32, gs_b [G, 2] f32)."""
     import cutlass
     import cutlass.cute as cute
 
     rows = cute.sym_int()
     return (_fake(cutlass.Uint8, (cute.sym_int(), 128)), _fake(cutlass.Float16, (rows, k_pad)),
             _fake(getattr(cutlass, out_dtype), (rows, n)), _fake(cutlass.Int32, (groups + 1,), 4),
-            _fake(cutlass.Float32, (groups, 2), 8), env_stream())
+            _fake(cutlass.Float32, (cute.sym_int(),), 4), _fake(cutlass.Float32, (groups, 2), 8), env_stream())
 
 
 def compile_report(cfg: VarlenConfig, groups: int = 8, n: int = 4096, k_pad: int = 7168,
@@ -54,7 +53,7 @@ def compile_report(cfg: VarlenConfig, groups: int = 8, n: int = 4096, k_pad: int
     pro_cls, gemm_cls = kernel_classes()
     gemm = compile_offline(gemm_cls(cfg, groups, n, k_pad), *gemm_arguments(cfg, groups, n, k_pad), arch="sm_90a",
                            dump_dir=dump_dir, ptxas=ptxas, extra_options=TVM_FFI)
-    pro = compile_offline(pro_cls(), *prologue_arguments(groups, True), arch="sm_90a", dump_dir=dump_dir,
+    pro = compile_offline(pro_cls(), *prologue_arguments(), arch="sm_90a", dump_dir=dump_dir,
                           ptxas=ptxas, extra_options=TVM_FFI)
     return {"config": cfg.name, "groups": groups, "n": n, "k_pad": k_pad, "gemm": gemm.instructions,
             "gemm_ptxas": gemm.ptxas, "prologue": pro.instructions, "prologue_ptxas": pro.ptxas,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...formats import NVFP4Tensor
-from ..packing import check_scales_finite, stack_weights
+from ..packing import check_scales_finite
 from ..rs_layout import prepack_weights
 from .config import NWG, ROW_BYTES, VarlenConfig, validate
 from .kernel import kernel_classes
@@ -49,17 +49,32 @@ class PackedWeights:
         require_hopper(device)
         self.device, self.groups, self.dual, self.tile_m, self.tile_k = device, len(b), b2 is not None, tile_m, tile_k
         self.n, self.k = int(b[0].shape[0]), int(b[0].shape[1])
-        for name, w in (("b", b), ("b2", b2 or [])):
-            check_scales_finite(w, name)
-        weights = stack_weights([b] if b2 is None else [b, b2], tile_m, tile_k)
-        self.k_pad = weights.k_pad
+        self.k_pad = -(-self.k // tile_k) * tile_k
+        n_pad = -(-self.n // tile_m) * tile_m
+        mats = [stack_uniform(w, n_pad, self.k_pad) for w in ([b] if b2 is None else [b, b2])]
+        for name, m in zip(("b", "b2"), mats):  # one read-back for all groups (E4M3's NaN: S.1111.111)
+            if bool(((m[1] & 0x7F) == 0x7F).any()):
+                check_scales_finite(b if name == "b" else b2, name)  # names the group
         blocks = tile_m * (2 if self.dual else 1) // (64 * NWG)
-        self.packed = prepack_weights(list(zip(weights.codes, weights.scales)), NWG, blocks).view(-1, ROW_BYTES)
-        self.gs_b = (torch.stack([weights.global_scales[0], weights.global_scales[-1]], dim=1) * POST_SCALE).contiguous()
+        self.packed = prepack_weights([m[:2] for m in mats], NWG, blocks).view(-1, ROW_BYTES)
+        self.gs_b = torch.stack([mats[0][2], mats[-1][2]], dim=1).mul_(POST_SCALE).contiguous()
 
     @property
     def nbytes(self) -> int:
         return self.packed.numel() + self.gs_b.numel() * 4
+
+
+def stack_uniform(w: list[NVFP4Tensor], n_pad: int, k_pad: int):
+    """Codes [G·n_pad, k_pad/2], scale bytes [G·n_pad, k_pad/16] and global scales [G] of same-shape matrices, in a
+    few whole-tensor ops (not a copy per group): the zero padding decodes to zeros."""
+    g, (n, k) = len(w), tuple(w[0].shape)
+    codes = torch.stack([t.data for t in w])
+    scales = torch.stack([t.scales.view(torch.uint8) for t in w])
+    if (n, k) != (n_pad, k_pad):
+        codes = torch.nn.functional.pad(codes, (0, (k_pad - k) // 2, 0, n_pad - n))
+        scales = torch.nn.functional.pad(scales, (0, (k_pad - k) // 16, 0, n_pad - n))
+    gs = torch.stack([t.global_scale.to(torch.float32) for t in w])
+    return codes.view(g * n_pad, k_pad // 2), scales.view(g * n_pad, k_pad // 16), gs
 
 
 def layout_of(cfg: VarlenConfig) -> tuple[bool, int, int]:
@@ -82,8 +97,7 @@ class VarlenRunner:
         g, n, kp = w.groups, w.n, w.k_pad
         self._gemm = _compile(("gemm", cfg, g, n, kp, out_name), lambda: gemm_cls(cfg, g, n, kp),
                               gemm_arguments(cfg, g, n, kp, out_name))
-        self._prologue = {per: _compile(("prologue", g, per), pro_cls, prologue_arguments(g, per))
-                          for per in (False, True)}
+        self._prologue = _compile(("prologue",), pro_cls, prologue_arguments())
 
     def __call__(self, codes: torch.Tensor, scales: torch.Tensor, gs_a: torch.Tensor,
                  offsets: torch.Tensor) -> torch.Tensor:
@@ -95,7 +109,6 @@ class VarlenRunner:
         if rows == 0:
             return out
         x16 = torch.empty((rows, w.k_pad), dtype=torch.float16, device=w.device)
-        alpha = torch.empty((w.groups, 2), dtype=torch.float32, device=w.device)
-        self._prologue[gs_a.shape[0] > 1 or w.groups == 1](codes, scales, x16, gs_a, w.gs_b, alpha)
-        self._gemm(w.packed, x16, out, offsets, alpha)
+        self._prologue(codes, scales, x16)
+        self._gemm(w.packed, x16, out, offsets, gs_a, w.gs_b)
         return out

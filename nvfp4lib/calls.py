@@ -1,0 +1,191 @@
+"""What a caller pays per call: the four ways of calling the serving path, timed side by side in one run.
+
+Per problem and backend (``bench_calls``), on fresh seeded inputs, each form checked against the exact reference
+(its output allocated from a poisoned allocator block, so an unwritten element reads NaN) before it is timed:
+
+- ``graph``: prepared weights, the call captured once in a CUDA graph and replayed; fresh activations are copied
+  into the captured inputs before each replay (outside the timed span);
+- ``eager``: prepared weights, a fresh activation set each call, no graph;
+- ``oneshot``: the public ``grouped_gemm`` / ``grouped_dual_gemm_silu`` with new weights each call (a few weight sets
+  cycled; compiled kernels and the tuning cache warm): the weight packing is inside the call;
+- ``harness``: the study's harness style, ``compat.custom_kernel`` on the GPU MODE task tuple, a list of fresh
+  inputs each called once (when :mod:`nvfp4lib.compat` can build the tuple).
+
+Every timed call is preceded by an L2 flush; CUDA events bracket the call (``median_us``: what the GPU sees) and
+``host_us`` is the host time of the call itself (``perf_counter`` around it, no synchronisation). A call that costs
+more host time than GPU time is host-bound: ``per_call_us = max(median_us, host_us)`` is what a caller issuing calls
+back to back would get, and the column the targets are stated on.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from .bench import L2Flusher
+from .formats import NVFP4Tensor
+from .problems import GroupedProblem, make_inputs
+from .reference import reference_grouped_gemm, relative_error
+from .roofline import floor_us, measure_ceilings
+from .store import new_run_id, provenance
+
+__all__ = ["CALLS", "bench_calls", "pack_rows"]
+
+CALLS = ("graph", "eager", "oneshot", "harness")
+TOL = 1e-3
+
+
+def pack_rows(a: list[NVFP4Tensor]):
+    """(a_packed [T, K], offsets int32 [G+1] on a's device, per-group global scales [G]) of a list of groups."""
+    offs = [0]
+    for t in a:
+        offs.append(offs[-1] + int(t.shape[0]))
+    dev = a[0].data.device
+    packed = NVFP4Tensor(torch.cat([t.data for t in a]), torch.cat([t.scales for t in a]),
+                         torch.ones((), dtype=torch.float32, device=dev))
+    return packed, torch.tensor(offs, dtype=torch.int32, device=dev), torch.stack([t.global_scale for t in a])
+
+
+def _poison(nbytes: int) -> None:
+    junk = torch.full((nbytes // 2 + 4096,), float("nan"), dtype=torch.float16, device="cuda")
+    del junk
+
+
+def _time(call, prepare, iters: int, flush: L2Flusher) -> dict:
+    """``prepare(i)`` (untimed) then ``call(i)`` for i = 0 .. iters-1, each after an L2 flush."""
+    for i in range(2):
+        prepare(i)
+        call(i)
+    torch.cuda.synchronize()
+    gpu, host = [], []
+    for i in range(iters):
+        prepare(i)
+        flush()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        t0 = time.perf_counter()
+        call(i)
+        host.append((time.perf_counter() - t0) * 1e6)
+        e.record()
+        e.synchronize()
+        gpu.append(s.elapsed_time(e) * 1e3)
+    med, hmed = statistics.median(gpu), statistics.median(host)
+    return {"iters": iters, "median_us": med, "min_us": min(gpu), "p90_us": sorted(gpu)[int(0.9 * (iters - 1))],
+            "host_us": hmed, "per_call_us": max(med, hmed)}
+
+
+def _check(outs, ref) -> float:
+    torch.cuda.synchronize()
+    return relative_error(outs, ref)
+
+
+def _split(c: torch.Tensor, a) -> list[torch.Tensor]:
+    o, out = 0, []
+    for t in a:
+        out.append(c[o: o + t.shape[0]])
+        o += t.shape[0]
+    return out
+
+
+def bench_calls(problems: list[GroupedProblem], *, backend: str = "cute-hopper", calls=CALLS, seed: int = 1111,
+                mode: str = "gaussian", iters: int = 30, sets: int = 4, ceilings: dict | None = None,
+                progress=print) -> list[dict]:
+    """Rows (one per problem and call form) with provenance; nothing is stored here."""
+    from . import api, compat
+    from .serving import prepare_weights
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench_calls needs a CUDA GPU")
+    run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
+    rows = []
+    for prob in problems:
+        inputs = [make_inputs(prob, seed=seed + s, mode=mode, device="cuda") for s in range(sets)]
+        refs = [reference_grouped_gemm(x.a, x.b, x.b2) for x in inputs]
+        floor = floor_us(prob, ceil)
+        nbytes = sum(prob.m) * prob.n[0] * 2
+        base = {"run_id": run_id, **{f"ceil_{k}": v for k, v in ceil.items()}, "problem": prob.name,
+                "groups": prob.groups, "m": list(prob.m), "n": list(prob.n), "k": list(prob.k), "dual": prob.dual,
+                "flops": prob.flops(), "nvfp4_bytes": prob.nvfp4_bytes(), "backend": backend, "seed": seed,
+                "input_mode": mode, "floor_us": floor, "kernel_family": "hopper_varlen" if backend == "cute-hopper"
+                else backend}
+        w = prepare_weights(inputs[0].b, inputs[0].b2, backend=backend)
+        acts = []
+        for x in inputs:  # the same weights with each set's activations (the reference of set 0's weights)
+            acts.append(pack_rows(x.a))
+        ref_w = [reference_grouped_gemm(x.a, inputs[0].b, inputs[0].b2) for x in inputs]
+        for call in calls:
+            row = {**base, "call": call, "config": w.config_for(sum(prob.m))}
+            try:
+                row.update(_one(call, prob, w, inputs, acts, refs, ref_w, nbytes, iters, flush, api, compat))
+            except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:
+                row["status"] = f"error: {type(e).__name__}: {str(e)[:400]}"
+            if "median_us" in row:
+                row.update({"tflops": prob.flops() / row["per_call_us"] * 1e-6,
+                            "gbps": prob.nvfp4_bytes() / row["per_call_us"] * 1e-3,
+                            "ratio_to_floor": row["per_call_us"] / floor})
+            rows.append(row)
+            if progress:
+                progress(row)
+    prov = provenance()
+    return [{**prov, **r} for r in rows]
+
+
+def _one(call, prob, w, inputs, acts, refs, ref_w, nbytes, iters, flush, api, compat) -> dict:
+    n = len(inputs)
+    if call in ("graph", "eager"):
+        ap, off, gs = acts[0]
+        _poison(nbytes)
+        err = _check(_split(w(ap, off, global_scale=gs), inputs[0].a), ref_w[0])
+        if not err <= TOL:
+            return {"status": f"wrong: rel_err {err:.3g}", "rel_err": err}
+        if call == "eager":
+            out = _time(lambda i: w(acts[i % n][0], acts[i % n][1], global_scale=acts[i % n][2]), lambda i: None,
+                        iters, flush)
+        else:
+            static = [t.clone() for t in (ap.data, ap.scales, gs)]
+            sap = NVFP4Tensor(static[0], static[1], ap.global_scale)
+            w(sap, off, global_scale=static[2])
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                c = w(sap, off, global_scale=static[2])
+
+            def load(i):
+                src = acts[i % n]
+                for d, s in zip(static, (src[0].data, src[0].scales, src[2])):
+                    d.copy_(s)
+
+            out = _time(lambda i: graph.replay(), load, iters, flush)
+            load(1)
+            c.fill_(float("nan"))
+            graph.replay()
+            err = _check(_split(c, inputs[1].a), ref_w[1])
+            if not err <= TOL:
+                return {"status": f"wrong after replay: rel_err {err:.3g}", "rel_err": err}
+        return {**out, "rel_err": err, "status": "ok"}
+    if call == "oneshot":
+        fn = api.grouped_dual_gemm_silu if prob.dual else api.grouped_gemm
+
+        def run(i):
+            x = inputs[i % n]
+            return fn(x.a, x.b, x.b2, backend="cute-hopper") if prob.dual else fn(x.a, x.b, backend="cute-hopper")
+
+        err = _check(run(1), refs[1])
+        if not err <= TOL:
+            return {"status": f"wrong: rel_err {err:.3g}", "rel_err": err}
+        return {**_time(run, lambda i: None, iters, flush), "rel_err": err, "status": "ok"}
+    if call == "harness":
+        build = getattr(compat, "study_tuple", None)
+        if build is None or prob.dual and not hasattr(compat, "custom_kernel_dual"):
+            return {"status": "skipped: compat cannot build this task's tuple"}
+        tuples = [build(x) for x in inputs]
+        entry = compat.custom_kernel_dual if prob.dual else compat.custom_kernel
+        got = entry(tuples[1])
+        outs = [c[..., 0] if c.dim() == 3 else c for c in (got if isinstance(got, (list, tuple)) else [got])]
+        err = _check(outs, refs[1])
+        if not err <= TOL:
+            return {"status": f"wrong: rel_err {err:.3g}", "rel_err": err}
+        return {**_time(lambda i: entry(tuples[i % n]), lambda i: None, iters, flush), "rel_err": err,
+                "status": "ok"}
+    raise ValueError(f"unknown call form {call!r}; known: {CALLS}")

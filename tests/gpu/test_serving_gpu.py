@@ -1,0 +1,130 @@
+"""The serving path on a Hopper GPU (skipped without one): prepared weights, both call forms exact against the
+reference, any split of the rows replayed from one CUDA graph, torch.compile and opcheck."""
+import pytest
+import torch
+
+from nvfp4lib.formats import NVFP4Tensor
+from nvfp4lib.kernels.hopper_varlen.config import CONFIGS
+from nvfp4lib.problems import BENCHMARK, DUAL, GroupedProblem, make_inputs
+from nvfp4lib.reference import reference_grouped_gemm, relative_error
+from nvfp4lib.serving import prepare_weights
+
+pytestmark = pytest.mark.gpu
+TOL = 1e-3
+
+
+@pytest.fixture(autouse=True)
+def _sm90():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs sm_90")
+
+
+def poison_allocator(nbytes: int) -> None:
+    """Leave NaN in the caching allocator's next block of this size: an output element the kernel does not write
+    then reads NaN (the output is allocated inside the call)."""
+    junk = torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.float16, device="cuda")
+    del junk
+
+
+def packed(a):
+    offs = [0]
+    for t in a:
+        offs.append(offs[-1] + t.shape[0])
+    ap = NVFP4Tensor(torch.cat([t.data for t in a]), torch.cat([t.scales for t in a]),
+                     torch.ones((), dtype=torch.float32, device=a[0].data.device))
+    gs = torch.stack([t.global_scale for t in a])
+    return ap, torch.tensor(offs, dtype=torch.int32, device="cuda"), gs
+
+
+def _problem_configs():
+    out = []
+    for name, cfg in CONFIGS.items():
+        for p in (DUAL if cfg.dual else BENCHMARK):
+            out.append((name, p))
+    return out
+
+
+@pytest.mark.parametrize("mode", ["uniform", "gaussian"])
+@pytest.mark.parametrize("config,prob", _problem_configs(), ids=[f"{c}-{p.name}" for c, p in _problem_configs()])
+def test_packed_form_is_exact(config, prob, mode):
+    inp = make_inputs(prob, seed=1111, mode=mode, device="cuda")
+    w = prepare_weights(inp.b, inp.b2, config=config)
+    ap, offsets, gs = packed(inp.a)
+    ref = reference_grouped_gemm(inp.a, inp.b, inp.b2)
+    poison_allocator(ap.shape[0] * prob.n[0] * 2)
+    c = w(ap, offsets, global_scale=gs)
+    outs = [c[int(o): int(o) + t.shape[0]] for o, t in zip(offsets[:-1].tolist(), inp.a)]
+    err = relative_error(outs, ref)
+    assert err <= TOL, f"{config} {prob.name} {mode}: {err}"
+
+
+@pytest.mark.parametrize("dual", [False, True])
+@pytest.mark.parametrize("m", [(0, 5, 0, 130), (1,), (0, 0), (7, 0, 300, 1, 64)])
+def test_list_form_is_exact_with_empty_groups(m, dual):
+    prob = GroupedProblem.uniform_nk("edge", m, 256, 2880)
+    if dual:
+        prob = prob.with_dual()
+    inp = make_inputs(prob, seed=3, mode="gaussian", device="cuda")
+    w = prepare_weights(inp.b, inp.b2)
+    outs = w(inp.a)
+    ref = reference_grouped_gemm(inp.a, inp.b, inp.b2)
+    assert [tuple(o.shape) for o in outs] == [tuple(r.shape) for r in ref]
+    assert relative_error(outs, ref) <= TOL
+
+
+@pytest.mark.parametrize("groups", [8, 64, 256])
+def test_graph_replays_any_split(groups):
+    """One capture at T = 512 rows; 100 replays with random splits (empty groups included), each exact."""
+    gen = torch.Generator().manual_seed(groups)
+    rows, n, k = 512, 256, 512
+    prob = GroupedProblem.uniform_nk("g", (rows,) + (0,) * (groups - 1), n, k)
+    inp = make_inputs(prob, seed=groups, mode="gaussian", device="cuda")
+    w = prepare_weights(inp.b, None)
+    ap = inp.a[0]
+    offsets = torch.zeros(groups + 1, dtype=torch.int32, device="cuda")
+    offsets[1:] = rows
+    w(ap, offsets)  # compile, warm up
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        c = w(ap, offsets)
+    for it in range(100):
+        cuts = torch.sort(torch.randint(0, rows + 1, (groups - 1,), generator=gen)).values
+        if it % 3 == 0:  # some all-in-one-group splits
+            cuts = torch.full((groups - 1,), int(torch.randint(0, rows + 1, (1,), generator=gen)))
+        offs = torch.cat([torch.tensor([0]), cuts, torch.tensor([rows])]).to(torch.int32)
+        offsets.copy_(offs)
+        c.fill_(float("nan"))
+        g.replay()
+        a_parts = [NVFP4Tensor(ap.data[lo:hi], ap.scales[lo:hi], ap.global_scale)
+                   for lo, hi in zip(offs[:-1].tolist(), offs[1:].tolist())]
+        ref = reference_grouped_gemm(a_parts, inp.b, None)
+        outs = [c[lo:hi] for lo, hi in zip(offs[:-1].tolist(), offs[1:].tolist())]
+        err = relative_error(outs, ref)
+        assert err <= TOL, f"replay {it}: split {offs.tolist()}: {err}"
+
+
+def test_torch_compile_and_opcheck():
+    inp = make_inputs(BENCHMARK[3], seed=5, mode="gaussian", device="cuda")
+    w = prepare_weights(inp.b, None)
+    ap, offsets, gs = packed(inp.a)
+    eager = w(ap, offsets, global_scale=gs)
+    f = torch.compile(lambda x, o: w(x, o, global_scale=gs), fullgraph=True)
+    assert torch.equal(f(ap, offsets), eager)
+    torch.library.opcheck(torch.ops.nvfp4lib.grouped_mm, (ap.data, ap.scales.view(torch.uint8), gs, offsets,
+                                                          w.handle), test_utils=("test_schema", "test_faketensor"))
+
+
+def test_bad_inputs_are_refused():
+    inp = make_inputs(BENCHMARK[3], seed=5, mode="gaussian", device="cuda")
+    w = prepare_weights(inp.b, None)
+    ap, offsets, gs = packed(inp.a)
+    with pytest.raises(TypeError, match="int32"):
+        w(ap, offsets.long())
+    with pytest.raises(ValueError, match="device"):
+        w(ap, offsets.cpu())
+    with pytest.raises(ValueError, match=r"\[G\+1\]"):
+        w(ap, offsets[:-1])
+    other = make_inputs(GroupedProblem.uniform_nk("k", (8, 8), 4096, 1024), seed=1, device="cuda")
+    with pytest.raises(ValueError, match="K="):
+        w(other.a)
