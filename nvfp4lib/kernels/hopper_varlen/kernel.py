@@ -106,11 +106,11 @@ def _build():
 
     class ActivationDecodeSm90:
         """``mCodes`` uint8 [T, K/2], ``mScales`` E4M3 bytes [T, K/16] (row-major, the caller's tensors), ``mX``
-        fp16 [T, K_pad] (written)."""
+        fp16 [R >= T, K_pad]: rows 0 .. T-1 written (a runner keeps one buffer for every T up to R)."""
 
         @cute.jit
         def __call__(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, stream):
-            work = cute.size(mX, mode=[0]) * (cute.size(mX, mode=[1]) // 16)
+            work = cute.size(mCodes, mode=[0]) * (cute.size(mX, mode=[1]) // 16)
             self.kernel(mCodes, mScales, mX).launch(
                 grid=((work + ACT_THREADS - 1) // ACT_THREADS, 1, 1), block=(ACT_THREADS, 1, 1), stream=stream,
                 smem=ACT_SMEM)
@@ -123,7 +123,7 @@ def _build():
             i = bidx * ACT_THREADS + tidx
             per_row = cute.size(mX, mode=[1]) // 16  # 16-code chunks of a padded row
             chunks = cute.size(mScales, mode=[1])  # those that hold codes
-            if i < cute.size(mX, mode=[0]) * per_row:
+            if i < cute.size(mCodes, mode=[0]) * per_row:
                 r = i // per_row
                 c = i - r * per_row
                 dst = (mX.iterator + r * mX.stride[0] + 16 * c).toint()
@@ -177,7 +177,7 @@ def _build():
                 sx: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(sx_layout)], 1024]
 
             self.shared_storage = SharedStorage
-            rows = cute.size(mX, mode=[0])
+            rows = cute.size(mC, mode=[0])  # T (x16 may have more rows: stale, finite, never stored)
             tiles_max = cutlass.min(rows, (rows + self.groups * (self.bt - 1)) // self.bt) * self.n_blocks
             self.kernel(tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, sw_layout, sx_layout).launch(
                 grid=(tiles_max, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=True)

@@ -30,7 +30,7 @@ def prologue_arguments():
     rows, half_k, sk, k_pad = cute.sym_int(), cute.sym_int(divisibility=8), cute.sym_int(), cute.sym_int(
         divisibility=128)
     return (_fake(cutlass.Uint8, (rows, half_k), 8), _fake(cutlass.Uint8, (rows, sk), 1),
-            _fake(cutlass.Float16, (rows, k_pad)), env_stream())
+            _fake(cutlass.Float16, (cute.sym_int(), k_pad)), env_stream())
 
 
 def gemm_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype: str = "Float16"):
@@ -38,9 +38,8 @@ def gemm_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype
     import cutlass
     import cutlass.cute as cute
 
-    rows = cute.sym_int()
-    return (_fake(cutlass.Uint8, (cute.sym_int(), 128)), _fake(cutlass.Float16, (rows, k_pad)),
-            _fake(getattr(cutlass, out_dtype), (rows, n)), _fake(cutlass.Int32, (groups + 1,), 4),
+    return (_fake(cutlass.Uint8, (cute.sym_int(), 128)), _fake(cutlass.Float16, (cute.sym_int(), k_pad)),
+            _fake(getattr(cutlass, out_dtype), (cute.sym_int(), n)), _fake(cutlass.Int32, (groups + 1,), 4),
             _fake(cutlass.Float32, (cute.sym_int(),), 4), _fake(cutlass.Float32, (groups, 2), 8), env_stream())
 
 

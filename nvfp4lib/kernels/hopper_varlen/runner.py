@@ -59,9 +59,26 @@ class PackedWeights:
         self.packed = prepack_weights([m[:2] for m in mats], NWG, blocks).view(-1, ROW_BYTES)
         self.gs_b = torch.stack([mats[0][2], mats[-1][2]], dim=1).mul_(POST_SCALE).contiguous()
 
+        self._x16, self._captured = None, False
+        self._kept: list[torch.Tensor] = []
+
     @property
     def nbytes(self) -> int:
         return self.packed.numel() + self.gs_b.numel() * 4
+
+    def scratch(self, rows: int) -> torch.Tensor:
+        """The fp16 activation buffer for ``rows`` rows: one buffer reused by every call (an allocation costs as much
+        host time as a launch), grown when a call has more rows. Calls on one stream are ordered, so reuse is safe;
+        a buffer a CUDA graph captured is kept for the runner's lifetime (the graph replays its address)."""
+        x = self._x16
+        if x is None or x.shape[0] < rows:
+            if x is not None and self._captured:
+                self._kept.append(x)
+            x = self._x16 = torch.empty((max(rows, 128), self.k_pad), dtype=torch.float16, device=self.device)
+            self._captured = False
+        if not self._captured and torch.cuda.is_current_stream_capturing():
+            self._captured = True
+        return x
 
 
 def stack_uniform(w: list[NVFP4Tensor], n_pad: int, k_pad: int):
@@ -108,7 +125,7 @@ class VarlenRunner:
         out = torch.empty((rows, w.n), dtype=self.out_dtype, device=w.device)
         if rows == 0:
             return out
-        x16 = torch.empty((rows, w.k_pad), dtype=torch.float16, device=w.device)
+        x16 = w.scratch(rows)
         self._prologue(codes, scales, x16)
         self._gemm(w.packed, x16, out, offsets, gs_a, w.gs_b)
         return out
