@@ -32,8 +32,32 @@ def _fmt(v, spec):
     return format(v, spec) if isinstance(v, (int, float)) else str(v)
 
 
-def cmd_bench(args) -> int:
+def _add_record_args(p, default: Path, what: str):
+    # data/ is tracked: a plain run must leave the checkout clean, so rows reach data/ only when asked for
+    p.add_argument("--record", nargs="?", type=Path, const=default, default=None, metavar="FILE",
+                   help=f"append the rows to {default.parent.name}/{default.name} (or FILE); without it they go to "
+                        f"build/{default.name} (git-ignored)")
+    p.add_argument("--no-record", action="store_true", help="write no file (besides --out)")
+    p.add_argument("--out", type=Path, help=f"also append the {what} rows to this file (e.g. under $OUT)")
+
+
+def _write(args, rows, name: str) -> None:
+    """Append ``rows`` to --out, and to --record's file or else build/``name``."""
     from . import store
+
+    if not rows:
+        return
+    if args.out:
+        store.append_rows(args.out, rows)
+    if args.no_record:
+        return
+    path = args.record or store.SCRATCH_DIR / name
+    n = store.append_rows(path, rows)
+    run = f" (run {rows[0]['run_id']})" if rows[0].get("run_id") else ""
+    print(f"\nappended {n} rows{run} to {path}" + ("" if args.record else "  (not recorded: add --record for data/)"))
+
+
+def cmd_bench(args) -> int:
     from .bench import bench
 
     probs = _problems(args)
@@ -45,13 +69,27 @@ def cmd_bench(args) -> int:
         print(f"{r['problem']:<10} {r['label']:<36} {_fmt(r.get('median_us', '-'), '10.1f'):>10} "
               f"{r['floor_us']:9.1f} {_fmt(r.get('ratio_to_floor', '-'), '8.2f'):>8} "
               f"{_fmt(r.get('tflops', '-'), '8.1f'):>8} {_fmt(r.get('rel_err', '-'), '9.2e'):>9}  {r['status'][:50]}")
-    if args.out:
-        store.append_rows(args.out, rows)
-    if not args.no_record:
-        n = store.append_rows(args.record, rows)
-        print(f"\nappended {n} rows (run {rows[0]['run_id']}) to {args.record}")
+    _write(args, rows, "bench.jsonl")
     bad = [r for r in rows if r["status"] != "ok"]
     return 1 if bad and args.strict else 0
+
+
+def cmd_calls(args) -> int:
+    """The four ways of calling the serving path (graph, eager, oneshot, harness), side by side (GPU)."""
+    from .calls import bench_calls
+
+    probs = _problems(args)
+    rows = bench_calls(probs, calls=tuple(args.call or ("graph", "eager", "oneshot", "harness")), seed=args.seed,
+                       mode=args.mode, iters=args.iters, progress=lambda r: print(
+                           f"  {r['problem']:<10} {r['call']:<8} {r['status'][:60]}", flush=True))
+    print(f"\n{'problem':<10} {'call':<8} {'config':<32} {'GPU us':>8} {'host us':>8} {'per call':>9} {'floor':>7} "
+          f"{'x floor':>8}  status")
+    for r in rows:
+        print(f"{r['problem']:<10} {r['call']:<8} {r.get('config', ''):<32} {_fmt(r.get('median_us', '-'), '8.1f'):>8} "
+              f"{_fmt(r.get('host_us', '-'), '8.1f'):>8} {_fmt(r.get('per_call_us', '-'), '9.1f'):>9} "
+              f"{r['floor_us']:7.1f} {_fmt(r.get('ratio_to_floor', '-'), '8.2f'):>8}  {r['status'][:40]}")
+    _write(args, rows, "calls.jsonl")
+    return 0
 
 
 def cmd_check(args) -> int:
@@ -102,7 +140,6 @@ def cmd_amend(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from . import store
     from .kernels.reports import compile_rows
 
     rows = compile_rows(args.arch, args.config, sweep=args.sweep, dual=args.dual)
@@ -112,9 +149,7 @@ def cmd_compile(args) -> int:
             f"smem={r.get('smem_bytes')} wgmma={r.get('wgmma.mma_async')} "
             f"tma={r.get('cp.async.bulk.tensor')} tcgen05.mma={r.get('tcgen05.mma')}")
         print(f"{r['arch']:<8} {r['config']:<28} {'dual' if r.get('dual') else 'single':<6} {res}")
-    if not args.no_record:
-        n = store.append_rows(args.record, rows)
-        print(f"appended {n} rows to {args.record}")
+    _write(args, rows, "compile.jsonl")
     return 0
 
 
@@ -136,8 +171,7 @@ def cmd_probe(args) -> int:
             {"run_id": run_id, **prov, **probe_dot_scaled()}]
     for r in rows:
         print(f"{r['probe']}: supported={r['supported']} {r.get('note', '')}{r['error']}")
-    for path in filter(None, [args.out, None if args.no_record else args.record]):
-        store.append_rows(path, rows)
+    _write(args, rows, "probes.jsonl")
     return 0
 
 
@@ -162,6 +196,7 @@ def cmd_b200_check(args) -> int:
     if ok != 0:
         print("correctness failed: not benchmarking")
         return 1
+    # recording is the point of this command: a B200 run is the data the repo lacks
     return cmd_bench(ns(backend=["cute-blackwell:config=baseline", "cute-blackwell:config=ws_pipelined",
                                  "torch-bf16:graph=1"], suite=["benchmark", "dual"], problem=None, seed=1111,
                         mode="uniform", iters=50, tol=1e-3, record=args.record, no_record=False, out=None,
@@ -179,7 +214,7 @@ def cmd_info(args) -> int:
 
 
 def main(argv=None) -> int:
-    from .store import BENCH, COMPILE
+    from .store import BENCH, CALLS, COMPILE, PROBES
 
     ap = argparse.ArgumentParser(prog="python -m nvfp4lib", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -188,7 +223,7 @@ def main(argv=None) -> int:
         p.add_argument("--suite", action="append", help="benchmark, dual, correctness, correctness-dual, edge")
         p.add_argument("--problem", action="append", help="S1, S1-dual, C3, ...")
 
-    p = sub.add_parser("bench", help="check then time backends on problems (GPU); append rows to data/")
+    p = sub.add_parser("bench", help="check then time backends on problems (GPU); rows to build/ (data/ with --record)")
     add_problems(p)
     p.add_argument("--backend", action="append", required=True,
                    help="backend[:key=value,...], e.g. cute-hopper:config=baseline (repeatable)")
@@ -196,13 +231,20 @@ def main(argv=None) -> int:
     p.add_argument("--mode", default="uniform", choices=["uniform", "gaussian"])
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--tol", type=float, default=1e-3)
-    p.add_argument("--record", type=Path, default=BENCH, help="append rows here (default data/bench.jsonl)")
-    p.add_argument("--no-record", action="store_true")
-    p.add_argument("--out", type=Path, help="also append the rows to this file (e.g. under $OUT)")
+    _add_record_args(p, BENCH, "bench")
     p.add_argument("--strict", action="store_true", help="exit non-zero if any backend failed")
     p.add_argument("--only", help="keep the problems whose name contains this (e.g. N7168)")
     p.add_argument("--k-sweep", help="replace K by each of these (e.g. 256,512,1024): time vs K splits fixed costs")
     p.set_defaults(fn=cmd_bench)
+
+    p = sub.add_parser("calls", help="time the serving path per call: graph, eager, oneshot, harness (GPU)")
+    add_problems(p)
+    p.add_argument("--call", action="append", choices=["graph", "eager", "oneshot", "harness"])
+    p.add_argument("--seed", type=int, default=1111)
+    p.add_argument("--mode", default="gaussian", choices=["uniform", "gaussian"])
+    p.add_argument("--iters", type=int, default=30)
+    _add_record_args(p, CALLS, "calls")
+    p.set_defaults(fn=cmd_calls)
 
     p = sub.add_parser("check", help="correctness against the exact reference (GPU if present)")
     add_problems(p)
@@ -222,8 +264,7 @@ def main(argv=None) -> int:
     p.add_argument("--config", action="append", help="config name (repeatable); default: the shipped ones")
     p.add_argument("--sweep", action="store_true", help="all shipped and study configs, rejected ones too")
     p.add_argument("--dual", action="store_true", help="also compile the dual variants")
-    p.add_argument("--record", type=Path, default=COMPILE)
-    p.add_argument("--no-record", action="store_true")
+    _add_record_args(p, COMPILE, "compile")
     p.set_defaults(fn=cmd_compile)
 
     p = sub.add_parser("study", help="run every notebook (papermill) and render HTML")
@@ -240,9 +281,7 @@ def main(argv=None) -> int:
     p.set_defaults(fn=cmd_amend)
 
     p = sub.add_parser("probe", help="probe what this GPU/torch supports (torch._scaled_mm NVFP4)")
-    p.add_argument("--record", type=Path, default=BENCH.parent / "probes.jsonl")
-    p.add_argument("--no-record", action="store_true")
-    p.add_argument("--out", type=Path)
+    _add_record_args(p, PROBES, "probe")
     p.set_defaults(fn=cmd_probe)
 
     p = sub.add_parser("b200-check", help="on a B200: check cute-blackwell on every suite, then benchmark and record")

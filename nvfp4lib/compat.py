@@ -1,77 +1,258 @@
-"""Adapter for the study's original harness (the gpu-mode ``nvfp4_group_gemm`` task format).
+"""The study's harness as given: GPU MODE's ``nvfp4_group_gemm`` and ``nvfp4_dual_gemm`` input tuples.
 
-The harness passes ``data = (abc_tensors, sfasfb_tensors, [sfasfb_reordered_tensors,] problem_sizes)``:
-``abc_tensors[g] = (a [M, K//2, L] float4_e2m1fn_x2, b [N, K//2, L], c [M, N, L] float16)``,
-``sfasfb_tensors[g] = (sfa [M, K//16, L] float8_e4m3fn, sfb [N, K//16, L])``,
-``problem_sizes[g] = (M, N, K, L)``; the kernel writes ``c`` and returns the list of ``c``.
-Only L = 1 is supported (the study's harness always uses it). Global scales are 1.
+The study was run in GPU MODE's harness (repository gpu-mode/reference-kernels, ``problems/nvidia/``). This module
+takes that harness's tuples exactly as its ``generate_input`` builds them and computes them with the serving path.
+
+``custom_kernel(data)`` -- task ``nvfp4_group_gemm``; ``data = (abc, sf, sf_reordered, problem_sizes)``, one entry
+per group in each list:
+
+- ``abc[g] = (a, b, c)``: codes ``a [M, K/2, L]`` and ``b [N, K/2, L]`` (``float4_e2m1fn_x2``), output
+  ``c [M, N, L]`` float16, all on the GPU;
+- ``sf[g] = (sfa [M, K/16, L], sfb [N, K/16, L])``: the plain E4M3 scales, **on the CPU** (the task's reference
+  reads them); never read here;
+- ``sf_reordered[g] = (sfa, sfb)``: the same scales on the GPU in the 128x4 "blocked" layout, seen as the 6-d
+  ``(32, 4, ceil(rows/128), 4, ceil(K/64), L)`` tensor of :func:`nvfp4lib.formats.scales_cute_view` (its padding
+  holds arbitrary values);
+- ``problem_sizes[g] = (M, N, K, L)``.
+
+It writes every ``c`` and returns the list of them. ``custom_kernel_dual(data)`` -- task ``nvfp4_dual_gemm``, one
+``C = silu(A·B1ᵀ) * (A·B2ᵀ)``; ``data = (a, b1, b2, sfa, sfb1, sfb2, sfa_reordered, sfb1_reordered,
+sfb2_reordered, c)`` with the shapes above (its plain scales are on the GPU too, but the reordered ones are what is
+read, as for the group task); it writes ``c`` and returns it.
+
+Only what is on the GPU is read: the codes and the reordered scales, turned back into row-major scales by a few
+torch ops on the device (no host round trip, no synchronisation). The tasks have no global scales (1 here) and
+always L = 1; anything else is refused with a TypeError/ValueError naming the problem. :func:`study_tuple` builds
+the tuples from :class:`nvfp4lib.problems.GroupedInputs`.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
-from .formats import NVFP4Tensor
+from .formats import BLOCK_SIZE, NVFP4Tensor, scales_cute_view, swizzle_scales, unswizzle_scales
 
-__all__ = ["from_study_inputs", "custom_kernel"]
+__all__ = ["custom_kernel", "custom_kernel_dual", "group_operands", "dual_operands", "study_tuple",
+           "RAGGED_CONFIG"]
 
-
-def _codes(t: torch.Tensor, what: str) -> torch.Tensor:
-    if t.dtype not in (torch.uint8, getattr(torch, "float4_e2m1fn_x2", torch.uint8)):
-        raise TypeError(f"{what}: expected float4_e2m1fn_x2 (or uint8) packed codes, got {t.dtype}")
-    return t.view(torch.uint8)
-
-
-def _scales(t: torch.Tensor, what: str) -> torch.Tensor:
-    if t.dtype == torch.float8_e4m3fn:
-        return t
-    if t.dtype == getattr(torch, "float8_e4m3fnuz", None):
-        v = t.float()
-        fn = v.to(torch.float8_e4m3fn)
-        if not torch.equal(fn.float(), v):
-            raise ValueError(f"{what}: float8_e4m3fnuz scales not exactly representable in float8_e4m3fn")
-        return fn
-    raise TypeError(f"{what}: expected float8_e4m3fn scales, got {t.dtype}")
+_FP4 = getattr(torch, "float4_e2m1fn_x2", None)
+_CODE_DTYPES = tuple(d for d in (_FP4, torch.uint8) if d is not None)
+_BACKENDS = ("cute-hopper", "reference")
+# groups with different N or K cannot share prepared weights: the one-shot path runs them with this tiling (a name,
+# so nothing is timed inside the call)
+RAGGED_CONFIG = "rs_m128_t128_k128_s3_e"
 
 
-def _squeeze_l(t: torch.Tensor, what: str) -> torch.Tensor:
-    if t.dim() == 3:
-        if t.shape[2] != 1:
-            raise ValueError(f"{what}: only L = 1 is supported, got L = {t.shape[2]}")
-        return t[..., 0]
-    if t.dim() != 2:
-        raise ValueError(f"{what}: expected [rows, cols, L] or [rows, cols], got shape {tuple(t.shape)}")
-    return t
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
-def from_study_inputs(data):
-    """(a, b, c) from the harness tuple: lists of NVFP4Tensor and the harness's output tensors."""
-    if not isinstance(data, (tuple, list)) or len(data) not in (3, 4):
-        raise TypeError("data must be (abc_tensors, sfasfb_tensors, [sfasfb_reordered_tensors,] problem_sizes)")
-    abc, sf, sizes = data[0], data[1], data[-1]
-    if not (len(abc) == len(sf) == len(sizes)):
-        raise ValueError(f"group counts differ: {len(abc)} abc, {len(sf)} scale pairs, {len(sizes)} sizes")
+def _check_backend(backend) -> None:
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend {backend!r} is not supported here; known: {', '.join(_BACKENDS)}")
+
+
+def _check_device(device: torch.device, backend: str) -> None:
+    if backend == "cute-hopper" and device.type != "cuda":
+        raise ValueError(f"the harness's codes are on {device}; backend 'cute-hopper' needs them on a CUDA GPU")
+
+
+def _tensor(t, what: str, dtypes: tuple, device: torch.device | None, shape: tuple) -> torch.Tensor:
+    """``t`` checked against the task's dtype, L = 1, ``shape`` and ``device``; returns its L = 0 slice."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{what} must be {' or '.join(map(str, dtypes))}, got {t.dtype}")
+    if t.dim() != len(shape):
+        raise ValueError(f"{what} must have {len(shape)} dims {shape}, got shape {tuple(t.shape)}")
+    if t.shape[-1] != 1:
+        raise ValueError(f"{what} has L = {t.shape[-1]}: only L = 1 is supported (the tasks always use it)")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{what} has shape {tuple(t.shape)}, expected {shape} from the problem size")
+    if device is not None and t.device != device:
+        raise ValueError(f"{what} is on {t.device} but the codes are on {device}: the harness's GPU tensors must "
+                         "share one device")
+    return t[..., 0]
+
+
+def _codes(t, rows: int, k: int, what: str, device) -> torch.Tensor:
+    return _tensor(t, what, _CODE_DTYPES, device, (rows, k // 2, 1)).view(torch.uint8).contiguous()
+
+
+def _output(t, m: int, n: int, what: str, device) -> torch.Tensor:
+    return _tensor(t, what, (torch.float16,), device, (m, n, 1))
+
+
+def _scales(t, rows: int, k: int, what: str, device) -> torch.Tensor:
+    """Row-major E4M3 scales ``[rows, K/16]`` from the task's reordered 6-d tensor, on its device."""
+    cols = k // BLOCK_SIZE
+    shape = (32, 4, _ceil_div(rows, 128), 4, _ceil_div(cols, 4), 1)
+    five = _tensor(t, what, (torch.float8_e4m3fn,), device, shape)
+    # back to the blocked order (rest_m, rest_k, 32, 4, 4): a view when the tensor has the task's strides
+    flat = five.permute(2, 4, 0, 1, 3).reshape(-1)
+    return unswizzle_scales(flat, rows, cols).contiguous()
+
+
+def _size(size, g: int) -> tuple[int, int, int]:
+    try:
+        if len(size) != 4:
+            raise TypeError
+        m, n, k, l_ = (operator.index(v) for v in size)
+    except TypeError:
+        raise TypeError(f"problem_sizes[{g}] must be 4 integers (M, N, K, L), got {size!r}") from None
+    if l_ != 1:
+        raise ValueError(f"problem_sizes[{g}] has L = {l_}: only L = 1 is supported (the tasks always use it)")
+    if m < 0 or n <= 0 or k <= 0 or k % BLOCK_SIZE:
+        raise ValueError(f"problem_sizes[{g}] = {tuple(size)}: need M >= 0, N > 0 and K a positive multiple of "
+                         f"{BLOCK_SIZE}")
+    return m, n, k
+
+
+def _pair(x, what: str, g: int) -> tuple:
+    if not isinstance(x, (tuple, list)) or len(x) != (3 if what == "abc_tensors" else 2):
+        want = "(a, b, c)" if what == "abc_tensors" else "a pair"
+        raise TypeError(f"{what}[{g}] must be {want}, got {type(x).__name__}"
+                        f"{f' of {len(x)}' if isinstance(x, (tuple, list)) else ''}")
+    return tuple(x)
+
+
+def group_operands(data, backend: str = "reference"):
+    """``(a, b, c)`` from an ``nvfp4_group_gemm`` tuple: lists of NVFP4Tensor and the ``[M, N]`` views of the
+    harness's outputs. Raises TypeError/ValueError naming what does not match the task's format."""
+    if not isinstance(data, (tuple, list)) or len(data) != 4:
+        raise TypeError("data must be the nvfp4_group_gemm tuple (abc_tensors, sfasfb_tensors, "
+                        "sfasfb_reordered_tensors, problem_sizes), got "
+                        f"{type(data).__name__}{f' of {len(data)}' if isinstance(data, (tuple, list)) else ''}")
+    abc, plain, reordered, sizes = data
+    for what, x in (("abc_tensors", abc), ("sfasfb_tensors", plain), ("sfasfb_reordered_tensors", reordered),
+                    ("problem_sizes", sizes)):
+        if not isinstance(x, (tuple, list)):
+            raise TypeError(f"{what} must be a list (one entry per group), got {type(x).__name__}")
+    if not abc:
+        raise ValueError("abc_tensors is empty: a grouped GEMM needs at least one group")
+    if not (len(abc) == len(plain) == len(reordered) == len(sizes)):
+        raise ValueError(f"group counts differ: {len(abc)} abc_tensors, {len(plain)} sfasfb_tensors, "
+                         f"{len(reordered)} sfasfb_reordered_tensors, {len(sizes)} problem_sizes")
+    first = _pair(abc[0], "abc_tensors", 0)[0]
+    if not isinstance(first, torch.Tensor):
+        raise TypeError(f"a[0] must be a torch.Tensor, got {type(first).__name__}")
+    device = first.device
+    _check_device(device, backend)
+    one = torch.ones((), dtype=torch.float32, device=device)
     a, b, c = [], [], []
-    one = torch.tensor(1.0, dtype=torch.float32)
-    for g, ((ta, tb, tc), (sa, sb), size) in enumerate(zip(abc, sf, sizes)):
-        m, n, k = int(size[0]), int(size[1]), int(size[2])
-        at = NVFP4Tensor(_squeeze_l(_codes(ta, f"a[{g}]"), f"a[{g}]").contiguous(),
-                         _squeeze_l(_scales(sa, f"sfa[{g}]"), f"sfa[{g}]").contiguous(), one.to(ta.device))
-        bt = NVFP4Tensor(_squeeze_l(_codes(tb, f"b[{g}]"), f"b[{g}]").contiguous(),
-                         _squeeze_l(_scales(sb, f"sfb[{g}]"), f"sfb[{g}]").contiguous(), one.to(tb.device))
-        if tuple(at.shape) != (m, k) or tuple(bt.shape) != (n, k):
-            raise ValueError(f"group {g}: problem size (M={m}, N={n}, K={k}) does not match tensors "
-                             f"a {tuple(at.shape)}, b {tuple(bt.shape)} (logical shapes)")
-        a.append(at)
-        b.append(bt)
-        c.append(tc)
+    for g in range(len(abc)):
+        m, n, k = _size(sizes[g], g)
+        ta, tb, tc = _pair(abc[g], "abc_tensors", g)
+        sa, sb = _pair(reordered[g], "sfasfb_reordered_tensors", g)
+        a.append(NVFP4Tensor(_codes(ta, m, k, f"a[{g}]", device), _scales(sa, m, k, f"sfa_reordered[{g}]", device),
+                             one))
+        b.append(NVFP4Tensor(_codes(tb, n, k, f"b[{g}]", device), _scales(sb, n, k, f"sfb_reordered[{g}]", device),
+                             one))
+        c.append(_output(tc, m, n, f"c[{g}]", device))
     return a, b, c
 
 
-def custom_kernel(data, *, backend: str = "cute-hopper", **options):
-    """The harness's entry point: compute every group with ``backend`` and write the harness's ``c``."""
-    from .api import grouped_gemm
+def dual_operands(data, backend: str = "reference"):
+    """``(a, b1, b2, c)`` from an ``nvfp4_dual_gemm`` tuple: three NVFP4Tensor and the ``[M, N]`` view of ``c``."""
+    if not isinstance(data, (tuple, list)) or len(data) != 10:
+        raise TypeError("data must be the nvfp4_dual_gemm tuple (a, b1, b2, sfa, sfb1, sfb2, sfa_reordered, "
+                        "sfb1_reordered, sfb2_reordered, c), got "
+                        f"{type(data).__name__}{f' of {len(data)}' if isinstance(data, (tuple, list)) else ''}")
+    ta, tb1, tb2, _, _, _, sa, sb1, sb2, tc = data
+    for what, t in (("a", ta), ("c", tc)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{what} must be 3-d [rows, cols, L], got shape {tuple(t.shape)}")
+    m, n, k = int(tc.shape[0]), int(tc.shape[1]), 2 * int(ta.shape[1])
+    if k == 0 or k % BLOCK_SIZE:
+        raise ValueError(f"a has K = {k} (2 x {ta.shape[1]} bytes): K must be a positive multiple of {BLOCK_SIZE}")
+    device = ta.device
+    _check_device(device, backend)
+    one = torch.ones((), dtype=torch.float32, device=device)
+    a = NVFP4Tensor(_codes(ta, m, k, "a", device), _scales(sa, m, k, "sfa_reordered", device), one)
+    b1 = NVFP4Tensor(_codes(tb1, n, k, "b1", device), _scales(sb1, n, k, "sfb1_reordered", device), one)
+    b2 = NVFP4Tensor(_codes(tb2, n, k, "b2", device), _scales(sb2, n, k, "sfb2_reordered", device), one)
+    return a, b1, b2, _output(tc, m, n, "c", device)
 
-    a, b, c = from_study_inputs(data)
-    for g, out in enumerate(grouped_gemm(a, b, backend=backend, **options)):
-        c[g].view(out.shape[0], out.shape[1]).copy_(out) if c[g].dim() == 2 else c[g][..., 0].copy_(out)
-    return c
+
+def custom_kernel(data, *, backend: str = "cute-hopper", config: str = "auto") -> list[torch.Tensor]:
+    """The ``nvfp4_group_gemm`` entry point: write each group's ``c`` and return the list of them.
+
+    Groups sharing N and K run as prepared weights (:func:`nvfp4lib.serving.prepare_weights`, ``config`` resolved
+    from the tuning cache or the shape heuristic, never timed here); others through
+    :func:`nvfp4lib.api.grouped_gemm` with :data:`RAGGED_CONFIG` (or ``config`` when it names one)."""
+    from .api import grouped_gemm
+    from .serving import prepare_weights
+
+    _check_backend(backend)
+    a, b, c = group_operands(data, backend)
+    if len({tuple(t.shape) for t in b}) == 1:
+        results = prepare_weights(b, backend=backend, config=config)(a)
+    else:
+        options = {"config": RAGGED_CONFIG if config == "auto" else config} if backend == "cute-hopper" else {}
+        results = grouped_gemm(a, b, backend=backend, **options)
+    for out, r in zip(c, results):
+        out.copy_(r)
+    return [abc[2] for abc in data[0]]
+
+
+def custom_kernel_dual(data, *, backend: str = "cute-hopper", config: str = "auto") -> torch.Tensor:
+    """The ``nvfp4_dual_gemm`` entry point: ``c = silu(A·B1ᵀ) * (A·B2ᵀ)`` written into the harness's ``c``, returned."""
+    from .serving import prepare_weights
+
+    _check_backend(backend)
+    a, b1, b2, c = dual_operands(data, backend)
+    c.copy_(prepare_weights([b1], [b2], backend=backend, config=config)([a])[0])
+    return data[9]
+
+
+# --------------------------------------------------------------------------- building the tuples
+
+
+def _unit_global_scale(t: NVFP4Tensor, what: str) -> None:
+    # a builder, not a call: reading the (possibly device) scalar once is fine here
+    if float(t.global_scale) != 1.0:
+        raise ValueError(f"{what} has global scale {float(t.global_scale)}: the harness's tuples carry none (1 only)")
+
+
+def _task_codes(t: NVFP4Tensor) -> torch.Tensor:
+    codes = t.data.unsqueeze(0).permute(1, 2, 0)  # [rows, K/2, 1] over (L, rows, K/2) storage, as the task lays it
+    return codes.view(_FP4) if _FP4 is not None else codes
+
+
+def _task_scales(t: NVFP4Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    rows, cols = t.scales.shape
+    return t.scales.unsqueeze(-1).cpu(), scales_cute_view(swizzle_scales(t.scales), rows, cols).to(device)
+
+
+def _task_output(m: int, n: int, device) -> torch.Tensor:
+    return torch.full((1, m, n), float("nan"), dtype=torch.float16, device=device).permute(1, 2, 0)
+
+
+def study_tuple(inputs):
+    """The harness's tuple for :class:`nvfp4lib.problems.GroupedInputs` (global scales must be 1), on their device.
+
+    Single GEMMs give the ``nvfp4_group_gemm`` tuple (plain scales on the CPU, as the task has them); a dual problem
+    of one group gives the ``nvfp4_dual_gemm`` tuple (plain scales on the device). Outputs are NaN-filled."""
+    a, b, b2 = inputs.a, inputs.b, inputs.b2
+    for what, ts in (("a", a), ("b", b), ("b2", b2 or [])):
+        for g, t in enumerate(ts):
+            _unit_global_scale(t, f"{what}[{g}]")
+    device = a[0].device
+    if b2 is not None:
+        if len(a) != 1:
+            raise ValueError(f"the nvfp4_dual_gemm task is one GEMM; this problem has {len(a)} groups")
+        (x,), (w1,), (w2,) = a, b, b2
+        plain, perm = zip(*(_task_scales(t, device) for t in (x, w1, w2)))
+        return (_task_codes(x), _task_codes(w1), _task_codes(w2), *(p.to(device) for p in plain), *perm,
+                _task_output(x.shape[0], w1.shape[0], device))
+    abc, plain, perm, sizes = [], [], [], []
+    for x, w in zip(a, b):
+        (pa, ra), (pb, rb) = _task_scales(x, device), _task_scales(w, device)
+        abc.append((_task_codes(x), _task_codes(w), _task_output(x.shape[0], w.shape[0], device)))
+        plain.append((pa, pb))
+        perm.append((ra, rb))
+        sizes.append((int(x.shape[0]), int(w.shape[0]), int(x.shape[1]), 1))
+    return abc, plain, perm, sizes

@@ -215,8 +215,9 @@ class NVFP4Tensor:
                 f"{data.device}, scales on {scales.device}, global_scale on {g.device}"
             )
         # Checked where it costs nothing: reading a device scalar would synchronise every call (and cannot run
-        # inside a CUDA graph capture); prepared weights check theirs once, at prepare.
-        if g.device.type == "cpu":
+        # inside a CUDA graph capture); prepared weights check theirs once, at prepare. Under torch.compile the
+        # value is symbolic (reading it would break the graph), so the check is left to eager calls.
+        if g.device.type == "cpu" and not torch.compiler.is_compiling():
             gv = float(g)
             if not (gv > 0.0 and gv != float("inf")):  # also rejects NaN
                 raise ValueError(f"NVFP4Tensor.global_scale must be finite and > 0, got {gv}")

@@ -10,6 +10,7 @@ matplotlib.rcParams["svg.hashsalt"] = "nvfp4lib"  # stable element ids: re-runni
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from .roofline import B200_DATASHEET, datasheet_for  # noqa: E402
 from .store import DATA_DIR  # noqa: E402
 
 FIG_DIR = DATA_DIR.parent / "figures"
@@ -88,15 +89,15 @@ def bar_chart(rows, *, value="median_us", group="problem", series="label", floor
     return fig
 
 
-# Public B200 figures for the modelled panel (NVIDIA B200 datasheet: dense FP4 tensor ~9 PFLOP/s,
-# HBM3e 8 TB/s). Labelled "modelled" wherever used: no B200 measurement exists in this repo.
-B200_SPEC = {"fp4_tflops": 9000.0, "hbm_gbps": 8000.0, "source": "NVIDIA B200 datasheet (dense FP4, HBM3e)"}
+# The modelled panel's B200 figures (the datasheet is cited in roofline.py). Labelled "modelled" wherever
+# used: no B200 measurement exists in this repo.
+B200_SPEC = B200_DATASHEET
 
 
-def roofline_axes(ax, peak_tflops: float, bw_gbps: float, label: str, xlim=(1, 4096)):
+def roofline_axes(ax, peak_tflops: float, bw_gbps: float, label: str, xlim=(1, 4096), style="k-"):
     """Draw a roof: min(peak, intensity × bandwidth) over flop/byte, log-log."""
     x = np.logspace(np.log10(xlim[0]), np.log10(xlim[1]), 200)
-    ax.plot(x, np.minimum(peak_tflops, x * bw_gbps * 1e-3), "k-", lw=1.5, label=label)
+    ax.plot(x, np.minimum(peak_tflops, x * bw_gbps * 1e-3), style, lw=1.5, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (flop per NVFP4 byte)")
@@ -110,7 +111,12 @@ def roofline_figure(rows, study=None, source="data/bench.jsonl"):
     if rows is not None and len(rows):
         ceil_mma = float(rows["ceil_bf16_tflops"].median())
         ceil_bw = float(rows["ceil_copy_gbps"].median())
-        roofline_axes(ax1, ceil_mma, ceil_bw, f"bf16 MMA {ceil_mma:.0f} TFLOP/s, copy {ceil_bw:.0f} GB/s")
+        roofline_axes(ax1, ceil_mma, ceil_bw, f"measured: bf16 MMA {ceil_mma:.0f} TFLOP/s, copy {ceil_bw:.0f} GB/s")
+        sheets = {g: datasheet_for(g) for g in sorted(set(rows["gpu"]))}
+        if len(sheets) == 1 and all(sheets.values()):  # one GPU with a datasheet: its roof above the measured one
+            d = next(iter(sheets.values()))
+            roofline_axes(ax1, d["bf16_tflops"], d["copy_gbps"],
+                          f"datasheet: bf16 {d['bf16_tflops']:.0f} TFLOP/s, HBM {d['copy_gbps']:.0f} GB/s", style="k--")
         ok = rows[rows["status"] == "ok"]
         for backend, r in ok.groupby("backend"):
             ax1.scatter(r["flops"] / r["nvfp4_bytes"], r["tflops"], s=18, label=backend)

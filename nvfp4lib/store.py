@@ -23,6 +23,11 @@ __all__ = ["DATA_DIR", "append_rows", "load", "merge", "provenance", "new_run_id
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 BENCH = DATA_DIR / "bench.jsonl"
 COMPILE = DATA_DIR / "compile.jsonl"
+PROBES = DATA_DIR / "probes.jsonl"
+CALLS = DATA_DIR / "calls.jsonl"  # the serving path per call form (nvfp4lib.calls)
+# Where commands write their rows unless asked to record them: git-ignored, so running a command never
+# dirties the checkout; data/ grows only by an explicit --record (or `record`).
+SCRATCH_DIR = DATA_DIR.parent / "build"
 
 
 def new_run_id() -> str:

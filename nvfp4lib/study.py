@@ -43,14 +43,32 @@ def execute(nb: Path, out_dir: Path, *, live: bool, timeout: int = 3600, extra: 
     return out
 
 
+def stable_cell_ids(nb, name: str):
+    """Give every cell of ``nb`` an id derived from ``name`` and its index, in place; returns ``nb``.
+
+    The rendered page carries each cell's id. papermill gives the cell it injects a random one on every run (and
+    nbformat invents one for a cell saved without), so the HTML changed on each render of unchanged data."""
+    slug = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in name)[:50]
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"{slug}-{i}"
+    return nb
+
+
 def render_html(executed: Path, html_dir: Path) -> Path:
+    """Render an executed notebook to ``html_dir``/<name>.html, byte-identical for identical outputs."""
     import nbformat
     from nbconvert import HTMLExporter
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
 
     html_dir.mkdir(parents=True, exist_ok=True)
-    body, _ = HTMLExporter().from_notebook_node(nbformat.read(str(executed), as_version=4))
+    nb = stable_cell_ids(nbformat.read(str(executed), as_version=4), executed.stem)
+    exporter = HTMLExporter()
+    # the kernel flushes a cell's printed text in chunks whose boundaries depend on timing; unmerged, each chunk
+    # becomes its own block and the page changes from run to run
+    exporter.register_preprocessor(CoalesceStreamsPreprocessor(enabled=True), enabled=True)
+    body, _ = exporter.from_notebook_node(nb)
     out = html_dir / (executed.stem + ".html")
-    out.write_text(body)
+    out.write_text(body, encoding="utf-8")
     return out
 
 

@@ -1,0 +1,149 @@
+"""The NVFP4 MoE expert layer: E experts' gate, up and down weights in NVFP4, one forward per step.
+
+``NVFP4MoE(w_gate, w_up, w_down)`` prepares the weights once (:func:`nvfp4lib.serving.prepare_weights`: the fused
+``silu(A·Gᵀ)·(A·Uᵀ)`` over gate and up, and the down projection). ``forward(x, topk_ids, topk_weights)`` then runs
+
+1. routing (:mod:`.routing`): token copies sorted by expert, group offsets on the device;
+2. ``activations="nvfp4"`` (W4A4): x to NVFP4 (:func:`.quant.quantize_rows`, a global scale per call from the
+   device), its rows gathered in expert order; ``activations="bf16"`` (W4A16): x gathered as it is;
+3. the dual GEMM, writing the intermediate in bf16 (``INTERMEDIATE_DTYPE``), re-quantized in W4A4 mode;
+4. the down GEMM (bf16 out), then the weighted un-permute, a deterministic gather and sum in fp32.
+
+No step reads a value back to the host, so the forward can be captured in a CUDA graph, and ``torch.compile(
+fullgraph=True)`` traces it (the GEMMs are the custom op ``nvfp4lib::grouped_mm``). The layer lives on the device of
+its weights (``.to()`` does not move them: build it where it runs).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..formats import NVFP4Tensor, dequantize, quantize
+from ..serving import SERVING_BACKENDS, prepare_weights
+from .quant import quantize_rows
+from .routing import route, unpermute
+
+__all__ = ["NVFP4MoE", "ACTIVATIONS", "INTERMEDIATE_DTYPE"]
+
+ACTIVATIONS = ("nvfp4", "bf16")
+# What the dual GEMM writes and the down GEMM reads (then quantized in W4A4 mode): bf16 keeps the range of silu(g)·u,
+# which fp16 could overflow.
+INTERMEDIATE_DTYPE = torch.bfloat16
+
+
+def _expert_list(ws, what: str, shape: tuple[int, int] | None = None) -> list[NVFP4Tensor]:
+    if not isinstance(ws, (list, tuple)) or not ws or not all(isinstance(w, NVFP4Tensor) for w in ws):
+        raise TypeError(f"{what} must be a non-empty list of NVFP4Tensor, one per expert, got {type(ws).__name__}")
+    for e, w in enumerate(ws):
+        if len(w.shape) != 2 or (shape is not None and tuple(w.shape) != shape):
+            raise ValueError(f"{what}[{e}] is {tuple(w.shape)}; expected {shape or 'a 2-D [N, K] matrix'}")
+    return list(ws)
+
+
+class NVFP4MoE(torch.nn.Module):
+    """MoE experts with NVFP4 weights: gate and up ``[I, H]``, down ``[H, I]`` per expert (see the module doc).
+
+    ``activations``: "nvfp4" (W4A4: activations and the intermediate quantized to NVFP4 on the fly) or "bf16" (W4A16:
+    activations kept as they are; on "cute-hopper" not implemented yet). ``backend``: a serving backend,
+    "cute-hopper" (the Hopper kernel) or "reference" (the same semantics in torch, on any device)."""
+
+    def __init__(self, w_gate, w_up, w_down, *, activations: str = "nvfp4", backend: str = "cute-hopper"):
+        super().__init__()
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+        if backend not in SERVING_BACKENDS:
+            raise ValueError(f"unknown backend {backend!r}; known: {', '.join(SERVING_BACKENDS)}")
+        if activations == "bf16" and backend != "reference":
+            raise NotImplementedError(
+                f"activations='bf16' (W4A16: bf16 activations, weights decoded in registers) is not implemented in "
+                f"the {backend} kernel yet; use activations='nvfp4', or backend='reference' for its semantics")
+        w_gate = _expert_list(w_gate, "w_gate")
+        inter, hidden = tuple(w_gate[0].shape)
+        w_gate = _expert_list(w_gate, "w_gate", (inter, hidden))
+        w_up = _expert_list(w_up, "w_up", (inter, hidden))
+        w_down = _expert_list(w_down, "w_down", (hidden, inter))
+        if not len(w_gate) == len(w_up) == len(w_down):
+            raise ValueError(f"w_gate, w_up, w_down hold {len(w_gate)}, {len(w_up)}, {len(w_down)} experts; they must "
+                             "hold the same number")
+        self.experts, self.hidden, self.intermediate = len(w_gate), hidden, inter
+        self.activations, self.backend = activations, backend
+        self.w_gate, self.w_up, self.w_down = w_gate, w_up, w_down
+        if activations == "nvfp4":
+            self.gate_up = prepare_weights(w_gate, w_up, backend=backend, out_dtype=INTERMEDIATE_DTYPE)
+            self.down = prepare_weights(w_down, backend=backend, out_dtype=INTERMEDIATE_DTYPE)
+        else:
+            self.gate_up = _DequantizedExperts(w_gate, w_up)
+            self.down = _DequantizedExperts(w_down)
+
+    @classmethod
+    def from_float(cls, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, **kwargs) -> "NVFP4MoE":
+        """Quantize float weights (bf16 ``[E, I, H]``, ``[E, I, H]``, ``[E, H, I]``) expert by expert, each with its
+        own global scale (``formats.quantize``'s default), and build the layer on their device."""
+        for name, w in (("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+            if not isinstance(w, torch.Tensor) or w.dim() != 3 or not w.is_floating_point():
+                raise TypeError(f"{name} must be a 3-D float tensor [E, N, K], got "
+                                f"{getattr(w, 'dtype', type(w).__name__)} {tuple(getattr(w, 'shape', ()))}")
+        return cls(*([quantize(m) for m in w] for w in (w_gate, w_up, w_down)), **kwargs)
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
+                f"activations={self.activations!r}, backend={self.backend!r}")
+
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        """``x [T, H]``, ``topk_ids [T, k]`` (int, in ``[0, E)``), ``topk_weights [T, k]`` -> ``[T, H]`` in x's
+        dtype: ``Σ_j topk_weights[t, j] · down_e(silu(gate_e(x_t)) · up_e(x_t))``, ``e = topk_ids[t, j]``."""
+        self._check(x, topk_ids, topk_weights)
+        r = route(topk_ids, self.experts)
+        if self.activations == "nvfp4":
+            # Quantize the T rows, then gather the T·k copies: quantization is row-local with one global scale for
+            # the call, so this gives the bits of quantizing the gathered rows, k times cheaper.
+            codes, scales, g = quantize_rows(x)
+            h = self.gate_up(_packed(codes.index_select(0, r.token), scales.view(torch.uint8).index_select(0, r.token),
+                                     g), r.offsets, global_scale=g)
+            codes, scales, g = quantize_rows(h)
+            y = self.down(_packed(codes, scales.view(torch.uint8), g), r.offsets, global_scale=g)
+        else:
+            y = self.down(self.gate_up(x.index_select(0, r.token), r.offsets), r.offsets)
+        return unpermute(y, r, topk_weights).to(x.dtype)
+
+    def _check(self, x, topk_ids, topk_weights) -> None:
+        # shapes and dtypes only: static under torch.compile, no read-back
+        if x.dim() != 2 or x.shape[1] != self.hidden or not x.is_floating_point():
+            raise ValueError(f"x must be a float [T, H={self.hidden}] tensor, got {x.dtype} {tuple(x.shape)}")
+        if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_ids.dtype.is_floating_point:
+            raise ValueError(f"topk_ids must be an integer [T={x.shape[0]}, k] tensor, got {topk_ids.dtype} "
+                             f"{tuple(topk_ids.shape)}")
+        if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+            raise ValueError(f"topk_weights is {tuple(topk_weights.shape)} but topk_ids is {tuple(topk_ids.shape)}")
+        if not (x.device == topk_ids.device == topk_weights.device == self.w_gate[0].device):
+            raise ValueError(f"x ({x.device}), topk_ids ({topk_ids.device}), topk_weights ({topk_weights.device}) "
+                             f"must be on the weights' device {self.w_gate[0].device}")
+
+
+def _packed(codes: torch.Tensor, scale_bytes: torch.Tensor, g: torch.Tensor) -> NVFP4Tensor:
+    # The global scale stays a device tensor (it is also passed as global_scale=): no read-back.
+    return NVFP4Tensor(codes, scale_bytes.view(torch.float8_e4m3fn), g.reshape(()))
+
+
+class _DequantizedExperts:
+    """W4A16 semantics without a kernel (the reference backend): weights dequantized to fp32 once, activations used
+    as they are; ``(x_packed [R, K], offsets [E+1]) -> [R, N]`` in ``INTERMEDIATE_DTYPE``, like a prepared weight.
+
+    Each expert's rows are selected with a mask computed on the device (one masked product per expert), so nothing
+    synchronises; it is a reference, not fast."""
+
+    def __init__(self, b, b2=None):
+        self.b = torch.stack([dequantize(t, torch.float32) for t in b])
+        self.b2 = None if b2 is None else torch.stack([dequantize(t, torch.float32) for t in b2])
+
+    def __call__(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.float32)
+        rows = torch.arange(x.shape[0], device=x.device)
+        expert = torch.searchsorted(offsets[1:].to(torch.int64), rows, right=True)
+        out = x.new_zeros((x.shape[0], self.b.shape[1]))
+        for e in range(self.b.shape[0]):
+            y = x @ self.b[e].T
+            if self.b2 is not None:
+                y = F.silu(y) * (x @ self.b2[e].T)
+            out = torch.where((expert == e)[:, None], y, out)
+        return out.to(INTERMEDIATE_DTYPE)

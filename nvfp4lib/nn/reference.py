@@ -1,0 +1,53 @@
+"""The exact reference of :class:`~nvfp4lib.nn.NVFP4MoE`: what the layer computes, token copy by token copy.
+
+Weights are dequantized exactly and every product runs in fp32 (TF32 off). In W4A4 mode the activations are the ones
+the layer quantizes: x through :func:`.quant.quantize_rows` (bit-identical to the layer's), the intermediate rounded
+to ``INTERMEDIATE_DTYPE`` (what the dual GEMM writes) and quantized with one global scale over all copies. In W4A16
+mode x is used as it is. The weighted sum over the k experts of a token is fp32; the result is fp32, not rounded to
+x's dtype, so a test sees the layer's own roundings as its error.
+
+Routing here is the plain loop (each expert picks its copies with ``nonzero``), independent of :mod:`.routing`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..formats import NVFP4Tensor, dequantize
+from .moe import ACTIVATIONS, INTERMEDIATE_DTYPE
+from .quant import quantize_rows
+
+__all__ = ["reference_moe"]
+
+
+def _as_quantized(x: torch.Tensor) -> torch.Tensor:
+    codes, scales, g = quantize_rows(x)
+    return dequantize(NVFP4Tensor(codes, scales, g.reshape(())), torch.float32)
+
+
+def reference_moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, *, activations: str = "nvfp4") -> torch.Tensor:
+    """fp32 ``[T, H]``: ``Σ_j topk_weights[t, j] · down_e(silu(gate_e(x_t)) · up_e(x_t))``, ``e = topk_ids[t, j]``,
+    with weights given as lists of :class:`NVFP4Tensor` (gate, up ``[I, H]``, down ``[H, I]`` per expert)."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+    t, k = topk_ids.shape
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # a global TF32 setting would round the operands
+    try:
+        a = _as_quantized(x) if activations == "nvfp4" else x.to(torch.float32)
+        h = torch.zeros((t, k, w_gate[0].shape[0]), dtype=torch.float32, device=x.device)
+        for e in range(len(w_gate)):
+            tok, slot = (topk_ids == e).nonzero(as_tuple=True)
+            if tok.numel():
+                ae = a[tok]
+                h[tok, slot] = F.silu(ae @ dequantize(w_gate[e]).T) * (ae @ dequantize(w_up[e]).T)
+        h = h.to(INTERMEDIATE_DTYPE)
+        h = _as_quantized(h) if activations == "nvfp4" else h.to(torch.float32)
+        y = torch.zeros((t, k, w_down[0].shape[0]), dtype=torch.float32, device=x.device)
+        for e in range(len(w_down)):
+            tok, slot = (topk_ids == e).nonzero(as_tuple=True)
+            if tok.numel():
+                y[tok, slot] = h[tok, slot] @ dequantize(w_down[e]).T
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return (y * topk_weights.to(torch.float32).unsqueeze(-1)).sum(dim=1)

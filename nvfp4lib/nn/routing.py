@@ -1,0 +1,42 @@
+"""Token routing for an MoE layer, on the device: token copies sorted by expert, group offsets, and the weighted
+un-permute back to token order.
+
+Nothing here reads a value back to the host, and every shape depends only on T, k and E, so both steps run inside a
+CUDA graph and trace whole under ``torch.compile``. Expert ids must lie in ``[0, E)``; they are not checked (that
+would synchronise), and a copy routed outside gets an unspecified row.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["Routing", "route", "unpermute"]
+
+
+class Routing(NamedTuple):
+    token: torch.Tensor  # int64 [T·k]: the token whose copy is packed row r (rows grouped by expert)
+    offsets: torch.Tensor  # int32 [E+1]: expert e owns packed rows offsets[e] .. offsets[e+1]
+    row: torch.Tensor  # int64 [T·k]: the packed row of copy t·k + j, i.e. the inverse permutation
+
+
+def route(topk_ids: torch.Tensor, experts: int) -> Routing:
+    """Sort the ``T·k`` token copies of ``topk_ids [T, k]`` by expert (stable: within an expert, token order)."""
+    k = topk_ids.shape[1]
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    order = torch.argsort(ids, stable=True)
+    # Offsets by binary search in the sorted ids rather than bincount: torch.bincount sizes its output from max(ids),
+    # which reads a value back on CUDA and makes the shape data-dependent for torch.compile.
+    bounds = torch.arange(experts + 1, dtype=torch.int64, device=ids.device)
+    offsets = torch.searchsorted(ids.index_select(0, order), bounds, out_int32=True)
+    # a scatter with distinct indices: deterministic, unlike a scatter-add of the outputs
+    row = torch.empty_like(order).scatter_(0, order, torch.arange(ids.numel(), device=ids.device))
+    return Routing(torch.div(order, k, rounding_mode="floor"), offsets, row)
+
+
+def unpermute(y: torch.Tensor, routing: Routing, topk_weights: torch.Tensor) -> torch.Tensor:
+    """``out[t] = Σ_j topk_weights[t, j] · y[row of copy (t, j)]`` in fp32, ``[T, N]``: a gather then a fixed-order
+    sum over j, so the result is deterministic (no atomics)."""
+    t, k = topk_weights.shape
+    copies = y.index_select(0, routing.row).view(t, k, y.shape[-1]).to(torch.float32)
+    return (copies * topk_weights.to(torch.float32).unsqueeze(-1)).sum(dim=1)
