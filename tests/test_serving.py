@@ -1,0 +1,116 @@
+"""The serving path without a GPU: both call forms exact on the reference backend, the custom op's fake and
+opcheck, the tuning cache, bad input refused; and every config of the device-scheduled kernel compiles for sm_90a
+with the instructions it claims."""
+import os
+
+import pytest
+import torch
+
+import nvfp4lib
+from nvfp4lib import tuning
+from nvfp4lib.formats import NVFP4Tensor, quantize
+from nvfp4lib.kernels.hopper_varlen.config import CONFIGS, VarlenConfig, max_token_tiles, validate
+from nvfp4lib.serving import check_offsets, prepare_weights
+
+
+def _weights(g=3, n=64, k=128, seed=0):
+    torch.manual_seed(seed)
+    return [quantize(torch.randn(n, k)) for _ in range(g)]
+
+
+@pytest.mark.parametrize("dual", [False, True])
+def test_list_and_packed_forms_match_the_reference(dual):
+    b, b2 = _weights(), (_weights(seed=1) if dual else None)
+    a = [quantize(torch.randn(m, 128) * 3) for m in (5, 0, 7)]
+    w = prepare_weights(b, b2, backend="reference")
+    ref = nvfp4lib.reference_grouped_gemm(a, b, b2)
+    for o, r in zip(w(a), ref):
+        assert o.shape == r.shape and torch.allclose(o.float(), r.float(), rtol=1e-3, atol=1e-3)
+    ap = NVFP4Tensor(torch.cat([t.data for t in a]), torch.cat([t.scales for t in a]), 1.0)
+    gs = torch.stack([t.global_scale for t in a])
+    c = w(ap, torch.tensor([0, 5, 5, 12], dtype=torch.int32), global_scale=gs)
+    assert torch.allclose(c[:5].float(), ref[0].float(), rtol=1e-3, atol=1e-3)
+    assert torch.allclose(c[5:].float(), ref[2].float(), rtol=1e-3, atol=1e-3)
+
+
+def test_custom_op_compiles_and_passes_opcheck():
+    w = prepare_weights(_weights(), backend="reference")
+    ap = quantize(torch.randn(12, 128))
+    off = torch.tensor([0, 4, 4, 12], dtype=torch.int32)
+    gs = torch.ones(1)
+    eager = w(ap, off, global_scale=gs)
+    compiled = torch.compile(lambda x, o: w(x, o, global_scale=gs), fullgraph=True)
+    assert torch.equal(compiled(ap, off), eager)
+    torch.library.opcheck(torch.ops.nvfp4lib.grouped_mm, (ap.data, ap.scales.view(torch.uint8), gs, off, w.handle))
+
+
+def test_bad_input_is_refused_with_the_rule():
+    w = prepare_weights(_weights(), backend="reference")
+    ap = quantize(torch.randn(12, 128))
+    with pytest.raises(TypeError, match="int32"):
+        w(ap, torch.tensor([0, 4, 4, 12]))
+    with pytest.raises(ValueError, match=r"\[G\+1\]"):
+        w(ap, torch.tensor([0, 12], dtype=torch.int32))
+    with pytest.raises(ValueError, match="K=256"):
+        w(quantize(torch.randn(4, 256)), torch.tensor([0, 4, 4, 4], dtype=torch.int32))
+    with pytest.raises(ValueError, match="3 NVFP4Tensor"):
+        w([ap])
+    with pytest.raises(ValueError, match="share N"):
+        prepare_weights([quantize(torch.randn(64, 128)), quantize(torch.randn(32, 128))], backend="reference")
+    with pytest.raises(ValueError, match="decrease"):
+        check_offsets(torch.tensor([0, 5, 3, 12], dtype=torch.int32), 12)
+    with pytest.raises(ValueError, match="past"):
+        check_offsets(torch.tensor([0, 5, 5, 13], dtype=torch.int32), 12)
+
+
+def test_tuning_cache_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("NVFP4LIB_CACHE", str(tmp_path))
+    tuning.forget_memory()
+    key = tuning.problem_key("H100", "cute-hopper", False, torch.float16, 8, 4096, 7168, 128)
+    assert tuning.lookup(key) is None
+    tuning.store(key, "vl_m128_t96_k128_s3_e")
+    tuning.forget_memory()
+    assert tuning.lookup(key) == "vl_m128_t96_k128_s3_e"
+    assert os.path.exists(tmp_path / "tuning.json")
+    tuning.forget_memory()
+    assert tuning.m_bucket(1024, 8) == 128 and tuning.m_bucket(0, 8) == 1 and tuning.m_bucket(129, 1) == 256
+    single = [n for n, c in CONFIGS.items() if not c.dual]
+    assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e"
+    assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s4_e"
+
+
+def test_grid_covers_every_split():
+    """The grid is sized for the worst split: no split of T rows over G groups needs more token tiles."""
+    import itertools
+
+    for rows, groups, tn in ((7, 3, 8), (20, 4, 8), (33, 2, 16)):
+        worst = 0
+        for cuts in itertools.combinations_with_replacement(range(rows + 1), groups - 1):
+            bounds = (0, *cuts, rows)
+            worst = max(worst, sum(-(-(hi - lo) // tn) for lo, hi in zip(bounds, bounds[1:])))
+        assert worst <= max_token_tiles(rows, groups, tn)
+
+
+def test_configs_refuse_what_cannot_work():
+    with pytest.raises(ValueError, match="tile_m"):
+        validate(VarlenConfig("x", tile_m=64))
+    with pytest.raises(ValueError, match="accumulator"):
+        validate(VarlenConfig("x", tile_m=256, tile_n=256))
+    with pytest.raises(ValueError, match="ab_stages"):
+        validate(VarlenConfig("x", ab_stages=1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_config_compiles_for_sm90a(name, monkeypatch):
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from nvfp4lib.kernels.hopper_varlen.report import compile_report
+
+    r = compile_report(CONFIGS[name], groups=8, n=4096, k_pad=1024, ptxas=False)
+    cfg = CONFIGS[name]
+    variants = cfg.tile_n // cfg.step
+    assert r["gemm"]["wgmma.mma_async"] == variants * (cfg.tile_k // 16) * cfg.blocks
+    assert r["gemm"]["cp.async.bulk.tensor"] > 0 and r["gemm"]["mbarrier.try_wait"] > 0
+    assert "griddepcontrol.wait" in r["ptx"] and "griddepcontrol.launch_dependents" in r["prologue_ptx"]
+    assert "cvt.rn.f16x2.e4m3x2" in r["prologue_ptx"]
