@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ...formats import NVFP4Tensor
+from ..hopper import _require_hopper as require_hopper
 from ..packing import check_scales_finite
 from ..rs_layout import prepack_weights
 from .config import NWG, ROW_BYTES, VarlenConfig, validate
@@ -20,16 +21,6 @@ from .report import TVM_FFI, gemm_arguments, prologue_arguments
 POST_SCALE = 2.0**14  # the decoded operands are value × 2^-7 each; the product carries 2^-14
 OUT_DTYPES = {torch.float16: "Float16", torch.bfloat16: "BFloat16"}
 _compiled: dict = {}
-
-
-def require_hopper(device: torch.device) -> None:
-    if device.type != "cuda" or not torch.cuda.is_available():
-        raise RuntimeError("cute-hopper needs a CUDA GPU with sm_90 (Hopper); the weights are on "
-                           f"{device} and CUDA available={torch.cuda.is_available()}")
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) != (9, 0):
-        raise RuntimeError(f"cute-hopper runs on sm_90 (Hopper) only; found sm_{major}{minor} "
-                           f"({torch.cuda.get_device_name(device)})")
 
 
 def _compile(key, make, args):
