@@ -92,6 +92,29 @@ def cmd_calls(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    """Time every candidate config of the serving kernel on each problem and cache the fastest (GPU)."""
+    import torch
+
+    from .calls import pack_rows
+    from .problems import make_inputs
+    from .serving import prepare_weights
+    from .tuning import cache_dir
+
+    if not torch.cuda.is_available():
+        print("tune needs a CUDA GPU (sm_90)", file=sys.stderr)
+        return 2
+    for prob in _problems(args):
+        inp = make_inputs(prob, seed=args.seed, mode="gaussian", device="cuda")
+        w = prepare_weights(inp.b, inp.b2, out_dtype=getattr(torch, args.out_dtype))
+        ap, off, gs = pack_rows(inp.a)
+        times = w.impl.tune_bucket(ap.data, ap.scales.view(torch.uint8), gs, off)
+        best = min(times, key=times.get)
+        print(f"{prob.name:<10} {best:<34} " + "  ".join(f"{c}={t:.1f}us" for c, t in sorted(times.items())))
+    print(f"cached in {cache_dir() / 'tuning.json'}")
+    return 0
+
+
 def cmd_check(args) -> int:
     import torch
 
@@ -245,6 +268,12 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=30)
     _add_record_args(p, CALLS, "calls")
     p.set_defaults(fn=cmd_calls)
+
+    p = sub.add_parser("tune", help="time the serving kernel's configs per problem and cache the fastest (GPU)")
+    add_problems(p)
+    p.add_argument("--seed", type=int, default=1111)
+    p.add_argument("--out-dtype", default="float16", choices=["float16", "bfloat16"])
+    p.set_defaults(fn=cmd_tune)
 
     p = sub.add_parser("check", help="correctness against the exact reference (GPU if present)")
     add_problems(p)

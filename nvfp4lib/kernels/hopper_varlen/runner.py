@@ -32,8 +32,9 @@ def _compile(key, make, args):
 
 
 class PackedWeights:
-    """The weights in the kernel's layout for one (dual, tile_m, tile_k): one GPU pass over the caller's tensors.
-    Every config with that layout (:func:`layout_of`) runs on the same packed tensor."""
+    """The weights in the kernel's layout for one (dual, tile_m, tile_k), every group's matrices stacked once and
+    prepacked in one Triton pass (:mod:`.prepack`; the torch form where Triton is missing). Every config with that
+    layout (:func:`layout_of`) runs on the same packed tensor."""
 
     def __init__(self, b: list[NVFP4Tensor], b2: list[NVFP4Tensor] | None, tile_m: int, tile_k: int):
         device = b[0].data.device
@@ -42,16 +43,25 @@ class PackedWeights:
         self.n, self.k = int(b[0].shape[0]), int(b[0].shape[1])
         self.k_pad = -(-self.k // tile_k) * tile_k
         n_pad = -(-self.n // tile_m) * tile_m
-        mats = [stack_uniform(w, n_pad, self.k_pad) for w in ([b] if b2 is None else [b, b2])]
+        sets = [b] if b2 is None else [b, b2]
+        blocks = tile_m * (2 if self.dual else 1) // (64 * NWG)
+        try:
+            from .prepack import prepack_stacked
+        except ImportError:  # no Triton: the torch form, ~20 passes
+            prepack_stacked = None
+        mats = [stack_uniform(w, n_pad if prepack_stacked is None else self.n,
+                              self.k_pad if prepack_stacked is None else self.k) for w in sets]
         for name, m in zip(("b", "b2"), mats):  # one read-back for all groups (E4M3's NaN: S.1111.111)
             if bool(((m[1] & 0x7F) == 0x7F).any()):
                 check_scales_finite(b if name == "b" else b2, name)  # names the group
-        blocks = tile_m * (2 if self.dual else 1) // (64 * NWG)
-        self.packed = prepack_weights([m[:2] for m in mats], NWG, blocks).view(-1, ROW_BYTES)
+        if prepack_stacked is None:
+            packed = prepack_weights([m[:2] for m in mats], NWG, blocks)
+        else:
+            packed = prepack_stacked([m[:2] for m in mats], self.n, self.k, n_pad, self.k_pad, NWG, blocks)
+        self.packed = packed.view(-1, ROW_BYTES)
         self.gs_b = torch.stack([mats[0][2], mats[-1][2]], dim=1).mul_(POST_SCALE).contiguous()
-
-        self._x16, self._captured = None, False
-        self._kept: list[torch.Tensor] = []
+        self._x16 = None
+        self._old: list[torch.Tensor] = []
 
     @property
     def nbytes(self) -> int:
@@ -59,16 +69,15 @@ class PackedWeights:
 
     def scratch(self, rows: int) -> torch.Tensor:
         """The fp16 activation buffer for ``rows`` rows: one buffer reused by every call (an allocation costs as much
-        host time as a launch), grown when a call has more rows. Calls on one stream are ordered, so reuse is safe;
-        a buffer a CUDA graph captured is kept for the runner's lifetime (the graph replays its address)."""
+        host time as a launch), doubled when a call has more rows. Calls on one stream are ordered, so reuse is
+        safe; outgrown buffers are kept for the weights' lifetime (a CUDA graph may have captured one; doubling
+        bounds them to the size of the largest)."""
         x = self._x16
         if x is None or x.shape[0] < rows:
-            if x is not None and self._captured:
-                self._kept.append(x)
-            x = self._x16 = torch.empty((max(rows, 128), self.k_pad), dtype=torch.float16, device=self.device)
-            self._captured = False
-        if not self._captured and torch.cuda.is_current_stream_capturing():
-            self._captured = True
+            if x is not None:
+                self._old.append(x)
+            size = max(rows, 128 if x is None else 2 * x.shape[0])
+            x = self._x16 = torch.empty((size, self.k_pad), dtype=torch.float16, device=self.device)
         return x
 
 
