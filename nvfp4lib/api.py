@@ -84,8 +84,8 @@ def _oneshot(a, b, b2, backend, out_dtype, options):
         if len(shapes) == 1 and set(options) <= {"config"}:
             from .serving import prepare_weights
 
-            return prepare_weights(b, b2, backend=backend, out_dtype=out_dtype,
-                                   config=options.get("config", "auto"))(a)
+            return prepare_weights(b, b2, backend=backend, out_dtype=out_dtype, config=options.get("config", "auto"),
+                                   check_scales=False)(a)
         if options.get("config", "auto") == "auto":
             options = {**options, "config": "rs_dual_m128_t128_k128_s3" if b2 is not None else "rs_m128_t128_k128_s3_e"}
     return prepare(a, b, b2, backend=backend, out_dtype=out_dtype, **options)()

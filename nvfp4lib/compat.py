@@ -189,7 +189,7 @@ def custom_kernel(data, *, backend: str = "cute-hopper", config: str = "auto") -
     _check_backend(backend)
     a, b, c = group_operands(data, backend)
     if len({tuple(t.shape) for t in b}) == 1:
-        results = prepare_weights(b, backend=backend, config=config)(a)
+        results = prepare_weights(b, backend=backend, config=config, check_scales=False)(a)
     else:
         options = {"config": RAGGED_CONFIG if config == "auto" else config} if backend == "cute-hopper" else {}
         results = grouped_gemm(a, b, backend=backend, **options)
@@ -204,7 +204,7 @@ def custom_kernel_dual(data, *, backend: str = "cute-hopper", config: str = "aut
 
     _check_backend(backend)
     a, b1, b2, c = dual_operands(data, backend)
-    c.copy_(prepare_weights([b1], [b2], backend=backend, config=config)([a])[0])
+    c.copy_(prepare_weights([b1], [b2], backend=backend, config=config, check_scales=False)([a])[0])
     return data[9]
 
 

@@ -54,16 +54,20 @@ def _weights(x, what: str) -> list[NVFP4Tensor]:
 
 
 def prepare_weights(b, b2=None, *, backend: str = "cute-hopper", out_dtype=torch.float16, config="auto",
-                    tune: bool = False) -> "PreparedWeights":
+                    tune: bool = False, check_scales: bool = True) -> "PreparedWeights":
     """Validate, pack and compile once for these weights; call the result with activations (see the module doc).
 
     ``config``: "auto" (a cached choice per rows-per-group bucket, else a shape heuristic; ``tune=True`` times the
-    candidates on the first call of each bucket and caches the winner) or a config name of the backend."""
-    return PreparedWeights(b, b2, backend=backend, out_dtype=out_dtype, config=config, tune=tune)
+    candidates on the first call of each bucket and caches the winner) or a config name of the backend.
+    ``check_scales``: refuse NaN E4M3 block scales in the weights (one read-back to the host); the one-shot
+    functions skip it (a NaN scale then gives NaN outputs, never a finite wrong number)."""
+    return PreparedWeights(b, b2, backend=backend, out_dtype=out_dtype, config=config, tune=tune,
+                           check_scales=check_scales)
 
 
 class PreparedWeights:
-    def __init__(self, b, b2=None, *, backend="cute-hopper", out_dtype=torch.float16, config="auto", tune=False):
+    def __init__(self, b, b2=None, *, backend="cute-hopper", out_dtype=torch.float16, config="auto", tune=False,
+                 check_scales=True):
         b = _weights(b, "b")
         b2 = None if b2 is None else _weights(b2, "b2")
         if b2 is not None:
@@ -83,7 +87,7 @@ class PreparedWeights:
         if backend == "reference":
             self.impl = _ReferenceImpl(b, b2, out_dtype)
         else:
-            self.impl = _CuteHopperImpl(b, b2, out_dtype, config=config, tune=tune)
+            self.impl = _CuteHopperImpl(b, b2, out_dtype, config=config, tune=tune, check_scales=check_scales)
         self.impl.n, self.impl.out_dtype = self.n, out_dtype
         self.handle = _next_handle[0]
         _next_handle[0] += 1
@@ -235,7 +239,7 @@ class _CuteHopperImpl:
     """The device-scheduled swap-AB kernel (:mod:`nvfp4lib.kernels.hopper_varlen`): weights packed once for one
     layout; one compiled runner per config used, chosen per rows-per-group bucket (:mod:`nvfp4lib.tuning`)."""
 
-    def __init__(self, b, b2, out_dtype, *, config, tune):
+    def __init__(self, b, b2, out_dtype, *, config, tune, check_scales=True):
         from .kernels.hopper_varlen.config import CONFIGS, get_config
         from .kernels.hopper_varlen.runner import OUT_DTYPES, PackedWeights, layout_of, require_hopper
 
@@ -252,7 +256,7 @@ class _CuteHopperImpl:
         else:
             cfg = get_config(config, dual)
             layout, self.candidates, self.fixed = layout_of(cfg), [cfg.name], cfg.name
-        self.weights = PackedWeights(b, b2, layout[1], layout[2])
+        self.weights = PackedWeights(b, b2, layout[1], layout[2], check_scales=check_scales)
         self.tune, self.out_dtype, self.n = tune, out_dtype, n
         self.gpu = torch.cuda.get_device_name(b[0].data.device)
         self._key = lambda bucket: problem_key(self.gpu, "cute-hopper", dual, out_dtype, groups, n, k, bucket,

@@ -1,0 +1,229 @@
+"""What a call of the serving path costs, per call form: the tables and the figure of notebook 10.
+
+Reads rows of ``data/calls.jsonl`` (written by :mod:`nvfp4lib.calls`, one row per problem and call form) and, for
+reference, the host-scheduled kernel's graph rows of ``data/bench.jsonl``. Pure pandas and matplotlib: no GPU.
+Every time compared here is ``per_call_us`` (the larger of the GPU time and the host time of the call: what a caller
+issuing calls back to back gets), the column issue 18's targets are stated on; both floors come from
+:func:`nvfp4lib.roofline.add_floors` (the measured floor of the row's own run, and the H100 datasheet floor).
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from .calls import CALLS
+from .plots import caption
+from .problems import GroupedProblem
+from .roofline import add_floors
+from .store import HOPPER_KERNELS
+
+__all__ = ["CALLS", "latest_calls", "missing_calls", "runs_used", "calls_table", "host_scheduled_reference",
+           "weight_bytes", "predictions", "targets", "calls_figure"]
+
+# the kernel that scheduled its tiles on the host (prepare(a, b) built the tile table from each group's M): the
+# graph times the serving kernel must stay within 10% of
+HOST_SCHEDULED_KERNEL = HOPPER_KERNELS[2]
+HOST_SCHEDULED_LABEL = "cute-hopper[graph=True]"
+
+
+def _names(problems) -> list[str]:
+    return [p.name if isinstance(p, GroupedProblem) else str(p) for p in problems]
+
+
+def latest_calls(rows: pd.DataFrame, problems=None, backend: str = "cute-hopper") -> pd.DataFrame:
+    """The latest row with status ok of each (problem, call form) of ``backend`` (latest: the largest run_id, which
+    starts with the run's UTC time), with both floors and both ratios of ``per_call_us``: ``x_floor_measured``,
+    ``x_floor_datasheet``. Ordered by ``problems`` (all problems present, if None), then by call form."""
+    if rows is None or not len(rows):
+        return pd.DataFrame()
+    sel = rows[(rows["status"] == "ok") & (rows["backend"] == backend)]
+    if problems is not None:
+        sel = sel[sel["problem"].isin(_names(problems))]
+    if not len(sel):
+        return pd.DataFrame()
+    sel = sel.sort_values("run_id").groupby(["problem", "call"], sort=False).tail(1)
+    out = add_floors(sel)
+    # add_floors divides the GPU time; a host-bound call costs its host time: the targets are on per_call_us
+    out["x_floor_measured"] = out["per_call_us"] / out["floor_measured_us"]
+    out["x_floor_datasheet"] = out["per_call_us"] / out["floor_datasheet_us"]
+    order = _names(problems) if problems is not None else list(dict.fromkeys(rows["problem"]))
+    out["_p"] = out["problem"].map({p: i for i, p in enumerate(order)})
+    out["_c"] = out["call"].map({c: i for i, c in enumerate(CALLS)}).fillna(len(CALLS))
+    return out.sort_values(["_p", "_c"]).drop(columns=["_p", "_c"]).reset_index(drop=True)
+
+
+def missing_calls(rows: pd.DataFrame, problems, calls=CALLS, backend: str = "cute-hopper") -> pd.DataFrame:
+    """The (problem, call form) pairs without an ok row, each with the status of its latest row (why it is
+    missing), or 'never run'."""
+    have = latest_calls(rows, problems, backend)
+    done = set(zip(have["problem"], have["call"])) if len(have) else set()
+    sel = rows[rows["backend"] == backend] if rows is not None and len(rows) else pd.DataFrame()
+    out = []
+    for p in _names(problems):
+        for c in calls:
+            if (p, c) in done:
+                continue
+            r = sel[(sel["problem"] == p) & (sel["call"] == c)] if len(sel) else sel
+            last = r.sort_values("run_id").iloc[-1] if len(r) else None
+            out.append({"problem": p, "call": c, "latest run": None if last is None else last["run_id"],
+                        "status": "never run" if last is None else last["status"]})
+    return pd.DataFrame(out, columns=["problem", "call", "latest run", "status"])
+
+
+def runs_used(latest: pd.DataFrame) -> pd.DataFrame:
+    """One line per run that supplied rows of ``latest``: its commit, date, GPU, inputs, and what it supplied."""
+    if not len(latest):
+        return pd.DataFrame()
+    out = []
+    for run, g in latest.groupby("run_id"):
+        first = g.iloc[0]
+        amended = first.get("amended")
+        out.append({"run_id": run, "git_commit": str(first["git_commit"])[:7],
+                    "dirty tree": bool(first.get("git_dirty")), "date": str(first["date"])[:16],
+                    "gpu": first["gpu"], "inputs": first["input_mode"], "iters": int(first["iters"]),
+                    "forms": ", ".join(c for c in CALLS if c in set(g["call"])),
+                    "problems": ", ".join(dict.fromkeys(g["problem"])),
+                    "provenance amended": isinstance(amended, list) and len(amended) > 0})
+    return pd.DataFrame(out).set_index("run_id")
+
+
+def calls_table(latest: pd.DataFrame) -> pd.DataFrame:
+    """``latest`` as a table indexed by (problem, call): per-call, GPU and host time, both floors and both ratios,
+    and the run, commit and input mode each row came from."""
+    if not len(latest):
+        return pd.DataFrame()
+    t = latest.set_index(["problem", "call"])
+    t = t.assign(**{"host-bound": t["host_us"] > t["median_us"], "commit": t["git_commit"].str[:7]})
+    cols = {"per_call_us": "per call us", "median_us": "GPU us", "host_us": "host us", "host-bound": "host-bound",
+            "floor_measured_us": "measured floor us", "x_floor_measured": "x measured floor",
+            "floor_datasheet_us": "datasheet floor us", "x_floor_datasheet": "x datasheet floor",
+            "config": "config", "run_id": "run", "commit": "commit", "input_mode": "inputs"}
+    return t[list(cols)].rename(columns=cols)
+
+
+def host_scheduled_reference(bench_rows: pd.DataFrame, problems) -> pd.DataFrame:
+    """The host-scheduled kernel's CUDA-graph times (``data/bench.jsonl``, label ``cute-hopper[graph=True]``, kernel
+    ``swap-AB register decode``): the latest run that timed every one of ``problems``, indexed by problem, with its
+    run, commit and config. Empty if no run qualifies."""
+    if bench_rows is None or not len(bench_rows):
+        return pd.DataFrame()
+    want = _names(problems)
+    sel = bench_rows[(bench_rows["label"] == HOST_SCHEDULED_LABEL) & (bench_rows["status"] == "ok")
+                     & (bench_rows["kernel"] == HOST_SCHEDULED_KERNEL) & bench_rows["problem"].isin(want)]
+    runs = [r for r, g in sel.groupby("run_id") if set(want) <= set(g["problem"])]
+    if not runs:
+        return pd.DataFrame()
+    run = sel[sel["run_id"] == max(runs)].set_index("problem").loc[want]
+    return pd.DataFrame({"graph us": run["median_us"], "run": run["run_id"], "commit": run["git_commit"].str[:7],
+                         "config": run["info_config"]})
+
+
+def weight_bytes(problem: GroupedProblem) -> int:
+    """The NVFP4 weight bytes of ``problem`` (codes, 0.5 B per element, and E4M3 scales, 1 B per 16; both weight
+    matrices of a dual problem): what a prepack reads once and writes once."""
+    return problem.n_b * sum(n * k // 2 + n * k // 16 for n, k in zip(problem.n, problem.k))
+
+
+def _per_call(latest: pd.DataFrame, problem: str, call: str) -> float:
+    r = latest[(latest["problem"] == problem) & (latest["call"] == call)] if len(latest) else latest
+    return float(r["per_call_us"].iloc[0]) if len(r) else float("nan")
+
+
+def predictions(latest: pd.DataFrame, problems, launches: int, launch_us: float) -> pd.DataFrame:
+    """The predictions written before the measurement, made numeric from the measured times they build on:
+    the eager call's host time = ``launches`` x ``launch_us``; eager = graph + that; oneshot = eager + one pass over
+    the weights (read and write of :func:`weight_bytes` at the copy bandwidth measured in the same run as the
+    oneshot row); harness = oneshot (single GEMMs). Each (``call``: the form, or 'eager host' for the host time)
+    beside the measured time and measured / predicted."""
+    out = []
+    for p in problems:
+        graph, eager, oneshot = (_per_call(latest, p.name, c) for c in ("graph", "eager", "oneshot"))
+        r = latest[(latest["problem"] == p.name) & (latest["call"] == "eager")] if len(latest) else latest
+        eager_host = float(r["host_us"].iloc[0]) if len(r) else float("nan")
+        r = latest[(latest["problem"] == p.name) & (latest["call"] == "oneshot")] if len(latest) else latest
+        weight_pass = 2 * weight_bytes(p) / (float(r["ceil_copy_gbps"].iloc[0]) * 1e3) if len(r) else float("nan")
+        pred = {"eager host": (launches * launch_us, eager_host), "eager": (graph + launches * launch_us, eager),
+                "oneshot": (eager + weight_pass, oneshot)}
+        if not p.dual:  # the harness's dual task is one GEMM: a grouped dual problem has no harness form
+            pred["harness"] = (oneshot, _per_call(latest, p.name, "harness"))
+        for call, (want, got) in pred.items():
+            out.append({"problem": p.name, "call": call, "predicted us": want, "measured us": got,
+                        "measured / predicted": got / want})
+    return pd.DataFrame(out).set_index(["problem", "call"])
+
+
+def targets(latest: pd.DataFrame, problems, reference: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Issue 18's targets per problem, on ``per_call_us``: graph within 10% of the host-scheduled kernel's graph
+    time (where ``reference`` has it), eager <= 1.1 x graph + 10 us, oneshot <= 2 x eager + 20 us, harness below the
+    study's B200 baseline (single GEMMs that have one: S1-S4). Verdict 'holds', 'misses', or 'no data'."""
+    out = []
+
+    def add(p, target, measured, limit, strict=False):
+        if np.isnan(measured) or np.isnan(limit):
+            verdict = "no data"
+        else:
+            verdict = "holds" if (measured < limit if strict else measured <= limit) else "misses"
+        out.append({"problem": p, "target": target, "measured us": measured, "limit us": limit,
+                    "measured / limit": measured / limit, "verdict": verdict})
+
+    for p in problems:
+        graph, eager, oneshot, harness = (_per_call(latest, p.name, c) for c in CALLS)
+        if reference is not None and len(reference) and p.name in reference.index:
+            add(p.name, "graph <= 1.1 x host-scheduled graph", graph, 1.1 * float(reference.loc[p.name, "graph us"]))
+        add(p.name, "eager <= 1.1 x graph + 10 us", eager, 1.1 * graph + 10)
+        add(p.name, "oneshot <= 2 x eager + 20 us", oneshot, 2 * eager + 20)
+        if p.b200_baseline_us is not None and not p.dual:  # the baseline was measured on the single GEMMs
+            add(p.name, "harness < B200 baseline", harness, float(p.b200_baseline_us), strict=True)
+    return pd.DataFrame(out).set_index(["problem", "target"])
+
+
+COLORS = {"graph": "C0", "eager": "C1", "oneshot": "C2", "harness": "C3"}
+
+
+def calls_figure(latest: pd.DataFrame, problems, reference: pd.DataFrame | None = None,
+                 source: str = "data/calls.jsonl"):
+    """Per problem, log-scale bars of the four call forms' per-call times (a dot: the host time of the call), the
+    measured floor (solid) and the datasheet floor (dashed) across the group, and the host-scheduled kernel's graph
+    time (red tick) where ``reference`` has it. A form without an ok row is marked 'n/a'."""
+    names = _names(problems)
+    width = 0.8 / len(CALLS)
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.45 * len(names) + 2.5), 4.8))
+    x = np.arange(len(names))
+    bottom = float(latest[["per_call_us", "floor_datasheet_us"]].min().min()) / 2 if len(latest) else 1.0
+    for i, call in enumerate(CALLS):
+        xs = x + (i - (len(CALLS) - 1) / 2) * width
+        vals = [_per_call(latest, p, call) for p in names]
+        host = [float(latest[(latest["problem"] == p) & (latest["call"] == call)]["host_us"].iloc[0])
+                if not np.isnan(v) else np.nan for p, v in zip(names, vals)]
+        ax.bar(xs, vals, width, color=COLORS[call], label=f"{call} (per call)")
+        ax.plot(xs, host, "o", color="k", ms=3, label="host time of the call" if i == 0 else None)
+        for xi, v in zip(xs, vals):
+            if np.isnan(v):
+                ax.text(xi, bottom * 1.15, "n/a", ha="center", va="bottom", fontsize=6, rotation=90)
+    for j, p in enumerate(names):
+        r = latest[latest["problem"] == p] if len(latest) else latest
+        if not len(r):
+            continue
+        last = r.sort_values("run_id").iloc[-1]  # the floors of the latest run that timed this problem
+        ax.hlines(last["floor_measured_us"], j - 0.45, j + 0.45, colors="k", lw=1.5,
+                  label="measured floor (latest run)" if j == 0 else None)
+        ax.hlines(last["floor_datasheet_us"], j - 0.45, j + 0.45, colors="k", lw=1.2, linestyles="--",
+                  label="H100 datasheet floor" if j == 0 else None)
+        if reference is not None and len(reference) and p in reference.index:
+            ref = float(reference.loc[p, "graph us"])
+            ax.hlines(ref, j - 0.45, j - 0.45 + width, colors="r", lw=2.5,
+                      label="host-scheduled kernel, graph (data/bench.jsonl)" if j == 0 else None)
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=bottom)
+    ax.set_xticks(x, names)
+    ax.set_ylabel("time per call (us, median; log scale)")
+    ax.set_title("cute-hopper serving path: what a call costs, per call form")
+    ax.grid(axis="y", which="both", alpha=0.2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    text = caption(latest, source)
+    if reference is not None and len(reference):
+        text += (f"; reference: run {reference['run'].iloc[0]} at {reference['commit'].iloc[0]}, "
+                 f"data/bench.jsonl")
+    fig.text(0.01, -0.02, text, fontsize=7, ha="left", va="top")
+    return fig

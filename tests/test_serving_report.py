@@ -1,0 +1,49 @@
+"""The serving-path report (notebook 10): which rows it picks and how it judges issue 18's targets, no GPU."""
+import pandas as pd
+import pytest
+
+from nvfp4lib import BENCHMARK, DUAL
+from nvfp4lib import roofline as rl
+from nvfp4lib import serving_report as sr
+
+H100 = "NVIDIA H100 80GB HBM3"
+MEASURED = {"bf16_tflops": 769.0, "copy_gbps": 2955.0}
+
+
+def _row(problem, call, per_call_us, run="20261125T000000Z-a", status="ok", host_us=5.0):
+    return {"problem": problem.name, "call": call, "backend": "cute-hopper", "status": status, "run_id": run,
+            "git_commit": "abc1234def", "gpu": H100, "median_us": per_call_us, "host_us": host_us,
+            "per_call_us": max(per_call_us, host_us), "flops": problem.flops(), "nvfp4_bytes": problem.nvfp4_bytes(),
+            "floor_us": rl.floor_us(problem, MEASURED), "ceil_copy_gbps": MEASURED["copy_gbps"],
+            "input_mode": "uniform", "config": "c", "date": "2026-11-25T00:00:00+00:00", "iters": 30}
+
+
+def test_latest_ok_row_per_form_and_ratios_on_the_per_call_time():
+    s4 = BENCHMARK[3]
+    rows = pd.DataFrame([_row(s4, "graph", 20.0, run="20261125T000000Z-a"),
+                         _row(s4, "graph", 18.0, run="20261125T010000Z-b"),
+                         _row(s4, "graph", 1.0, run="20261125T020000Z-c", status="wrong: rel_err 1"),
+                         _row(s4, "eager", 20.0, host_us=30.0)])
+    latest = sr.latest_calls(rows, [s4])
+    assert list(latest["call"]) == ["graph", "eager"]
+    assert float(latest.iloc[0]["per_call_us"]) == 18.0  # the latest ok run, not the later wrong one
+    eager = latest.iloc[1]
+    assert eager["x_floor_measured"] == pytest.approx(30.0 / rl.floor_us(s4, MEASURED))  # host-bound: host time
+    assert eager["x_floor_datasheet"] == pytest.approx(30.0 / rl.floor_us(s4, rl.H100_SXM_DATASHEET))
+    missing = sr.missing_calls(rows, [s4])
+    assert set(missing["call"]) == {"oneshot", "harness"} and set(missing["status"]) == {"never run"}
+
+
+def test_targets_hold_and_miss_as_issue_18_states_them():
+    s4, s4d = BENCHMARK[3], DUAL[3]
+    rows = pd.DataFrame([_row(s4, "graph", 18.0), _row(s4, "eager", 29.0), _row(s4, "oneshot", 78.0),
+                         _row(s4, "harness", 200.0), _row(s4d, "graph", 26.0), _row(s4d, "eager", 40.0)])
+    ref = pd.DataFrame({"graph us": [17.0, 28.0]}, index=["S4", "S4-dual"])
+    t = sr.targets(sr.latest_calls(rows, [s4, s4d]), [s4, s4d], ref)["verdict"]
+    assert t["S4", "graph <= 1.1 x host-scheduled graph"] == "holds"  # 18 <= 18.7
+    assert t["S4", "eager <= 1.1 x graph + 10 us"] == "holds"  # 29 <= 29.8
+    assert t["S4", "oneshot <= 2 x eager + 20 us"] == "holds"  # 78 <= 2 x 29 + 20 (the limit itself holds)
+    assert t["S4", "harness < B200 baseline"] == "misses"  # 200 >= 156
+    assert t["S4-dual", "eager <= 1.1 x graph + 10 us"] == "misses"  # 40 > 38.6
+    assert t["S4-dual", "oneshot <= 2 x eager + 20 us"] == "no data"
+    assert ("S4-dual", "harness < B200 baseline") not in t.index  # the baseline is of the single GEMMs
