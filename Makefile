@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: env study test lint clean
+.PHONY: env study test lint clean gpu-test bench calls tune
 
 env: $(STAMP)
 
@@ -27,6 +27,22 @@ test: env
 
 lint: env
 	$(BIN)/ruff check nvfp4lib tests
+
+# On the GPU machine (sm_90): the GPU suite, a benchmark run of the default kernel and its peers, the serving path's
+# four call forms, and the tuning cache. Rows go to build/ unless RECORD=--record (then data/).
+RECORD ?=
+gpu-test: env
+	$(BIN)/python -m pytest -q tests/gpu
+
+bench: env
+	$(BIN)/python -m nvfp4lib bench --suite benchmark --suite dual --backend cute-hopper:graph=1 \
+	  --backend torch-grouped-mm:graph=1 --backend triton:graph=1 $(RECORD)
+
+calls: env
+	$(BIN)/python -m nvfp4lib calls --suite benchmark --suite dual --mode uniform $(RECORD)
+
+tune: env
+	$(BIN)/python -m nvfp4lib tune --suite benchmark --suite dual
 
 clean:
 	rm -rf build .pytest_cache

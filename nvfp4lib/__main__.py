@@ -163,7 +163,7 @@ def cmd_amend(args) -> int:
 
 
 def cmd_compile(args) -> int:
-    from .kernels.reports import compile_rows
+    from .compile_reports import compile_rows
 
     rows = compile_rows(args.arch, args.config, sweep=args.sweep, dual=args.dual)
     for r in rows:

@@ -67,6 +67,17 @@ def prepare(a, b, b2=None, *, backend: str = "reference", out_dtype=torch.float1
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
     factory = get_backend(backend)
+    if backend == "cute-hopper" and options.get("config", "auto") in ("auto", None):
+        if strategy == "grouped":  # the study's `auto`: time the candidates on these operands (tuning.py)
+            from .kernels.hopper import AUTO_CANDIDATES, _require_hopper
+            from .tuning import fastest_runner
+
+            _require_hopper(a[0].data.device)
+            rest = {k: v for k, v in options.items() if k != "config"}
+            runner = fastest_runner(lambda name: factory(a, b, b2, out_dtype=out_dtype, config=name, **rest),
+                                    AUTO_CANDIDATES[b2 is not None], a[0].data.device)
+            return graphed(runner) if graph else runner
+        options = {**options, "config": "rs_dual_m128_t128_k128_s3" if b2 is not None else "rs_m128_t128_k128_s3_e"}
     if strategy == "grouped":
         runner = factory(a, b, b2, out_dtype=out_dtype, **options)
     else:

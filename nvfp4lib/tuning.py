@@ -13,7 +13,7 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["cache_dir", "m_bucket", "problem_key", "lookup", "store", "heuristic", "tune"]
+__all__ = ["cache_dir", "m_bucket", "problem_key", "lookup", "store", "heuristic", "tune", "fastest_runner"]
 
 _lock = threading.Lock()
 _memory: dict[str, str] | None = None
@@ -136,3 +136,35 @@ def tune(run, candidates: list[str], *, iters: int = 20, progress: bool = True) 
             samples.append(start.elapsed_time(end) * 1e3)
         times[c] = sorted(samples)[len(samples) // 2]
     return min(times, key=times.get), times
+
+
+def fastest_runner(prepare_config, candidates, device, *, iters: int = 10, rounds: int = 2):
+    """Prepare a Runner for every candidate config (``prepare_config(name)``), time each on its operands and return
+    the fastest; the times are kept in ``runner.info["auto"]``. This is the host-scheduled kernel's ``auto`` (the
+    study's bench and notebooks use it), which times inside ``prepare``: serving calls resolve from the cache instead.
+
+    A time is the median of ``iters`` CUDA-graph replays with the L2 flushed before each (the GPU's time, not the
+    host's), the best of ``rounds`` rounds over all candidates, after the clocks are brought up: every candidate
+    is compiled first, and compiling leaves the GPU idle long enough to drop its clock (a first attempt, timing
+    each candidate right after its compile, once took 163 us for a 21 us candidate and chose the wrong one)."""
+    import time
+
+    from .bench import L2Flusher, time_runner
+    from .launch import graphed
+
+    t0 = time.perf_counter()
+    flush = L2Flusher(device)
+    runners = {name: prepare_config(name) for name in candidates}
+    graphs = {name: graphed(r) for name, r in runners.items()}
+    times: dict[str, float] = {}
+    for r in range(rounds):
+        for name, g in graphs.items():
+            t = sorted(time_runner(g, iters=iters, warmup=20 if r == 0 else 3, flush=flush))[iters // 2]
+            times[name] = round(min(t, times.get(name, float("inf"))), 2)
+    del flush, graphs
+    name = min(times, key=times.get)
+    runner = runners[name]
+    runner.info.update(config=name, auto=times)
+    runner.notes += f"; auto chose {name} of {times} (us, timed at prepare)"
+    runner.prepare_s = time.perf_counter() - t0
+    return runner

@@ -977,7 +977,8 @@ def _compile(cfg: KernelConfig, args):
 
 def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Runner:
     """Stack the weights, build the tile table, compile (cached); the runner packs A and launches once.
-    ``config="auto"`` (the default) returns the fastest of :data:`AUTO_CANDIDATES`; ``swap_ab`` configs are
+    ``config="auto"`` (the default of :func:`nvfp4lib.prepare`) is resolved there, by timing :data:`AUTO_CANDIDATES`
+    (:func:`nvfp4lib.tuning.fastest_runner`): this function needs a named config; ``swap_ab`` configs are
     prepared by :func:`.hopper_rs.prepare`.
 
     ``a``, ``b``, ``b2``: lists of NVFP4Tensor (one per group) on an sm_90 GPU."""
@@ -988,7 +989,9 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Run
     t0 = time.perf_counter()
     device = a[0].data.device
     if (config or (DEFAULT_DUAL if b2 is not None else DEFAULT_SINGLE)) == "auto":
-        return _autotuned(a, b, b2, out_dtype)
+        _require_hopper(device)
+        raise ValueError("cute-hopper: config='auto' times AUTO_CANDIDATES and is resolved above the kernels "
+                         "(nvfp4lib.prepare / nvfp4lib.tuning.fastest_runner); name a config here")
     cfg = get_config(config, dual=b2 is not None)  # refuse a bad config before touching the GPU
     if cfg.swap_ab:
         from . import hopper_rs
@@ -1041,36 +1044,6 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Run
                   keepalive=(packer, weights, tiles, c_all, alpha, work, row_group))
 
 
-def _autotuned(a, b, b2, out_dtype, iters: int = 10, rounds: int = 2) -> Runner:
-    """Prepare every AUTO_CANDIDATES config, time each on these operands and return the fastest runner; the
-    times are kept in ``runner.info["auto"]``.
-
-    A time is the median of ``iters`` CUDA-graph replays with the L2 flushed before each (the GPU's time, not the
-    host's), the best of ``rounds`` rounds over all candidates, after the clocks are brought up: every candidate
-    is compiled first, and compiling leaves the GPU idle long enough to drop its clock (a first attempt, timing
-    each candidate right after its compile, once took 163 us for a 21 us candidate and chose the wrong one)."""
-    from ..bench import L2Flusher, time_runner
-    from ..launch import graphed
-
-    t0 = time.perf_counter()
-    _require_hopper(a[0].data.device)
-    flush = L2Flusher(a[0].data.device)
-    runners = {name: prepare(a, b, b2, out_dtype=out_dtype, config=name) for name in AUTO_CANDIDATES[b2 is not None]}
-    graphs = {name: graphed(r) for name, r in runners.items()}
-    times: dict[str, float] = {}
-    for r in range(rounds):
-        for name, g in graphs.items():
-            t = sorted(time_runner(g, iters=iters, warmup=20 if r == 0 else 3, flush=flush))[iters // 2]
-            times[name] = round(min(t, times.get(name, float("inf"))), 2)
-    del flush, graphs
-    name = min(times, key=times.get)
-    runner = runners[name]
-    runner.info.update(config=name, auto=times)
-    runner.notes += f"; auto chose {name} of {times} (us, timed at prepare)"
-    runner.prepare_s = time.perf_counter() - t0
-    return runner
-
-
 def choose_split_k(cfg: KernelConfig, m, n, k, sms: int) -> int:
     """K slices per output tile: ``cfg.split_k``, or for 0 ("auto") enough slices to fill ``sms`` SMs twice
     when the output tiles alone fill at most a quarter of them (at least 2 K tiles per slice, at most 8
@@ -1111,6 +1084,8 @@ def grouped_gemm_raw(a_codes, a_scales, a_gs, b_codes, b_scales, b_gs, b2_codes=
                 for c, s, g in zip(codes, scales, gss)]
 
     b2 = None if b2_codes is None else wrap(b2_codes, b2_scales, b2_gs)
+    if config in (None, "auto"):  # a one-call entry: the heuristic default, never a benchmark inside the call
+        config = "rs_dual_m128_t128_k128_s3" if b2 is not None else "rs_m128_t128_k128_s3_e"
     return prepare(wrap(a_codes, a_scales, a_gs), wrap(b_codes, b_scales, b_gs), b2, out_dtype=out_dtype,
                    config=config)()
 

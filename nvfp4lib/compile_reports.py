@@ -1,13 +1,14 @@
 """Compile reports: compile kernel configs with fake tensors (no GPU) and tabulate the facts.
 
-Rows go to data/compile.jsonl through ``python -m nvfp4lib compile``; the round notebooks read
-them to test the study's register / shared-memory / instruction claims.
+``python -m nvfp4lib compile`` writes the rows to build/ (to data/compile.jsonl with ``--record``); the round
+notebooks read the recorded ones to test the study's register / shared-memory / instruction claims. It sits above
+``kernels/`` (it stamps rows with the store's provenance; kernels import nothing of the store or the bench).
 """
 from __future__ import annotations
 
 import importlib
 
-from ..store import new_run_id, provenance
+from .store import new_run_id, provenance
 
 KERNEL_MODULES = {"sm_90a": "nvfp4lib.kernels.hopper", "sm_100a": "nvfp4lib.kernels.blackwell"}
 

@@ -1,0 +1,71 @@
+"""The package's shape: kernels depend on nothing above them, and no two modules import each other at load time."""
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "nvfp4lib"
+ABOVE_KERNELS = {"bench", "store", "api", "tuning", "serving", "calls", "study", "compile_reports", "nn",
+                 "serving_report", "plots"}
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path: Path, top_level_only: bool):
+    """Absolute names of the nvfp4lib modules ``path`` imports (at load time only, if asked)."""
+    tree = ast.parse(path.read_text())
+    mod = _module(path)
+    package = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.startswith("nvfp4lib"):
+                yield target
+                for alias in node.names:
+                    yield f"{target}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("nvfp4lib"):
+                    yield alias.name
+
+
+def _files():
+    return sorted(PKG.rglob("*.py"))
+
+
+def test_kernels_import_nothing_above_them():
+    bad = []
+    for f in (PKG / "kernels").rglob("*.py"):
+        for target in _imports(f, top_level_only=False):
+            parts = target.split(".")
+            if len(parts) > 1 and parts[1] in ABOVE_KERNELS:
+                bad.append(f"{f.relative_to(PKG)} imports {target}")
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_no_import_cycle_at_load_time():
+    modules = {_module(f): f for f in _files()}
+    graph = {m: {t for t in _imports(f, top_level_only=True) if t in modules and t != m} for m, f in modules.items()}
+    state: dict[str, int] = {}
+
+    def visit(m, stack):
+        state[m] = 1
+        for t in graph[m]:
+            if state.get(t) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(t):] + [t]))
+            if t not in state:
+                visit(t, stack + [t])
+        state[m] = 2
+
+    for m in graph:
+        if m not in state:
+            visit(m, [m])
