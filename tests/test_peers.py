@@ -54,6 +54,18 @@ def test_torch_compile_matches_the_reference():
     assert check_runner(prepare(x.a, x.b, x.b2, backend="torch-compile"), ref) <= 1e-3
 
 
+@pytest.mark.parametrize("dual", [False, True])
+def test_bf16_predequant_peer_matches_the_reference_at_its_bf16_tolerance(dual):
+    """Both operands dequantized once at prepare; torch._grouped_mm per call (bf16 result: 4e-3)."""
+    from nvfp4lib.problems import GroupedProblem
+
+    x = make_inputs(GroupedProblem.uniform_nk("small", (3, 9), 64, 128, dual=dual), seed=2, mode="gaussian")
+    ref = reference_grouped_gemm(x.a, x.b, x.b2)
+    runner = prepare(x.a, x.b, x.b2, backend="torch-bf16-predequant")
+    assert "activations dequantized once" in runner.notes
+    assert check_runner(runner, ref) <= runner.tolerance
+
+
 def test_grouped_mm_refuses_ragged_k():
     x = make_inputs(get_problem("C1"), seed=1)
     with pytest.raises((ValueError, RuntimeError)):
