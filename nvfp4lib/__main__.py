@@ -251,7 +251,7 @@ def main(argv=None) -> int:
     p.add_argument("--backend", action="append", required=True,
                    help="backend[:key=value,...], e.g. cute-hopper:config=baseline (repeatable)")
     p.add_argument("--seed", type=int, default=1111)
-    p.add_argument("--mode", default="uniform", choices=["uniform", "gaussian"])
+    p.add_argument("--mode", default="uniform", choices=["uniform", "gaussian", "heavy"])
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--tol", type=float, default=1e-3)
     _add_record_args(p, BENCH, "bench")
@@ -264,7 +264,7 @@ def main(argv=None) -> int:
     add_problems(p)
     p.add_argument("--call", action="append", choices=["graph", "eager", "oneshot", "harness"])
     p.add_argument("--seed", type=int, default=1111)
-    p.add_argument("--mode", default="gaussian", choices=["uniform", "gaussian"])
+    p.add_argument("--mode", default="gaussian", choices=["uniform", "gaussian", "heavy"])
     p.add_argument("--iters", type=int, default=30)
     _add_record_args(p, CALLS, "calls")
     p.set_defaults(fn=cmd_calls)

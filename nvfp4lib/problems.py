@@ -17,7 +17,10 @@ __all__ = [
     "SUITES", "get_problem", "suite",
 ]
 
-INPUT_MODES = ("uniform", "gaussian")
+INPUT_MODES = ("uniform", "gaussian", "heavy")
+HEAVY_OUTLIERS = 4  # per row, in mode "heavy"
+HEAVY_SCALE = 100.0  # outlier magnitude in standard deviations: the tensor's global scale follows them, so the
+# other blocks' E4M3 scales sit far below the outliers' (a dynamic range the study's {1, 2} scales never have)
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,16 @@ def _gaussian_tensor(rows: int, k: int, gen: torch.Generator, std: float) -> NVF
     return quantize(x)
 
 
+def _heavy_tensor(rows: int, k: int, gen: torch.Generator, std: float) -> NVFP4Tensor:
+    """Gaussian values with HEAVY_OUTLIERS entries per row at ±HEAVY_SCALE standard deviations."""
+    x = torch.randn((rows, k), generator=gen) * std
+    if rows and k:
+        cols = torch.randint(0, k, (rows, HEAVY_OUTLIERS), generator=gen)
+        signs = torch.randint(0, 2, (rows, HEAVY_OUTLIERS), generator=gen).float() * 2 - 1
+        x.scatter_(1, cols, signs * HEAVY_SCALE * std)
+    return quantize(x)
+
+
 def make_inputs(problem: GroupedProblem, seed: int = 1111, mode: str = "uniform",
                 device: str | torch.device = "cpu") -> GroupedInputs:
     """Seeded NVFP4 inputs for ``problem``: generated on the CPU (reproducible), then moved."""
@@ -120,7 +133,10 @@ def make_inputs(problem: GroupedProblem, seed: int = 1111, mode: str = "uniform"
     gen = torch.Generator().manual_seed(seed)
 
     def make(rows, k, std, gs=1.0):
-        t = _uniform_tensor(rows, k, gen, gs) if mode == "uniform" else _gaussian_tensor(rows, k, gen, std)
+        if mode == "uniform":
+            t = _uniform_tensor(rows, k, gen, gs)
+        else:
+            t = (_gaussian_tensor if mode == "gaussian" else _heavy_tensor)(rows, k, gen, std)
         return t.to(device)
 
     wgs = DUAL_UNIFORM_WEIGHT_GLOBAL_SCALE if problem.dual else 1.0

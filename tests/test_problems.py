@@ -96,3 +96,16 @@ def test_uniform_dual_outputs_stay_finite_in_fp16():
     x = make_inputs(p, seed=1, mode="uniform")
     out = grouped_dual_gemm_silu(x.a, x.b, x.b2)
     assert torch.isfinite(out[0]).all()
+
+
+def test_heavy_mode_has_outliers_per_row():
+    """mode="heavy": a few entries per row far out in the tail (issue 20's third input distribution)."""
+    from nvfp4lib.formats import dequantize
+    from nvfp4lib.problems import HEAVY_OUTLIERS, GroupedProblem, make_inputs
+
+    x = make_inputs(GroupedProblem.uniform_nk("h", (8,), 64, 256), seed=4, mode="heavy")
+    a = dequantize(x.a[0]).abs()
+    big = (a > 20 * a.median(dim=1, keepdim=True).values).sum(dim=1)
+    assert bool((big >= 1).all()) and bool((big <= HEAVY_OUTLIERS).all())
+    assert make_inputs(GroupedProblem.uniform_nk("h", (8,), 64, 256), seed=4, mode="heavy").a[0].data.equal(
+        x.a[0].data)
