@@ -101,13 +101,16 @@ class PreparedWeights:
         """The config a call with ``rows`` rows runs (resolved without timing)."""
         return self.impl.config_for(rows)
 
-    def __call__(self, a, offsets=None, *, global_scale=None):
+    def __call__(self, a, offsets=None, *, global_scale=None, out=None):
+        """``out``: (packed form, eager) a [T, N] tensor of ``out_dtype`` to write instead of a new one."""
         if offsets is None:
+            if out is not None:
+                raise TypeError("out= is for the packed form w(a_packed, offsets)")
             if global_scale is not None:
                 raise TypeError("global_scale= is for the packed form w(a_packed, offsets); a list carries each "
                                 "group's own global scale")
             return self._call_list(a)
-        return self._call_packed(a, offsets, global_scale)
+        return self._call_packed(a, offsets, global_scale, out)
 
     # -- the two call forms ---------------------------------------------------------------------------------------
     def _call_list(self, a):
@@ -132,7 +135,7 @@ class PreparedWeights:
         out = self._run(codes, scales, gs, offsets)
         return [out[o: o + m] for o, m in zip(offs, rows)]
 
-    def _call_packed(self, a, offsets, global_scale):
+    def _call_packed(self, a, offsets, global_scale, out=None):
         if not isinstance(a, NVFP4Tensor) or len(a.shape) != 2:
             raise TypeError(f"w(a_packed, offsets): a_packed must be one 2-D NVFP4Tensor [T, K], got "
                             f"{type(a).__name__}")
@@ -156,14 +159,22 @@ class PreparedWeights:
                                 f"{getattr(gs, 'dtype', type(gs).__name__)} {tuple(getattr(gs, 'shape', ()))}")
             if gs.device != self.device:
                 raise ValueError(f"global_scale is on {gs.device} but the weights are on {self.device}")
-        return self._run(a.data, a.scales.view(torch.uint8), gs, offsets)
+        if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (a.data.shape[0], self.n)
+                                or out.dtype != self.out_dtype or out.device != self.device
+                                or not out.is_contiguous()):
+            raise ValueError(f"out must be a contiguous {self.out_dtype} tensor [T, N] = [{a.data.shape[0]}, {self.n}] "
+                             f"on {self.device}, got {getattr(out, 'dtype', type(out).__name__)} "
+                             f"{tuple(getattr(out, 'shape', ()))}")
+        return self._run(a.data, a.scales.view(torch.uint8), gs, offsets, out)
 
-    def _run(self, codes, scales, gs, offsets):
+    def _run(self, codes, scales, gs, offsets, out=None):
         # torch.compile traces the custom op (its fake gives shapes); eager calls skip the op's dispatch, whose
         # Python layers cost more host time than the two kernel launches
         if torch.compiler.is_compiling():
+            if out is not None:
+                raise TypeError("out= is not supported under torch.compile (the op returns a new tensor)")
             return torch.ops.nvfp4lib.grouped_mm(codes, scales, gs, offsets, self.handle)
-        return self.impl(codes, scales, gs, offsets)
+        return self.impl(codes, scales, gs, offsets, out)
 
     def _check_activation(self, t: NVFP4Tensor, what: str) -> None:
         # every check costs host time on each call: only what the kernel needs and cannot see for itself
@@ -205,7 +216,9 @@ class _ReferenceImpl:
     def config_for(self, rows: int) -> str:
         return "reference"
 
-    def __call__(self, codes, scales, gs_a, offsets):
+    def __call__(self, codes, scales, gs_a, offsets, out=None):
+        if out is not None:
+            return out.copy_(self(codes, scales, gs_a, offsets))
         rows = codes.shape[0]
         one = torch.ones((), dtype=torch.float32, device=codes.device)
         a = dequantize(NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), one), torch.float32)
@@ -296,14 +309,14 @@ class _CuteHopperImpl:
         self._last = (-1, None)
         return times
 
-    def __call__(self, codes, scales, gs_a, offsets):
+    def __call__(self, codes, scales, gs_a, offsets, out=None):
         rows = codes.shape[0]
         if rows != self._last[0]:  # a serving loop repeats its row count: resolve the runner once per change
             if self.tune and not self.fixed and m_bucket(rows, self.weights.groups) not in self._choice:
                 if not torch.cuda.is_current_stream_capturing():
                     self.tune_bucket(codes, scales, gs_a, offsets)
             self._last = (rows, self.runner(self.config_for(rows)))
-        return self._last[1](codes, scales, gs_a, offsets)
+        return self._last[1](codes, scales, gs_a, offsets, out)
 
 
 @torch.library.custom_op("nvfp4lib::grouped_mm", mutates_args=())

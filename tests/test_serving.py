@@ -114,3 +114,15 @@ def test_every_config_compiles_for_sm90a(name, monkeypatch):
     assert r["gemm"]["cp.async.bulk.tensor"] > 0 and r["gemm"]["mbarrier.try_wait"] > 0
     assert "griddepcontrol.wait" in r["ptx"] and "griddepcontrol.launch_dependents" in r["prologue_ptx"]
     assert "cvt.rn.f16x2.e4m3x2" in r["prologue_ptx"]
+
+
+def test_packed_form_writes_a_given_output():
+    w = prepare_weights(_weights(), backend="reference")
+    ap = quantize(torch.randn(12, 128))
+    off = torch.tensor([0, 4, 4, 12], dtype=torch.int32)
+    out = torch.empty(12, 64, dtype=torch.float16)
+    assert w(ap, off, out=out) is out and torch.equal(out, w(ap, off))
+    with pytest.raises(ValueError, match="out must be"):
+        w(ap, off, out=torch.empty(12, 64))
+    with pytest.raises(TypeError, match="packed form"):
+        w([ap, ap, ap], out=out)

@@ -120,13 +120,14 @@ class VarlenRunner:
                               lambda: gemm_arguments(cfg, g, n, kp, out_name))
         self._prologue = _compile(("prologue",), pro_cls, prologue_arguments)
 
-    def __call__(self, codes: torch.Tensor, scales: torch.Tensor, gs_a: torch.Tensor,
-                 offsets: torch.Tensor) -> torch.Tensor:
+    def __call__(self, codes: torch.Tensor, scales: torch.Tensor, gs_a: torch.Tensor, offsets: torch.Tensor,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
         """``codes`` uint8 [T, K/2], ``scales`` E4M3 bytes as uint8 [T, K/16] (row-major), ``gs_a`` float32 [1] or [G],
-        ``offsets`` int32 [G+1]; all on the weights' device, already checked by the caller."""
+        ``offsets`` int32 [G+1], ``out`` [T, N] or None; all on the weights' device, already checked by the caller."""
         w = self.w
         rows = codes.shape[0]
-        out = torch.empty((rows, w.n), dtype=self.out_dtype, device=w.device)
+        if out is None:  # (an allocation costs about as much host time as a launch: callers may pass their own)
+            out = torch.empty((rows, w.n), dtype=self.out_dtype, device=w.device)
         if rows == 0:
             return out
         x16 = w.scratch(rows)
