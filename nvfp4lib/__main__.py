@@ -269,6 +269,9 @@ def main(argv=None) -> int:
     _add_record_args(p, CALLS, "calls")
     p.set_defaults(fn=cmd_calls)
 
+    from .moe_bench import add_command as add_moe_bench  # moe-bench: NVFP4MoE against its bf16 peer (GPU)
+    add_moe_bench(sub, _add_record_args, _write)
+
     p = sub.add_parser("tune", help="time the serving kernel's configs per problem and cache the fastest (GPU)")
     add_problems(p)
     p.add_argument("--seed", type=int, default=1111)

@@ -1,0 +1,349 @@
+"""The MoE layer benchmark of issue 21: :class:`~nvfp4lib.nn.NVFP4MoE` against the same layer in bf16.
+
+Per layer (:data:`LAYERS`: DeepSeek-V3-, Qwen3-MoE- and Mixtral-like shapes), token count T and routing
+(:func:`make_routing`: uniform, or a seeded Zipf-like expert popularity), ``bench_moe`` times
+
+- the NVFP4 layer in each asked mode (``"nvfp4"``: W4A4, ``"bf16"``: W4A16), backend ``nvfp4-moe``;
+- its bf16 peer (:class:`~nvfp4lib.peers.bf16_moe.BF16GroupedMoE`: weights dequantized once, ``torch._grouped_mm``),
+  backend ``bf16-grouped-mm``;
+
+each captured in one CUDA graph, checked against :func:`~nvfp4lib.nn.reference_moe` (output poisoned with NaN, one
+replay) before it is timed, then replayed ``iters`` times with the L2 flushed before each (CUDA events around the
+replay). Every row carries its floor (:func:`moe_floor_us`): ``max(FLOPs / bf16 MMA rate, touched weight bytes /
+copy bandwidth)``, the ceilings measured in the same run; touched = the experts that received at least one token,
+at NVFP4 bytes for the NVFP4 layer and bf16 bytes for the peer (both floors are on every row). Weights are built
+on the GPU, one layer at a time, and freed before the next. Rows are returned, never stored here
+(``python -m nvfp4lib moe-bench --record`` appends them to ``data/moe.jsonl``).
+"""
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+from dataclasses import asdict, dataclass
+
+import torch
+
+from .roofline import measure_ceilings
+from .store import new_run_id, provenance
+
+__all__ = ["MoELayer", "LAYERS", "TOKENS", "ROUTINGS", "MODES", "LABELS", "ZIPF_S", "get_layer", "make_routing",
+           "moe_floor_us", "make_weights", "bench_moe", "add_command"]
+
+
+@dataclass(frozen=True)
+class MoELayer:
+    """An MoE expert layer's shape: ``experts`` (E) experts, ``top_k`` (k) per token, gate and up ``[I, H]`` and down
+    ``[H, I]`` per expert, with ``hidden`` H and ``intermediate`` I."""
+
+    name: str
+    experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    like: str = ""
+
+    def flops(self, tokens: int) -> int:
+        """Multiply-adds x 2 of the T·k token copies through gate, up and down."""
+        return 2 * tokens * self.top_k * 3 * self.hidden * self.intermediate
+
+    def expert_bytes(self, fmt: str = "nvfp4") -> int:
+        """One expert's three weight matrices: NVFP4 (codes 0.5 B per element, one E4M3 scale per 16, one fp32
+        global scale per matrix) or bf16 (2 B per element)."""
+        n = 3 * self.hidden * self.intermediate
+        if fmt == "nvfp4":
+            return n // 2 + n // 16 + 3 * 4
+        if fmt == "bf16":
+            return 2 * n
+        raise ValueError(f"fmt must be 'nvfp4' or 'bf16', got {fmt!r}")
+
+    def weight_bytes(self, fmt: str = "nvfp4") -> int:
+        return self.experts * self.expert_bytes(fmt)
+
+
+LAYERS = (
+    MoELayer("deepseek-v3", 256, 8, 7168, 2048, like="DeepSeek-V3-like"),
+    MoELayer("qwen3-moe", 128, 8, 2048, 768, like="Qwen3-MoE-like"),
+    MoELayer("mixtral", 8, 2, 4096, 14336, like="Mixtral-like"),
+)
+TOKENS = (1, 8, 64, 512, 4096)
+ROUTINGS = ("uniform", "zipf")
+MODES = ("nvfp4", "bf16")  # the layer's activations: W4A4, W4A16
+LABELS = {"nvfp4": "NVFP4 W4A4", "bf16": "NVFP4 W4A16", "peer": "bf16 peer"}
+ZIPF_S = 1.2
+NVFP4_BACKEND, PEER_BACKEND = "nvfp4-moe", "bf16-grouped-mm"
+# Normwise relative error allowed against reference_moe (which is fp32 on the same dequantized weights):
+# - the NVFP4 layer (W4A4, on the activations it quantized itself): its bf16 output is one rounding (<= 2^-9 relative
+#   per element, ~1e-3 normwise); the intermediate the dual GEMM writes in bf16 can differ from the reference's by one
+#   ulp where the fp32 sums round differently, and re-quantizing it then moves a few E2M1 codes by one step. Measured
+#   well under 1e-2 (tests/gpu/test_moe_gpu.py checks the layer at 1e-2 too); a wrong expert, row or scale is O(1).
+# - the bf16 peer: five bf16 roundings in a row (the dequantized weights, the gate/up product's output, silu(gate),
+#   its product with up, the down product's output), each ~1.7e-3 normwise on normal data; 4-7e-3 in all on the CPU
+#   test shapes (tests/test_moe_bench.py). 2e-2 leaves a 3x margin and still fails a wrong expert or row by far.
+TOL = {"nvfp4": 1e-2, "bf16": 1e-2, "peer": 2e-2}
+
+
+def get_layer(name: str) -> MoELayer:
+    for layer in LAYERS:
+        if name in (layer.name, layer.like):
+            return layer
+    raise ValueError(f"unknown MoE layer {name!r}; known: {', '.join(x.name for x in LAYERS)}")
+
+
+def routing_seed(seed: int, tokens: int, routing: str) -> int:
+    """The seed of one (T, routing) draw: every layer sees the same draw of its E for the same T and routing."""
+    return seed * 1_000_003 + 10 * tokens + ROUTINGS.index(routing)
+
+
+def make_routing(tokens: int, experts: int, top_k: int, routing: str = "uniform", *, seed: int = 0,
+                 s: float = ZIPF_S, device="cpu"):
+    """``(topk_ids int64 [T, k], topk_weights float32 [T, k])``: k distinct experts per token, drawn on the CPU from a
+    generator seeded with ``seed`` (so the same on every machine), then moved to ``device``.
+
+    ``"uniform"``: every expert equally likely. ``"zipf"``: a seeded permutation ranks the experts, expert of rank r
+    (1-based) drawn with probability proportional to ``1 / r^s``; k distinct per token (drawn without replacement,
+    so a popular expert gets at most one copy of a token). Weights: a softmax of seeded normal logits per token."""
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
+    if not 1 <= top_k <= experts:
+        raise ValueError(f"top_k = {top_k} must lie in [1, experts = {experts}]")
+    if tokens < 1:
+        raise ValueError(f"tokens = {tokens} must be >= 1")
+    g = torch.Generator().manual_seed(seed)
+    if routing == "uniform":
+        p = torch.ones(experts, dtype=torch.float64)
+    else:
+        rank = torch.empty(experts, dtype=torch.float64)
+        rank[torch.randperm(experts, generator=g)] = torch.arange(1, experts + 1, dtype=torch.float64)
+        p = rank.pow(-s)
+    ids = torch.multinomial(p.expand(tokens, experts), top_k, replacement=False, generator=g)
+    weights = torch.softmax(torch.randn(tokens, top_k, generator=g, dtype=torch.float32), dim=-1)
+    return ids.to(device), weights.to(device)
+
+
+def touched_experts(topk_ids: torch.Tensor) -> int:
+    """How many distinct experts received at least one token copy."""
+    return int(torch.unique(topk_ids).numel())
+
+
+def moe_floor_us(layer: MoELayer, tokens: int, touched: int, ceilings: dict, fmt: str = "nvfp4") -> float:
+    """``max(FLOPs / bf16 MMA rate, touched x expert bytes / copy bandwidth)`` in us, ``ceilings`` as
+    :func:`nvfp4lib.roofline.measure_ceilings` gives them (or the H100 datasheet's). Only weight bytes count: the
+    activations of a decode step are a rounding error beside them, and a prefill step is bound by its FLOPs."""
+    t_mma = layer.flops(tokens) / (ceilings["bf16_tflops"] * 1e12)
+    t_mem = touched * layer.expert_bytes(fmt) / (ceilings["copy_gbps"] * 1e9)
+    return max(t_mma, t_mem) * 1e6
+
+
+def floor_bound(layer: MoELayer, tokens: int, touched: int, ceilings: dict, fmt: str = "nvfp4") -> str:
+    t_mma = layer.flops(tokens) / (ceilings["bf16_tflops"] * 1e12)
+    t_mem = touched * layer.expert_bytes(fmt) / (ceilings["copy_gbps"] * 1e9)
+    return "compute" if t_mma >= t_mem else "memory"
+
+
+def make_weights(layer: MoELayer, *, seed: int = 0, device="cuda"):
+    """E experts' (gate, up, down) as lists of NVFP4Tensor, generated and quantized expert by expert on ``device``
+    (never the whole layer in float at once): normal entries scaled by 1/sqrt(fan-in), so every product is O(1)."""
+    from .formats import quantize
+
+    g = torch.Generator(device=device).manual_seed(seed)
+    h, i = layer.hidden, layer.intermediate
+
+    def one(n, k):
+        w = torch.randn(n, k, generator=g, device=device, dtype=torch.float32).mul_(1 / math.sqrt(k))
+        return quantize(w.to(torch.bfloat16))
+
+    gate, up, down = [], [], []
+    for _ in range(layer.experts):
+        gate.append(one(i, h))
+        up.append(one(i, h))
+        down.append(one(h, i))
+    return gate, up, down
+
+
+def _nvfp4_bytes(*lists) -> int:
+    return sum(t.data.numel() * t.data.element_size() + t.scales.numel() * t.scales.element_size()
+               + t.global_scale.numel() * t.global_scale.element_size() for ws in lists for t in ws)
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    if not bool(torch.isfinite(out).all()):
+        return float("inf")
+    den = float(ref.norm())
+    num = float((out - ref).norm())
+    return (0.0 if num == 0 else float("inf")) if den == 0 else num / den
+
+
+def _graph_of(fn, x, ids, w):
+    """``fn(x, ids, w)`` run once (compiles, warms the allocator), then captured; returns (graph, its output)."""
+    fn(x, ids, w)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(x, ids, w)
+    return graph, out
+
+
+def _time_graph(graph, iters: int, flush) -> dict:
+    from .bench import time_runner
+
+    ts = time_runner(graph.replay, iters=iters, warmup=3, flush=flush)
+    s = sorted(ts)
+    return {"iters": iters, "median_us": statistics.median(ts), "min_us": s[0],
+            "p10_us": s[int(0.1 * (iters - 1))], "p90_us": s[int(0.9 * (iters - 1))]}
+
+
+def _measure(fn, x, ids, w, ref, tol: float, iters: int, flush) -> dict:
+    """Capture, poison, replay once and check, time, check again."""
+    graph, out = _graph_of(fn, x, ids, w)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    err = _rel_err(out, ref)
+    if not err <= tol:
+        return {"status": f"wrong: rel_err {err:.3g} > {tol}", "rel_err": err, "tol": tol}
+    timing = _time_graph(graph, iters, flush)
+    err2 = _rel_err(out, ref)
+    if not err2 <= tol:
+        return {"status": f"wrong after timing: rel_err {err2:.3g}", "rel_err": err2, "tol": tol}
+    del graph
+    return {**timing, "rel_err": err, "tol": tol, "status": "ok"}
+
+
+def _free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
+              seed: int = 2121, backend: str = "cute-hopper", peer: bool = True, ceilings: dict | None = None,
+              progress=print) -> list[dict]:
+    """Rows (one per layer, T, routing and mode, plus the peer's) with provenance; nothing is stored here.
+
+    ``layers``: :class:`MoELayer` or their names; ``modes``: the layer's activations, ``"nvfp4"`` (W4A4) and/or
+    ``"bf16"`` (W4A16); ``backend``: the layer's serving backend. A mode the backend cannot build is recorded as a
+    row with that status and no time."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench_moe needs a CUDA GPU (none here): it times graph-captured MoE layers on the device. "
+                           "Run `python -m nvfp4lib moe-bench --record` on the H100; recorded rows are in "
+                           "data/moe.jsonl")
+    from .bench import L2Flusher
+    from .nn import NVFP4MoE, reference_moe
+    from .peers.bf16_moe import BF16GroupedMoE
+
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"mode {m!r} is not one of {MODES}")
+    layers = [get_layer(x) if isinstance(x, str) else x for x in layers]
+    for r in routings:
+        if r not in ROUTINGS:
+            raise ValueError(f"routing {r!r} is not one of {ROUTINGS}")
+    run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
+    rows = []
+    for li, layer in enumerate(layers):
+        w_seed = seed + li
+        gate, up, down = make_weights(layer, seed=w_seed, device="cuda")
+        built: dict = {}
+        for kind in [*modes, *(["peer"] if peer else [])]:
+            _free()
+            before = torch.cuda.memory_allocated()
+            try:
+                if kind == "peer":
+                    built[kind] = BF16GroupedMoE(gate, up, down)
+                else:
+                    built[kind] = NVFP4MoE(gate, up, down, activations=kind, backend=backend)
+                torch.cuda.synchronize()
+                # what building allocated, plus, for the NVFP4 layer, the weight lists it was given and keeps
+                built[kind + ":held"] = torch.cuda.memory_allocated() - before + (
+                    0 if kind == "peer" else _nvfp4_bytes(gate, up, down))
+            except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
+                built[kind] = f"error: {type(e).__name__}: {str(e)[:400]}"
+        for t in tokens:
+            for routing in routings:
+                r_seed = routing_seed(seed, t, routing)
+                ids_cpu, w_cpu = make_routing(t, layer.experts, layer.top_k, routing, seed=r_seed)
+                touched = touched_experts(ids_cpu)
+                ids, w = ids_cpu.cuda(), w_cpu.cuda()
+                x = torch.randn(t, layer.hidden, generator=torch.Generator().manual_seed(r_seed + 1)).to(
+                    device="cuda", dtype=torch.bfloat16)
+                base = {"run_id": run_id, **{f"ceil_{k}": v for k, v in ceil.items()}, **asdict(layer),
+                        "layer": layer.name, "tokens": t, "routing": routing, "zipf_s": ZIPF_S if routing == "zipf"
+                        else None, "seed": seed, "weight_seed": w_seed, "routing_seed": r_seed,
+                        "touched_experts": touched, "flops": layer.flops(t),
+                        "floor_nvfp4_us": moe_floor_us(layer, t, touched, ceil, "nvfp4"),
+                        "floor_bf16_us": moe_floor_us(layer, t, touched, ceil, "bf16"), "graph": True}
+                del base["name"]
+                refs: dict = {}
+                for kind in [*modes, *(["peer"] if peer else [])]:
+                    fmt = "bf16" if kind == "peer" else "nvfp4"
+                    row = {**base, "mode": "bf16-weights" if kind == "peer" else kind, "label": LABELS[kind],
+                           "backend": PEER_BACKEND if kind == "peer" else NVFP4_BACKEND,
+                           "layer_backend": "torch._grouped_mm" if kind == "peer" else backend,
+                           "weight_bytes": layer.weight_bytes(fmt), "touched_weight_bytes":
+                               touched * layer.expert_bytes(fmt),
+                           "floor_us": base[f"floor_{fmt}_us"],
+                           "floor_bound": floor_bound(layer, t, touched, ceil, fmt)}
+                    mod = built[kind]
+                    if isinstance(mod, str):
+                        row["status"] = mod
+                    else:
+                        row["held_bytes"] = built[kind + ":held"]
+                        # the peer has W4A16 semantics; W4A4 is checked on the activations the layer quantized
+                        act = "bf16" if kind in ("peer", "bf16") else "nvfp4"
+                        try:
+                            if act not in refs:
+                                refs[act] = reference_moe(x, ids, w, gate, up, down, activations=act)
+                            row.update(_measure(mod, x, ids, w, refs[act], TOL[kind], iters, flush))
+                        except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
+                            row["status"] = f"error: {type(e).__name__}: {str(e)[:400]}"
+                        _free()
+                    if "median_us" in row:
+                        row["ratio"] = row["median_us"] / row["floor_us"]
+                        row["ratio_nvfp4_floor"] = row["median_us"] / row["floor_nvfp4_us"]
+                    rows.append(row)
+                    if progress:
+                        progress(row)
+                del refs
+        del gate, up, down, built
+        _free()
+    prov = provenance()
+    return [{**prov, **r} for r in rows]
+
+
+def _print_row(r: dict) -> None:
+    t = f"{r['median_us']:10.1f}" if "median_us" in r else f"{'-':>10}"
+    ratio = f"{r['ratio']:7.2f}" if "ratio" in r else f"{'-':>7}"
+    print(f"  {r['layer']:<12} T={r['tokens']:<5} {r['routing']:<8} {r['label']:<12} {t} us  floor "
+          f"{r['floor_us']:9.1f} us  x{ratio}  {r['status'][:60]}", flush=True)
+
+
+def add_command(sub, add_record_args, write) -> None:
+    """``python -m nvfp4lib moe-bench``: the parser and the command, registered on ``sub`` (argparse subparsers)."""
+    from .store import MOE
+
+    p = sub.add_parser("moe-bench", help="time NVFP4MoE and its bf16 peer per layer, T and routing (GPU); rows to "
+                                         "build/ (data/ with --record)")
+    p.add_argument("--layer", nargs="+", choices=[x.name for x in LAYERS], help="default: all three")
+    p.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
+    p.add_argument("--routing", nargs="+", choices=list(ROUTINGS), default=list(ROUTINGS))
+    p.add_argument("--mode", nargs="+", choices=list(MODES), default=list(MODES),
+                   help="the layer's activations: nvfp4 (W4A4), bf16 (W4A16); a mode the backend lacks is recorded "
+                        "as such")
+    p.add_argument("--backend", default="cute-hopper")
+    p.add_argument("--no-peer", action="store_true", help="skip the bf16 peer")
+    p.add_argument("--seed", type=int, default=2121)
+    p.add_argument("--iters", type=int, default=30)
+    add_record_args(p, MOE, "moe")
+
+    def run(args) -> int:
+        if not torch.cuda.is_available():
+            print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
+            return 2
+        rows = bench_moe(args.layer or LAYERS, args.tokens, args.routing, modes=tuple(args.mode), iters=args.iters,
+                         seed=args.seed, backend=args.backend, peer=not args.no_peer, progress=_print_row)
+        write(args, rows, MOE.name)
+        return 0 if all(r["status"] == "ok" or "NotImplementedError" in r["status"] for r in rows) else 1
+
+    p.set_defaults(fn=run)

@@ -1,0 +1,248 @@
+"""The MoE layer benchmark without a GPU: routing draws, floor arithmetic, the bf16 peer's forward against the
+reference layer, the refusal to time on the CPU, and the report of notebook 11 on clearly synthetic rows (never
+written to data/)."""
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from nvfp4lib import moe_bench as mb
+from nvfp4lib import moe_report as mr
+from nvfp4lib.nn import NVFP4MoE, reference_moe
+from nvfp4lib.peers.bf16_moe import BF16GroupedMoE
+
+CEIL = {"bf16_tflops": 750.0, "copy_gbps": 3000.0}
+
+
+# --- routing -------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("routing", mb.ROUTINGS)
+@pytest.mark.parametrize("t,e,k", [(1, 8, 2), (64, 128, 8), (512, 256, 8), (33, 8, 8)])
+def test_routing_shapes_distinct_experts_and_weights(routing, t, e, k):
+    ids, w = mb.make_routing(t, e, k, routing, seed=5)
+    assert ids.shape == (t, k) and w.shape == (t, k)
+    assert ids.dtype == torch.int64 and w.dtype == torch.float32
+    assert int(ids.min()) >= 0 and int(ids.max()) < e
+    assert all(len(set(r.tolist())) == k for r in ids)  # k distinct experts per token
+    assert torch.allclose(w.sum(-1), torch.ones(t)) and bool((w > 0).all())
+
+
+@pytest.mark.parametrize("routing", mb.ROUTINGS)
+def test_routing_is_deterministic_given_the_seed(routing):
+    a = mb.make_routing(100, 64, 4, routing, seed=11)
+    b = mb.make_routing(100, 64, 4, routing, seed=11)
+    c = mb.make_routing(100, 64, 4, routing, seed=12)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[0], c[0])
+
+
+def test_zipf_routing_is_skewed_and_uniform_is_not():
+    t, e, k = 4096, 128, 8
+    mean = t * k / e
+    uni = torch.bincount(mb.make_routing(t, e, k, "uniform", seed=3)[0].flatten(), minlength=e).float()
+    zipf = torch.bincount(mb.make_routing(t, e, k, "zipf", seed=3)[0].flatten(), minlength=e).float()
+    assert float(uni.max()) < 1.3 * mean and float(uni.min()) > 0.7 * mean
+    assert float(zipf.max()) > 3 * mean  # the most popular expert
+    top8 = zipf.sort(descending=True).values[:8].sum() / zipf.sum()
+    assert float(top8) > 0.35  # 8 of 128 experts take over a third of the copies (uniform: 1/16)
+    # the popular experts are a seeded permutation, not always expert 0
+    other = torch.bincount(mb.make_routing(t, e, k, "zipf", seed=4)[0].flatten(), minlength=e)
+    assert int(zipf.argmax()) != int(other.argmax()) or int(zipf.argsort()[-2]) != int(other.argsort()[-2])
+
+
+def test_routing_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="routing"):
+        mb.make_routing(4, 8, 2, "gaussian")
+    with pytest.raises(ValueError, match="top_k"):
+        mb.make_routing(4, 8, 9, "uniform")
+
+
+# --- floors --------------------------------------------------------------------------------------------------------
+
+def test_layer_shapes_and_bytes():
+    ds = mb.get_layer("deepseek-v3")
+    assert (ds.experts, ds.top_k, ds.hidden, ds.intermediate) == (256, 8, 7168, 2048)
+    assert mb.get_layer("Mixtral-like") == mb.LAYERS[2]
+    assert ds.weight_bytes("bf16") == 256 * 3 * 2048 * 7168 * 2  # 22.5 GB, the issue's figure
+    n = 3 * 2048 * 7168
+    assert ds.expert_bytes("nvfp4") == n // 2 + n // 16 + 12
+    assert ds.weight_bytes("bf16") / ds.weight_bytes("nvfp4") == pytest.approx(3.56, abs=0.01)
+    assert ds.flops(4) == 2 * 4 * 8 * 3 * 7168 * 2048
+    with pytest.raises(ValueError, match="unknown MoE layer"):
+        mb.get_layer("llama")
+
+
+def test_floor_is_touched_bytes_for_decode_and_flops_for_prefill():
+    mx = mb.get_layer("mixtral")
+    # T=1, k=2: two experts touched, memory-bound
+    f = mb.moe_floor_us(mx, 1, 2, CEIL, "nvfp4")
+    assert f == pytest.approx(2 * mx.expert_bytes("nvfp4") / 3000e9 * 1e6)
+    assert mb.floor_bound(mx, 1, 2, CEIL) == "memory"
+    assert mb.moe_floor_us(mx, 1, 2, CEIL, "bf16") == pytest.approx(2 * mx.expert_bytes("bf16") / 3000e9 * 1e6)
+    # T=4096: all 8 experts, compute-bound; both formats share the FLOPs floor
+    f = mb.moe_floor_us(mx, 4096, 8, CEIL, "nvfp4")
+    assert f == pytest.approx(mx.flops(4096) / 750e12 * 1e6)
+    assert mb.moe_floor_us(mx, 4096, 8, CEIL, "bf16") == pytest.approx(f)
+    assert mb.floor_bound(mx, 4096, 8, CEIL) == "compute"
+    ids, _ = mb.make_routing(1, 256, 8, "uniform", seed=0)
+    assert mb.touched_experts(ids) == 8
+
+
+# --- the bf16 peer on the CPU --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("e,k,h,i", [(8, 2, 64, 32), (16, 4, 128, 64), (4, 1, 256, 128)])
+@pytest.mark.parametrize("routing", mb.ROUTINGS)
+def test_bf16_peer_matches_the_reference_layer(e, k, h, i, routing):
+    layer = mb.MoELayer("tiny", e, k, h, i)
+    gate, up, down = mb.make_weights(layer, seed=1, device="cpu")
+    peer = BF16GroupedMoE(gate, up, down)
+    assert peer.weight_bytes == layer.weight_bytes("bf16")
+    for t in (1, 5, 37):
+        ids, w = mb.make_routing(t, e, k, routing, seed=t)
+        x = torch.randn(t, h, generator=torch.Generator().manual_seed(t)).to(torch.bfloat16)
+        ref = reference_moe(x, ids, w, gate, up, down, activations="bf16")
+        out = peer(x, ids, w)
+        assert out.dtype == torch.bfloat16 and out.shape == (t, h)
+        err = mb._rel_err(out.float(), ref)
+        assert err <= mb.TOL["peer"] / 2, err  # the bench's tolerance with a 2x margin
+        # a wrong routing is far outside it
+        assert mb._rel_err(peer(x, (ids + 1) % e, w).float(), ref) > 10 * mb.TOL["peer"]
+
+
+def test_bf16_peer_with_experts_that_get_no_tokens():
+    layer = mb.MoELayer("tiny", 8, 2, 64, 32)
+    gate, up, down = mb.make_weights(layer, seed=2, device="cpu")
+    ids = torch.tensor([[3, 5], [5, 3], [3, 5]])
+    w = torch.full((3, 2), 0.5)
+    x = torch.randn(3, 64).to(torch.bfloat16)
+    out = BF16GroupedMoE(gate, up, down)(x, ids, w)
+    ref = reference_moe(x, ids, w, gate, up, down, activations="bf16")
+    assert mb._rel_err(out.float(), ref) <= mb.TOL["peer"]
+
+
+def test_nvfp4_layer_reference_backend_within_the_bench_tolerance():
+    # the semantics the GPU layer is checked against, run through the layer's reference backend on the CPU
+    layer = mb.MoELayer("tiny", 8, 2, 64, 32)
+    gate, up, down = mb.make_weights(layer, seed=3, device="cpu")
+    ids, w = mb.make_routing(9, 8, 2, "zipf", seed=9)
+    x = torch.randn(9, 64).to(torch.bfloat16)
+    for mode in mb.MODES:
+        out = NVFP4MoE(gate, up, down, activations=mode, backend="reference")(x, ids, w)
+        ref = reference_moe(x, ids, w, gate, up, down, activations=mode)
+        assert mb._rel_err(out.float(), ref) <= mb.TOL[mode]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_bench_moe_refuses_without_a_gpu():
+    with pytest.raises(RuntimeError, match="bench_moe needs a CUDA GPU"):
+        mb.bench_moe(["qwen3-moe"], [1], ["uniform"])
+
+
+# --- the report, on synthetic rows ---------------------------------------------------------------------------------
+
+SYNTH = "SYNTHETIC-test-row"  # marks every row below: made up here, never measured, never written to data/
+
+
+def _row(layer, t, routing, kind, us, run="20261201T000000Z-synth", status="ok", touched=None):
+    lay = mb.get_layer(layer)
+    touched = touched or min(lay.experts, t * lay.top_k)
+    fmt = "bf16" if kind == "peer" else "nvfp4"
+    fl = {f: mb.moe_floor_us(lay, t, touched, CEIL, f) for f in ("nvfp4", "bf16")}
+    r = {"run_id": run, "host": SYNTH, "git_commit": "0000000synthetic", "git_dirty": False,
+         "date": "2026-12-01T00:00:00+00:00", "gpu": "NVIDIA H100 80GB HBM3", "iters": 30,
+         "ceil_bf16_tflops": CEIL["bf16_tflops"], "ceil_copy_gbps": CEIL["copy_gbps"], "layer": lay.name,
+         "like": lay.like, "experts": lay.experts, "top_k": lay.top_k, "hidden": lay.hidden,
+         "intermediate": lay.intermediate, "tokens": t, "routing": routing, "touched_experts": touched,
+         "mode": "bf16-weights" if kind == "peer" else kind, "label": mb.LABELS[kind],
+         "backend": mb.PEER_BACKEND if kind == "peer" else mb.NVFP4_BACKEND, "weight_bytes": lay.weight_bytes(fmt),
+         "held_bytes": lay.weight_bytes(fmt) * (2 if kind != "peer" else 1), "floor_nvfp4_us": fl["nvfp4"],
+         "floor_bf16_us": fl["bf16"], "floor_us": fl[fmt], "status": status}
+    if status == "ok":
+        r.update({"median_us": us, "ratio": us / fl[fmt]})
+    return r
+
+
+def _synthetic_rows():
+    rows = []
+    for t, peer, w4a4 in [(1, 342.0, 40.0), (8, 1902.0, 800.0), (64, 7120.0, 2000.0), (512, 9000.0, 11000.0),
+                          (4096, 40000.0, 60000.0)]:
+        rows += [_row("deepseek-v3", t, "uniform", "peer", peer), _row("deepseek-v3", t, "uniform", "nvfp4", w4a4),
+                 _row("deepseek-v3", t, "uniform", "bf16", 0.0, status="error: NotImplementedError: not yet")]
+    rows.append(_row("mixtral", 8, "zipf", "peer", 1040.0, touched=8))
+    rows.append(_row("mixtral", 8, "zipf", "nvfp4", 300.0, touched=8))
+    rows.append(_row("mixtral", 8, "zipf", "bf16", 350.0, touched=8))
+    # an older run of one case, and a later failed one: the latest ok row must win
+    rows.append(_row("mixtral", 8, "zipf", "nvfp4", 999.0, run="20261130T000000Z-synth", touched=8))
+    rows.append(_row("mixtral", 8, "zipf", "nvfp4", 1.0, run="20261202T000000Z-synth", status="wrong: rel_err 1",
+                     touched=8))
+    return pd.DataFrame(rows)
+
+
+def test_report_with_no_rows_says_so():
+    empty = pd.DataFrame()
+    assert not len(mr.latest_moe(empty)) and not len(mr.targets(mr.latest_moe(empty)))
+    assert "No H100 run" in mr.NO_DATA and mr.RECORD_COMMAND in mr.NO_DATA
+
+
+def test_report_picks_latest_ok_rows_and_tabulates():
+    rows = _synthetic_rows()
+    assert set(rows["host"]) == {SYNTH}
+    latest = mr.latest_moe(rows)
+    assert list(dict.fromkeys(latest["layer"])) == ["deepseek-v3", "mixtral"]
+    mx = latest[(latest["layer"] == "mixtral") & (latest["label"] == mr.W4A4)]
+    assert list(mx["median_us"]) == [300.0]  # the latest ok row, not the older one nor the later wrong one
+    tt = mr.time_table(latest)
+    assert tt.loc[("deepseek-v3", 1, "uniform"), f"{mr.W4A4} speed-up vs peer"] == pytest.approx(342 / 40)
+    assert math.isnan(tt.loc[("deepseek-v3", 1, "uniform"), f"{mr.W4A16} us"])
+    mem = mr.memory_table(latest)
+    ds = mb.get_layer("deepseek-v3")
+    assert mem.loc[("deepseek-v3", mr.PEER), "weight GB"] == pytest.approx(ds.weight_bytes("bf16") / 1e9)
+    assert mem.loc[("deepseek-v3", mr.W4A4), "held / NVFP4 weight bytes"] == pytest.approx(2.0)
+    bad = mr.not_ok(rows)
+    # W4A16 never ran; the later wrong W4A4 row of mixtral is reported though an earlier ok row is tabulated
+    assert list(zip(bad["layer"], bad["label"], bad["cases"])) == [("deepseek-v3", mr.W4A16, 5),
+                                                                    ("mixtral", mr.W4A4, 1)]
+    assert len(mr.runs_used(latest)) == 1
+
+
+def test_targets_hold_and_miss_as_issue_21_states_them():
+    tg = mr.targets(mr.latest_moe(_synthetic_rows()))
+    v = tg.set_index(["layer", "T", "routing", "mode", "target"])["verdict"]
+    dec, flo = "decode: >= 2.5x faster than the bf16 peer", "decode: <= 1.5x the NVFP4 floor"
+    pre4, pre16 = "prefill: within 1.3x the bf16 peer", "prefill: no slower than the bf16 peer"
+    assert v["deepseek-v3", 1, "uniform", mr.W4A4, dec] == "holds"  # 40 <= 342 / 2.5
+    assert ("deepseek-v3", 1, "uniform", mr.W4A4, flo) not in v.index  # the floor target starts at T = 8
+    assert v["deepseek-v3", 8, "uniform", mr.W4A4, dec] == "misses"  # 800 > 1902 / 2.5 = 760.8
+    assert v["deepseek-v3", 64, "uniform", mr.W4A4, dec] == "holds"  # 2000 <= 2848
+    ds = mb.get_layer("deepseek-v3")
+    floor64 = mb.moe_floor_us(ds, 64, 256, CEIL)
+    assert v["deepseek-v3", 64, "uniform", mr.W4A4, flo] == ("holds" if 2000 <= 1.5 * floor64 else "misses")
+    assert v["deepseek-v3", 8, "uniform", mr.W4A16, dec] == "no data"  # W4A16 has no ok row
+    assert v["deepseek-v3", 512, "uniform", mr.W4A4, pre4] == "holds"  # 11000 <= 1.3 x 9000
+    assert v["deepseek-v3", 4096, "uniform", mr.W4A4, pre4] == "misses"  # 60000 > 52000
+    assert v["deepseek-v3", 512, "uniform", mr.W4A16, pre16] == "no data"
+    assert v["mixtral", 8, "zipf", mr.W4A4, dec] == "holds"  # 300 <= 1040 / 2.5
+    assert v["mixtral", 8, "zipf", mr.W4A16, dec] == "holds"  # 350 <= 416
+    s = mr.target_summary(tg)
+    assert s.loc[(dec, mr.W4A4), "holds"] + s.loc[(dec, mr.W4A4), "misses"] == 4
+
+
+def test_time_figure_draws_every_layer(tmp_path):
+    import matplotlib.pyplot as plt
+
+    fig = mr.time_figure(mr.latest_moe(_synthetic_rows()), source="synthetic rows (test)")
+    assert len(fig.axes) == 2
+    fig.savefig(tmp_path / "f.png")
+    plt.close(fig)
+
+
+def test_predicted_floors_before_any_measurement():
+    p = mr.predicted_floors()
+    assert mr.expected_touched(8, 2, 1) == pytest.approx(2.0)
+    assert mr.expected_touched(256, 8, 4096) == pytest.approx(256.0)
+    ds1 = p.loc[("deepseek-v3", 1)]
+    ds = mb.get_layer("deepseek-v3")
+    assert ds1["bf16 floor / NVFP4 floor"] == pytest.approx(ds.expert_bytes("bf16") / ds.expert_bytes("nvfp4"))
+    assert ds1["NVFP4 floor bound"] == "memory" and p.loc[("mixtral", 4096), "NVFP4 floor bound"] == "compute"
+    assert p.loc[("deepseek-v3", 4096), "bf16 floor bound"] == "memory"  # 22.5 GB at 3.35 TB/s: 6.7 ms
