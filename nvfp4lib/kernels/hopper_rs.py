@@ -40,231 +40,46 @@ work before compiling. Configs are named ``rs_*`` in :data:`nvfp4lib.kernels.hop
 """
 from __future__ import annotations
 
-import time
-
-import torch
-
-from ..backends import Runner
 from .config import KernelConfig
-from .hopper import (
-    _DECODE_REGS,
-    CONVERT16_PTX,
-    POST_SCALE,
-    SMEM_LIMIT,
-    _convert_store_ptx,
-    _cute,
-    _require_hopper,
-)
 from .packing import (
-    WIDE_TILE_COLUMNS,
-    check_scales_finite,
-    padded_row_offsets,
-    round_up,
-    stack_weights,
     tile_fields,
 )
-from .rs_layout import RS_DECODE_PTX, UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS, prepack_weights
-
-NWG = 2  # warpgroups per CTA, each one 64-row wgmma
-MAX_ACC_REGS = 128
-MAX_VARIANTS = 8  # wgmma N widths compiled into one kernel (code size and compile time grow with each)
-CTA_OVERHEAD_TOKENS = 20  # a CTA's fixed cost (weight decode, pipeline fill), in tokens of MMA: H100, S4 t64 vs t128
-ROW_BYTES = 128  # the prepacked weights are moved as rows of 128 bytes (18 per unit)
-# where the activations are decoded: a prologue launch (to fp16 in global memory, then TMA), a third warpgroup of every
-# CTA (from global memory into the fp16 ring), or the MMA warpgroups themselves (raw codes and scales copied to shared
-# memory by cp.async, decoded into a two-slot fp16 ring one K tile ahead of the wgmma that reads it)
-ACT_DECODES = ("prologue", "warpgroup", "inline")
-# act_decode="warpgroup": 384 threads share 64K registers (168 each); the MMA warpgroups hold their accumulators,
-# two A fragment sets and the staged loads of a sub-block, the decode warpgroup DW_BATCH K tiles of raw codes
-DW_MAX_ACC_REGS = 64
-DW_BATCH = 2  # K tiles whose raw activations the decode warpgroup loads at once (their latency is paid once)
-# diagnostics (wrong results by design): the weight words fed to wgmma undecoded; no wgmma (decode kept alive);
-# no activation loads (their smem slots hold stale data); no output stores (kept alive by an impossible test); the
-# decode warpgroup decoding zeros instead of loading the activations from global memory; "timeline": exact, but thread 0
-# of every CTA also writes TIMELINE_POINTS %globaltimer stamps (ns, int64) over the first 32 outputs of its tile's first
-# token row (read by :func:`read_timeline`)
-ABLATE = ("", "no_dequant", "no_mma", "no_x", "no_store", "no_xload", "timeline")
-TIMELINE_POINTS = ("entry", "weights_issued", "prologue_done", "first_stage", "k_loop_done", "stored")
-
-
-def ablated(cfg: KernelConfig, what: str) -> bool:
-    """Whether diagnostic ``what`` (:data:`ABLATE`) is on: ``cfg.ablate`` names one, or several joined by '+'."""
-    return what in cfg.ablate.split("+")
-
-
-def blocks_per_warpgroup(cfg: KernelConfig) -> int:
-    """64-row weight units per warpgroup: ``tile_m`` is 128·blocks weight rows (64·blocks for the dual GEMM,
-    whose two warpgroups cover the same rows of gate and up)."""
-    return cfg.tile_m * (2 if cfg.dual else 1) // (UNIT_ROWS * NWG)
-
-
-def token_step(cfg: KernelConfig) -> int:
-    """Tokens per wgmma N variant: tiles run with N = their tokens rounded up to this."""
-    return cfg.token_step or cfg.tile_n
-
-
-def acc_registers(cfg: KernelConfig) -> int:
-    return blocks_per_warpgroup(cfg) * cfg.tile_n // 2
-
-
-def block_threads(cfg: KernelConfig) -> int:
-    """The MMA warpgroups, and the decode warpgroup of act_decode="warpgroup"."""
-    return 128 * (NWG + (cfg.act_decode == "warpgroup"))
-
-
-STAGE_PAD = 8  # elements of padding per staged output row (16 bytes: rows start in different banks)
-
-
-def xfer_bytes(cfg: KernelConfig) -> int:
-    """Dual: the accumulators handed between the warpgroups (fp32, one per thread and element); 0 otherwise."""
-    return acc_registers(cfg) * 4 * 128 if cfg.dual else 0
-
-
-def stage_bytes(cfg: KernelConfig) -> int:
-    """epilogue="staged": the output tile as C rows (tile_n tokens × the tile's columns + pad, 2 bytes each)."""
-    return cfg.tile_n * (cfg.tile_m + STAGE_PAD) * 2 if cfg.epilogue == "staged" else 0
-
-
-def stage_warpgroups(cfg: KernelConfig) -> int:
-    """Warpgroups whose weights one pipeline stage holds: both (they run the same K tile together), or with
-    ``warp_spec="pingpong"`` one (each runs its whole K loop on its own stages, one after the other)."""
-    return 1 if cfg.warp_spec == "pingpong" else NWG
-
-
-def stage_units(cfg: KernelConfig) -> int:
-    return cfg.tile_k // UNIT_K * stage_warpgroups(cfg) * blocks_per_warpgroup(cfg)
-
-
-def x_slots(cfg: KernelConfig) -> int:
-    """Slots of the fp16 activation ring: one per pipeline stage, or (act_decode="inline") two, written one K tile
-    ahead of the wgmma that reads them."""
-    return 2 if cfg.act_decode == "inline" else cfg.ab_stages
-
-
-def raw_stage_bytes(cfg: KernelConfig) -> int:
-    """act_decode="inline": a stage's raw activations (tile_n rows of tile_k/2 code bytes, then of tile_k/16 scales)."""
-    return cfg.tile_n * (cfg.tile_k // 2 + cfg.tile_k // 16) if cfg.act_decode == "inline" else 0
-
-
-def smem_plan(cfg: KernelConfig) -> dict:
-    nsub = cfg.tile_k // UNIT_K
-    plan = {
-        "barriers": cfg.ab_stages * 16,
-        "weights": cfg.ab_stages * stage_units(cfg) * UNIT_BYTES,
-        "activations": x_slots(cfg) * nsub * cfg.tile_n * UNIT_K * 2,
-        "raw_activations": cfg.ab_stages * raw_stage_bytes(cfg),
-    }
-    plan["total"] = 1024 + 1024 + plan["weights"] + 1024 + plan["activations"] + plan["raw_activations"]
-    plan["per_stage"] = (plan["weights"] + plan["raw_activations"]) // cfg.ab_stages + (
-        0 if cfg.act_decode == "inline" else plan["activations"] // cfg.ab_stages)
-    return plan
-
-
-def validate(cfg: KernelConfig) -> KernelConfig:
-    """Raise ValueError naming the rule a swap-AB config breaks; return it unchanged if it can work."""
-    n = cfg.name
-    if not cfg.swap_ab:
-        raise ValueError(f"{n}: the register-sourced kernel is the swap_ab=True kernel")
-    allowed = (64, 128) if cfg.dual else (128, 256)
-    if cfg.tile_m not in allowed:
-        raise ValueError(f"{n}: tile_m={cfg.tile_m}: with swap_ab a CTA covers {' or '.join(map(str, allowed))} "
-                         "weight rows (two warpgroups of one or two 64-row wgmma blocks"
-                         f"{', gate and up' if cfg.dual else ''})")
-    if cfg.tile_n % 8 or not 8 <= cfg.tile_n <= 256:
-        raise ValueError(f"{n}: tile_n={cfg.tile_n} tokens: wgmma's N must be a multiple of 8 in [8, 256]")
-    step = token_step(cfg)
-    if step % 8 or cfg.tile_n % step or cfg.tile_n // step > MAX_VARIANTS:
-        raise ValueError(f"{n}: token_step={cfg.token_step}: must be a multiple of 8 dividing tile_n={cfg.tile_n} "
-                         f"into at most {MAX_VARIANTS} wgmma N variants")
-    if acc_registers(cfg) > MAX_ACC_REGS:
-        raise ValueError(f"{n}: tile_n={cfg.tile_n} tokens × {blocks_per_warpgroup(cfg)} block(s) per warpgroup need "
-                         f"{acc_registers(cfg)} fp32 accumulator registers per thread (at most {MAX_ACC_REGS})")
-    if cfg.tile_k not in (128, 256):
-        raise ValueError(f"{n}: tile_k={cfg.tile_k}: must be 128 or 256: an even number of 64-K sub-blocks (the two "
-                         "register sets alternate within a stage), and a stage's weights are one TMA box of at most "
-                         "256 rows of 128 bytes (18 per sub-block and warpgroup)")
-    if stage_units(cfg) * UNIT_BYTES // ROW_BYTES > 256:
-        raise ValueError(f"{n}: tile_k={cfg.tile_k} with {blocks_per_warpgroup(cfg)} blocks per warpgroup: a stage's "
-                         f"weights are {stage_units(cfg) * UNIT_BYTES // ROW_BYTES} rows of 128 bytes, over the TMA "
-                         "box limit of 256")
-    if cfg.ab_stages < 1:
-        raise ValueError(f"{n}: ab_stages={cfg.ab_stages} must be >= 1")
-    if cfg.warp_spec not in ("none", "pingpong") or cfg.cooperative or cfg.decode_warpgroups != 1:
-        raise ValueError(f"{n}: swap_ab runs two decoding+MMA warpgroups on the same K tiles (warp_spec='none') or one "
-                         f"after the other (warp_spec='pingpong'); got warp_spec={cfg.warp_spec!r}, "
-                         f"cooperative={cfg.cooperative}, decode_warpgroups={cfg.decode_warpgroups}")
-    if cfg.warp_spec == "pingpong" and (cfg.act_decode != "warpgroup" or cfg.dual or cfg.epilogue != "simt"):
-        raise ValueError(f"{n}: warp_spec='pingpong' needs the decode warpgroup as its producer "
-                         f"(act_decode='warpgroup', got {cfg.act_decode!r}), a single GEMM (the dual's warpgroups hold "
-                         f"gate and up of the same rows; dual={cfg.dual}) and epilogue='simt' (one warpgroup stores "
-                         f"while the other still reads the activation ring; got {cfg.epilogue!r})")
-    if cfg.epilogue not in ("simt", "staged"):
-        raise ValueError(f"{n}: epilogue={cfg.epilogue!r}: the swap_ab kernel stores per element ('simt') or "
-                         "through a shared-memory tile ('staged')")
-    if cfg.split_k != 1:
-        raise ValueError(f"{n}: split_k={cfg.split_k}: not implemented for swap_ab")
-    x_bytes = smem_plan(cfg)["activations"]
-    if xfer_bytes(cfg) + stage_bytes(cfg) > x_bytes:
-        raise ValueError(f"{n}: the epilogue reuses the activation buffers ({x_bytes} bytes) for the dual hand-over "
-                         f"({xfer_bytes(cfg)}) and the staged output tile ({stage_bytes(cfg)}): too small")
-    if any(a not in ABLATE for a in cfg.ablate.split("+")):
-        raise ValueError(f"{n}: ablate={cfg.ablate!r}: must be one of {ABLATE}, or several joined by '+'")
-    if cfg.act_decode not in ACT_DECODES:
-        raise ValueError(f"{n}: act_decode={cfg.act_decode!r}: must be one of {ACT_DECODES}")
-    if cfg.act_decode != "prologue" and acc_registers(cfg) > DW_MAX_ACC_REGS:
-        why = (f"runs {block_threads(cfg)} threads, which leaves at most {65536 // block_threads(cfg)} registers each"
-               if cfg.act_decode == "warpgroup" else
-               "keeps the addresses of its activation rows in registers beside the accumulators")
-        raise ValueError(f"{n}: act_decode={cfg.act_decode!r} {why}: at most {DW_MAX_ACC_REGS} accumulator registers "
-                         f"per thread, not {acc_registers(cfg)} (tile_n={cfg.tile_n}, {blocks_per_warpgroup(cfg)} "
-                         "block(s) per warpgroup)")
-    if cfg.act_decode == "inline" and (ablated(cfg, "no_x") or ablated(cfg, "no_xload")):
-        raise ValueError(f"{n}: ablate={cfg.ablate!r}: act_decode='inline' has neither activation TMA loads "
-                         "('no_x') nor a decode warpgroup ('no_xload')")
-    if cfg.act_decode == "warpgroup":
-        if ablated(cfg, "no_x"):
-            raise ValueError(f"{n}: ablate='no_x' removes the activations' TMA loads, which act_decode='warpgroup' "
-                             "does not have")
-    elif ablated(cfg, "no_xload"):
-        raise ValueError(f"{n}: ablate='no_xload' removes the decode warpgroup's loads: act_decode='warpgroup' only")
-    plan = smem_plan(cfg)
-    if plan["total"] > SMEM_LIMIT:
-        raise ValueError(f"{n}: needs {plan['total']} bytes of shared memory > the sm_90 limit {SMEM_LIMIT} "
-                         f"({cfg.ab_stages} stages of {plan['per_stage']} bytes: tile_n={cfg.tile_n} tokens × "
-                         f"tile_k={cfg.tile_k} fp16 activations + packed weights)")
-    return cfg
-
-
-# activation prologue: one thread decodes 16 codes (8 bytes + 1 scale byte) into 32 bytes of fp16 in global memory
-ACT_DECODE_PTX = "\n".join([
-    "{", _DECODE_REGS, ".reg .b16 sp;",
-    "ld.global.nc.v2.b32 {w0, w1}, [$0];",
-    "ld.global.nc.u8 s, [$1];",
-    _convert_store_ptx("$2", "$3", space="global"),
-    "}",
-])
-ACT_THREADS = 256
-# dynamic shared memory the prologue asks for (unused by it): enough that its SMs run with the large shared-memory
-# carveout the GEMM needs, so that GEMM CTAs start beside prologue CTAs (PDL) instead of after them (H100, round 29:
-# S4 17.06 vs 17.31 us with 0, the other shapes equal)
-ACT_SMEM = 32768
-# alpha[g] = gs_A[g] · (gs_B1[g], gs_B2[g]) · 2^14, from the 0-d global-scale tensor of A's group g
-ALPHA_PTX = "\n".join([
-    "{", ".reg .f32 a, b0, b1;",
-    "ld.global.f32 a, [$0];", "ld.global.v2.f32 {b0, b1}, [$1];",
-    "mul.rn.f32 b0, a, b0;", "mul.rn.f32 b1, a, b1;",
-    "st.global.v2.f32 [$2], {b0, b1};", "}",
-])
-ROW_COLUMNS = ("codes_addr", "scales_addr", "chunks")  # per padded activation row; chunks = 0 for padding rows
-# up to PARAM_GROUPS groups, the prologue takes these per group as kernel parameters instead of reading the row table
-GROUP_PARAMS = ("codes_addr", "scales_addr", "codes_row_stride", "scales_row_stride", "row0", "rows", "chunks")
-PARAM_GROUPS = 16
-# act_decode="warpgroup": one 16-code block of an activation row from global memory ($0, $1 codes, $2 scale byte
-# from addresses $3, $4), or zeros where $5 == 0 (past the row's K, a padding row): a zero scale decodes to zeros
-ACT_LOAD_PTX = "\n".join([
-    "{", ".reg .pred p;", "setp.ne.u32 p, $5, 0;", "mov.b32 $0, 0;", "mov.b32 $1, 0;", "mov.b32 $2, 0;",
-    "@p ld.global.nc.v2.b32 {$0, $1}, [$3];", "@p ld.global.nc.u8 $2, [$4];", "}",
-])
+from .rs_config import (  # noqa: F401  (hopper_rs.X: the names the study and the tests use)
+    ABLATE,
+    ACT_DECODES,
+    CTA_OVERHEAD_TOKENS,
+    DW_BATCH,
+    DW_MAX_ACC_REGS,
+    MAX_ACC_REGS,
+    MAX_VARIANTS,
+    NWG,
+    ROW_BYTES,
+    STAGE_PAD,
+    TIMELINE_POINTS,
+    ablated,
+    acc_registers,
+    block_threads,
+    blocks_per_warpgroup,
+    raw_stage_bytes,
+    smem_plan,
+    stage_bytes,
+    stage_units,
+    stage_warpgroups,
+    token_step,
+    validate,
+    x_slots,
+    xfer_bytes,
+)
+from .rs_layout import UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS
+from .rs_ops import (  # noqa: F401
+    ACT_SMEM,
+    ACT_THREADS,
+    GROUP_PARAMS,
+    PARAM_GROUPS,
+    ROW_COLUMNS,
+    ops,
+)
+from .rs_prologue import prologue_class
 
 
 def _kernel_classes():
@@ -277,161 +92,15 @@ def _kernel_classes():
     import cutlass.pipeline as pipeline
     import cutlass.utils as utils
     import cutlass.utils.hopper_helpers as sm90_utils
-    from cutlass._mlir.dialects import llvm
     from cutlass.cute.nvgpu import warpgroup
-    from cutlass.cutlass_dsl import dsl_user_op
 
-    def _asm(ptx, outs, ins, constraints, side_effects):
-        """Inline PTX over MLIR values ``ins``; returns its ``outs`` 32-bit results."""
-        i32 = cutlass.Int32.mlir_type
-        res = llvm.inline_asm(llvm.StructType.get_literal([i32] * outs) if outs else None, ins, ptx, constraints,
-                              has_side_effects=side_effects, is_align_stack=False,
-                              asm_dialect=llvm.AsmDialect.AD_ATT)
-        return [llvm.extractvalue(i32, res, [i]) for i in range(outs)] if outs else None
+    o = ops()
+    (_asm, load_unit, decode_unit, copy16, cp_async8, cp_async_arrive, load_raw16, stamp_to, _silu_mul, _i64,
+     load_row, load_act16, store_act16, load_f32) = (
+        o._asm, o.load_unit, o.decode_unit, o.copy16, o.cp_async8, o.cp_async_arrive, o.load_raw16, o.stamp_to,
+        o._silu_mul, o._i64, o.load_row, o.load_act16, o.store_act16, o.load_f32)
 
-    @dsl_user_op
-    def load_unit(codes, scales, *, loc=None, ip=None):
-        """A thread's 16 code bytes and 8 scale bytes of one unit (shared addresses)."""
-        return _asm("{\nld.shared.v4.b32 {$0, $1, $2, $3}, [$6];\nld.shared.v2.b32 {$4, $5}, [$7];\n}",
-                    6, [cutlass.Int32(v).ir_value(loc=loc, ip=ip) for v in (codes, scales)],
-                    "=r,=r,=r,=r,=r,=r,r,r", True)
-
-    @dsl_user_op
-    def decode_unit(loaded, *, loc=None, ip=None):
-        return [cutlass.Uint32(v) for v in _asm(RS_DECODE_PTX, 16, loaded, ",".join(["=r"] * 16 + ["r"] * 6),
-                                                False)]
-
-    @dsl_user_op
-    def copy16(src, dst, *, loc=None, ip=None):
-        """16 bytes from shared address ``src`` to global address ``dst``."""
-        _asm("{\n.reg .b32 a, b, c, d;\nld.shared.v4.b32 {a, b, c, d}, [$0];\nst.global.v4.b32 [$1], {a, b, c, d};\n}",
-             0, [cutlass.Int32(src).ir_value(loc=loc, ip=ip), cutlass.Int64(dst).ir_value(loc=loc, ip=ip)], "r,l",
-             True)
-
-    @dsl_user_op
-    def cp_async8(dst, src, size, *, loc=None, ip=None):
-        """8 bytes from global ``src`` to shared ``dst`` by cp.async; ``size`` (8 or 0) bytes are read, zeros fill."""
-        _asm("cp.async.ca.shared.global [$0], [$1], 8, $2;", 0,
-             [cutlass.Int32(dst).ir_value(loc=loc, ip=ip), cutlass.Int64(src).ir_value(loc=loc, ip=ip),
-              cutlass.Int32(size).ir_value(loc=loc, ip=ip)], "r,l,r", True)
-
-    @dsl_user_op
-    def cp_async_arrive(bar, *, loc=None, ip=None):
-        """Arrive on the mbarrier at shared ``bar`` once this thread's earlier cp.async copies have landed (counts as
-        one of its expected arrivals: .noinc)."""
-        _asm("cp.async.mbarrier.arrive.noinc.shared.b64 [$0];", 0, [cutlass.Int32(bar).ir_value(loc=loc, ip=ip)], "r",
-             True)
-
-    @dsl_user_op
-    def load_raw16(codes, scale, *, loc=None, ip=None):
-        """A 16-code block in shared memory: its two code words and its scale byte."""
-        return [cutlass.Uint32(v) for v in _asm("{\nld.shared.v2.b32 {$0, $1}, [$3];\nld.shared.u8 $2, [$4];\n}", 3,
-                                                [cutlass.Int32(v).ir_value(loc=loc, ip=ip) for v in (codes, scale)],
-                                                "=r,=r,=r,r,r", True)]
-
-    @dsl_user_op
-    def stamp_to(addr, *, loc=None, ip=None):
-        """%globaltimer (ns) to the shared address ``addr``."""
-        _asm("{\n.reg .u64 t;\nmov.u64 t, %globaltimer;\nst.shared.u64 [$0], t;\n}", 0,
-             [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)], "r", True)
-
-    def _silu_mul(g, u):
-        """silu(g)·u with the fast exp and reciprocal (~2 ulp of fp32 before the rounding to the output type)."""
-        return g * cute.arch.rcp_approx(1.0 + cute.math.exp(-g, fastmath=True)) * u
-
-    def _i64(vals, loc, ip):
-        return [cutlass.Int64(v).ir_value(loc=loc, ip=ip) for v in vals]
-
-    @dsl_user_op
-    def decode_act16(src, sf, dst, *, loc=None, ip=None):
-        _asm(ACT_DECODE_PTX, 0, _i64((src, sf, dst, dst + 16), loc, ip), "l,l,l,l", True)
-
-    @dsl_user_op
-    def load_row(addr, *, loc=None, ip=None):
-        """A row of the activation table (:data:`ROW_COLUMNS`) in one go: the three loads issue together (loaded
-        where used, the chunk count's branch put the two address loads a memory round trip later)."""
-        i64 = cutlass.Int64.mlir_type
-        res = llvm.inline_asm(llvm.StructType.get_literal([i64] * 3), _i64((addr,), loc, ip),
-                              "{\nld.global.nc.u64 $0, [$3];\nld.global.nc.u64 $1, [$3+8];\n"
-                              "ld.global.nc.u64 $2, [$3+16];\n}", "=l,=l,=l,l", has_side_effects=True,
-                              is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-        return [cutlass.Int64(llvm.extractvalue(i64, res, [i])) for i in range(3)]
-
-    @dsl_user_op
-    def alpha_row(gs_a, gs_b, out, *, loc=None, ip=None):
-        _asm(ALPHA_PTX, 0, _i64((gs_a, gs_b, out), loc, ip), "l,l,l", True)
-
-    @dsl_user_op
-    def load_act16(src, sf, valid, *, loc=None, ip=None):
-        """A 16-code block of one activation row (2 code words, the scale byte), zeros unless ``valid``."""
-        return [cutlass.Uint32(v) for v in _asm(
-            ACT_LOAD_PTX, 3, [*_i64((src, sf), loc, ip), cutlass.Int32(valid).ir_value(loc=loc, ip=ip)],
-            "=r,=r,=r,l,l,r", True)]
-
-    @dsl_user_op
-    def store_act16(words, dst0, dst1, *, loc=None, ip=None):
-        """Decode a loaded block to fp16 (value × scale × 2^-7) and store its two 16-byte halves to shared memory."""
-        _asm(CONVERT16_PTX, 0, [cutlass.Uint32(w).ir_value(loc=loc, ip=ip) for w in words]
-             + [cutlass.Int32(d).ir_value(loc=loc, ip=ip) for d in (dst0, dst1)], "r,r,r,r,r", True)
-
-    @dsl_user_op
-    def load_f32(addr, *, loc=None, ip=None):
-        return cutlass.Float32(llvm.inline_asm(cutlass.Float32.mlir_type, _i64((addr,), loc, ip),
-                                               "ld.global.nc.f32 $0, [$1];", "=f,l", has_side_effects=True,
-                                               is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
-
-    class ActivationPrologueSm90:
-        """One launch per call: every activation row decoded from the caller's own tensors into the padded fp16
-        buffer (value × scale × 2^-7), and the per-group epilogue factors ``alpha``.
-
-        ``mRows`` int64 [R, 3] (:data:`ROW_COLUMNS`): the row's code and scale addresses and its 16-code chunk
-        count (0: a padding row, left as the zeros it was allocated with). ``mGsA`` int64 [G]: addresses of A's
-        global scales; ``mGsB`` float32 [G, 2]: gs_B1·2^14, gs_B2·2^14. ``groups``: empty, or (for at most
-        :data:`PARAM_GROUPS` groups) :data:`GROUP_PARAMS` per group as kernel parameters, from which each thread
-        computes its row's addresses instead of loading them from ``mRows`` (one dependent memory round trip less)."""
-
-        @cute.jit
-        def __call__(self, mRows: cute.Tensor, mX: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
-                     mAlpha: cute.Tensor, groups: tuple, stream):
-            work = cute.size(mRows, mode=[0]) * (cute.size(mX, mode=[1]) // 16)
-            self.kernel(mRows, mX, mGsA, mGsB, mAlpha, groups).launch(
-                grid=((work + ACT_THREADS - 1) // ACT_THREADS, 1, 1), block=(ACT_THREADS, 1, 1), stream=stream,
-                smem=ACT_SMEM)
-
-        @cute.kernel
-        def kernel(self, mRows: cute.Tensor, mX: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
-                   mAlpha: cute.Tensor, groups: tuple):
-            cute.arch.griddepcontrol_launch_dependents()  # the GEMM may start its set-up and weight loads now
-            tidx, _, _ = cute.arch.thread_idx()
-            bidx, _, _ = cute.arch.block_idx()
-            i = bidx * ACT_THREADS + tidx
-            per_row = cute.size(mX, mode=[1]) // 16
-            if i < cute.size(mRows, mode=[0]) * per_row:
-                r = i // per_row
-                c = i - r * per_row
-                if cutlass.const_expr(len(groups) == 0):
-                    codes, scales, chunks = load_row((mRows.iterator + r * mRows.stride[0]).toint())
-                else:
-                    codes, scales, chunks = self._group_row(groups, r)
-                if c < chunks:
-                    dst = (mX.iterator + r * mX.stride[0] + 16 * c).toint()
-                    decode_act16(codes + 8 * c, scales + c, dst)
-            if i < cute.size(mGsA):
-                alpha_row(mGsA[i], (mGsB.iterator + 2 * i).toint(), (mAlpha.iterator + 2 * i).toint())
-
-        @cute.jit
-        def _group_row(self, groups, r):
-            """(code address, scale address, 16-code chunks) of padded row ``r`` from the groups' parameters
-            (chunks 0: a padding row)."""
-            rr = cutlass.Int64(r)
-            codes, scales, chunks = cutlass.Int64(0), cutlass.Int64(0), cutlass.Int64(0)
-            for g in cutlass.range_constexpr(len(groups) // len(GROUP_PARAMS)):
-                ca, sa, cs, ss, r0, n, ch = groups[g * len(GROUP_PARAMS): (g + 1) * len(GROUP_PARAMS)]
-                if rr >= r0 and rr < r0 + n:
-                    codes = ca + (rr - r0) * cs
-                    scales = sa + (rr - r0) * ss
-                    chunks = ch
-            return codes, scales, chunks
+    ActivationPrologueSm90 = prologue_class()
 
     class GroupedNvfp4GemmSm90RS:
         """Swap-AB: weights (register A, decoded per thread) × tokens (smem B, fp16) -> Cᵀ tiles.
@@ -1085,291 +754,25 @@ def _kernel_classes():
     return _CLASSES
 
 
+
+
 _CLASSES = None
-_compiled: dict = {}
 
-
-def _compile_cached(key, make, args):
-    import cutlass.cute as cute
-
-    if key not in _compiled:
-        _compiled[key] = cute.compile(make(), *args)
-    return _compiled[key]
-
-
-def split_tokens(mg: int, parts: int, step: int) -> list[tuple[int, int]]:
-    """(first token, tokens) of ``parts`` near-equal tiles of a group of ``mg`` tokens, each but the last a
-    multiple of ``step`` wide (fewer tiles if the rounding leaves some empty)."""
-    size = round_up(-(-mg // parts), step)
-    return [(m0, min(size, mg - m0)) for m0 in range(0, mg, size)]
-
-
-def makespan(costs: list[float], machines: int) -> float:
-    """Longest-processing-time-first schedule of ``costs`` on ``machines``: the finish time of the last."""
-    import heapq
-
-    load = [0.0] * min(machines, max(1, len(costs)))
-    for c in sorted(costs, reverse=True):
-        heapq.heapreplace(load, load[0] + c)
-    return max(load)
-
-
-def plan_token_tiles(m, k_tiles, n_blocks, tile_n: int, step: int, sms: int) -> list[list[tuple[int, int]]]:
-    """Token tiles per group: start from the fewest tiles of at most ``tile_n`` tokens, then keep splitting the
-    group with the widest tiles while the estimated makespan (LPT over ``sms`` SMs, one CTA each, a CTA's cost
-    ``k_tiles × (tokens rounded to step + CTA_OVERHEAD_TOKENS)``) improves: small problems get more, narrower
-    CTAs to fill the GPU; large ones keep wide tiles (each weight decoded once per tile)."""
-    parts = [-(-mg // tile_n) if mg else 0 for mg in m]
-
-    def tiles(p):
-        return [split_tokens(mg, pg, step) if pg else [] for mg, pg in zip(m, p)]
-
-    def cost(t):
-        return makespan([kt * (round_up(w, step) + CTA_OVERHEAD_TOKENS)
-                         for tg, kt, nb in zip(t, k_tiles, n_blocks) for _, w in tg for _ in range(nb)], sms)
-
-    cur = tiles(parts)
-    best, best_cost = cur, cost(cur)
-    for _ in range(4 * len(m) + 8):
-        widths = [max((w for _, w in tg), default=0) for tg in cur]
-        g = max(range(len(m)), key=lambda i: widths[i])
-        if widths[g] <= step:
-            break
-        parts[g] += 1
-        cur = tiles(parts)
-        c = cost(cur)
-        if c < best_cost:
-            best, best_cost = cur, c
-    return best
-
-
-def swap_tile_table(m, n, k, row_offsets, n_pad: int, cfg: KernelConfig, sms: int, device) -> torch.Tensor:
-    """int32 [tiles, 10] (:data:`WIDE_TILE_COLUMNS`; column ``pad`` holds the wgmma N variant) for the swap-AB kernel,
-    widest tiles first so the hardware's in-order CTA dispatch approximates a longest-first schedule."""
-    step = token_step(cfg)
-    k_tiles = [-(-kg // cfg.tile_k) for kg in k]
-    n_blocks = [-(-ng // cfg.tile_m) for ng in n]
-    plan = plan_token_tiles(m, k_tiles, n_blocks, cfg.tile_n, step, sms)
-    rows = []
-    for g, tg in enumerate(plan):
-        for n0 in range(0, n[g], cfg.tile_m):
-            for m0, w in tg:
-                r0 = row_offsets[g] + m0
-                rows.append((g, r0, w, n0, min(cfg.tile_m, n[g] - n0), g * n_pad + n0, k_tiles[g],
-                             round_up(w, step) // step - 1, 0, r0))
-    rows.sort(key=lambda r: (-r[7] * r[6], r[0], r[3], r[1]))
-    if not rows:
-        return torch.zeros((0, len(WIDE_TILE_COLUMNS)), dtype=torch.int32, device=device)
-    return torch.tensor(rows, dtype=torch.int32, device=device)
-
-
-def activation_rows(a, row_offsets, rows: int, device) -> torch.Tensor:
-    """int64 [rows, 3] (:data:`ROW_COLUMNS`): where each row of the padded activation buffer comes from.
-
-    The prologue reads the caller's tensors in place (a runner captures ``a``; a CUDA graph replays the
-    addresses), so each group's codes and scales must be row-major with 8-byte aligned code rows."""
-    table = torch.zeros((rows, 3), dtype=torch.int64)
-    for g, (t, o) in enumerate(zip(a, row_offsets)):
-        mg = int(t.shape[0])
-        if mg == 0:
-            continue
-        codes, scales = t.data, t.scales
-        if codes.stride(-1) != 1 or scales.stride(-1) != 1 or codes.data_ptr() % 8 or codes.stride(0) % 8:
-            raise ValueError(f"a[{g}]: cute-hopper swap_ab reads activations in place and needs row-major codes and "
-                             f"scales with 8-byte aligned code rows (strides {tuple(codes.stride())}, "
-                             f"{tuple(scales.stride())}); pass .contiguous() tensors")
-        r = torch.arange(mg, dtype=torch.int64)
-        table[o: o + mg, 0] = codes.data_ptr() + r * codes.stride(0)
-        table[o: o + mg, 1] = scales.data_ptr() + r * scales.stride(0)
-        table[o: o + mg, 2] = int(t.shape[1]) // 16
-    return table.to(device)
-
-
-def group_parameters(a, row_offsets) -> tuple:
-    """The prologue's kernel parameters (:data:`GROUP_PARAMS` per group, as cutlass.Int64), or () past
-    :data:`PARAM_GROUPS` groups (the prologue then reads the row table)."""
-    import cutlass
-
-    if len(a) > PARAM_GROUPS:
-        return ()
-    vals = []
-    for t, o in zip(a, row_offsets):
-        vals += [t.data.data_ptr(), t.scales.data_ptr(), t.data.stride(0) * t.data.element_size(),
-                 t.scales.stride(0) * t.scales.element_size(), o, int(t.shape[0]), int(t.shape[1]) // 16]
-    return tuple(cutlass.Int64(v) for v in vals)
-
-
-def check_inline(a, cfg: KernelConfig) -> None:
-    """act_decode="inline" copies whole K tiles of raw activations 8 bytes at a time: refuse, naming the rule, a group
-    whose K is not a multiple of tile_k or whose scale rows are not 8-byte aligned."""
-    for g, t in enumerate(a):
-        if int(t.shape[0]) == 0:
-            continue
-        k, scales = int(t.shape[1]), t.scales
-        if k % cfg.tile_k:
-            raise ValueError(f"a[{g}]: K={k} is not a multiple of tile_k={cfg.tile_k}, which config {cfg.name} "
-                             "(act_decode='inline') needs; the prologue configs (e.g. 'rs_m128_t128_k128_s4_e') take "
-                             "any K that is a multiple of 32")
-        if scales.data_ptr() % 8 or scales.stride(0) % 8:
-            raise ValueError(f"a[{g}]: config {cfg.name} (act_decode='inline') copies scale rows 8 bytes at a time and "
-                             f"needs them 8-byte aligned (address % 8 = {scales.data_ptr() % 8}, row stride "
-                             f"{scales.stride(0)}); pass .contiguous() tensors with K a multiple of 128")
-
-
-def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
-    """Prepack the weights (once), compile (cached); each call is two launches, the activation prologue (decode +
-    global scales) and the GEMM, or (act_decode="warpgroup" or "inline") the GEMM alone."""
-    t0 = time.perf_counter()
-    validate(cfg)
-    device = a[0].data.device
-    _require_hopper(device)
-    import cuda.bindings.driver as cuda
-
-    pro_cls, gemm_cls = _kernel_classes()
-    check_scales_finite(a, "a")
-    blocks = blocks_per_warpgroup(cfg)
-    weights = stack_weights([b] if b2 is None else [b, b2], cfg.tile_m, cfg.tile_k)
-    packed = prepack_weights(list(zip(weights.codes, weights.scales)), NWG, blocks,
-                             wg_major=cfg.warp_spec == "pingpong")
-    m = tuple(int(t.shape[0]) for t in a)
-    offs, rows = padded_row_offsets(m, token_step(cfg))  # each group starts at a TMA box (token_step rows)
-    row_table = activation_rows(a, offs, rows, device)
-    direct = cfg.act_decode != "prologue"  # the GEMM reads the caller's activations itself
-    if cfg.act_decode == "inline":
-        check_inline(a, cfg)
-    x16 = None if direct else torch.zeros((rows, weights.k_pad), dtype=torch.float16, device=device)
-    tiles = swap_tile_table(m, weights.n, weights.k, offs, weights.n_pad, cfg,
-                            torch.cuda.get_device_properties(device).multi_processor_count, device)
-    c_all = torch.empty((rows, weights.n_pad), dtype=out_dtype, device=device)
-    outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(offs, m, weights.n)]
-    gs_a = torch.tensor([t.global_scale.data_ptr() for t in a], dtype=torch.int64).to(device)
-    gs_b = torch.stack([weights.global_scales[0], weights.global_scales[-1]], dim=1) * POST_SCALE
-    alpha = None if direct else torch.zeros((len(a), 2), dtype=torch.float32, device=device)
-
-    def stream():
-        return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
-
-    prologue = pro_args = None
-    if not direct:
-        groups = group_parameters(a, offs)
-        pro_args = (_cute(row_table, 8), _cute(x16), _cute(gs_a, 8), _cute(gs_b, 8), _cute(alpha, 8), groups)
-        prologue = _compile_cached(("prologue", ACT_SMEM, len(groups)), pro_cls, (*pro_args, stream()))
-    gemm_args = ((_cute(packed.view(-1, ROW_BYTES)), _cute(row_table, 8), _cute(c_all), _cute(tiles), _cute(gs_b, 8))
-                 if direct else
-                 (_cute(packed.view(-1, ROW_BYTES)), _cute(x16), _cute(c_all), _cute(tiles), _cute(alpha, 8)))
-    gemm_args = (*gemm_args, _cute(gs_a, 8))
-    gemm = (_compile_cached((cfg, str(out_dtype)), lambda: gemm_cls(cfg), (*gemm_args, stream()))
-            if len(tiles) else None)
-
-    def run():
-        if prologue is not None:
-            prologue(*pro_args, stream())
-        if gemm is not None:
-            gemm(*gemm_args, stream())
-
-    torch.cuda.synchronize(device)
-    return Runner(run, outputs, prepare_s=time.perf_counter() - t0, held_bytes=packed.numel(),
-                  notes=f"weights prepacked once for the register decode ({packed.numel() / 1e6:.1f} MB); "
-                        f"config {cfg.name}",
-                  info={"config": cfg.name, "tiles": len(tiles), "split_k": 1},
-                  keepalive=(a, packed, row_table, x16, tiles, c_all, gs_a, gs_b, alpha))
-
-
-# ---------------------------------------------------------------------------------------------
-# Compile reports (no GPU needed)
-# ---------------------------------------------------------------------------------------------
-def fake_arguments(cfg: KernelConfig):
-    import cuda.bindings.driver as cuda
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_compact_tensor
-
-    def fake(dtype, shape, align=16):
-        return make_fake_compact_tensor(dtype, shape, stride_order=(1, 0), assumed_align=align)
-
-    s = cute.sym_int
-    groups = s()
-    x = (fake(cutlass.Int64, (s(), len(ROW_COLUMNS)), 8) if cfg.act_decode != "prologue"
-         else fake(cutlass.Float16, (s(), s(divisibility=cfg.tile_k))))
-    return (fake(cutlass.Uint8, (s(), ROW_BYTES)), x, fake(cutlass.Float16, (s(), s(divisibility=8))),
-            fake(cutlass.Int32, (s(), len(WIDE_TILE_COLUMNS))), fake(cutlass.Float32, (groups, 2), 8),
-            make_fake_compact_tensor(cutlass.Int64, (groups,), assumed_align=8), cuda.CUstream(0))
-
-
-def fake_prologue_arguments(param_groups: int = 0):
-    import cuda.bindings.driver as cuda
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_compact_tensor
-
-    s = cute.sym_int
-    groups = s()
-    return (make_fake_compact_tensor(cutlass.Int64, (s(), 3), stride_order=(1, 0), assumed_align=8),
-            make_fake_compact_tensor(cutlass.Float16, (s(), s(divisibility=64)), stride_order=(1, 0),
-                                     assumed_align=16),
-            make_fake_compact_tensor(cutlass.Int64, (groups,), assumed_align=8),
-            make_fake_compact_tensor(cutlass.Float32, (groups, 2), stride_order=(1, 0), assumed_align=8),
-            make_fake_compact_tensor(cutlass.Float32, (groups, 2), stride_order=(1, 0), assumed_align=8),
-            tuple(cutlass.Int64(0) for _ in range(len(GROUP_PARAMS) * param_groups)), cuda.CUstream(0))
-
-
-def compile_report(cfg: KernelConfig, dump_dir: str | None = None) -> dict:
-    """Compile ``cfg`` (and the activation prologue) for sm_90a with fake tensors: PTX instruction counts, ptxas
-    resources, the smem plan. No GPU needed."""
-    from .compiling import compile_offline, count_instructions
-
-    validate(cfg)
-    t0 = time.perf_counter()
-    art = compile_offline(kernel_for(cfg), *fake_arguments(cfg), arch="sm_90a", dump_dir=dump_dir)
-    plan = smem_plan(cfg)
-    log = art.ptxas.get("ptxas_log", "")
-    return {
-        **cfg.as_dict(), "compile_s": round(time.perf_counter() - t0, 2), "threads": block_threads(cfg),
-        "math_warpgroups": NWG, "acc_registers": acc_registers(cfg), "smem_bytes": plan["total"],
-        "smem_per_stage": plan["per_stage"], "ctas_per_sm_by_smem": 233472 // (plan["total"] + 1024),
-        "wgmma_n_variants": cfg.tile_n // token_step(cfg),
-        **{k: v for k, v in art.ptxas.items() if k != "ptxas_log"}, **art.instructions,
-        **count_instructions(art.ptx, ("lop3.b32", "mul.rn.f16x2", "cvt.rn.f16x2.e4m3x2", "ld.shared.v4.b32",
-                                       "ld.shared.v2.b32", "griddepcontrol.wait", "st.shared", "st.shared.b16",
-                                       "st.shared.v4.b32", "fence.proxy.async", "ld.global.nc.v2.b32",
-                                       "st.global.v4.b32", "st.global.b16", "bar.sync", "bar.arrive",
-                                       "cp.async.ca.shared.global", "cp.async.mbarrier.arrive.noinc")),
-        # ptxas serialises every wgmma when it cannot prove the register operand safe (C7513): a silent slowdown
-        "wgmma_serialized": "C7513" in log, "ptx_path": art.ptx_path,
-    }
-
-
-def prologue_report(param_groups: int = 0, dump_dir: str | None = None) -> dict:
-    """Compile the activation prologue for sm_90a with fake tensors (reading the row table, or with the parameters of
-    ``param_groups`` groups): its PTX instruction counts and ptxas resources."""
-    from .compiling import compile_offline, count_instructions
-
-    art = compile_offline(prologue_kernel(), *fake_prologue_arguments(param_groups), arch="sm_90a", dump_dir=dump_dir)
-    return {**{k: v for k, v in art.ptxas.items() if k != "ptxas_log"}, **art.instructions,
-            "params": art.ptx.count(".param .u64"),
-            **count_instructions(art.ptx, ("griddepcontrol.launch_dependents", "ld.global.nc.u64",
-                                           "cvt.rn.f16x2.e4m3x2", "ld.global.nc.v2.b32", "st.global.v4.b32"))}
-
-
-def kernel_for(cfg: KernelConfig):
-    return _kernel_classes()[1](cfg)
-
-
-def prologue_kernel():
-    return _kernel_classes()[0]()
-
-
-def read_timeline(runner) -> dict:
-    """ablate="timeline": per CTA, the stamps of :data:`TIMELINE_POINTS` in µs from the earliest CTA's entry, read
-    from the outputs of a prepared (not graphed or graphed) runner after a call. {point: [per CTA]}."""
-    if isinstance(runner.keepalive[0], type(runner)):  # a graphed runner keeps the runner it captured
-        return read_timeline(runner.keepalive[0])
-    tiles, c_all = runner.keepalive[4], runner.keepalive[5]
-    t = tiles.cpu()
-    cols = {c: i for i, c in enumerate(WIDE_TILE_COLUMNS)}
-    raw = c_all.view(torch.int64).cpu()  # [rows, n_pad / 4]: the stamps are int64 at columns n0 .. n0 + 31 (fp16)
-    stamps = torch.stack([raw[int(r[cols["out_row0"]]), int(r[cols["n0"]]) // 4: int(r[cols["n0"]]) // 4 + 8]
-                          for r in t])
-    stamps = stamps[:, :len(TIMELINE_POINTS)].to(torch.float64)
-    stamps = (stamps - stamps[:, 0].min()) / 1e3
-    return {p: stamps[:, i].tolist() for i, p in enumerate(TIMELINE_POINTS)}
+# the host side: token-tile planning, prepare, compile reports (after the kernel: they build it lazily)
+from .rs_runner import (  # noqa: E402, F401
+    activation_rows,
+    check_inline,
+    compile_report,
+    fake_arguments,
+    fake_prologue_arguments,
+    group_parameters,
+    kernel_for,
+    makespan,
+    plan_token_tiles,
+    prepare,
+    prologue_kernel,
+    prologue_report,
+    read_timeline,
+    split_tokens,
+    swap_tile_table,
+)

@@ -22,24 +22,9 @@ for any offsets.
 """
 from __future__ import annotations
 
-from ..hopper import _DECODE_REGS, _convert_store_ptx
-from ..rs_layout import RS_DECODE_PTX, UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS
+from ..rs_layout import UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS
+from ..rs_ops import ACT_SMEM, ACT_THREADS, ops
 from .config import NWG, ROW_BYTES, STAGE_PAD, VarlenConfig, validate, xfer_bytes
-
-ACT_THREADS = 256
-# dynamic shared memory the prologue asks for and does not use: its SMs then already run with the carveout the GEMM
-# needs, so GEMM CTAs start beside prologue CTAs (H100, round 29 of the host-scheduled kernel: S4 -0.25 us)
-ACT_SMEM = 32768
-# one thread: 16 codes (8 bytes + 1 scale byte) to 32 bytes of fp16 in global memory
-ACT_DECODE_PTX = "\n".join([
-    "{", _DECODE_REGS, ".reg .b16 sp;",
-    "ld.global.nc.v2.b32 {w0, w1}, [$0];",
-    "ld.global.nc.u8 s, [$1];",
-    _convert_store_ptx("$2", "$3", space="global"),
-    "}",
-])
-ZERO32_PTX = "\n".join(["{", ".reg .b32 z;", "mov.b32 z, 0;", "st.global.v4.b32 [$0], {z, z, z, z};",
-                        "st.global.v4.b32 [$1], {z, z, z, z};", "}"])
 
 _CLASSES = None
 
@@ -59,50 +44,11 @@ def _build():
     import cutlass.pipeline as pipeline
     import cutlass.utils as utils
     import cutlass.utils.hopper_helpers as sm90_utils
-    from cutlass._mlir.dialects import llvm
     from cutlass.cute.nvgpu import warpgroup
-    from cutlass.cutlass_dsl import dsl_user_op
 
-    def _asm(ptx, outs, ins, constraints):
-        i32 = cutlass.Int32.mlir_type
-        res = llvm.inline_asm(llvm.StructType.get_literal([i32] * outs) if outs else None, ins, ptx, constraints,
-                              has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT)
-        return [llvm.extractvalue(i32, res, [i]) for i in range(outs)] if outs else None
-
-    def _i64(vals, loc, ip):
-        return [cutlass.Int64(v).ir_value(loc=loc, ip=ip) for v in vals]
-
-    @dsl_user_op
-    def load_unit(codes, scales, *, loc=None, ip=None):
-        """A thread's 16 code bytes and 8 scale bytes of one weight unit (shared addresses)."""
-        return _asm("{\nld.shared.v4.b32 {$0, $1, $2, $3}, [$6];\nld.shared.v2.b32 {$4, $5}, [$7];\n}",
-                    6, [cutlass.Int32(v).ir_value(loc=loc, ip=ip) for v in (codes, scales)], "=r,=r,=r,=r,=r,=r,r,r")
-
-    @dsl_user_op
-    def decode_unit(loaded, *, loc=None, ip=None):
-        i32 = cutlass.Int32.mlir_type
-        res = llvm.inline_asm(llvm.StructType.get_literal([i32] * 16), loaded, RS_DECODE_PTX,
-                              ",".join(["=r"] * 16 + ["r"] * 6), has_side_effects=False, is_align_stack=False,
-                              asm_dialect=llvm.AsmDialect.AD_ATT)
-        return [cutlass.Uint32(llvm.extractvalue(i32, res, [i])) for i in range(16)]
-
-    @dsl_user_op
-    def copy16(src, dst, *, loc=None, ip=None):
-        """16 bytes from shared address ``src`` to global address ``dst``."""
-        _asm("{\n.reg .b32 a, b, c, d;\nld.shared.v4.b32 {a, b, c, d}, [$0];\nst.global.v4.b32 [$1], {a, b, c, d};\n}",
-             0, [cutlass.Int32(src).ir_value(loc=loc, ip=ip), cutlass.Int64(dst).ir_value(loc=loc, ip=ip)], "r,l")
-
-    @dsl_user_op
-    def decode_act16(src, sf, dst, *, loc=None, ip=None):
-        _asm(ACT_DECODE_PTX, 0, _i64((src, sf, dst, dst + 16), loc, ip), "l,l,l,l")
-
-    @dsl_user_op
-    def zero32(dst, *, loc=None, ip=None):
-        _asm(ZERO32_PTX, 0, _i64((dst, dst + 16), loc, ip), "l,l")
-
-    def _silu_mul(g, u):
-        """silu(g)·u with the fast exp and reciprocal (~2 ulp of fp32 before the rounding to the output type)."""
-        return g * cute.arch.rcp_approx(1.0 + cute.math.exp(-g, fastmath=True)) * u
+    o = ops()
+    load_unit, decode_unit, copy16, decode_act16, zero32, _silu_mul = (
+        o.load_unit, o.decode_unit, o.copy16, o.decode_act16, o.zero32, o._silu_mul)
 
     class ActivationDecodeSm90:
         """``mCodes`` uint8 [T, K/2], ``mScales`` E4M3 bytes [T, K/16] (row-major, the caller's tensors), ``mX``
