@@ -69,3 +69,8 @@ def test_no_import_cycle_at_load_time():
     for m in graph:
         if m not in state:
             visit(m, [m])
+
+
+def test_no_package_file_over_800_lines():
+    long = {str(f.relative_to(PKG)): n for f in _files() if (n := len(f.read_text().splitlines())) > 800}
+    assert not long, f"split these by stage or concern: {long}"
