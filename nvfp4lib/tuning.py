@@ -111,9 +111,7 @@ def heuristic(dual: bool, bucket: int, candidates: list[str]) -> str:
 def tune(run, candidates: list[str], *, iters: int = 20, progress: bool = True) -> tuple[str, dict[str, float]]:
     """Time ``run(candidate)`` (a callable launching one call) for every candidate: median of ``iters`` CUDA-event
     timings with the L2 flushed before each; return (fastest, {candidate: microseconds})."""
-    import torch
-
-    from .bench import L2Flusher
+    from .bench import L2Flusher, time_runner
 
     flush = L2Flusher()
     times = {}
@@ -123,17 +121,7 @@ def tune(run, candidates: list[str], *, iters: int = 20, progress: bool = True) 
 
         it = tqdm(candidates, desc="nvfp4lib tune", leave=False)
     for c in it:
-        run(c)  # compile and warm up
-        torch.cuda.synchronize()
-        samples = []
-        for _ in range(iters):
-            flush()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run(c)
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3)
+        samples = time_runner(lambda c=c: run(c), iters=iters, warmup=1, flush=flush)  # warm-up compiles
         times[c] = sorted(samples)[len(samples) // 2]
     return min(times, key=times.get), times
 

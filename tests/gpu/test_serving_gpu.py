@@ -3,6 +3,7 @@ reference, any split of the rows replayed from one CUDA graph, torch.compile and
 import pytest
 import torch
 
+from nvfp4lib.calls import pack_rows as packed
 from nvfp4lib.formats import NVFP4Tensor
 from nvfp4lib.kernels.hopper_varlen.config import CONFIGS
 from nvfp4lib.problems import BENCHMARK, DUAL, GroupedProblem, make_inputs
@@ -24,16 +25,6 @@ def poison_allocator(nbytes: int) -> None:
     then reads NaN (the output is allocated inside the call)."""
     junk = torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.float16, device="cuda")
     del junk
-
-
-def packed(a):
-    offs = [0]
-    for t in a:
-        offs.append(offs[-1] + t.shape[0])
-    ap = NVFP4Tensor(torch.cat([t.data for t in a]), torch.cat([t.scales for t in a]),
-                     torch.ones((), dtype=torch.float32, device=a[0].data.device))
-    gs = torch.stack([t.global_scale for t in a])
-    return ap, torch.tensor(offs, dtype=torch.int32, device="cuda"), gs
 
 
 def _problem_configs():

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from ..rs_layout import UNIT_BYTES, UNIT_K, UNIT_ROWS
+from ..hopper_configs import SMEM_LIMIT
+from ..rs_config import (  # noqa: F401  (the same kernel's rules: one definition)
+    MAX_ACC_REGS,
+    MAX_VARIANTS,
+    NWG,
+    ROW_BYTES,
+    STAGE_PAD,
+    blocks_per_warpgroup,
+    stage_bytes,
+    xfer_bytes,
+)
+from ..rs_layout import UNIT_BYTES, UNIT_K
 
-NWG = 2  # MMA warpgroups per CTA, each one 64-row wgmma per block
-MAX_ACC_REGS = 128  # fp32 accumulator registers per thread (beyond it ptxas spills)
-MAX_VARIANTS = 8  # wgmma N widths compiled into one kernel (code size and compile time grow with each)
-ROW_BYTES = 128  # the prepacked weights move as rows of 128 bytes
-SMEM_LIMIT = 232448  # bytes of shared memory one CTA may use on sm_90 (227 KB)
-STAGE_PAD = 8  # elements of padding per staged output row (rows start in different banks)
 EPILOGUES = ("simt", "staged")
 
 
@@ -49,7 +54,7 @@ class VarlenConfig:
     @property
     def blocks(self) -> int:
         """64-row weight units per warpgroup."""
-        return self.tile_m * (2 if self.dual else 1) // (UNIT_ROWS * NWG)
+        return blocks_per_warpgroup(self)
 
     @property
     def acc_registers(self) -> int:
@@ -63,16 +68,6 @@ class VarlenConfig:
         weights = self.ab_stages * self.stage_units * UNIT_BYTES
         acts = self.ab_stages * self.tile_k * self.tile_n * 2
         return 3 * 1024 + weights + acts
-
-
-def xfer_bytes(cfg: VarlenConfig) -> int:
-    """Dual: the accumulators handed between the warpgroups (fp32, one per thread and element)."""
-    return cfg.acc_registers * 4 * 128 if cfg.dual else 0
-
-
-def stage_bytes(cfg: VarlenConfig) -> int:
-    """epilogue="staged": the output tile as C rows (tile_n tokens × the tile's columns + pad, 2 bytes each)."""
-    return cfg.tile_n * (cfg.tile_m + STAGE_PAD) * 2 if cfg.epilogue == "staged" else 0
 
 
 def validate(cfg: VarlenConfig) -> VarlenConfig:
