@@ -226,6 +226,19 @@ def cmd_b200_check(args) -> int:
                         strict=True, k_sweep=None))
 
 
+def cmd_headline(args) -> int:
+    """The README's headline table from data/bench.jsonl (``--write README.md`` puts it between the markers)."""
+    from . import headline, store
+
+    block = headline.markdown(headline.headline(store.load()))
+    if args.write:
+        changed = headline.write_readme(args.write, block)
+        print(f"{args.write}: {'updated' if changed else 'already up to date'}")
+    else:
+        print(block)
+    return 0
+
+
 def cmd_info(args) -> int:
     from .backends import available_backends
     from .store import provenance
@@ -322,6 +335,10 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("info", help="provenance of this machine and the backends known")
     p.set_defaults(fn=cmd_info)
+
+    p = sub.add_parser("headline", help="the README's headline table, computed from data/bench.jsonl")
+    p.add_argument("--write", type=Path, metavar="README", help="replace the block between the file's markers")
+    p.set_defaults(fn=cmd_headline)
 
     args = ap.parse_args(argv)
     return args.fn(args)
