@@ -116,30 +116,47 @@ def cmd_tune(args) -> int:
 
 
 def cmd_check(args) -> int:
+    """Each backend against the exact reference (fp64 accumulation, one rounding to the output dtype) per input
+    distribution; rows (normwise and elementwise max relative error, mismatching elements) to build/ or --record."""
     import torch
 
     from .api import prepare
     from .bench import BackendSpec, check_runner
     from .problems import make_inputs
     from .reference import reference_grouped_gemm
+    from .store import new_run_id, provenance
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    failures = 0
+    failures, rows, run_id = 0, [], new_run_id()
     for spec in [BackendSpec.parse(s) for s in args.backend]:
         for prob in _problems(args):
             for mode in args.modes:
                 for seed in args.seeds:
                     inp = make_inputs(prob, seed=seed, mode=mode, device=device)
-                    ref = reference_grouped_gemm(inp.a, inp.b, inp.b2)
+                    ref = reference_grouped_gemm(inp.a, inp.b, inp.b2, accumulate=torch.float64)
+                    row = {"run_id": run_id, "backend": spec.backend, "label": spec.name, "problem": prob.name,
+                           "dual": prob.dual, "input_mode": mode, "seed": seed, "reference": "fp64, one rounding"}
                     try:
-                        err = check_runner(prepare(inp.a, inp.b, inp.b2, backend=spec.backend, **spec.options), ref)
+                        runner = prepare(inp.a, inp.b, inp.b2, backend=spec.backend, **spec.options)
+                        err = check_runner(runner, ref)
+                        out = runner()
+                        diff = [(o.double().cpu() - r.double().cpu()).abs() for o, r in zip(out, ref)]
+                        scale = max(float(r.double().abs().max()) for r in ref if r.numel()) or 1.0
+                        row.update(rel_err=err, max_abs_err=max(float(d.max()) for d in diff if d.numel()),
+                                   max_rel_err=max(float(d.max()) for d in diff if d.numel()) / scale,
+                                   mismatched=sum(int((d > 0).sum()) for d in diff),
+                                   elements=sum(d.numel() for d in diff))
                         ok = err <= args.tol
-                        msg = f"rel_err {err:.2e}"
+                        msg = f"rel_err {err:.2e} max_rel {row['max_rel_err']:.2e} mismatched {row['mismatched']}"
                     except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:
                         ok, msg = False, f"{type(e).__name__}: {e}"
+                    row["status"] = "ok" if ok else f"fail: {msg[:300]}"
+                    rows.append(row)
                     failures += not ok
                     print(f"{'ok  ' if ok else 'FAIL'} {spec.name:<32} {prob.name:<16} {mode:<8} seed={seed:<6} {msg}")
     print(f"\n{failures} failure(s)")
+    prov = provenance() if rows else {}
+    _write(args, [{**prov, **r} for r in rows], "exactness.jsonl")
     return 1 if failures else 0
 
 
@@ -297,6 +314,7 @@ def main(argv=None) -> int:
     p.add_argument("--modes", nargs="+", default=["uniform", "gaussian"])
     p.add_argument("--seeds", nargs="+", type=int, default=[1111])
     p.add_argument("--tol", type=float, default=1e-3)
+    _add_record_args(p, BENCH.parent / "exactness.jsonl", "exactness")
     p.set_defaults(fn=cmd_check)
 
     p = sub.add_parser("record", help="append rows measured elsewhere (the GPU machine) to data/")

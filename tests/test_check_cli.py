@@ -1,0 +1,17 @@
+"""`python -m nvfp4lib check` measures against the fp64 reference and writes exactness rows only where asked."""
+import json
+
+from nvfp4lib.__main__ import main
+
+
+def test_check_writes_exactness_rows(tmp_path, capsys):
+    out = tmp_path / "x.jsonl"
+    rc = main(["check", "--backend", "reference", "--problem", "C1", "--modes", "uniform", "heavy", "--no-record",
+               "--out", str(out)])
+    assert rc == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["input_mode"] for r in rows] == ["uniform", "heavy"]
+    for r in rows:
+        assert r["reference"] == "fp64, one rounding" and r["status"] == "ok" and "gpu" in r and "git_commit" in r
+        assert r["max_rel_err"] >= 0 and r["elements"] > 0 and 0 <= r["mismatched"] <= r["elements"]
+    assert "0 failure(s)" in capsys.readouterr().out
