@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: env study test lint clean gpu-test bench calls tune
+.PHONY: env study test lint clean gpu-test bench calls tune reproduce
 
 env: $(STAMP)
 
@@ -31,18 +31,27 @@ lint: env
 # On the GPU machine (sm_90): the GPU suite, a benchmark run of the default kernel and its peers, the serving path's
 # four call forms, and the tuning cache. Rows go to build/ unless RECORD=--record (then data/).
 RECORD ?=
+ITERS ?= 50
 gpu-test: env
 	$(BIN)/python -m pytest -q tests/gpu
 
 bench: env
 	$(BIN)/python -m nvfp4lib bench --suite benchmark --suite dual --backend cute-hopper:graph=1 \
-	  --backend torch-grouped-mm:graph=1 --backend triton:graph=1 $(RECORD)
+	  --backend torch-bf16-predequant:graph=1 --backend triton:graph=1 --backend torch-grouped-mm-fused:graph=1 \
+	  --iters $(ITERS) $(RECORD)
 
 calls: env
 	$(BIN)/python -m nvfp4lib calls --suite benchmark --suite dual --mode uniform $(RECORD)
 
 tune: env
 	$(BIN)/python -m nvfp4lib tune --suite benchmark --suite dual
+
+# Rerun one round the notebooks show (`python -m nvfp4lib experiment --list` names them): on the GPU machine it
+# benchmarks the round's configs; a round whose code left the package prints the commit that had it and how to rerun it.
+ROUND ?=
+reproduce: env
+	@test -n "$(ROUND)" || { echo "name a round: make reproduce ROUND=round1 (rounds: python -m nvfp4lib experiment --list)"; exit 2; }
+	$(BIN)/python -m nvfp4lib experiment $(ROUND) $(RECORD)
 
 clean:
 	rm -rf build .pytest_cache

@@ -302,6 +302,9 @@ def main(argv=None) -> int:
     from .moe_bench import add_command as add_moe_bench  # moe-bench: NVFP4MoE against its bf16 peer (GPU)
     add_moe_bench(sub, _add_record_args, _write)
 
+    from .experiment import add_command as add_experiment  # experiment: rerun a round the notebooks show (GPU)
+    add_experiment(sub, _add_record_args, _write)
+
     p = sub.add_parser("tune", help="time the serving kernel's configs per problem and cache the fastest (GPU)")
     add_problems(p)
     p.add_argument("--seed", type=int, default=1111)

@@ -59,6 +59,7 @@ BACKENDS: dict[str, str] = {
     "torch-bf16": "nvfp4lib.peers.torch_peers:prepare_bf16",
     "torch-grouped-mm": "nvfp4lib.peers.torch_peers:prepare_grouped_mm",
     "torch-bf16-predequant": "nvfp4lib.peers.torch_peers:prepare_bf16_predequant",
+    "torch-grouped-mm-fused": "nvfp4lib.peers.torch_peers:prepare_grouped_mm_fused",
     "torch-dequant": "nvfp4lib.peers.torch_peers:prepare_dequant",
     "torch-compile": "nvfp4lib.peers.torch_peers:prepare_compile",
     "triton": "nvfp4lib.peers.triton_nvfp4:prepare",

@@ -22,7 +22,7 @@ from . import api
 from .problems import GroupedProblem, make_inputs
 from .reference import reference_grouped_gemm, relative_error
 from .roofline import floor_us, measure_ceilings
-from .store import new_run_id, provenance
+from .store import kernel_family, new_run_id, provenance
 
 __all__ = ["BackendSpec", "bench", "time_runner", "check_runner", "L2Flusher"]
 
@@ -119,6 +119,9 @@ def bench(specs, problems, *, seed: int = 1111, mode: str = "uniform", iters: in
                 row["held_bytes"] = runner.held_bytes
                 row["notes"] = runner.notes
                 row.update({f"info_{k}": v for k, v in runner.info.items()})
+                if "config" in runner.info:  # the config that ran (auto's choice) and so its family
+                    row["config"] = runner.info["config"]
+                    row["kernel_family"] = kernel_family(spec.backend, row["config"])
                 if runner.info.get("ablation"):
                     # a diagnostic with parts of the work removed: wrong by design, timed to attribute time
                     row.update(_timing_fields(time_runner(runner, iters=iters, flush=flush), prob, floor))
@@ -153,11 +156,16 @@ def bench(specs, problems, *, seed: int = 1111, mode: str = "uniform", iters: in
 
 
 def _row_base(run_id, ceil, prob: GroupedProblem, spec: BackendSpec, seed, mode, floor):
+    # until prepare says which config ran: the one asked for (cute-hopper's default is auto)
+    config = spec.options.get("config", "auto" if spec.backend == "cute-hopper" else "default") \
+        if spec.backend.startswith("cute-") else None
     return {
         "run_id": run_id, **{f"ceil_{k}": v for k, v in ceil.items()},
         "problem": prob.name, "groups": prob.groups, "m": list(prob.m), "n": list(prob.n),
         "k": list(prob.k), "dual": prob.dual, "flops": prob.flops(), "nvfp4_bytes": prob.nvfp4_bytes(),
         "backend": spec.backend, "options": spec.options, "label": spec.name, "seed": seed,
+        # explicit in every row (never inferred later): a peer is its own family and has no config
+        "config": config, "kernel_family": kernel_family(spec.backend, config),
         "input_mode": mode, "floor_us": floor,
     }
 

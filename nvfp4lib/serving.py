@@ -15,6 +15,10 @@ Both call the torch custom op ``nvfp4lib::grouped_mm`` (fake implementation for 
 outside ``offsets[0] .. offsets[G]`` are left unspecified by the kernel (zeros in the reference). Offsets are
 clamped to ``[0, T]`` and made monotone on the device (the kernel never reads or writes out of bounds); whether
 they are right is the caller's business: ``check_offsets`` tests them at the cost of one synchronisation.
+
+``prepare_weights(..., activations="bf16")`` (W4A16) takes bf16 activations instead: ``w([a_g bf16 [M_g, K] ...])``
+or ``w(a [T, K] bf16, offsets)``, no global scale (C = A·(gs_B·dequantized B)ᵀ); on cute-hopper the rows go into the
+GEMM as they are (no prologue), through the custom op ``nvfp4lib::grouped_mm_a16``.
 """
 from __future__ import annotations
 
@@ -26,9 +30,10 @@ import torch.nn.functional as F
 from .formats import NVFP4Tensor, dequantize
 from .tuning import heuristic, lookup, m_bucket, problem_key
 
-__all__ = ["prepare_weights", "PreparedWeights", "check_offsets", "SERVING_BACKENDS"]
+__all__ = ["prepare_weights", "PreparedWeights", "check_offsets", "SERVING_BACKENDS", "ACTIVATIONS"]
 
 SERVING_BACKENDS = ("cute-hopper", "reference")
+ACTIVATIONS = ("nvfp4", "bf16")  # what a call's activations are: NVFP4Tensor (W4A4) or bf16 tensors (W4A16)
 _REGISTRY: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 _next_handle = [0]
 
@@ -54,20 +59,24 @@ def _weights(x, what: str) -> list[NVFP4Tensor]:
 
 
 def prepare_weights(b, b2=None, *, backend: str = "cute-hopper", out_dtype=torch.float16, config="auto",
-                    tune: bool = False, check_scales: bool = True) -> "PreparedWeights":
+                    tune: bool = False, check_scales: bool = True, activations: str = "nvfp4") -> "PreparedWeights":
     """Validate, pack and compile once for these weights; call the result with activations (see the module doc).
 
     ``config``: "auto" (a cached choice per rows-per-group bucket, else a shape heuristic; ``tune=True`` times the
     candidates on the first call of each bucket and caches the winner) or a config name of the backend.
     ``check_scales``: refuse NaN E4M3 block scales in the weights (one read-back to the host); the one-shot
-    functions skip it (a NaN scale then gives NaN outputs, never a finite wrong number)."""
+    functions skip it (a NaN scale then gives NaN outputs, never a finite wrong number).
+    ``activations``: "nvfp4" (calls take NVFP4Tensor) or "bf16" (calls take bf16 tensors; see the module doc)."""
     return PreparedWeights(b, b2, backend=backend, out_dtype=out_dtype, config=config, tune=tune,
-                           check_scales=check_scales)
+                           check_scales=check_scales, activations=activations)
 
 
 class PreparedWeights:
     def __init__(self, b, b2=None, *, backend="cute-hopper", out_dtype=torch.float16, config="auto", tune=False,
-                 check_scales=True):
+                 check_scales=True, activations="nvfp4"):
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+        self.activations = activations
         b = _weights(b, "b")
         b2 = None if b2 is None else _weights(b2, "b2")
         if b2 is not None:
@@ -87,7 +96,8 @@ class PreparedWeights:
         if backend == "reference":
             self.impl = _ReferenceImpl(b, b2, out_dtype)
         else:
-            self.impl = _CuteHopperImpl(b, b2, out_dtype, config=config, tune=tune, check_scales=check_scales)
+            self.impl = _CuteHopperImpl(b, b2, out_dtype, config=config, tune=tune, check_scales=check_scales,
+                                        activations=activations)
         self.impl.n, self.impl.out_dtype = self.n, out_dtype
         self.handle = _next_handle[0]
         _next_handle[0] += 1
@@ -103,6 +113,8 @@ class PreparedWeights:
 
     def __call__(self, a, offsets=None, *, global_scale=None, out=None):
         """``out``: (packed form, eager) a [T, N] tensor of ``out_dtype`` to write instead of a new one."""
+        if self.activations == "bf16":
+            return self._call_a16(a, offsets, global_scale, out)
         if offsets is None:
             if out is not None:
                 raise TypeError("out= is for the packed form w(a_packed, offsets)")
@@ -190,6 +202,71 @@ class PreparedWeights:
                              ".contiguous() tensors")
 
 
+    # -- bf16 activations (activations="bf16") ------------------------------------------------------------------------
+    def _call_a16(self, a, offsets, global_scale, out):
+        if global_scale is not None:
+            raise TypeError("global_scale= is for NVFP4 activations; bf16 activations have none (these weights were "
+                            "prepared with activations='bf16')")
+        if offsets is None:
+            if out is not None:
+                raise TypeError("out= is for the packed form w(a_packed, offsets)")
+            if isinstance(a, torch.Tensor) or not isinstance(a, (list, tuple)) or len(a) != self.groups:
+                raise ValueError(f"w(a): a must be a list of {self.groups} bf16 tensors [M_g, K] (one per group), got "
+                                 f"{len(a) if isinstance(a, (list, tuple)) else type(a).__name__}; a single [T, K] "
+                                 "tensor needs its group offsets, w(a, offsets)")
+            for g, t in enumerate(a):
+                self._check_a16(t, f"a[{g}]", packed=False)
+            rows = [int(t.shape[0]) for t in a]
+            offs = [0]
+            for m in rows:
+                offs.append(offs[-1] + m)
+            x = torch.cat(list(a))
+            offsets = torch.tensor(offs, dtype=torch.int32).to(self.device, non_blocking=True)
+            c = self._run_a16(x, offsets)
+            return [c[o: o + m] for o, m in zip(offs, rows)]
+        self._check_a16(a, "a", packed=True)
+        if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int32:
+            raise TypeError(f"offsets must be an int32 tensor [G+1] on {self.device}, got "
+                            f"{getattr(offsets, 'dtype', type(offsets).__name__)}")
+        if tuple(offsets.shape) != (self.groups + 1,):
+            raise ValueError(f"offsets must have shape [G+1] = [{self.groups + 1}], got {tuple(offsets.shape)}")
+        if offsets.device != self.device:
+            raise ValueError(f"offsets are on {offsets.device} but the weights are on {self.device}: keep them on the "
+                             "device (no host round trip per call)")
+        if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (a.shape[0], self.n)
+                                or out.dtype != self.out_dtype or out.device != self.device
+                                or not out.is_contiguous()):
+            raise ValueError(f"out must be a contiguous {self.out_dtype} tensor [T, N] = [{a.shape[0]}, {self.n}] "
+                             f"on {self.device}, got {getattr(out, 'dtype', type(out).__name__)} "
+                             f"{tuple(getattr(out, 'shape', ()))}")
+        return self._run_a16(a, offsets, out)
+
+    def _run_a16(self, x, offsets, out=None):
+        if torch.compiler.is_compiling():
+            if out is not None:
+                raise TypeError("out= is not supported under torch.compile (the op returns a new tensor)")
+            return torch.ops.nvfp4lib.grouped_mm_a16(x, offsets, self.handle)
+        return self.impl.a16(x, offsets, out)
+
+    def _check_a16(self, t, what: str, packed: bool) -> None:
+        form = "w(a, offsets): a must be one bf16 tensor [T, K]" if packed else f"{what} must be a bf16 tensor [M, K]"
+        if isinstance(t, NVFP4Tensor) or not isinstance(t, torch.Tensor):
+            raise TypeError(f"{form}, got {type(t).__name__} (these weights were prepared with activations='bf16'; "
+                            "NVFP4 activations need activations='nvfp4')")
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{form}, got {t.dtype} (convert with .to(torch.bfloat16))")
+        if t.dim() != 2:
+            raise ValueError(f"{form}, got shape {tuple(t.shape)}")
+        if t.shape[1] != self.k:
+            raise ValueError(f"{what} has K={t.shape[1]} but the weights have K={self.k}")
+        if t.device != self.device:
+            raise ValueError(f"{what} is on {t.device} but the weights are on {self.device}")
+        if packed and self.backend == "cute-hopper" and (not t.is_contiguous() or (
+                not torch.compiler.is_compiling() and t.data_ptr() % 16)):
+            raise ValueError(f"{what}: the kernel loads rows by TMA and needs a contiguous, 16-byte aligned [T, K] "
+                             f"tensor (strides {tuple(t.stride())}); pass .contiguous()")
+
+
 def check_offsets(offsets: torch.Tensor, rows: int) -> None:
     """Raise ValueError unless ``offsets`` start at 0, never decrease and end at most at ``rows`` (one sync)."""
     o = offsets.detach().to("cpu", torch.int64)
@@ -219,16 +296,25 @@ class _ReferenceImpl:
     def __call__(self, codes, scales, gs_a, offsets, out=None):
         if out is not None:
             return out.copy_(self(codes, scales, gs_a, offsets))
-        rows = codes.shape[0]
         one = torch.ones((), dtype=torch.float32, device=codes.device)
         a = dequantize(NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), one), torch.float32)
-        r = torch.arange(rows, dtype=torch.int32, device=codes.device)
+        return self._grouped(a, gs_a, offsets)
+
+    def a16(self, x, offsets, out=None):
+        """bf16 activations ``x [T, K]``: the same products with x as it is (exact in fp32), no activation scale."""
+        if out is not None:
+            return out.copy_(self.a16(x, offsets))
+        return self._grouped(x.to(torch.float32), torch.ones(1, dtype=torch.float32, device=x.device), offsets)
+
+    def _grouped(self, a, gs_a, offsets):
+        rows = a.shape[0]
+        r = torch.arange(rows, dtype=torch.int32, device=a.device)
         lo = torch.minimum(torch.clamp(offsets.to(torch.int64), min=0), torch.tensor(rows, device=offsets.device))
         lo = torch.cummax(lo, 0).values
         group = torch.searchsorted(lo[1:].contiguous(), r.to(torch.int64), right=True)
         inside = (r >= lo[0]) & (group < len(self.b))
         scale = gs_a[torch.clamp(group, max=len(self.b) - 1)] if gs_a.shape[0] > 1 else gs_a.expand(rows)
-        out = torch.zeros((rows, self.n), dtype=torch.float32, device=codes.device)
+        out = torch.zeros((rows, self.n), dtype=torch.float32, device=a.device)
         tf32 = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False
         try:
@@ -248,11 +334,17 @@ def dual_layout(groups: int, n: int) -> int:
     return 64 if groups * n >= 16384 else 128
 
 
+def tuning_layout(tile_m: int, tile_k: int, activations: str = "nvfp4") -> str:
+    """The layout field of a cute-hopper tuning key: the packed weights' tiling, and the activation type (bf16
+    activations run other configs, whose times must not mix with NVFP4's)."""
+    return f"m{tile_m}k{tile_k}" + ("_a16" if activations == "bf16" else "")
+
+
 class _CuteHopperImpl:
     """The device-scheduled swap-AB kernel (:mod:`nvfp4lib.kernels.hopper_varlen`): weights packed once for one
     layout; one compiled runner per config used, chosen per rows-per-group bucket (:mod:`nvfp4lib.tuning`)."""
 
-    def __init__(self, b, b2, out_dtype, *, config, tune, check_scales=True):
+    def __init__(self, b, b2, out_dtype, *, config, tune, check_scales=True, activations="nvfp4"):
         from .kernels.hopper_varlen.config import CONFIGS, get_config
         from .kernels.hopper_varlen.runner import OUT_DTYPES, PackedWeights, layout_of, require_hopper
 
@@ -264,16 +356,17 @@ class _CuteHopperImpl:
             raise ValueError(f"cute-hopper stores output rows in 16-byte chunks: N must be a multiple of 8, got {n}")
         if config == "auto":
             layout = (dual, dual_layout(groups, n) if dual else 128, 128)
-            self.candidates = [c for c, cfg in CONFIGS.items() if layout_of(cfg) == layout]
+            self.candidates = [c for c, cfg in CONFIGS.items() if layout_of(cfg) == layout and cfg.act == activations]
             self.fixed = None
         else:
-            cfg = get_config(config, dual)
+            cfg = get_config(config, dual, activations)
             layout, self.candidates, self.fixed = layout_of(cfg), [cfg.name], cfg.name
         self.weights = PackedWeights(b, b2, layout[1], layout[2], check_scales=check_scales)
         self.tune, self.out_dtype, self.n = tune, out_dtype, n
         self.gpu = torch.cuda.get_device_name(b[0].data.device)
-        self._key = lambda bucket: problem_key(self.gpu, "cute-hopper", dual, out_dtype, groups, n, k, bucket,
-                                               f"m{layout[1]}k{layout[2]}")
+        self.activations = activations
+        tag = tuning_layout(layout[1], layout[2], activations)
+        self._key = lambda bucket: problem_key(self.gpu, "cute-hopper", dual, out_dtype, groups, n, k, bucket, tag)
         self._runners: dict = {}
         self._choice: dict[int, str] = {}
         self._last = (-1, None)
@@ -295,8 +388,15 @@ class _CuteHopperImpl:
             return self.fixed
         bucket = m_bucket(rows, self.weights.groups)
         if bucket not in self._choice:
-            self._choice[bucket] = lookup(self._key(bucket)) or heuristic(self.weights.dual, bucket, self.candidates)
+            self._choice[bucket] = lookup(self._key(bucket)) or self._heuristic(bucket)
         return self._choice[bucket]
+
+    def _heuristic(self, bucket: int) -> str:
+        if self.activations == "nvfp4":
+            return heuristic(self.weights.dual, bucket, self.candidates)
+        # the bf16 configs mirror the NVFP4 ones under vl_a16_ names: the same ranking, until they are timed apart
+        as_nvfp4 = [c.replace("vl_a16_", "vl_", 1) for c in self.candidates]
+        return self.candidates[as_nvfp4.index(heuristic(self.weights.dual, bucket, as_nvfp4))]
 
     def tune_bucket(self, codes, scales, gs_a, offsets) -> dict:
         """Time every candidate on these inputs; cache the fastest for their bucket. Returns {config: us}."""
@@ -318,6 +418,96 @@ class _CuteHopperImpl:
             self._last = (rows, self.runner(self.config_for(rows)))
         return self._last[1](codes, scales, gs_a, offsets, out)
 
+    def a16(self, x, offsets, out=None):
+        """bf16 activations ``x [T, K]`` (checked by the caller): the runner of the rows' bucket, as ``__call__``."""
+        rows = x.shape[0]
+        if rows != self._last[0]:
+            if self.tune and not self.fixed and m_bucket(rows, self.weights.groups) not in self._choice:
+                if not torch.cuda.is_current_stream_capturing():
+                    self._tune(lambda c: self.runner(c).call_a16(x, offsets), rows)
+            self._last = (rows, self.runner(self.config_for(rows)))
+        return self._last[1].call_a16(x, offsets, out)
+
+    def _tune(self, run, rows: int) -> dict:
+        from .tuning import store, tune
+
+        best, times = tune(run, self.candidates)
+        bucket = m_bucket(rows, self.weights.groups)
+        store(self._key(bucket), best)
+        self._choice[bucket] = best
+        self._last = (-1, None)
+        return times
+
+
+_GPU_NAMES: dict = {}
+_ONESHOT_CHOICE: dict = {}
+
+
+def _oneshot_config(device, dual: bool, out_dtype, groups: int, n: int, k: int, rows: int):
+    """The config a one-shot call runs: the tuning cache's choice for the shape, else the heuristic (never timed);
+    remembered per (shape, bucket) for the process."""
+    from .kernels.hopper_varlen.config import CONFIGS
+    from .kernels.hopper_varlen.runner import layout_of
+
+    bucket = m_bucket(rows, groups)
+    key = (device, dual, out_dtype, groups, n, k, bucket)
+    cfg = _ONESHOT_CHOICE.get(key)
+    if cfg is None:
+        gpu = _GPU_NAMES.get(device)
+        if gpu is None:
+            gpu = _GPU_NAMES[device] = torch.cuda.get_device_name(device)
+        layout = (dual, dual_layout(groups, n) if dual else 128, 128)
+        cands = [c for c, x in CONFIGS.items() if layout_of(x) == layout and x.act == "nvfp4"]
+        name = lookup(problem_key(gpu, "cute-hopper", dual, out_dtype, groups, n, k, bucket,
+                                  f"m{layout[1]}k{layout[2]}")) or heuristic(dual, bucket, cands)
+        cfg = _ONESHOT_CHOICE[key] = CONFIGS[name]
+    return cfg
+
+
+def oneshot_table(a, b, b2=None) -> list[int] | None:
+    """The one-shot gather's address table for NVFP4Tensor lists (already validated: shapes, K, devices), or None
+    where the fast path does not apply (non-contiguous parts, global scales that are not float32)."""
+    from .kernels.hopper_varlen.gather import F
+
+    pad = [0] * (F - 10)
+    table = []
+    for g, x in enumerate(a):
+        w = b[g]
+        u = w if b2 is None else b2[g]
+        for t in (x, w, u):
+            if not (t.data.is_contiguous() and t.scales.is_contiguous()) or t.global_scale.dtype != torch.float32:
+                return None
+        table += [x.data.data_ptr(), x.scales.data_ptr(), x.data.shape[0], w.data.data_ptr(), w.scales.data_ptr(),
+                  u.data.data_ptr(), u.scales.data_ptr(), x.global_scale.data_ptr(), w.global_scale.data_ptr(),
+                  u.global_scale.data_ptr()] + pad
+    return table
+
+
+def oneshot(a, b, b2=None, *, out_dtype=torch.float16) -> torch.Tensor | None:
+    """C ``[T, N]`` (the groups' rows in order) of a one-shot cute-hopper call with new weights, or None where the
+    fast path does not apply (the caller then prepares the weights). ``a``, ``b``, ``b2``: validated NVFP4Tensor
+    lists sharing N and K (:func:`nvfp4lib.api.validate_operands`)."""
+    n, k = b[0].data.shape[0], b[0].data.shape[1] * 2
+    table = oneshot_table(a, b, b2)
+    if table is None:
+        return None
+    return oneshot_run(table, sum(x.data.shape[0] for x in a), len(b), n, k, b2 is not None, out_dtype,
+                       b[0].data.device)
+
+
+def oneshot_run(table: list[int], rows: int, groups: int, n: int, k: int, dual: bool, out_dtype, device, *,
+                swizzled: bool = False) -> torch.Tensor | None:
+    """The one-shot call from an address table (:func:`oneshot_table`, or the study's harness with its scales in
+    the blocked layout: ``swizzled``): one gather launch (weights and activation rows packed from the callers'
+    tensors in place, offsets, global scales), the prologue and the GEMM. None where the kernel cannot take it."""
+    from .kernels.hopper_varlen.oneshot import OneShot
+    from .kernels.hopper_varlen.runner import OUT_DTYPES
+
+    if out_dtype not in OUT_DTYPES or n % 8:
+        return None
+    cfg = _oneshot_config(device, dual, out_dtype, groups, n, k, rows)
+    return OneShot.get(cfg, groups, n, k, out_dtype, device).run(table, rows, swz_a=swizzled, swz_b=swizzled)
+
 
 @torch.library.custom_op("nvfp4lib::grouped_mm", mutates_args=())
 def grouped_mm(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor, offsets: torch.Tensor,
@@ -337,3 +527,22 @@ def _(codes, scales, global_scale, offsets, handle):
 
 
 __all__ += ["grouped_mm", "heuristic", "lookup", "m_bucket", "problem_key"]
+
+
+@torch.library.custom_op("nvfp4lib::grouped_mm_a16", mutates_args=())
+def grouped_mm_a16(x: torch.Tensor, offsets: torch.Tensor, handle: int) -> torch.Tensor:
+    """C [T, N] of the prepared weights ``handle`` (prepared with activations="bf16") for bf16 activations
+    ``x [T, K]`` and int32 group offsets [G+1]."""
+    impl = _REGISTRY.get(handle)
+    if impl is None:
+        raise RuntimeError(f"nvfp4lib::grouped_mm_a16: prepared weights {handle} no longer exist")
+    return impl.a16(x, offsets)
+
+
+@grouped_mm_a16.register_fake
+def _(x, offsets, handle):
+    impl = _REGISTRY[handle]
+    return x.new_empty((x.shape[0], impl.n), dtype=impl.out_dtype)
+
+
+__all__ += ["grouped_mm_a16"]

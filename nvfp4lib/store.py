@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DATA_DIR", "append_rows", "load", "merge", "provenance", "new_run_id"]
+__all__ = ["DATA_DIR", "append_rows", "load", "merge", "provenance", "new_run_id", "kernel_family", "add_fields"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 BENCH = DATA_DIR / "bench.jsonl"
+HISTORY = DATA_DIR / "history.jsonl"  # what the development logs measured (rounds of notebook 09), with their commits
 COMPILE = DATA_DIR / "compile.jsonl"
 PROBES = DATA_DIR / "probes.jsonl"
 CALLS = DATA_DIR / "calls.jsonl"  # the serving path per call form (nvfp4lib.calls)
@@ -77,33 +78,46 @@ def read_rows(path) -> list[dict]:
     return rows
 
 
-# ``cute-hopper`` has had three kernels. Rows measured before this instant came from the first one (bf16 decode,
-# ``kernels/sm90.py``, removed in commit 111ecc9; configs such as vec4_wg2_dec2); later rows from the fp16-decode
-# kernel of ``kernels/hopper.py``. Both used config names such as "baseline": compare rows of one kernel only.
-# The swap-AB kernel (``kernels/hopper_rs.py``, weights decoded into wgmma's register operand) runs the configs
-# named ``rs_*`` (the ``auto`` default picks one of them and records it as ``info_config``).
-HOPPER_FP16_SINCE = "2026-11-22T23:20:00+00:00"
-HOPPER_KERNELS = ("bf16-decode (v1, removed)", "fp16-decode", "swap-AB register decode")
+# Every bench row names the kernel family that measured it (``kernel_family``) and the config it ran (``config``:
+# the one ``auto`` chose, where it chose). A peer is its own family (its backend name) and has no config. The rows
+# measured before these fields existed got them once, by ``tools/migrate_kernel_family.py`` (their previous state is
+# in each row's ``amended`` list). ``cute-hopper`` has had three kernels; the family names the code that ran:
+FAMILIES = {  # family -> (the `kernel` column's name, where its code is)
+    "hopper_bf16_decode": ("bf16-decode (v1, removed)", "nvfp4lib/kernels/sm90.py, removed in 111ecc9: "
+                           "git show 111ecc9^:nvfp4lib/kernels/sm90.py"),
+    "hopper_smem": ("fp16-decode", "nvfp4lib/kernels/hopper.py (decode into shared memory)"),
+    "hopper_rs": ("swap-AB register decode", "nvfp4lib/kernels/hopper_rs.py (rs_* configs)"),
+    "hopper_varlen": ("device-scheduled swap-AB", "nvfp4lib/kernels/hopper_varlen/ (the serving path)"),
+    "blackwell": ("blackwell", "nvfp4lib/kernels/blackwell.py"),
+}
+HOPPER_KERNELS = tuple(FAMILIES[f][0] for f in ("hopper_bf16_decode", "hopper_smem", "hopper_rs"))
+_KERNEL_OF_FAMILY = {f: FAMILIES[f][0] for f in ("hopper_bf16_decode", "hopper_smem", "hopper_rs")}
 
 
-def hopper_kernel(row: dict) -> str | None:
-    """Which cute-hopper kernel measured ``row`` (None for other backends)."""
-    if row.get("backend") != "cute-hopper":
-        return None
-    if str(row.get("info_config", "")).startswith("rs_"):
-        return HOPPER_KERNELS[2]
-    return HOPPER_KERNELS[1] if str(row.get("date", "")) >= HOPPER_FP16_SINCE else HOPPER_KERNELS[0]
+def kernel_family(backend: str, config: str | None) -> str:
+    """The family that runs ``config`` of ``backend`` in this tree, asked when a row is measured (never guessed
+    later): a cute-hopper config's class names its family (``hopper_smem`` or ``hopper_rs``)."""
+    if backend == "cute-blackwell":
+        return "blackwell"
+    if backend != "cute-hopper":
+        return backend
+    from .kernels import hopper
+
+    cfg = {**hopper.CONFIGS, **getattr(hopper, "SWEEP_CONFIGS", {})}.get(config)
+    if cfg is None:
+        return f"cute-hopper (config {config!r} not resolved)"
+    return cfg.family  # each family's config class names it
 
 
 def load(path=BENCH):
     """The table as a pandas DataFrame (empty if the file does not exist yet), with a derived ``kernel`` column
-    naming the cute-hopper kernel generation of each row (see :func:`hopper_kernel`)."""
+    naming the cute-hopper kernel of each row, read from its ``kernel_family`` (None for other families)."""
     import pandas as pd
 
     rows = read_rows(path)
     df = pd.DataFrame(rows)
     if len(df):
-        df["kernel"] = [hopper_kernel(r) for r in rows]
+        df["kernel"] = [_KERNEL_OF_FAMILY.get(r.get("kernel_family")) for r in rows]
     return df
 
 
@@ -124,6 +138,9 @@ def merge(src, dst=BENCH) -> int:
     for r in new:
         if not r.get("gpu"):
             raise ValueError(f"{src}: row without a 'gpu' provenance field; refusing to store it")
+        if {"backend", "options"} <= set(r) and not {"kernel_family", "config"} <= set(r):  # a bench row
+            raise ValueError(f"{src}: a {r['backend']} row without 'kernel_family' and 'config' (measured by an older "
+                             "tree?); refusing to store it: rows say what made them")
     return append_rows(dst, new)
 
 
@@ -143,6 +160,33 @@ def amend(path, run_ids, reason: str, **fields) -> int:
             r.setdefault("amended", []).append({"date": now, "reason": reason, "previous": old})
             r.update(fields)
             n += 1
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, sort_keys=True, default=_json_default) + "\n")
+    os.replace(tmp, path)
+    return n
+
+
+def add_fields(path, values, reason: str) -> int:
+    """Give rows fields they lack, explicitly, keeping the record: ``values(row)`` returns the fields to add (or
+    {}); a row's previous values of those fields go to ``amended[i]`` with the reason and the date. Fields a row
+    already has and measurements are never touched. Returns the number of rows changed."""
+    protected = {"median_us", "min_us", "p10_us", "p90_us", "rel_err", "status", "problem", "label", "run_id"}
+    path = Path(path)
+    rows = read_rows(path)
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    n = 0
+    for r in rows:
+        new = {k: v for k, v in values(r).items() if k not in r}
+        if protected & set(new):
+            raise ValueError(f"measurements cannot be added afterwards: {sorted(protected & set(new))}")
+        if new:
+            r.setdefault("amended", []).append({"date": now, "reason": reason, "previous": dict.fromkeys(new)})
+            r.update(new)
+            n += 1
+    if not n:
+        return 0
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
         for r in rows:

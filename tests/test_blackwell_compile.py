@@ -5,7 +5,6 @@ import torch
 
 from nvfp4lib.formats import swizzle_scales
 from nvfp4lib.kernels import blackwell as bw
-from nvfp4lib.kernels.config import KernelConfig
 from nvfp4lib.problems import get_problem, make_inputs
 
 SHIPPED = [(name, dual) for name in bw.CONFIGS for dual in (False, True)]
@@ -91,18 +90,24 @@ def test_2cta_64_row_tiles_are_refused_by_the_scale_factor_layout():
 
 
 @pytest.mark.parametrize("cfg, rule", [
-    (KernelConfig("x", tile_k=128), "tile_k must be 256"),
-    (KernelConfig("x", tile_n=96), "tile_n in"),
-    (KernelConfig("x", tile_n=256, dual=True), "tensor-memory columns"),
-    (KernelConfig("x", ab_stages=5, dual=True), "shared memory"),
-    (KernelConfig("x", use_2cta=True, cluster_m=2), "warp_spec='producer_consumer'"),
-    (KernelConfig("x", warp_spec="pingpong"), "not implemented"),
-    (KernelConfig("x", swap_ab=True), "not implemented"),
-    (KernelConfig("x", warp_spec="producer_consumer", use_2cta=True), "cluster_m even"),
+    (bw.BlackwellConfig("x", tile_k=128), "tile_k must be 256"),
+    (bw.BlackwellConfig("x", tile_n=96), "tile_n in"),
+    (bw.BlackwellConfig("x", tile_n=256, dual=True), "tensor-memory columns"),
+    (bw.BlackwellConfig("x", ab_stages=5, dual=True), "shared memory"),
+    (bw.BlackwellConfig("x", use_2cta=True, cluster_m=2), "warp_spec='producer_consumer'"),
+    (bw.BlackwellConfig("x", warp_spec="pingpong"), "not implemented"),
+    (bw.BlackwellConfig("x", warp_spec="producer_consumer", use_2cta=True), "cluster_m even"),
 ])
 def test_impossible_configs_are_refused_before_compiling(cfg, rule):
     with pytest.raises(ValueError, match=rule):
         bw.validate(cfg)
+
+
+def test_config_holds_only_this_kernels_knobs():
+    fields = set(bw.CONFIGS["baseline"].as_dict())
+    assert fields == {"family", "name", "tile_m", "tile_n", "tile_k", "ab_stages", "acc_stages", "epilogue",
+                      "warp_spec", "dual", "use_2cta", "cluster_m", "cluster_n"}
+    assert set(bw.CONFIGS) == {"baseline", "ws_pipelined"}
 
 
 def test_sweep_holds_the_studys_candidates():

@@ -7,9 +7,10 @@ import torch
 
 from nvfp4lib.formats import NVFP4Tensor, dequantize
 from nvfp4lib.kernels import hopper
-from nvfp4lib.kernels.config import KernelConfig
 from nvfp4lib.kernels.hopper import CONFIGS, SWEEP_CONFIGS, compile_report, get_config, smem_plan, validate
+from nvfp4lib.kernels.hopper_configs import SmemConfig
 from nvfp4lib.kernels.packing import ActivationPacker, stack_weights, tile_table
+from nvfp4lib.kernels.rs_config import RSConfig
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
@@ -34,23 +35,14 @@ def test_shipped_config_compiles_with_tma_and_wgmma(reports, name):
     assert r["stack_frame"] == 0
     assert r["smem_bytes"] <= hopper.SMEM_LIMIT
     cfg = CONFIGS[name]
-    if cfg.swap_ab:
+    if isinstance(cfg, RSConfig):
         from nvfp4lib.kernels import hopper_rs
 
         assert r["cvt.rn.f16x2.e4m3x2"] > 0 and r["lop3.b32"] > 0, "the register decode is missing"
         assert not r["wgmma_serialized"], "ptxas serialised the wgmma pipeline (C7513)"
-        if cfg.act_decode == "warpgroup":  # no prologue: a third warpgroup decodes activations into the ring
-            assert r["threads"] == 384 and r["griddepcontrol.wait"] == 0
-            assert r["st.shared.v4.b32"] > 0 and r["fence.proxy.async"] >= 1 and r["ld.global.nc.v2.b32"] > 0
-            # ping-pong: warpgroup 0 signals the end of its K loop at a named barrier that warpgroup 1 waits on
-            assert r["bar.arrive"] == (cfg.warp_spec == "pingpong")
-        elif cfg.act_decode == "inline":  # the MMA warpgroups copy raw rows (cp.async) and decode them into the ring
-            assert r["threads"] == 256 and r["griddepcontrol.wait"] == 0
-            assert r["cp.async.ca.shared.global"] > 0 and r["cp.async.mbarrier.arrive.noinc"] > 0
-            assert r["st.shared.v4.b32"] > 0 and r["fence.proxy.async"] >= 1
-        else:
-            assert r["griddepcontrol.wait"] >= 1, "the GEMM does not wait for the prologue's grid"
-            assert r["st.shared.v4.b32"] == 0
+        assert r["threads"] == 256 and r["bar.arrive"] == 0
+        assert r["griddepcontrol.wait"] >= 1, "the GEMM does not wait for the prologue's grid"
+        assert r["st.shared.v4.b32"] == 0 and r["ld.global.nc.v2.b32"] == 0  # activations arrive by TMA only
         if not cfg.dual:  # decoded weights never go through shared memory (the dual hands accumulators over)
             assert r["st.shared"] == (r["st.shared.b16"] if cfg.epilogue == "staged" else 0) + r["st.shared.v4.b32"]
         if cfg.epilogue == "staged":  # the output leaves in 16-byte row chunks, never element by element
@@ -63,12 +55,13 @@ def test_shipped_config_compiles_with_tma_and_wgmma(reports, name):
     if cfg.epilogue == "tma":  # TMA loads in prologue + main loop, and the store
         assert r["cp.async.bulk.tensor"] > reports["baseline"]["cp.async.bulk.tensor"]
     if cfg.warp_spec == "producer_consumer" and cfg.tile_m == 128:
-        assert r["setmaxnreg"] == 2 and r["threads"] == 128 * (2 + cfg.decode_warpgroups)
+        assert r["setmaxnreg"] == 2 and r["threads"] == 128 * 3
 
 
 @pytest.mark.slow
-def test_dual_issues_twice_the_wgmmas_and_loads_b2(reports):
-    single, dual = reports["tile128x64"], reports["baseline_dual"]  # same 128x64 tile
+def test_dual_issues_twice_the_wgmmas_and_loads_b2(reports, tmp_path):
+    dual = reports["baseline_dual"]  # 128x64 tiles
+    single = compile_report(CONFIGS["baseline"].with_(name="tile128x64", tile_n=64), dump_dir=str(tmp_path))
     assert dual["wgmma.mma_async"] == 2 * single["wgmma.mma_async"]
     assert dual["cp.async.bulk.tensor"] == single["cp.async.bulk.tensor"] * 3 // 2
 
@@ -86,22 +79,38 @@ def test_every_shipped_config_is_valid_and_fits():
 
     for cfg in CONFIGS.values():
         assert validate(cfg) is cfg
-        assert (hopper_rs.smem_plan if cfg.swap_ab else smem_plan)(cfg)["total"] <= hopper.SMEM_LIMIT
+        assert (hopper_rs.smem_plan if isinstance(cfg, RSConfig) else smem_plan)(cfg)["total"] <= hopper.SMEM_LIMIT
+
+
+def test_each_family_ships_its_own_config_with_only_its_knobs():
+    """The smem-decode kernel's configs are SmemConfig, the register-decode kernel's RSConfig (named rs_*); neither
+    carries the other's knobs, and the variants that lost and the ablations are not shipped."""
+    smem = {"family", "name", "tile_m", "tile_n", "tile_k", "ab_stages", "epilogue", "warp_spec", "decode", "split_k",
+            "dual"}
+    rs = {"family", "name", "tile_m", "tile_n", "tile_k", "ab_stages", "token_step", "epilogue", "dual",
+          "cta_overhead_tokens", "prologue_smem", "param_groups"}
+    for name, cfg in CONFIGS.items():
+        assert set(cfg.as_dict()) == (rs if isinstance(cfg, RSConfig) else smem), name
+        assert isinstance(cfg, RSConfig) == name.startswith("rs_"), name
+        assert not any(name.endswith(s) for s in ("_dw", "_pp", "_i", "_no_dequant", "_no_mma", "_timeline")), name
+    assert {"baseline", "baseline_dual", "stages3", "tile64x64", "tma_epilogue", "producer_consumer"} <= set(CONFIGS)
+    with pytest.raises(ValueError, match="f7c5079"):
+        get_config("rs_m128_t128_k128_s4_pp", dual=False)
 
 
 @pytest.mark.parametrize("cfg, rule", [
-    (KernelConfig("x", tile_m=96), "tile_m"),
-    (KernelConfig("x", tile_m=256), "tile_m"),
-    (KernelConfig("x", tile_n=100), "multiple of 8"),
-    (KernelConfig("x", tile_n=264), "multiple of 8"),
-    (KernelConfig("x", tile_n=72), "multiple of 32"),
-    (KernelConfig("x", tile_k=128), "multiple of 16 bytes"),
-    (KernelConfig("x", ab_stages=0), "ab_stages"),
-    (KernelConfig("x", ab_stages=5), "shared memory"),
-    (KernelConfig("x", tile_n=256), "accumulator registers"),
-    (KernelConfig("x", dual=True), "accumulator registers"),
-    (KernelConfig("x", warp_spec="pingpong"), "not implemented"),
-    (KernelConfig("x", epilogue="smem"), "epilogue"),
+    (SmemConfig("x", tile_m=96), "tile_m"),
+    (SmemConfig("x", tile_m=256), "tile_m"),
+    (SmemConfig("x", tile_n=100), "multiple of 8"),
+    (SmemConfig("x", tile_n=264), "multiple of 8"),
+    (SmemConfig("x", tile_n=72), "multiple of 32"),
+    (SmemConfig("x", tile_k=128), "multiple of 16 bytes"),
+    (SmemConfig("x", ab_stages=0), "ab_stages"),
+    (SmemConfig("x", ab_stages=5), "shared memory"),
+    (SmemConfig("x", tile_n=256), "accumulator registers"),
+    (SmemConfig("x", dual=True), "accumulator registers"),
+    (SmemConfig("x", warp_spec="pingpong"), "not implemented"),
+    (SmemConfig("x", epilogue="smem"), "epilogue"),
 ])
 def test_impossible_configs_are_refused_before_compiling(cfg, rule):
     with pytest.raises(ValueError, match=rule):
@@ -246,7 +255,7 @@ def test_auto_split_k_only_where_the_tiles_do_not_fill_the_gpu():
     assert hopper.choose_split_k(cfg, (8,), (4096,), (256,), 132) == 1  # one K tile: nothing to split
     assert hopper.choose_split_k(cfg.with_(split_k=3), (8,), (4096,), (512,), 132) == 2  # clipped to K tiles
     with pytest.raises(ValueError, match="SIMT"):
-        validate(KernelConfig("x", split_k=2, epilogue="tma"))
+        validate(SmemConfig("x", split_k=2, epilogue="tma"))
 
 
 def test_sass_counts_say_why_without_cuobjdump(monkeypatch):
@@ -269,3 +278,5 @@ def test_activation_prologue_compiles(param_groups):
     assert r["ld.global.nc.u64"] == (0 if param_groups else 3)
     assert r["cvt.rn.f16x2.e4m3x2"] >= 1 and r["ld.global.nc.v2.b32"] >= 1 and r["st.global.v4.b32"] >= 1
     assert r["spill_stores"] == 0
+    # a config's prologue_smem is what the launch asks for; the kernel's code is the same
+    assert hopper_rs.prologue_report(param_groups, smem=0)["cvt.rn.f16x2.e4m3x2"] == r["cvt.rn.f16x2.e4m3x2"]

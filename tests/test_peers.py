@@ -96,9 +96,88 @@ def test_graphed_runner_keeps_what_the_graph_reads_alive():
     assert ref() is not None
 
 
-def test_triton_refuses_without_cuda():
+@pytest.mark.parametrize("backend", ["triton", "torch-grouped-mm-fused"])
+def test_triton_peers_refuse_without_cuda(backend, monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
-    x = make_inputs(get_problem("C1"), seed=1)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x = make_inputs(get_problem("E1-empty-group"), seed=1)
     with pytest.raises(RuntimeError, match="CUDA"):
-        prepare(x.a, x.b, backend="triton")
+        prepare(x.a, x.b, backend=backend)
+
+
+def test_fp16_decode_is_exact_for_every_code_and_scale():
+    """The Triton peers' decode (code bits into an fp16, times E4M3 scale × 2^7): all 16 codes × 254 finite
+    scales give value × scale × 2^-7 exactly."""
+    from nvfp4lib.peers.triton_groups import check_decode_exhaustively
+
+    assert check_decode_exhaustively() == 16 * 254
+
+
+def test_inline_ptx_decode_places_the_bits_as_the_portable_form():
+    """The GPU decode's inline PTX (replayed instruction by instruction) against the portable form, on every byte
+    value in every position of the 32-bit word."""
+    from nvfp4lib.peers.triton_groups import decode_reference, emulate_ptx
+
+    for pos in range(4):
+        for byte in range(256):
+            w = byte << 8 * pos | 0x5A << 8 * ((pos + 1) % 4)  # a neighbour byte, so that no bits may leak
+            got = [emulate_ptx(w)[i] >> 16 * h & 0xFFFF for i in (0, 1, 2, 3) for h in (0, 1)]
+            lo_hi = decode_reference(torch.tensor([(w >> 8 * j) & 0xFF for j in range(4)] + [0] * 4,
+                                                  dtype=torch.uint8), torch.tensor([0x38], dtype=torch.uint8))
+            want = (lo_hi * 2.0 ** -7).view(torch.int16).to(torch.int32) & 0xFFFF  # value × 2^-14: the bits alone
+            assert got == [int(want[2 * j + nib]) for nib in (0, 1) for j in range(4)], (pos, byte)
+
+
+# The Triton kernels run on the CPU in Triton's interpreter (TRITON_INTERPRET=1, read when the kernels are defined):
+# each case runs in its own process. Ragged M (rows past M clamped, never stored), empty groups, ragged N and K
+# (masked K loads), the dual form, and the swapped operand order.
+_INTERPRETED = """
+import sys, torch
+from nvfp4lib import get_problem, make_inputs
+from nvfp4lib.api import prepare
+from nvfp4lib.bench import check_runner
+from nvfp4lib.reference import reference_grouped_gemm
+from nvfp4lib.problems import GroupedProblem
+from nvfp4lib.peers.triton_nvfp4 import Candidate
+backend, name, dual, cand = sys.argv[1], sys.argv[2], sys.argv[3] == "1", eval(sys.argv[4])
+p = (get_problem(name) if name[0] in "CE" else GroupedProblem.uniform_nk("small", eval(name), 64, 512)).with_dual(dual)
+x = make_inputs(p, seed=5, mode="gaussian")
+ref = reference_grouped_gemm(x.a, x.b, x.b2)
+opts = {"candidates": [cand]} if backend == "triton" else {}
+r = prepare(x.a, x.b, x.b2, backend=backend, **opts)
+err = check_runner(r, ref)
+assert err <= (r.tolerance or 1e-3), err
+assert [tuple(o.shape) for o in r.outputs] == [tuple(o.shape) for o in ref]
+if backend == "torch-grouped-mm-fused":  # the decoded activations are exactly the torch dequantization
+    from nvfp4lib.peers.torch_peers import _dq_cat
+    decoded = r.keepalive[1][: sum(p.m)]
+    assert torch.equal(decoded, _dq_cat(x.a))
+print("ok", err)
+"""
+
+_CASES = [
+    ("triton", "E1-empty-group", False, "Candidate(32, 64, 64, 4, 1)"),
+    ("triton", "C4", True, "Candidate(32, 64, 64, 4, 1)"),
+    ("triton", "E3-ragged", False, "Candidate(32, 64, 128, 4, 1, True)"),
+    ("triton", "C9", True, "Candidate(16, 32, 64, 4, 1, True)"),
+    ("torch-grouped-mm-fused", "(3, 0, 40)", False, "None"),
+    ("torch-grouped-mm-fused", "(17, 9)", True, "None"),
+    ("torch-grouped-mm-fused", "(0, 0)", False, "None"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend, name, dual, cand", _CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in _CASES])
+def test_triton_peers_are_exact_in_the_interpreter(backend, name, dual, cand):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = subprocess.run([sys.executable, "-c", _INTERPRETED, backend, name, "1" if dual else "0", cand], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-3000:]

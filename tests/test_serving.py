@@ -101,7 +101,7 @@ def test_configs_refuse_what_cannot_work():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("name", [n for n, c in CONFIGS.items() if c.act == "nvfp4"])  # bf16: tests/test_a16.py
 def test_every_config_compiles_for_sm90a(name, monkeypatch):
     pytest.importorskip("cutlass")
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")

@@ -108,11 +108,55 @@ def test_provenance_prefers_the_commit_given_in_the_environment(monkeypatch):
 
 
 def test_rows_name_the_hopper_kernel_that_measured_them(tmp_path):
+    # the kernel column is read from each row's explicit kernel_family; a row without one is not guessed from its date
     path = tmp_path / "b.jsonl"
     store.append_rows(path, [
-        {"run_id": "a", "backend": "cute-hopper", "date": "2026-11-22T20:00:00+00:00"},
-        {"run_id": "b", "backend": "cute-hopper", "date": "2026-11-22T23:30:00+00:00"},
-        {"run_id": "c", "backend": "cute-hopper", "date": "2026-11-23T07:30:00+00:00", "info_config": "rs_m128_t96"},
-        {"run_id": "b", "backend": "triton", "date": "2026-11-22T23:30:00+00:00"}])
+        {"run_id": "a", "backend": "cute-hopper", "kernel_family": "hopper_bf16_decode", "date": "2026-11-23"},
+        {"run_id": "b", "backend": "cute-hopper", "kernel_family": "hopper_smem", "date": "2026-11-22"},
+        {"run_id": "c", "backend": "cute-hopper", "kernel_family": "hopper_rs", "info_config": "rs_m128_t96"},
+        {"run_id": "b", "backend": "triton", "kernel_family": "triton"},
+        {"run_id": "d", "backend": "cute-hopper", "date": "2026-11-23T07:30:00+00:00"}])
     kernels = store.load(path)["kernel"]
-    assert list(kernels[:3]) == list(store.HOPPER_KERNELS) and kernels.isna()[3]
+    assert list(kernels[:3]) == list(store.HOPPER_KERNELS) and kernels.isna()[3] and kernels.isna()[4]
+    assert not hasattr(store, "HOPPER_FP16_SINCE") and not hasattr(store, "hopper_kernel")
+
+
+def test_every_recorded_bench_row_says_what_made_it():
+    rows = store.read_rows(store.BENCH)
+    assert rows and all({"kernel_family", "config"} <= set(r) for r in rows)
+    for r in rows:
+        assert r["kernel_family"] == r["backend"] if not r["backend"].startswith("cute-") else (
+            r["kernel_family"] in store.FAMILIES)
+
+
+def test_add_fields_keeps_the_previous_state_and_never_touches_measurements(tmp_path):
+    path = tmp_path / "b.jsonl"
+    store.append_rows(path, [{"run_id": "a", "median_us": 1.5, "backend": "x"},
+                             {"run_id": "b", "median_us": 2.5, "backend": "y", "config": "kept"}])
+    n = store.add_fields(path, lambda r: {"config": "c-" + r["backend"], "kernel_family": r["backend"]}, "why")
+    a, b = store.read_rows(path)
+    assert n == 2 and a["config"] == "c-x" and b["config"] == "kept" and b["kernel_family"] == "y"
+    assert a["median_us"] == 1.5 and a["amended"][0]["reason"] == "why"
+    assert a["amended"][0]["previous"] == {"config": None, "kernel_family": None}
+    assert b["amended"][0]["previous"] == {"kernel_family": None}
+    assert store.add_fields(path, lambda r: {"config": "again"}, "no-op") == 0
+    with pytest.raises(ValueError, match="measurements"):
+        store.add_fields(path, lambda r: {"p90_us": 1.0}, "no")
+
+
+def test_merge_refuses_bench_rows_that_do_not_say_what_made_them(tmp_path):
+    src = tmp_path / "from_gpu.jsonl"
+    store.append_rows(src, [{"run_id": "r1", "gpu": "H100", "backend": "cute-hopper", "options": {}}])
+    with pytest.raises(ValueError, match="kernel_family"):
+        store.merge(src, tmp_path / "bench.jsonl")
+
+
+def test_kernel_family_of_a_new_row():
+    assert store.kernel_family("triton", None) == "triton"
+    assert store.kernel_family("cute-blackwell", "baseline") == "blackwell"
+    assert store.kernel_family("cute-hopper", "baseline") == "hopper_smem"
+    assert "not resolved" in store.kernel_family("cute-hopper", "auto")
+    from nvfp4lib.kernels import hopper
+
+    rs = [n for n, c in hopper.CONFIGS.items() if c.family == "hopper_rs"]
+    assert rs and all(store.kernel_family("cute-hopper", n) == "hopper_rs" for n in rs)

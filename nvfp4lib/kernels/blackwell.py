@@ -19,7 +19,7 @@ read back with ``tcgen05.ld``; alpha (and SiLU·up) applied in fp32; one roundin
 are found on the device from a (G, 4) table of (M, N, K, 1); per-group addresses live in a device
 table and each CTA rewrites its own copies of the TMA descriptors in a global workspace.
 
-Two kernel structures, selected by ``KernelConfig.warp_spec``:
+Two kernel structures, selected by ``BlackwellConfig.warp_spec``:
 
 * ``"none"`` -- the study's kernel (config ``baseline``): 128 threads, one CTA per output tile
   (grid = number of tiles, not persistent), warp 0 rewrites the descriptors, issues the TMA loads
@@ -66,14 +66,13 @@ import cutlass.cute as cute
 import torch
 
 from ..backends import Runner
-from .config import KernelConfig
 
 __all__ = [
-    "LABEL", "ARCH", "CONFIGS", "SWEEP_CONFIGS", "validate", "prepare", "require_sm100", "compile_report",
-    "CompilerError", "study_round2_tile128x64_error", "StoragePlan", "storage_plan", "tmem_columns",
-    "threads_per_cta", "num_tensormaps", "mma_shape", "epilogue_columns", "problem_tables", "tile_counts",
-    "grid_ctas", "shape_tile_table", "tensormap_workspace_bytes", "cutlass_scale_offsets", "ctas_per_sm",
-    "fake_arguments", "Sm100NvFp4GroupedGemm",
+    "LABEL", "ARCH", "BlackwellConfig", "CONFIGS", "SWEEP_CONFIGS", "validate", "prepare", "require_sm100",
+    "compile_report", "CompilerError", "study_round2_tile128x64_error", "StoragePlan", "storage_plan",
+    "tmem_columns", "threads_per_cta", "num_tensormaps", "mma_shape", "epilogue_columns", "problem_tables",
+    "tile_counts", "grid_ctas", "shape_tile_table", "tensormap_workspace_bytes", "cutlass_scale_offsets",
+    "ctas_per_sm", "fake_arguments", "Sm100NvFp4GroupedGemm",
 ]
 
 from .blackwell_kernel import Sm100NvFp4GroupedGemm, cutlass_scale_offsets  # noqa: E402, F401
@@ -91,6 +90,7 @@ from .blackwell_plan import (  # noqa: E402, F401  (bw.X: the names the reports 
     SWEEP_CONFIGS,
     TMEM_ALLOC_COLUMNS,
     TMEM_COLUMNS,
+    BlackwellConfig,
     CompilerError,
     StoragePlan,
     _CapturedStderr,
@@ -118,7 +118,7 @@ _FAKE_GROUPS = 8  # the study's largest group count (S1, S2)
 _FAKE_ADDR = 1 << 20  # any 1 KB-aligned address: fake operands are never dereferenced
 
 
-def fake_arguments(cfg: KernelConfig, group_count: int = _FAKE_GROUPS, max_active_clusters: int = B200_SMS):
+def fake_arguments(cfg: BlackwellConfig, group_count: int = _FAKE_GROUPS, max_active_clusters: int = B200_SMS):
     """Arguments of ``Sm100NvFp4GroupedGemm.__call__`` with fake addresses and sizes."""
     from cutlass.cute.runtime import make_fake_stream, make_ptr
 
@@ -135,7 +135,7 @@ def fake_arguments(cfg: KernelConfig, group_count: int = _FAKE_GROUPS, max_activ
 _COUNTED = ("tcgen05.mma", "tcgen05.ld", "tcgen05.cp", "cp.async.bulk.tensor", "mbarrier.try_wait")
 
 
-def _compile_fake(kernel: "Sm100NvFp4GroupedGemm", cfg: KernelConfig, arch: str):
+def _compile_fake(kernel: "Sm100NvFp4GroupedGemm", cfg: BlackwellConfig, arch: str):
     """``compiling.compile_offline`` with fake operands, tolerating one more no-driver symptom.
 
     The first compile in a process without a driver fails loading with CuTe DSL's DSLRuntimeError

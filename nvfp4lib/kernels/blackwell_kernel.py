@@ -26,6 +26,7 @@ from .blackwell_plan import (
     NUM_ADDR,
     SF_VEC,
     TMEM_ALLOC_COLUMNS,
+    BlackwellConfig,
     _CapturedStderr,
     _clean,
     _round_up,
@@ -37,7 +38,6 @@ from .blackwell_plan import (
     validate,
 )
 from .blackwell_ws import WarpSpecialized
-from .config import KernelConfig
 
 
 def cutlass_scale_offsets(rows: int, k: int) -> torch.Tensor:
@@ -70,7 +70,7 @@ def cutlass_scale_offsets(rows: int, k: int) -> torch.Tensor:
 class Sm100NvFp4GroupedGemm(WarpSpecialized):
     """NVFP4 block-scaled grouped GEMM for sm_100a (compiled for sm_100a, not run).
 
-    ``__init__`` takes a validated :class:`KernelConfig`; ``_setup_attributes`` derives the MMA,
+    ``__init__`` takes a validated :class:`BlackwellConfig`; ``_setup_attributes`` derives the MMA,
     layouts and shared-memory plan (inside the trace); ``__call__`` is the host side (TMA atoms,
     grid, launch); ``kernel_study`` and ``kernel_ws`` are the two device structures.
 
@@ -84,7 +84,7 @@ class Sm100NvFp4GroupedGemm(WarpSpecialized):
     # study's round-2 edit (only mma_tiler changed), which the compiler rejects for tile_n=64.
     pad_sfb_tile = True
 
-    def __init__(self, cfg: KernelConfig):
+    def __init__(self, cfg: BlackwellConfig):
         self.cfg = validate(cfg)
         self.dual = cfg.dual
         self.n_prod = num_products(cfg)

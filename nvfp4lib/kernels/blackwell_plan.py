@@ -3,14 +3,12 @@ shared-memory / tensor-memory / occupancy arithmetic, :func:`validate` (which as
 the tile and address tables the host builds, and the compiler-diagnostic capture they share with the reports."""
 import math
 import re
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import asdict, dataclass, replace
+from typing import ClassVar, Literal, Optional
 
 import cutlass
 import torch
 from cutlass.cute.nvgpu import tcgen05
-
-from .config import KernelConfig
 
 LABEL = "compiled for sm_100a, not run"
 ARCH = "sm_100a"
@@ -45,17 +43,46 @@ NUM_ADDR = 7
 # ---------------------------------------------------------------------------------------------
 # Configs
 # ---------------------------------------------------------------------------------------------
-_BASE = KernelConfig("baseline", tile_m=128, tile_n=128, tile_k=256, ab_stages=1, epilogue="simt",
-                     warp_spec="none", acc_stages=1)
+@dataclass(frozen=True)
+class BlackwellConfig:
+    """The sm_100a kernel's knobs (only this kernel's). ``tile_m`` rows of A (tokens) and ``tile_n`` rows of B
+    (output columns) per CTA, ``tile_k`` K per stage (FP4 elements); ``ab_stages`` shared-memory stages of A/B and
+    their scales, ``acc_stages`` accumulator buffers in tensor memory; ``epilogue`` SIMT stores or a TMA store;
+    ``warp_spec``: the study's one-warp-loads-and-issues kernel ("none") or NVIDIA's warp-specialized persistent one
+    ("producer_consumer"); ``use_2cta`` the CTA-pair MMA over a ``cluster_m`` x ``cluster_n`` cluster; ``dual`` the
+    fused silu(A·B1ᵀ)·(A·B2ᵀ) (set from the operands)."""
+
+    family: ClassVar[str] = "blackwell"
+    name: str
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 256
+    ab_stages: int = 1
+    acc_stages: int = 1
+    epilogue: Literal["simt", "tma"] = "simt"
+    warp_spec: Literal["none", "producer_consumer"] = "none"
+    dual: bool = False
+    use_2cta: bool = False
+    cluster_m: int = 1
+    cluster_n: int = 1
+
+    def with_(self, **changes) -> "BlackwellConfig":
+        return replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return {"family": self.family, **asdict(self)}
+
+
+_BASE = BlackwellConfig("baseline")
 # What the study should have ended with: warp specialization, a multi-stage pipeline, a TMA
 # store epilogue. Three stages so that the dual variant (54 KB/stage: A, B1, B2 and their scales)
 # fits in shared memory; one accumulator stage so that the dual variant's two 128-column
 # accumulators plus scales fit in the 512 tensor-memory columns.
 _WS = _BASE.with_(name="ws_pipelined", ab_stages=3, epilogue="tma", warp_spec="producer_consumer")
 
-CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (_BASE, _WS)}
+CONFIGS: dict[str, BlackwellConfig] = {c.name: c for c in (_BASE, _WS)}
 
-SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
+SWEEP_CONFIGS: dict[str, BlackwellConfig] = {c.name: c for c in (
     # Round 1: the study's stage counts, in the study's kernel.
     *(_BASE.with_(name=f"r1_stages{s}", ab_stages=s) for s in (1, 2, 3, 4)),
     # Round 2: the study's tile candidates in the study's kernel (one CTA per MMA) ...
@@ -71,8 +98,8 @@ SWEEP_CONFIGS: dict[str, KernelConfig] = {c.name: c for c in (
 )}
 
 
-def _get_config(config) -> KernelConfig:
-    if isinstance(config, KernelConfig):
+def _get_config(config) -> BlackwellConfig:
+    if isinstance(config, BlackwellConfig):
         return config
     table = {**CONFIGS, **SWEEP_CONFIGS}
     if config not in table:
@@ -83,16 +110,16 @@ def _get_config(config) -> KernelConfig:
 # ---------------------------------------------------------------------------------------------
 # Plans computed in Python (checked against the kernel's own numbers at trace time)
 # ---------------------------------------------------------------------------------------------
-def num_products(cfg: KernelConfig) -> int:
+def num_products(cfg: BlackwellConfig) -> int:
     return 2 if cfg.dual else 1
 
 
-def threads_per_cta(cfg: KernelConfig) -> int:
+def threads_per_cta(cfg: BlackwellConfig) -> int:
     """128 for the study's structure; 4 epilogue + 1 MMA + 1 TMA warps when warp-specialized."""
     return 128 if cfg.warp_spec == "none" else 192
 
 
-def num_tensormaps(cfg: KernelConfig) -> int:
+def num_tensormaps(cfg: BlackwellConfig) -> int:
     """TMA descriptors each CTA rewrites per group: A, B, SFA, SFB (+ B2, SFB2) (+ C for TMA stores)."""
     return 4 + 2 * cfg.dual + (cfg.epilogue == "tma")
 
@@ -101,12 +128,12 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def mma_shape(cfg: KernelConfig) -> tuple[int, int, int]:
+def mma_shape(cfg: BlackwellConfig) -> tuple[int, int, int]:
     """(M, N, K) of one tcgen05.mma: the 2-CTA MMA spans the rows of both CTAs of a pair."""
     return (cfg.tile_m * (2 if cfg.use_2cta else 1), cfg.tile_n, MMA_K)
 
 
-def epilogue_columns(cfg: KernelConfig) -> int:
+def epilogue_columns(cfg: BlackwellConfig) -> int:
     """Accumulator columns a thread reads from tensor memory at once.
 
     The study's SIMT epilogue read a whole 128-column row per thread (128 fp32 registers); we keep
@@ -142,7 +169,7 @@ class StoragePlan:
 _ALIGN = 1024  # the operand buffers are 1024-byte aligned (128B swizzle atoms)
 
 
-def storage_plan(cfg: KernelConfig) -> StoragePlan:
+def storage_plan(cfg: BlackwellConfig) -> StoragePlan:
     """The kernel's shared-memory struct, computed without CuTe (the kernel checks it agrees)."""
     s = cfg.ab_stages
     rows_a = cfg.tile_m  # rows of A per CTA (the 2-CTA MMA splits its M over the pair)
@@ -168,7 +195,7 @@ def storage_plan(cfg: KernelConfig) -> StoragePlan:
     return StoragePlan(tmaps, barriers, holder, c, a, b, sfa, sfb, b2, sfb2, off, per_stage)
 
 
-def tmem_columns(cfg: KernelConfig) -> dict:
+def tmem_columns(cfg: BlackwellConfig) -> dict:
     """Tensor-memory columns: accumulators (fp32, one column per output column per product and
     stage) and the scale factors of one k-tile (4 columns per 32 rows of A / of 128-padded B)."""
     acc = cfg.tile_n * cfg.acc_stages * num_products(cfg)
@@ -206,7 +233,7 @@ def _clean(e: Exception) -> str:
     return f"{head} ({code})" if code else head
 
 
-def _mma_compiler_error(cfg: KernelConfig) -> Optional[tuple[str, str]]:
+def _mma_compiler_error(cfg: BlackwellConfig) -> Optional[tuple[str, str]]:
     """(which MMA, CuTe DSL's error) if building this config's MMAs fails, as ``cute.compile`` would.
 
     Two MMAs are built: the block-scaled MMA itself, and the 1-CTA MMA over 128-row-padded N tiles
@@ -226,7 +253,7 @@ def _mma_compiler_error(cfg: KernelConfig) -> Optional[tuple[str, str]]:
     return None
 
 
-def validate(cfg: KernelConfig, arch: str = ARCH) -> KernelConfig:
+def validate(cfg: BlackwellConfig, arch: str = ARCH) -> BlackwellConfig:
     """Return ``cfg`` if this kernel can be compiled for it; else raise ValueError naming the rule."""
     name = cfg.name
     if arch != ARCH:
@@ -234,8 +261,6 @@ def validate(cfg: KernelConfig, arch: str = ARCH) -> KernelConfig:
     if cfg.tile_k != MMA_K * MMA_K_BLOCKS:
         raise ValueError(f"{name}: tile_k={cfg.tile_k}: CUTLASS's scale-factor layouts fix a k-tile at "
                          f"{MMA_K_BLOCKS} MMAs of K={MMA_K}, so tile_k must be {MMA_K * MMA_K_BLOCKS}")
-    if cfg.swap_ab:
-        raise ValueError(f"{name}: swap_ab is not implemented in this kernel")
     if cfg.warp_spec not in ("none", "producer_consumer"):
         raise ValueError(f"{name}: warp_spec={cfg.warp_spec!r} is not implemented "
                          "(this kernel has 'none' and 'producer_consumer')")
@@ -288,7 +313,7 @@ def validate(cfg: KernelConfig, arch: str = ARCH) -> KernelConfig:
 # ---------------------------------------------------------------------------------------------
 # Host-side helpers (run on the CPU; tested there)
 # ---------------------------------------------------------------------------------------------
-def tile_counts(problem_sizes, cfg: KernelConfig) -> dict:
+def tile_counts(problem_sizes, cfg: BlackwellConfig) -> dict:
     """Per group (m_tiles, n_tiles, k_tiles) and totals for ``problem_sizes`` [(M, N, K), ...].
 
     A *cluster tile* is what one cluster computes: (tile_m * cluster_m) x (tile_n * cluster_n);
@@ -308,7 +333,7 @@ def tile_counts(problem_sizes, cfg: KernelConfig) -> dict:
             "wasted_mma_fraction": (1 - useful / mma_rows) if mma_rows else 0.0}
 
 
-def grid_ctas(cfg: KernelConfig, total_clusters: int, sm_count: int = B200_SMS) -> int:
+def grid_ctas(cfg: BlackwellConfig, total_clusters: int, sm_count: int = B200_SMS) -> int:
     """CTAs launched: one per tile for the study's structure, at most one per SM when persistent."""
     per_cluster = cfg.cluster_m * cfg.cluster_n
     if cfg.warp_spec == "none":
@@ -316,12 +341,12 @@ def grid_ctas(cfg: KernelConfig, total_clusters: int, sm_count: int = B200_SMS) 
     return min(total_clusters, sm_count // per_cluster) * per_cluster
 
 
-def tensormap_workspace_bytes(cfg: KernelConfig, total_clusters: int, sm_count: int = B200_SMS) -> int:
+def tensormap_workspace_bytes(cfg: BlackwellConfig, total_clusters: int, sm_count: int = B200_SMS) -> int:
     """Global workspace for the per-CTA TMA descriptors (128 B each) the kernel rewrites per group."""
     return grid_ctas(cfg, total_clusters, sm_count) * num_tensormaps(cfg) * BYTES_PER_TENSORMAP
 
 
-def shape_tile_table(cfg: KernelConfig, names=("S1", "S2", "S3", "S4"), sm_count: int = B200_SMS) -> list[dict]:
+def shape_tile_table(cfg: BlackwellConfig, names=("S1", "S2", "S3", "S4"), sm_count: int = B200_SMS) -> list[dict]:
     """For each benchmark shape: CTAs, waves, k-tiles per tile, wasted MMA rows, workspace."""
     from ..problems import get_problem
 

@@ -20,22 +20,23 @@ elements:
    (``tma``; safe on ragged groups because every group's output rows are padded to ``tile_m``).
 
 Warp specialization: ``none`` — one warpgroup (128 threads) does everything, one elected thread
-issues the TMA loads (the study's baseline structure), or with ``cooperative`` one warpgroup per 64
-rows, each decoding its share and running the MMA of its rows; ``producer_consumer`` — one or two
-(``decode_warpgroups``) producer warpgroups wait for TMA and decode into a ring of fp16 buffers,
-``tile_m/64`` consumer warpgroups run wgmma and the epilogue. ``pingpong`` is not implemented in this
-kernel (refused by :func:`validate`); the swap-AB kernel has it (``rs_*_pp``).
+issues the TMA loads (the study's baseline structure); ``producer_consumer`` — a producer warpgroup
+waits for TMA and decodes into a ring of fp16 buffers, ``tile_m/64`` consumer warpgroups run wgmma and
+the epilogue. ``pingpong`` is not implemented in this kernel (refused by :func:`validate`). The
+cooperative and two-producer structures and the decode/MMA ablations lost or were diagnostics; they are
+in git at commit f7c5079.
 
 ``decode="batched"`` issues all of a thread's shared-memory loads of a sub-block before converting
 (``chunked``: load, convert, store per 16 codes; a load after a store to shared memory cannot be
 hoisted by ptxas). ``split_k`` splits the K tiles of every output tile over several CTAs writing fp32
 partials that the runner sums (``0``: only when the tiles fill at most a quarter of the SMs).
 
-Knobs live in :class:`~nvfp4lib.kernels.config.KernelConfig`; :func:`validate` refuses a config that
-cannot work before anything is compiled; compiled kernels are cached per (config, output dtype).
-Only configs in :data:`CONFIGS` are shipped: each was run exactly on an H100. Configs with ``swap_ab=True``
-(named ``rs_*``) run the register-decode kernel of :mod:`.hopper_rs`; the default, ``config="auto"``, times
-:data:`AUTO_CANDIDATES` at prepare and keeps the fastest.
+Knobs live in :class:`~.hopper_configs.SmemConfig`; :func:`validate` refuses a config that cannot work
+before anything is compiled; compiled kernels are cached per (config, output dtype). The backend
+``cute-hopper`` runs two kernel families: this one, and the register-decode kernel of :mod:`.hopper_rs`
+(:class:`~.rs_config.RSConfig`, configs named ``rs_*``). Only configs in :data:`CONFIGS` (the two families'
+tables) are shipped: each was run exactly on an H100. The default, ``config="auto"``, is resolved above
+the kernels (:data:`nvfp4lib.tuning.AUTO_CANDIDATES`).
 """
 from __future__ import annotations
 
@@ -44,7 +45,6 @@ import time
 import torch
 
 from ..backends import Runner
-from .config import KernelConfig
 from .decode_ptx import (  # noqa: F401  (re-exported: hopper.X is the study's name for them)
     _DECODE_REGS,
     CONVERT16_PTX,
@@ -55,30 +55,58 @@ from .decode_ptx import (  # noqa: F401  (re-exported: hopper.X is the study's n
     emulate_decode,
 )
 from .hopper_configs import (  # noqa: F401
-    ABLATIONS,
-    AUTO_CANDIDATES,
-    CONFIGS,
-    DEFAULT_DUAL,
-    DEFAULT_SINGLE,
+    DECODE_ROWS,
     EPI_STAGES,
     MAX_ACC_REGS,
     OUT_DTYPES,
     POST_SCALE,
     RING,
+    SMEM_CONFIGS,
     SMEM_LIMIT,
     SUB_K,
     SWEEP_CONFIGS,
+    SmemConfig,
     acc_registers,
-    decode_warpgroups,
     epilogue_tile,
-    get_config,
     math_warpgroups,
     register_split,
     smem_plan,
     threads_for,
-    validate,
 )
+from .hopper_configs import validate as validate_smem
 from .packing import WIDE_TILE_COLUMNS, ActivationPacker, check_scales_finite, stack_weights, tile_fields, tile_table
+from .rs_config import RS_CONFIGS, RSConfig
+from .rs_config import validate as validate_rs
+
+# The backend's named configs: the smem-decode kernel's (this module) and the register-decode kernel's (.hopper_rs).
+CONFIGS: dict[str, SmemConfig | RSConfig] = {**SMEM_CONFIGS, **RS_CONFIGS}
+DEFAULT_SINGLE = DEFAULT_DUAL = "auto"  # resolved above the kernels: nvfp4lib.tuning.AUTO_CANDIDATES
+
+
+def validate(cfg):
+    """Raise ValueError naming the rule a config of either family breaks; return it unchanged if it can work."""
+    if isinstance(cfg, RSConfig):
+        return validate_rs(cfg)
+    return validate_smem(cfg)
+
+
+def get_config(config, dual: bool) -> SmemConfig | RSConfig:
+    """A config (validated) from a name or a config; ``dual`` is set from the operands."""
+    if isinstance(config, (SmemConfig, RSConfig)):
+        cfg = config
+    else:
+        name = config or (DEFAULT_DUAL if dual else DEFAULT_SINGLE)
+        if name == "auto":
+            raise ValueError("config 'auto' is a choice among nvfp4lib.tuning.AUTO_CANDIDATES made by prepare, not "
+                             "one config")
+        table = {**CONFIGS, **SWEEP_CONFIGS}
+        if name not in table:
+            raise ValueError(f"unknown cute-hopper config {name!r}; known: {', '.join(table)} (configs that lost or "
+                             "were diagnostics are in git at commit f7c5079, their rows in data/bench.jsonl)")
+        cfg = table[name]
+    if isinstance(cfg, RSConfig) and cfg.dual != dual:  # a CTA's warpgroups split tile_m rows, or cover gate and up
+        cfg = cfg.with_(tile_m=cfg.tile_m // 2 if dual else cfg.tile_m * 2)
+    return validate(cfg.with_(dual=dual))
 
 
 def _kernel_class():
@@ -136,8 +164,8 @@ def _kernel_class():
     class GroupedNvfp4GemmSm90:
         """One CTA per output tile: TMA → decode to fp16 in smem → wgmma → epilogue."""
 
-        def __init__(self, cfg: KernelConfig):
-            self.cfg = validate(cfg)
+        def __init__(self, cfg: SmemConfig):
+            self.cfg = validate_smem(cfg)
             self.tile_m, self.tile_n, self.tile_k = cfg.tile_m, cfg.tile_n, cfg.tile_k
             self.tile_kb = cfg.tile_k // 2  # packed bytes per row
             self.tile_ks = cfg.tile_k // 16  # scale bytes per row
@@ -149,11 +177,8 @@ def _kernel_class():
             self.nmath = math_warpgroups(cfg)
             self.threads = threads_for(cfg)
             self.math_threads = 128 * self.nmath
-            self.ndec = decode_warpgroups(cfg)
-            self.decode_rows_per_pass = 32 * self.ndec
             self.tma_epi = cfg.epilogue == "tma"
             self.split = cfg.split_k != 1
-            self.ablate = cfg.ablate
             self.acc_dtype = cutlass.Float32
             self.ab_dtype = cutlass.Float16
             self.epi_tile = epilogue_tile(cfg)
@@ -256,13 +281,13 @@ def _kernel_class():
             load_pipe = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.load_bars.data_ptr(), num_stages=self.stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.ndec),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4),
                 tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
             ring_pipe = None
             if cutlass.const_expr(self.pc):
                 ring_pipe = pipeline.PipelineAsync.create(
                     barrier_storage=storage.ring_bars.data_ptr(), num_stages=RING,
-                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128 * self.ndec),
+                    producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
                     consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.math_threads),
                     defer_sync=True)
             cute.arch.mbarrier_init_fence()
@@ -342,14 +367,12 @@ def _kernel_class():
                         # the wgmma that read this buffer (two sub-blocks ago) is done, in every warp
                         cute.nvgpu.warpgroup.wait_group(1)
                         wg_bar.arrive_and_wait()
-                        if cutlass.const_expr(self.ablate != "no_dequant"):
-                            self._decode_sub_block(addr, cons.index, buf, j, tidx)
+                        self._decode_sub_block(addr, cons.index, buf, j, tidx)
                         # generic-proxy smem writes must be visible to wgmma's async proxy
                         cute.arch.fence_proxy(cute.arch.ProxyKind.async_shared,
                                               space=cute.arch.SharedSpace.shared_cta)
                         wg_bar.arrive_and_wait()
-                        if cutlass.const_expr(self.ablate != "no_mma"):
-                            self._mma_sub_block(tiled_mma, acc, acc2, tCrA, tCrB, tCrB2, buf)
+                        self._mma_sub_block(tiled_mma, acc, acc2, tCrA, tCrB, tCrB2, buf)
                     load_pipe.consumer_release(cons)
                     cons.advance()
                     if warp_idx == tma_warp:
@@ -459,7 +482,7 @@ def _kernel_class():
             o_col0 = ((2 * u) ^ x) << 4
             o_col1 = ((2 * u + 1) ^ x) << 4
             out = []
-            step = self.decode_rows_per_pass
+            step = DECODE_ROWS
             for p in range(rows // step):
                 r = p * step + w * 8 + x
                 out.append((q_stage + r * 128 + q_col, sf_stage + r * self.tile_ks,
@@ -555,7 +578,7 @@ _KERNEL_CLASS = None
 _compiled: dict = {}
 
 
-def kernel_for(cfg: KernelConfig):
+def kernel_for(cfg: SmemConfig):
     return _kernel_class()(cfg)
 
 
@@ -578,7 +601,7 @@ def _cute(t: torch.Tensor, align: int = 16):
     return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=t.dim() - 1)
 
 
-def _compile(cfg: KernelConfig, args):
+def _compile(cfg: SmemConfig, args):
     """Compile once per (config, output dtype); tensors are passed with dynamic shapes."""
     import cutlass.cute as cute
 
@@ -591,9 +614,9 @@ def _compile(cfg: KernelConfig, args):
 
 def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Runner:
     """Stack the weights, build the tile table, compile (cached); the runner packs A and launches once.
-    ``config="auto"`` (the default of :func:`nvfp4lib.prepare`) is resolved there, by timing :data:`AUTO_CANDIDATES`
-    (:func:`nvfp4lib.tuning.fastest_runner`): this function needs a named config; ``swap_ab`` configs are
-    prepared by :func:`.hopper_rs.prepare`.
+    ``config="auto"`` (the default of :func:`nvfp4lib.prepare`) is resolved there, by timing
+    :data:`nvfp4lib.tuning.AUTO_CANDIDATES` (:func:`nvfp4lib.tuning.fastest_runner`): this function needs a named
+    config; register-decode configs (:class:`~.rs_config.RSConfig`) are prepared by :func:`.hopper_rs.prepare`.
 
     ``a``, ``b``, ``b2``: lists of NVFP4Tensor (one per group) on an sm_90 GPU."""
     if options:
@@ -604,10 +627,10 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Run
     device = a[0].data.device
     if (config or (DEFAULT_DUAL if b2 is not None else DEFAULT_SINGLE)) == "auto":
         _require_hopper(device)
-        raise ValueError("cute-hopper: config='auto' times AUTO_CANDIDATES and is resolved above the kernels "
-                         "(nvfp4lib.prepare / nvfp4lib.tuning.fastest_runner); name a config here")
+        raise ValueError("cute-hopper: config='auto' times nvfp4lib.tuning.AUTO_CANDIDATES and is resolved above the "
+                         "kernels (nvfp4lib.prepare / nvfp4lib.tuning.fastest_runner); name a config here")
     cfg = get_config(config, dual=b2 is not None)  # refuse a bad config before touching the GPU
-    if cfg.swap_ab:
+    if isinstance(cfg, RSConfig):
         from . import hopper_rs
 
         return hopper_rs.prepare(a, b, b2, cfg, out_dtype=out_dtype)
@@ -653,12 +676,11 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Run
     torch.cuda.synchronize(device)
     return Runner(run, outputs, prepare_s=time.perf_counter() - t0, held_bytes=weights.nbytes,
                   notes=f"weights stacked once as NVFP4 ({weights.nbytes / 1e6:.1f} MB); config {cfg.name}",
-                  info={"config": cfg.name, "tiles": len(tiles), "split_k": split,
-                        **({"ablation": cfg.ablate} if cfg.ablate else {})},
+                  info={"config": cfg.name, "tiles": len(tiles), "split_k": split},
                   keepalive=(packer, weights, tiles, c_all, alpha, work, row_group))
 
 
-def choose_split_k(cfg: KernelConfig, m, n, k, sms: int) -> int:
+def choose_split_k(cfg: SmemConfig, m, n, k, sms: int) -> int:
     """K slices per output tile: ``cfg.split_k``, or for 0 ("auto") enough slices to fill ``sms`` SMs twice
     when the output tiles alone fill at most a quarter of them (at least 2 K tiles per slice, at most 8
     slices). Never more slices than the fewest K tiles of a non-empty group.
@@ -707,7 +729,7 @@ def grouped_gemm_raw(a_codes, a_scales, a_gs, b_codes, b_scales, b_gs, b2_codes=
 # ---------------------------------------------------------------------------------------------
 # Compile reports (no GPU needed)
 # ---------------------------------------------------------------------------------------------
-def fake_arguments(cfg: KernelConfig, out_dtype: str | None = None):
+def fake_arguments(cfg: SmemConfig, out_dtype: str | None = None):
     """Fake tensors with symbolic sizes, as the kernel receives them at run time."""
     import cuda.bindings.driver as cuda
     import cutlass
@@ -729,14 +751,14 @@ def fake_arguments(cfg: KernelConfig, out_dtype: str | None = None):
             fake(cutlass.Float32, (s(), 2), 8), cuda.CUstream(0))
 
 
-def compile_report(cfg: KernelConfig, arch: str = "sm_90a", dump_dir: str | None = None) -> dict:
+def compile_report(cfg: SmemConfig, arch: str = "sm_90a", dump_dir: str | None = None) -> dict:
     """Compile ``cfg`` for sm_90a with fake tensors; PTX instruction counts, ptxas resources, smem plan."""
     from .compiling import compile_offline, count_instructions
 
     if arch != "sm_90a":
         raise ValueError(f"the Hopper kernel compiles for sm_90a, not {arch}")
     validate(cfg)
-    if cfg.swap_ab:
+    if isinstance(cfg, RSConfig):
         from . import hopper_rs
 
         return hopper_rs.compile_report(cfg, dump_dir=dump_dir)

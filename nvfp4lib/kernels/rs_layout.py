@@ -64,14 +64,11 @@ def prepack_units(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return torch.cat((code_part, scale_part), dim=2).contiguous()
 
 
-def prepack_weights(matrices: list[tuple[torch.Tensor, torch.Tensor]], nwg: int, blocks: int = 1,
-                    wg_major: bool = False) -> torch.Tensor:
+def prepack_weights(matrices: list[tuple[torch.Tensor, torch.Tensor]], nwg: int, blocks: int = 1) -> torch.Tensor:
     """The kernel's weight tensor ``[ctas, K/64, nwg * blocks, 2304]`` from one or two (codes, scales) matrices of
     ``R`` rows each; the third dim is ordered (warpgroup, block). One matrix: a CTA covers ``nwg * blocks``
     consecutive 64-row units, warpgroup w the ``blocks`` units from ``w * blocks``. Two (dual, ``nwg`` = 2): a CTA
-    covers the same ``64 * blocks`` rows of each matrix, warpgroup 0 those of the first (gate), 1 of the second.
-    ``wg_major`` (the ping-pong kernel, whose stages each hold one warpgroup's K tile): ``[ctas, nwg, K/64, blocks,
-    2304]``, the same units with each warpgroup's K tiles contiguous."""
+    covers the same ``64 * blocks`` rows of each matrix, warpgroup 0 those of the first (gate), 1 of the second."""
     units = [prepack_units(c, s) for c, s in matrices]
     per = nwg * blocks
     if len(units) == 1:
@@ -88,8 +85,6 @@ def prepack_weights(matrices: list[tuple[torch.Tensor, torch.Tensor]], nwg: int,
     else:
         raise ValueError(f"prepack_weights: {len(units)} matrices with nwg={nwg}: supported are one matrix, or "
                          "two (gate, up) with nwg=2")
-    if wg_major:
-        return ctas.reshape(ctas.shape[0], nwg, blocks, *ctas.shape[2:]).permute(0, 1, 3, 2, 4).contiguous()
     return ctas.permute(0, 2, 1, 3).contiguous()
 
 

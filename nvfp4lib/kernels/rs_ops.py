@@ -42,6 +42,87 @@ ACT_LOAD_PTX = "\n".join([
 # zeros for 32 bytes of global memory ($0, $1: the two 16-byte halves)
 ZERO32_PTX = "\n".join(["{", ".reg .b32 z;", "mov.b32 z, 0;", "st.global.v4.b32 [$0], {z, z, z, z};",
                         "st.global.v4.b32 [$1], {z, z, z, z};", "}"])
+
+# W4A16 (hopper_varlen act="bf16"): the register decode of one unit to bf16, from the same prepacked bytes.
+# Per k16 word w (rs_layout: byte b holds code x at bits 1-3 with its sign at 7, code y at bits 4-6 with its sign at 0),
+# fragment register q takes, in each 16-bit half, one code's sign to bit 15 and its magnitude bits (e1 e0 m) to bits
+# 8..6: a bf16 worth e2m1 × 2^-126 (code 1 lands on a bf16 subnormal; the multiply renormalises it). The shifts that
+# get them there, per register (left positive), are A16_SHIFTS[q] = (sign, magnitude):
+#   q0 x of the high byte (row g), q1 x of the low byte (row g+8), q2 y of the high byte, q3 y of the low byte;
+#   t = lop3(w << sign, w << magnitude, A16_SIGN) (sign bits from the first, the rest from the second) & A16_FIELDS.
+# The row's scale: cvt.rn.f16x2.e4m3x2 (exact), each half to f32, × 2^112 (exact: 2^-9·2^112 .. 448·2^112 < bf16 max),
+# to bf16 (exact: ≤ 4 significant bits) broadcast to both halves; one mul.rn.bf16x2 then gives e2m1 × scale × 2^-14,
+# exact (≤ 6 significant bits, 2^-24 .. 2688·2^-14: bf16 normals). The epilogue's gs_B·2^14 (POST_SCALE) restores it.
+A16_SHIFTS = ((0, -3), (8, 5), (7, -6), (15, 2))
+A16_SIGN = 0x80008000
+A16_FIELDS = 0x81C081C0  # sign and magnitude bits of both bf16 halves
+A16_SCALE_FACTOR = 0x77800000  # f32 2^112
+A16_OPERAND_EXPONENT = -14  # each decoded weight is value × scale × 2^-14
+
+
+def _shift_ptx(dst: str, src: str, n: int) -> list[str]:
+    if n == 0:
+        return [f"mov.b32 {dst}, {src};"]
+    return [f"shl.b32 {dst}, {src}, {n};" if n > 0 else f"shr.u32 {dst}, {src}, {-n};"]
+
+
+def _a16_word_ptx(w: str, s: str, outs: tuple[str, str, str, str]) -> str:
+    """One k16 step: word ``w``, the 16-bit scale pair ``s`` (row g low, row g+8 high) -> 4 bf16x2 in fragment order."""
+    lines = [f"cvt.rn.f16x2.e4m3x2 f, {s};", "mov.b32 {lo, hi}, f;", "cvt.f32.f16 x, lo;", "cvt.f32.f16 y, hi;",
+             f"mul.rn.f32 x, x, 0f{A16_SCALE_FACTOR:08X};", f"mul.rn.f32 y, y, 0f{A16_SCALE_FACTOR:08X};",
+             "cvt.rn.bf16x2.f32 sg, x, x;", "cvt.rn.bf16x2.f32 sh, y, y;"]
+    for q, (sign, mag) in enumerate(A16_SHIFTS):
+        src = w if sign == 0 else "a"
+        if sign:
+            lines += _shift_ptx("a", w, sign)
+        lines += _shift_ptx("b", w, mag)
+        lines += [f"lop3.b32 t, {src}, b, sm, 0xE4;", "and.b32 t, t, mf;",
+                  f"mul.rn.bf16x2 {outs[q]}, t, {'sg' if q % 2 == 0 else 'sh'};"]
+    return "\n".join(lines)
+
+
+def a16_decode_ptx() -> str:
+    """As ``rs_layout.rs_decode_ptx`` for bf16: $0..$15 out, $16..$19 the code words, $20..$21 the scale words."""
+    lines = ["{", ".reg .b32 f, a, b, t, sm, mf, sg, sh;", ".reg .f32 x, y;", ".reg .b16 lo, hi, s0, s1, s2, s3;",
+             f"mov.b32 sm, {A16_SIGN:#010x};", f"mov.b32 mf, {A16_FIELDS:#010x};",
+             "mov.b32 {s0, s1}, $20;", "mov.b32 {s2, s3}, $21;"]
+    for j in range(4):
+        lines.append(_a16_word_ptx(f"${16 + j}", f"s{j}", tuple(f"${4 * j + q}" for q in range(4))))
+    lines.append("}")
+    return "\n".join(lines)
+
+
+A16_DECODE_PTX = a16_decode_ptx()
+
+
+def emulate_a16_decode(words, scale_pairs):
+    """The bf16 decode's arithmetic on the CPU, vectorised: ``words`` and ``scale_pairs`` int64 tensors of one shape
+    (a 32-bit code word, a 16-bit scale pair each) -> bf16 ``[..., 8]`` in fragment order (reg0 lo/hi .. reg3 lo/hi),
+    each as the PTX of :func:`a16_decode_ptx` computes it."""
+    import torch
+
+    m32 = 0xFFFFFFFF
+    w = words.to(torch.int64) & m32
+    sp = scale_pairs.to(torch.int64)
+
+    def shift(v, n):
+        return (v << n) & m32 if n >= 0 else v >> -n
+
+    def as_bf16(bits16):
+        return (bits16 - ((bits16 & 0x8000) << 1)).to(torch.int16).view(torch.bfloat16)
+
+    e4m3 = torch.stack([sp & 0xFF, (sp >> 8) & 0xFF], -1).to(torch.uint8).view(torch.float8_e4m3fn)
+    f32 = e4m3.to(torch.float16).to(torch.float32) * torch.tensor(A16_SCALE_FACTOR, dtype=torch.int32).view(
+        torch.float32)  # cvt e4m3x2 -> f16x2 -> f32, mul.rn.f32
+    sc = f32.to(torch.bfloat16)  # cvt.rn.bf16x2.f32 (row g, row g+8)
+    out = []
+    for q, (sign, mag) in enumerate(A16_SHIFTS):
+        t = ((shift(w, sign) & A16_SIGN) | (shift(w, mag) & ~A16_SIGN)) & A16_FIELDS
+        s = sc[..., q % 2]
+        out += [as_bf16(t & 0xFFFF) * s, as_bf16(t >> 16) * s]  # mul.rn.bf16x2
+    return torch.stack(out, -1)
+
+
 _OPS = None
 
 
@@ -159,6 +240,12 @@ def _build() -> SimpleNamespace:
                                                is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
     @dsl_user_op
+    def decode_unit_a16(loaded, *, loc=None, ip=None):
+        """:func:`decode_unit` to bf16 (:data:`A16_DECODE_PTX`)."""
+        return [cutlass.Uint32(v) for v in _asm(A16_DECODE_PTX, 16, loaded, ",".join(["=r"] * 16 + ["r"] * 6),
+                                                False)]
+
+    @dsl_user_op
     def zero32(dst, *, loc=None, ip=None):
         _asm(ZERO32_PTX, 0, _i64((dst, dst + 16), loc, ip), "l,l", True)
 
@@ -167,4 +254,4 @@ def _build() -> SimpleNamespace:
         cp_async8=cp_async8,
         cp_async_arrive=cp_async_arrive, load_raw16=load_raw16, stamp_to=stamp_to, _silu_mul=_silu_mul,
         _i64=_i64, decode_act16=decode_act16, load_row=load_row, alpha_row=alpha_row, load_act16=load_act16,
-        store_act16=store_act16, load_f32=load_f32)
+        store_act16=store_act16, load_f32=load_f32, decode_unit_a16=decode_unit_a16)

@@ -30,7 +30,13 @@ def _build():
         count (0: a padding row, left as the zeros it was allocated with). ``mGsA`` int64 [G]: addresses of A's
         global scales; ``mGsB`` float32 [G, 2]: gs_B1·2^14, gs_B2·2^14. ``groups``: empty, or (for at most
         :data:`PARAM_GROUPS` groups) :data:`GROUP_PARAMS` per group as kernel parameters, from which each thread
-        computes its row's addresses instead of loading them from ``mRows`` (one dependent memory round trip less)."""
+        computes its row's addresses instead of loading them from ``mRows`` (one dependent memory round trip less).
+
+        ``smem``: dynamic shared memory the launch asks for and does not use (a config's ``prologue_smem``), so that
+        its SMs already run with the GEMM's shared-memory carveout."""
+
+        def __init__(self, smem: int = ACT_SMEM):
+            self.smem = smem
 
         @cute.jit
         def __call__(self, mRows: cute.Tensor, mX: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
@@ -38,7 +44,7 @@ def _build():
             work = cute.size(mRows, mode=[0]) * (cute.size(mX, mode=[1]) // 16)
             self.kernel(mRows, mX, mGsA, mGsB, mAlpha, groups).launch(
                 grid=((work + ACT_THREADS - 1) // ACT_THREADS, 1, 1), block=(ACT_THREADS, 1, 1), stream=stream,
-                smem=ACT_SMEM)
+                smem=self.smem)
 
         @cute.kernel
         def kernel(self, mRows: cute.Tensor, mX: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,

@@ -1,6 +1,6 @@
 """The host side of the register-decode kernel (:mod:`.hopper_rs`): token tiles planned per group, the tile table
-and the activation row table, ``prepare`` (prepack once, compile cached, two launches per call), and the compile
-reports. The kernel classes are built on first use."""
+and the activation row table, ``prepare`` (prepack once, compile cached, two launches per call: the activation
+prologue and the GEMM), and the compile reports. The kernel classes are built on first use."""
 from __future__ import annotations
 
 import time
@@ -8,24 +8,22 @@ import time
 import torch
 
 from ..backends import Runner
-from .config import KernelConfig
 from .hopper import _cute, _require_hopper
 from .hopper_configs import POST_SCALE
 from .packing import WIDE_TILE_COLUMNS, check_scales_finite, padded_row_offsets, round_up, stack_weights
 from .rs_config import (
-    CTA_OVERHEAD_TOKENS,
     NWG,
     ROW_BYTES,
-    TIMELINE_POINTS,
+    THREADS,
+    RSConfig,
     acc_registers,
-    block_threads,
     blocks_per_warpgroup,
     smem_plan,
     token_step,
     validate,
 )
 from .rs_layout import prepack_weights
-from .rs_ops import ACT_SMEM, GROUP_PARAMS, PARAM_GROUPS, ROW_COLUMNS
+from .rs_ops import ACT_SMEM, GROUP_PARAMS, PARAM_GROUPS
 
 _compiled: dict = {}
 
@@ -61,18 +59,20 @@ def makespan(costs: list[float], machines: int) -> float:
     return max(load)
 
 
-def plan_token_tiles(m, k_tiles, n_blocks, tile_n: int, step: int, sms: int) -> list[list[tuple[int, int]]]:
+def plan_token_tiles(m, k_tiles, n_blocks, tile_n: int, step: int, sms: int,
+                     overhead: int = RSConfig.cta_overhead_tokens) -> list[list[tuple[int, int]]]:
     """Token tiles per group: start from the fewest tiles of at most ``tile_n`` tokens, then keep splitting the
     group with the widest tiles while the estimated makespan (LPT over ``sms`` SMs, one CTA each, a CTA's cost
-    ``k_tiles × (tokens rounded to step + CTA_OVERHEAD_TOKENS)``) improves: small problems get more, narrower
-    CTAs to fill the GPU; large ones keep wide tiles (each weight decoded once per tile)."""
+    ``k_tiles × (tokens rounded to step + overhead)``, ``overhead`` being the config's ``cta_overhead_tokens``)
+    improves: small problems get more, narrower CTAs to fill the GPU; large ones keep wide tiles (each weight decoded
+    once per tile)."""
     parts = [-(-mg // tile_n) if mg else 0 for mg in m]
 
     def tiles(p):
         return [split_tokens(mg, pg, step) if pg else [] for mg, pg in zip(m, p)]
 
     def cost(t):
-        return makespan([kt * (round_up(w, step) + CTA_OVERHEAD_TOKENS)
+        return makespan([kt * (round_up(w, step) + overhead)
                          for tg, kt, nb in zip(t, k_tiles, n_blocks) for _, w in tg for _ in range(nb)], sms)
 
     cur = tiles(parts)
@@ -90,13 +90,13 @@ def plan_token_tiles(m, k_tiles, n_blocks, tile_n: int, step: int, sms: int) -> 
     return best
 
 
-def swap_tile_table(m, n, k, row_offsets, n_pad: int, cfg: KernelConfig, sms: int, device) -> torch.Tensor:
+def swap_tile_table(m, n, k, row_offsets, n_pad: int, cfg: RSConfig, sms: int, device) -> torch.Tensor:
     """int32 [tiles, 10] (:data:`WIDE_TILE_COLUMNS`; column ``pad`` holds the wgmma N variant) for the swap-AB kernel,
     widest tiles first so the hardware's in-order CTA dispatch approximates a longest-first schedule."""
     step = token_step(cfg)
     k_tiles = [-(-kg // cfg.tile_k) for kg in k]
     n_blocks = [-(-ng // cfg.tile_m) for ng in n]
-    plan = plan_token_tiles(m, k_tiles, n_blocks, cfg.tile_n, step, sms)
+    plan = plan_token_tiles(m, k_tiles, n_blocks, cfg.tile_n, step, sms, cfg.cta_overhead_tokens)
     rows = []
     for g, tg in enumerate(plan):
         for n0 in range(0, n[g], cfg.tile_m):
@@ -132,12 +132,12 @@ def activation_rows(a, row_offsets, rows: int, device) -> torch.Tensor:
     return table.to(device)
 
 
-def group_parameters(a, row_offsets) -> tuple:
+def group_parameters(a, row_offsets, param_groups: int = PARAM_GROUPS) -> tuple:
     """The prologue's kernel parameters (:data:`GROUP_PARAMS` per group, as cutlass.Int64), or () past
-    :data:`PARAM_GROUPS` groups (the prologue then reads the row table)."""
+    ``param_groups`` groups (a config's ``param_groups``; the prologue then reads the row table)."""
     import cutlass
 
-    if len(a) > PARAM_GROUPS:
+    if len(a) > param_groups:
         return ()
     vals = []
     for t, o in zip(a, row_offsets):
@@ -146,26 +146,9 @@ def group_parameters(a, row_offsets) -> tuple:
     return tuple(cutlass.Int64(v) for v in vals)
 
 
-def check_inline(a, cfg: KernelConfig) -> None:
-    """act_decode="inline" copies whole K tiles of raw activations 8 bytes at a time: refuse, naming the rule, a group
-    whose K is not a multiple of tile_k or whose scale rows are not 8-byte aligned."""
-    for g, t in enumerate(a):
-        if int(t.shape[0]) == 0:
-            continue
-        k, scales = int(t.shape[1]), t.scales
-        if k % cfg.tile_k:
-            raise ValueError(f"a[{g}]: K={k} is not a multiple of tile_k={cfg.tile_k}, which config {cfg.name} "
-                             "(act_decode='inline') needs; the prologue configs (e.g. 'rs_m128_t128_k128_s4_e') take "
-                             "any K that is a multiple of 32")
-        if scales.data_ptr() % 8 or scales.stride(0) % 8:
-            raise ValueError(f"a[{g}]: config {cfg.name} (act_decode='inline') copies scale rows 8 bytes at a time and "
-                             f"needs them 8-byte aligned (address % 8 = {scales.data_ptr() % 8}, row stride "
-                             f"{scales.stride(0)}); pass .contiguous() tensors with K a multiple of 128")
-
-
-def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
+def prepare(a, b, b2, cfg: RSConfig, *, out_dtype=torch.float16) -> Runner:
     """Prepack the weights (once), compile (cached); each call is two launches, the activation prologue (decode +
-    global scales) and the GEMM, or (act_decode="warpgroup" or "inline") the GEMM alone."""
+    global scales) and the GEMM."""
     t0 = time.perf_counter()
     validate(cfg)
     device = a[0].data.device
@@ -176,41 +159,33 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
     check_scales_finite(a, "a")
     blocks = blocks_per_warpgroup(cfg)
     weights = stack_weights([b] if b2 is None else [b, b2], cfg.tile_m, cfg.tile_k)
-    packed = prepack_weights(list(zip(weights.codes, weights.scales)), NWG, blocks,
-                             wg_major=cfg.warp_spec == "pingpong")
+    packed = prepack_weights(list(zip(weights.codes, weights.scales)), NWG, blocks)
     m = tuple(int(t.shape[0]) for t in a)
     offs, rows = padded_row_offsets(m, token_step(cfg))  # each group starts at a TMA box (token_step rows)
     row_table = activation_rows(a, offs, rows, device)
-    direct = cfg.act_decode != "prologue"  # the GEMM reads the caller's activations itself
-    if cfg.act_decode == "inline":
-        check_inline(a, cfg)
-    x16 = None if direct else torch.zeros((rows, weights.k_pad), dtype=torch.float16, device=device)
+    x16 = torch.zeros((rows, weights.k_pad), dtype=torch.float16, device=device)
     tiles = swap_tile_table(m, weights.n, weights.k, offs, weights.n_pad, cfg,
                             torch.cuda.get_device_properties(device).multi_processor_count, device)
     c_all = torch.empty((rows, weights.n_pad), dtype=out_dtype, device=device)
     outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(offs, m, weights.n)]
     gs_a = torch.tensor([t.global_scale.data_ptr() for t in a], dtype=torch.int64).to(device)
     gs_b = torch.stack([weights.global_scales[0], weights.global_scales[-1]], dim=1) * POST_SCALE
-    alpha = None if direct else torch.zeros((len(a), 2), dtype=torch.float32, device=device)
+    alpha = torch.zeros((len(a), 2), dtype=torch.float32, device=device)
 
     def stream():
         return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
 
-    prologue = pro_args = None
-    if not direct:
-        groups = group_parameters(a, offs)
-        pro_args = (_cute(row_table, 8), _cute(x16), _cute(gs_a, 8), _cute(gs_b, 8), _cute(alpha, 8), groups)
-        prologue = _compile_cached(("prologue", ACT_SMEM, len(groups)), pro_cls, (*pro_args, stream()))
-    gemm_args = ((_cute(packed.view(-1, ROW_BYTES)), _cute(row_table, 8), _cute(c_all), _cute(tiles), _cute(gs_b, 8))
-                 if direct else
-                 (_cute(packed.view(-1, ROW_BYTES)), _cute(x16), _cute(c_all), _cute(tiles), _cute(alpha, 8)))
-    gemm_args = (*gemm_args, _cute(gs_a, 8))
+    groups = group_parameters(a, offs, cfg.param_groups)
+    pro_args = (_cute(row_table, 8), _cute(x16), _cute(gs_a, 8), _cute(gs_b, 8), _cute(alpha, 8), groups)
+    prologue = _compile_cached(("prologue", cfg.prologue_smem, len(groups)), lambda: pro_cls(cfg.prologue_smem),
+                               (*pro_args, stream()))
+    gemm_args = (_cute(packed.view(-1, ROW_BYTES)), _cute(x16), _cute(c_all), _cute(tiles), _cute(alpha, 8),
+                 _cute(gs_a, 8))
     gemm = (_compile_cached((cfg, str(out_dtype)), lambda: gemm_cls(cfg), (*gemm_args, stream()))
             if len(tiles) else None)
 
     def run():
-        if prologue is not None:
-            prologue(*pro_args, stream())
+        prologue(*pro_args, stream())
         if gemm is not None:
             gemm(*gemm_args, stream())
 
@@ -225,7 +200,7 @@ def prepare(a, b, b2, cfg: KernelConfig, *, out_dtype=torch.float16) -> Runner:
 # ---------------------------------------------------------------------------------------------
 # Compile reports (no GPU needed)
 # ---------------------------------------------------------------------------------------------
-def fake_arguments(cfg: KernelConfig):
+def fake_arguments(cfg: RSConfig):
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
@@ -236,8 +211,7 @@ def fake_arguments(cfg: KernelConfig):
 
     s = cute.sym_int
     groups = s()
-    x = (fake(cutlass.Int64, (s(), len(ROW_COLUMNS)), 8) if cfg.act_decode != "prologue"
-         else fake(cutlass.Float16, (s(), s(divisibility=cfg.tile_k))))
+    x = fake(cutlass.Float16, (s(), s(divisibility=cfg.tile_k)))
     return (fake(cutlass.Uint8, (s(), ROW_BYTES)), x, fake(cutlass.Float16, (s(), s(divisibility=8))),
             fake(cutlass.Int32, (s(), len(WIDE_TILE_COLUMNS))), fake(cutlass.Float32, (groups, 2), 8),
             make_fake_compact_tensor(cutlass.Int64, (groups,), assumed_align=8), cuda.CUstream(0))
@@ -260,7 +234,7 @@ def fake_prologue_arguments(param_groups: int = 0):
             tuple(cutlass.Int64(0) for _ in range(len(GROUP_PARAMS) * param_groups)), cuda.CUstream(0))
 
 
-def compile_report(cfg: KernelConfig, dump_dir: str | None = None) -> dict:
+def compile_report(cfg: RSConfig, dump_dir: str | None = None) -> dict:
     """Compile ``cfg`` (and the activation prologue) for sm_90a with fake tensors: PTX instruction counts, ptxas
     resources, the smem plan. No GPU needed."""
     from .compiling import compile_offline, count_instructions
@@ -271,7 +245,7 @@ def compile_report(cfg: KernelConfig, dump_dir: str | None = None) -> dict:
     plan = smem_plan(cfg)
     log = art.ptxas.get("ptxas_log", "")
     return {
-        **cfg.as_dict(), "compile_s": round(time.perf_counter() - t0, 2), "threads": block_threads(cfg),
+        **cfg.as_dict(), "compile_s": round(time.perf_counter() - t0, 2), "threads": THREADS,
         "math_warpgroups": NWG, "acc_registers": acc_registers(cfg), "smem_bytes": plan["total"],
         "smem_per_stage": plan["per_stage"], "ctas_per_sm_by_smem": 233472 // (plan["total"] + 1024),
         "wgmma_n_variants": cfg.tile_n // token_step(cfg),
@@ -279,44 +253,29 @@ def compile_report(cfg: KernelConfig, dump_dir: str | None = None) -> dict:
         **count_instructions(art.ptx, ("lop3.b32", "mul.rn.f16x2", "cvt.rn.f16x2.e4m3x2", "ld.shared.v4.b32",
                                        "ld.shared.v2.b32", "griddepcontrol.wait", "st.shared", "st.shared.b16",
                                        "st.shared.v4.b32", "fence.proxy.async", "ld.global.nc.v2.b32",
-                                       "st.global.v4.b32", "st.global.b16", "bar.sync", "bar.arrive",
-                                       "cp.async.ca.shared.global", "cp.async.mbarrier.arrive.noinc")),
+                                       "st.global.v4.b32", "st.global.b16", "bar.sync", "bar.arrive")),
         # ptxas serialises every wgmma when it cannot prove the register operand safe (C7513): a silent slowdown
         "wgmma_serialized": "C7513" in log, "ptx_path": art.ptx_path,
     }
 
 
-def prologue_report(param_groups: int = 0, dump_dir: str | None = None) -> dict:
+def prologue_report(param_groups: int = 0, dump_dir: str | None = None, smem: int = ACT_SMEM) -> dict:
     """Compile the activation prologue for sm_90a with fake tensors (reading the row table, or with the parameters of
-    ``param_groups`` groups): its PTX instruction counts and ptxas resources."""
+    ``param_groups`` groups; asking for ``smem`` bytes of shared memory): its PTX instruction counts and ptxas
+    resources."""
     from .compiling import compile_offline, count_instructions
 
-    art = compile_offline(prologue_kernel(), *fake_prologue_arguments(param_groups), arch="sm_90a", dump_dir=dump_dir)
+    art = compile_offline(prologue_kernel(smem), *fake_prologue_arguments(param_groups), arch="sm_90a",
+                          dump_dir=dump_dir)
     return {**{k: v for k, v in art.ptxas.items() if k != "ptxas_log"}, **art.instructions,
             "params": art.ptx.count(".param .u64"),
             **count_instructions(art.ptx, ("griddepcontrol.launch_dependents", "ld.global.nc.u64",
                                            "cvt.rn.f16x2.e4m3x2", "ld.global.nc.v2.b32", "st.global.v4.b32"))}
 
 
-def kernel_for(cfg: KernelConfig):
+def kernel_for(cfg: RSConfig):
     return _kernel_classes()[1](cfg)
 
 
-def prologue_kernel():
-    return _kernel_classes()[0]()
-
-
-def read_timeline(runner) -> dict:
-    """ablate="timeline": per CTA, the stamps of :data:`TIMELINE_POINTS` in µs from the earliest CTA's entry, read
-    from the outputs of a prepared (not graphed or graphed) runner after a call. {point: [per CTA]}."""
-    if isinstance(runner.keepalive[0], type(runner)):  # a graphed runner keeps the runner it captured
-        return read_timeline(runner.keepalive[0])
-    tiles, c_all = runner.keepalive[4], runner.keepalive[5]
-    t = tiles.cpu()
-    cols = {c: i for i, c in enumerate(WIDE_TILE_COLUMNS)}
-    raw = c_all.view(torch.int64).cpu()  # [rows, n_pad / 4]: the stamps are int64 at columns n0 .. n0 + 31 (fp16)
-    stamps = torch.stack([raw[int(r[cols["out_row0"]]), int(r[cols["n0"]]) // 4: int(r[cols["n0"]]) // 4 + 8]
-                          for r in t])
-    stamps = stamps[:, :len(TIMELINE_POINTS)].to(torch.float64)
-    stamps = (stamps - stamps[:, 0].min()) / 1e3
-    return {p: stamps[:, i].tolist() for i, p in enumerate(TIMELINE_POINTS)}
+def prologue_kernel(smem: int = ACT_SMEM):
+    return _kernel_classes()[0](smem)

@@ -5,20 +5,21 @@
 
 1. routing (:mod:`.routing`): token copies sorted by expert, group offsets on the device;
 2. ``activations="nvfp4"`` (W4A4): x to NVFP4 (:func:`.quant.quantize_rows`, a global scale per call from the
-   device), its rows gathered in expert order; ``activations="bf16"`` (W4A16): x gathered as it is;
-3. the dual GEMM, writing the intermediate in bf16 (``INTERMEDIATE_DTYPE``), re-quantized in W4A4 mode;
+   device), its rows gathered in expert order; ``activations="bf16"`` (W4A16): x (in bf16) gathered as it is;
+3. the dual GEMM, writing the intermediate in bf16 (``INTERMEDIATE_DTYPE``), re-quantized in W4A4 mode (in W4A16
+   mode the down GEMM reads it as it is: its weights were prepared with ``activations="bf16"``);
 4. the down GEMM (bf16 out), then the weighted un-permute, a deterministic gather and sum in fp32.
 
 No step reads a value back to the host, so the forward can be captured in a CUDA graph, and ``torch.compile(
-fullgraph=True)`` traces it (the GEMMs are the custom op ``nvfp4lib::grouped_mm``). The layer lives on the device of
+fullgraph=True)`` traces it (the GEMMs are the custom ops ``nvfp4lib::grouped_mm`` and, in W4A16 mode,
+``nvfp4lib::grouped_mm_a16``). The layer lives on the device of
 its weights (``.to()`` does not move them: build it where it runs).
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from ..formats import NVFP4Tensor, dequantize, quantize
+from ..formats import NVFP4Tensor, quantize
 from ..serving import SERVING_BACKENDS, prepare_weights
 from .quant import quantize_rows
 from .routing import route, unpermute
@@ -44,7 +45,8 @@ class NVFP4MoE(torch.nn.Module):
     """MoE experts with NVFP4 weights: gate and up ``[I, H]``, down ``[H, I]`` per expert (see the module doc).
 
     ``activations``: "nvfp4" (W4A4: activations and the intermediate quantized to NVFP4 on the fly) or "bf16" (W4A16:
-    activations kept as they are; on "cute-hopper" not implemented yet). ``backend``: a serving backend,
+    activations kept in bf16 — x is rounded to bf16 if it is another float type — and fed to the GEMMs as they are).
+    ``backend``: a serving backend,
     "cute-hopper" (the Hopper kernel) or "reference" (the same semantics in torch, on any device)."""
 
     def __init__(self, w_gate, w_up, w_down, *, activations: str = "nvfp4", backend: str = "cute-hopper"):
@@ -53,10 +55,6 @@ class NVFP4MoE(torch.nn.Module):
             raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
         if backend not in SERVING_BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; known: {', '.join(SERVING_BACKENDS)}")
-        if activations == "bf16" and backend != "reference":
-            raise NotImplementedError(
-                f"activations='bf16' (W4A16: bf16 activations, weights decoded in registers) is not implemented in "
-                f"the {backend} kernel yet; use activations='nvfp4', or backend='reference' for its semantics")
         w_gate = _expert_list(w_gate, "w_gate")
         inter, hidden = tuple(w_gate[0].shape)
         w_gate = _expert_list(w_gate, "w_gate", (inter, hidden))
@@ -68,12 +66,9 @@ class NVFP4MoE(torch.nn.Module):
         self.experts, self.hidden, self.intermediate = len(w_gate), hidden, inter
         self.activations, self.backend = activations, backend
         self.w_gate, self.w_up, self.w_down = w_gate, w_up, w_down
-        if activations == "nvfp4":
-            self.gate_up = prepare_weights(w_gate, w_up, backend=backend, out_dtype=INTERMEDIATE_DTYPE)
-            self.down = prepare_weights(w_down, backend=backend, out_dtype=INTERMEDIATE_DTYPE)
-        else:
-            self.gate_up = _DequantizedExperts(w_gate, w_up)
-            self.down = _DequantizedExperts(w_down)
+        self.gate_up = prepare_weights(w_gate, w_up, backend=backend, out_dtype=INTERMEDIATE_DTYPE,
+                                       activations=activations)
+        self.down = prepare_weights(w_down, backend=backend, out_dtype=INTERMEDIATE_DTYPE, activations=activations)
 
     @classmethod
     def from_float(cls, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, **kwargs) -> "NVFP4MoE":
@@ -103,7 +98,8 @@ class NVFP4MoE(torch.nn.Module):
             codes, scales, g = quantize_rows(h)
             y = self.down(_packed(codes, scales.view(torch.uint8), g), r.offsets, global_scale=g)
         else:
-            y = self.down(self.gate_up(x.index_select(0, r.token), r.offsets), r.offsets)
+            # the intermediate is already bf16 (INTERMEDIATE_DTYPE): the down GEMM's activations as they are
+            y = self.down(self.gate_up(x.to(torch.bfloat16).index_select(0, r.token), r.offsets), r.offsets)
         return unpermute(y, r, topk_weights).to(x.dtype)
 
     def _check(self, x, topk_ids, topk_weights) -> None:
@@ -124,26 +120,3 @@ def _packed(codes: torch.Tensor, scale_bytes: torch.Tensor, g: torch.Tensor) -> 
     # The global scale stays a device tensor (it is also passed as global_scale=): no read-back.
     return NVFP4Tensor(codes, scale_bytes.view(torch.float8_e4m3fn), g.reshape(()))
 
-
-class _DequantizedExperts:
-    """W4A16 semantics without a kernel (the reference backend): weights dequantized to fp32 once, activations used
-    as they are; ``(x_packed [R, K], offsets [E+1]) -> [R, N]`` in ``INTERMEDIATE_DTYPE``, like a prepared weight.
-
-    Each expert's rows are selected with a mask computed on the device (one masked product per expert), so nothing
-    synchronises; it is a reference, not fast."""
-
-    def __init__(self, b, b2=None):
-        self.b = torch.stack([dequantize(t, torch.float32) for t in b])
-        self.b2 = None if b2 is None else torch.stack([dequantize(t, torch.float32) for t in b2])
-
-    def __call__(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        x = x.to(torch.float32)
-        rows = torch.arange(x.shape[0], device=x.device)
-        expert = torch.searchsorted(offsets[1:].to(torch.int64), rows, right=True)
-        out = x.new_zeros((x.shape[0], self.b.shape[1]))
-        for e in range(self.b.shape[0]):
-            y = x @ self.b[e].T
-            if self.b2 is not None:
-                y = F.silu(y) * (x @ self.b2[e].T)
-            out = torch.where((expert == e)[:, None], y, out)
-        return out.to(INTERMEDIATE_DTYPE)

@@ -1,149 +1,189 @@
 """``backend="triton"``: a Triton grouped NVFP4 GEMM that reads the packed codes and E4M3 scales directly.
 
-Triton has no FP4 MMA on Hopper (``tl.dot_scaled`` with e2m1 needs Blackwell), so each program decodes its A and
-B tiles in registers — the code bits placed into bf16 fields (value × 2^-126), one multiply by 2^126 and one by
-the block scale, both exact — and runs ``tl.dot`` with fp32 accumulation. One launch for all groups: the same
-grouped layout and tile table as the CuTe kernel (:mod:`nvfp4lib.kernels.packing`). The block sizes are chosen
-at prepare time by timing a few candidates on the problem at hand (a small autotune; the winner is in ``info``).
+Triton has no FP4 MMA on Hopper (``tl.dot_scaled`` with e2m1 needs Blackwell; NVFP4's E4M3 scales per 16 are not its
+input format anyway), so each program decodes its activation and weight tiles in registers and runs ``tl.dot`` with
+fp32 accumulation. Kept as lean as a plain in-kernel-decode kernel:
+
+- **Decode**: each code's bits placed in an fp16 (value × 2^-14) by 11 PTX instructions per 8 codes, then one
+  fp16x2 multiply by E4M3 scale × 2^7 per pair (:mod:`.triton_groups`; exact, checked exhaustively; a portable
+  Triton form of the same bits runs in the interpreter). No fp32 round trip, no bf16 subnormal fix-up. The fp32
+  accumulator is multiplied by gs_A · gs_B · 2^14 in the epilogue (the global scales stay fp32, as the reference
+  has them).
+- **One launch per call, nothing else**: the activations are read where they are, through a per-group address
+  table built at prepare (:func:`.triton_groups.group_table`); rows past a group's M are clamped loads, never
+  stored, so there is no padding, no packing copy and no global-scale product on the host side of the call.
+- **Weights** stacked once at prepare (:func:`nvfp4lib.kernels.packing.stack_weights`: N and K zero-padded to the
+  tile), so weight loads need no masks; activation loads are masked along K only where some K is not a multiple
+  of ``BLOCK_K``.
+- **Tile order**: within a group, the M tiles of one N tile are adjacent, so CTAs that read the same weight tile
+  (the bytes that dominate) run together and share it through L2.
+- **Autotuned at prepare** over block sizes, warps, stages and ``swap`` (weights on the MMA's M side, tokens on
+  its N side: less padding for small groups): every candidate is timed on the problem at hand and the fastest
+  is kept, cached per problem key for the process. A steady-state call never times anything.
 """
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import torch
 
 from ..backends import Runner
-from ..kernels.packing import ActivationPacker, stack_weights, tile_table
+from ..kernels.packing import stack_weights
+from .triton_groups import OPERAND_EXPONENT, addresses, group_table, require_triton_cuda
 
-CANDIDATES = (  # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
-    (64, 128, 128, 4, 3),
-    (128, 128, 128, 8, 3),
-    (64, 64, 256, 4, 3),
-    (128, 64, 128, 4, 4),
-)
+__all__ = ["Candidate", "CANDIDATES", "prepare", "tile_list", "probe_dot_scaled"]
+
+
+class Candidate(NamedTuple):
+    block_m: int  # tokens per tile
+    block_n: int  # weight rows per tile
+    block_k: int
+    warps: int
+    stages: int
+    swap: bool = False  # acc[BLOCK_N, BLOCK_M] = W · Aᵀ: weights on the MMA's M side
+
+    @property
+    def name(self) -> str:
+        return (f"{'s' if self.swap else ''}m{self.block_m}n{self.block_n}k{self.block_k}"
+                f"w{self.warps}s{self.stages}")
+
+
+# Timed at prepare (the first one alone with autotune=False). Chosen from a wider sweep on the H100 (2026-11-25):
+# m64n128 won S1/S2, swapped m128n128 S3/S4, m64n64 the dual forms; the others are each within a few percent of
+# the best on some benchmark shape. Block K 256 and 128x256 tiles were never close (register-bound).
+CANDIDATES = {
+    False: (Candidate(64, 128, 128, 4, 3), Candidate(128, 128, 128, 8, 3), Candidate(64, 64, 128, 4, 3),
+            Candidate(128, 64, 128, 4, 3), Candidate(128, 128, 128, 8, 3, True), Candidate(64, 128, 128, 4, 4, True)),
+    True: (Candidate(64, 64, 128, 4, 3), Candidate(128, 128, 128, 8, 3), Candidate(64, 128, 128, 4, 3),
+           Candidate(128, 64, 128, 4, 3), Candidate(128, 128, 128, 8, 3, True), Candidate(128, 128, 64, 8, 3)),
+}
 
 _kernel = None
+DECODE_ASM = True  # the bit placement as inline PTX on the GPU (False: the portable Triton form there too)
+_chosen: dict = {}  # problem key -> Candidate (the process's autotune cache)
 
 
-def _build_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def decode(codes, scales, BLOCK_K: tl.constexpr, ROWS: tl.constexpr):
-        """codes: [ROWS, BLOCK_K//2] uint8, scales: [ROWS, BLOCK_K//16] uint8 -> [ROWS, BLOCK_K] bf16, exact."""
-        c = codes.to(tl.int16)
-        lo = ((c & 8) << 12) | ((c & 7) << 6)
-        hi = ((c & 0x80) << 8) | ((c & 0x70) << 2)
-        v = tl.join(lo, hi).reshape(ROWS, BLOCK_K).to(tl.bfloat16, bitcast=True).to(tl.float32)
-        v = v * 8.507059173023462e37  # 2^126: restores the e2m1 value (code 1 was a bf16 subnormal)
-        s = scales.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        s = tl.broadcast_to(s[:, :, None], (ROWS, BLOCK_K // 16, 16)).reshape(ROWS, BLOCK_K)
-        return (v * s).to(tl.bfloat16)
-
-    @triton.jit
-    def grouped_nvfp4(a_ptr, sfa_ptr, b_ptr, sfb_ptr, b2_ptr, sfb2_ptr, c_ptr, tiles_ptr, alpha_ptr,
-                      stride_a, stride_sfa, stride_b, stride_sfb, stride_c,
-                      DUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        t = tl.program_id(0)
-        group = tl.load(tiles_ptr + t * 8 + 0)
-        a_row0 = tl.load(tiles_ptr + t * 8 + 1)
-        m_valid = tl.load(tiles_ptr + t * 8 + 2)
-        n0 = tl.load(tiles_ptr + t * 8 + 3)
-        n_valid = tl.load(tiles_ptr + t * 8 + 4)
-        b_row0 = tl.load(tiles_ptr + t * 8 + 5)
-        k_tiles = tl.load(tiles_ptr + t * 8 + 6)
-        rm = tl.arange(0, BLOCK_M)
-        rn = tl.arange(0, BLOCK_N)
-        kb = tl.arange(0, BLOCK_K // 2)
-        ks = tl.arange(0, BLOCK_K // 16)
-        a_rows = (a_row0 + rm).to(tl.int64)
-        b_rows = (b_row0 + rn).to(tl.int64)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kt in range(0, k_tiles):
-            a = decode(tl.load(a_ptr + a_rows[:, None] * stride_a + kt * (BLOCK_K // 2) + kb[None, :]),
-                       tl.load(sfa_ptr + a_rows[:, None] * stride_sfa + kt * (BLOCK_K // 16) + ks[None, :]),
-                       BLOCK_K, BLOCK_M)
-            b = decode(tl.load(b_ptr + b_rows[:, None] * stride_b + kt * (BLOCK_K // 2) + kb[None, :]),
-                       tl.load(sfb_ptr + b_rows[:, None] * stride_sfb + kt * (BLOCK_K // 16) + ks[None, :]),
-                       BLOCK_K, BLOCK_N)
-            acc = tl.dot(a, tl.trans(b), acc)
-            if DUAL:
-                b2 = decode(tl.load(b2_ptr + b_rows[:, None] * stride_b + kt * (BLOCK_K // 2) + kb[None, :]),
-                            tl.load(sfb2_ptr + b_rows[:, None] * stride_sfb + kt * (BLOCK_K // 16) + ks[None, :]),
-                            BLOCK_K, BLOCK_N)
-                acc2 = tl.dot(a, tl.trans(b2), acc2)
-        v = acc * tl.load(alpha_ptr + group * 2)
-        if DUAL:
-            up = acc2 * tl.load(alpha_ptr + group * 2 + 1)
-            v = v / (1.0 + tl.exp(-v)) * up
-        mask = (rm[:, None] < m_valid) & (rn[None, :] < n_valid)
-        out = c_ptr + a_rows[:, None] * stride_c + (n0 + rn)[None, :]
-        tl.store(out, v.to(c_ptr.dtype.element_ty), mask=mask)
-
-    return grouped_nvfp4
+def tile_list(m, n, block_m: int, block_n: int, device) -> torch.Tensor:
+    """int32 [tiles, 4] = (group, m0, n0, 0): every output tile of every non-empty group; within a group the M
+    tiles of one N tile are adjacent (they share the weight tile through L2)."""
+    rows = [(g, m0, n0, 0) for g, (mg, ng) in enumerate(zip(m, n)) if mg
+            for n0 in range(0, ng, block_n) for m0 in range(0, mg, block_m)]
+    return torch.tensor(rows or [(0, 0, 0, 0)], dtype=torch.int32, device=device)[: len(rows)]
 
 
-def _setup(a, b, b2, out_dtype, cand):
-    bm, bn, bk, warps, stages = cand
+def _alignment(values) -> int:
+    """The largest power of two up to 16 that divides every value (byte addresses and strides)."""
+    al = 16
+    while al > 1 and any(v % al for v in values):
+        al //= 2
+    return al
+
+
+def _alignments(a) -> tuple[int, int]:
+    """(codes, scales) alignment of the activations' addresses and row strides: the kernel's loads are as wide as
+    these allow (a 16-byte load where rows of codes are 16-byte aligned)."""
+    live = [t for t in a if t.shape[0]]
+    return (_alignment([v for t in live for v in (t.data.data_ptr(), t.data.stride(0))]),
+            _alignment([v for t in live for v in (t.scales.data_ptr(), t.scales.stride(0))]))
+
+
+def _setup(a, b, b2, out_dtype, cand: Candidate):
     device = a[0].data.device
-    packed = stack_weights([b] if b2 is None else [b, b2], bn, bk)
-    m = tuple(t.shape[0] for t in a)
-    packer = ActivationPacker(m, packed.k, packed.k_pad, bm, device)
-    tiles = tile_table(m, packed.n, packed.k, packer.row_offsets, packed.n_pad, bm, bn, bk, device)
-    c_all = torch.empty((packer.rows, max(packed.n)), dtype=out_dtype, device=device)
-    outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(packer.row_offsets, m, packed.n)]
-    alpha = torch.zeros((len(a), 2), dtype=torch.float32, device=device)
+    packed = stack_weights([b] if b2 is None else [b, b2], cand.block_n, cand.block_k)
+    m = tuple(int(t.shape[0]) for t in a)
+    offs = [0, *torch.tensor(m).cumsum(0).tolist()]
+    groups = group_table(a, packed.n, offs[:-1], device)
+    tiles = tile_list(m, packed.n, cand.block_m, cand.block_n, device)
+    c_all = torch.empty((max(offs[-1], 1), max(packed.n)), dtype=out_dtype, device=device)
+    outputs = [c_all[o: o + mg, :ng] for o, mg, ng in zip(offs, m, packed.n)]
+    gs = packed.global_scales
+    gsb = torch.stack([gs[0], gs[-1]], dim=1).contiguous()
     w2 = 1 if b2 is not None else 0
-    gs_b = packed.global_scales
+    even_k = all(kg % cand.block_k == 0 for kg in packed.k)
+    grid = (len(tiles),)
+    asm = device.type == "cuda" and DECODE_ASM  # the interpreter (CPU) runs the portable form of the decode
+    state = {"seen": addresses(a), "groups": groups, "align": _alignments(a)}
 
     def run():
-        gs_a = packer(a)
-        alpha[:, 0] = gs_a * gs_b[0]
-        alpha[:, 1] = gs_a * gs_b[-1]
-        if len(tiles):
-            _kernel[(len(tiles),)](
-                packer.codes, packer.scales, packed.codes[0], packed.scales[0], packed.codes[w2], packed.scales[w2],
-                c_all, tiles, alpha, packer.codes.stride(0), packer.scales.stride(0), packed.codes[0].stride(0),
-                packed.scales[0].stride(0), c_all.stride(0), DUAL=b2 is not None, BLOCK_M=bm, BLOCK_N=bn,
-                BLOCK_K=bk, num_warps=warps, num_stages=stages)
+        if addresses(a) != state["seen"]:  # the caller rebound a group's tensors: read the new ones (eager only)
+            state.update(seen=addresses(a), groups=group_table(a, packed.n, offs[:-1], device), align=_alignments(a))
+        if grid[0]:
+            _kernel[grid](state["groups"], tiles, packed.codes[0], packed.scales[0], packed.codes[w2],
+                          packed.scales[w2], gsb, c_all, packed.codes[0].stride(0), packed.scales[0].stride(0),
+                          c_all.stride(0), packed.n_pad, 2.0 ** (-2 * OPERAND_EXPONENT), DUAL=b2 is not None,
+                          SWAP=cand.swap, EVEN_K=even_k, ALIGN_A=state["align"][0], ALIGN_SFA=state["align"][1],
+                          BLOCK_M=cand.block_m, BLOCK_N=cand.block_n, BLOCK_K=cand.block_k, ASM=asm,
+                          num_warps=cand.warps, num_stages=cand.stages)
 
-    return run, outputs, packed.nbytes
+    return run, outputs, packed.nbytes, (groups, tiles, packed, gsb, c_all)
 
 
-def prepare(a, b, b2, *, out_dtype=torch.float16, candidates=CANDIDATES, autotune: bool = True) -> Runner:
+def _problem_key(a, b, b2, out_dtype):
+    dev = a[0].data.device
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
+    return (name, b2 is not None, str(out_dtype), tuple(int(t.shape[0]) for t in a),
+            tuple(tuple(t.shape) for t in b))
+
+
+def _time_ms(run, device, iters: int = 5) -> float:
+    run()  # compile, warm
+    torch.cuda.synchronize(device)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(iters):
+        run()
+    e.record()
+    torch.cuda.synchronize(device)
+    return s.elapsed_time(e) / iters
+
+
+def prepare(a, b, b2, *, out_dtype=torch.float16, candidates=None, autotune: bool = True) -> Runner:
     global _kernel
     device = a[0].data.device
-    if device.type != "cuda":
-        raise RuntimeError(f"the triton backend needs a CUDA GPU; the operands are on {device}")
-    try:
-        import triton  # noqa: F401
-    except ImportError as e:
-        raise RuntimeError("the triton backend needs the triton package") from e
+    require_triton_cuda("the triton backend", device)
     if _kernel is None:
-        _kernel = _build_kernel()
+        from .triton_kernels import grouped_nvfp4
+
+        _kernel = grouped_nvfp4
     t0 = time.perf_counter()
-    cands = list(candidates) if autotune else [candidates[0]]
+    cands = list(candidates or CANDIDATES[b2 is not None])
+    key = _problem_key(a, b, b2, out_dtype)
+    how = "untuned"
+    if not autotune or device.type != "cuda":
+        cands = cands[:1]
+    elif candidates is None and key in _chosen:
+        cands, how = [_chosen[key]], "chosen earlier for this problem"
+    elif len(cands) > 1:
+        how = f"fastest of {len(cands)} timed at prepare"
+    timed = {}
     best = None
     for cand in cands:
-        run, outputs, held = _setup(a, b, b2, out_dtype, cand)
-        run()  # compile
-        torch.cuda.synchronize(device)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(5):
-            run()
-        e.record()
-        torch.cuda.synchronize(device)
-        ms = s.elapsed_time(e) / 5
+        run, outputs, held, keep = _setup(a, b, b2, out_dtype, cand)
+        if len(cands) == 1:
+            best = (0.0, cand, run, outputs, held, keep)
+            break
+        try:
+            ms = _time_ms(run, device)
+        except Exception as e:  # a candidate this GPU cannot run (e.g. out of shared memory) is skipped
+            timed[cand.name] = f"{type(e).__name__}"
+            continue
+        timed[cand.name] = round(ms * 1e3, 1)
         if best is None or ms < best[0]:
-            best = (ms, cand, run, outputs, held)
-    _, cand, run, outputs, held = best
-    return Runner(run, outputs, prepare_s=time.perf_counter() - t0, held_bytes=held,
-                  notes=f"Triton, in-register decode to bf16 + tl.dot; blocks {cand[:3]}, warps {cand[3]}, "
-                        f"stages {cand[4]} (fastest of {len(cands)} timed at prepare)",
-                  info={"block_m": cand[0], "block_n": cand[1], "block_k": cand[2]})
+            best = (ms, cand, run, outputs, held, keep)
+    if best is None:
+        raise RuntimeError(f"no Triton candidate ran here: {timed}")
+    _, cand, run, outputs, held, keep = best
+    asm = device.type == "cuda" and DECODE_ASM
+    if len(cands) > 1:
+        _chosen[key] = cand
+    return Runner(run, outputs, prepare_s=time.perf_counter() - t0, held_bytes=held, keepalive=keep,
+                  notes=f"Triton, exact fp16 in-register decode ({'PTX' if asm else 'portable'} bit placement + "
+                        "fp16x2 scale multiply) + tl.dot, one launch, activations read in place; "
+                        f"{cand.name} ({how})",
+                  info={"block_m": cand.block_m, "block_n": cand.block_n, "block_k": cand.block_k,
+                        "warps": cand.warps, "stages": cand.stages, "swap": cand.swap, "config": cand.name,
+                        "timed_us": timed})
 
 
 def probe_dot_scaled(device="cuda") -> dict:

@@ -74,7 +74,7 @@ def test_nan_scales_are_refused():
         prepare(inp.a, inp.b, None, backend="cute-hopper")
 
 
-@pytest.mark.parametrize("config", ["rs_m128_t128_k128_s4", "rs_m128_t256_k128_s3_v32", "rs_dual_m64_t96_k128_s3",
+@pytest.mark.parametrize("config", ["rs_m128_t128_k128_s4", "rs_m128_t256_k128_s3_v32_e", "rs_dual_m64_t96_k128_s3_e",
                                     "baseline"])
 def test_subnormal_scales_are_exact(config):
     """E4M3 subnormal scales (m·2^-9) on both operands: the smallest products the decode must keep exact."""
@@ -93,7 +93,7 @@ def test_subnormal_scales_are_exact(config):
 
 @pytest.mark.parametrize("dual", [False, True])
 def test_default_is_the_fastest_auto_candidate_and_exact(dual):
-    from nvfp4lib.kernels.hopper import AUTO_CANDIDATES
+    from nvfp4lib.tuning import AUTO_CANDIDATES
 
     _needs_sm90()
     prob = BENCHMARK[3].with_dual() if dual else BENCHMARK[3]

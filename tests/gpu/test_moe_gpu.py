@@ -1,5 +1,5 @@
-"""NVFP4MoE with cute-hopper on a Hopper GPU (skipped without one): exact against the reference layer, and one
-CUDA graph replayed with new routing."""
+"""NVFP4MoE with cute-hopper on a Hopper GPU (skipped without one), in both activation modes (W4A4 "nvfp4", W4A16
+"bf16"): exact against the reference layer, and one CUDA graph replayed with new routing."""
 import pytest
 import torch
 
@@ -8,12 +8,12 @@ from nvfp4lib.nn import NVFP4MoE, reference_moe
 pytestmark = pytest.mark.gpu
 
 
-def _layer(e=8, h=256, i=128, seed=0):
+def _layer(e=8, h=256, i=128, seed=0, activations="nvfp4"):
     g = torch.Generator().manual_seed(seed)
     wg = (torch.randn(e, i, h, generator=g) * 0.05).to(torch.bfloat16)
     wu = (torch.randn(e, i, h, generator=g) * 0.05).to(torch.bfloat16)
     wd = (torch.randn(e, h, i, generator=g) * 0.05).to(torch.bfloat16)
-    return NVFP4MoE.from_float(wg.cuda(), wu.cuda(), wd.cuda(), activations="nvfp4", backend="cute-hopper")
+    return NVFP4MoE.from_float(wg.cuda(), wu.cuda(), wd.cuda(), activations=activations, backend="cute-hopper")
 
 
 def _routing(t, e, k, seed):
@@ -23,23 +23,25 @@ def _routing(t, e, k, seed):
     return ids, w
 
 
+@pytest.mark.parametrize("activations", ["nvfp4", "bf16"])
 @pytest.mark.parametrize("t", [1, 16, 300])
-def test_layer_matches_reference(t):
+def test_layer_matches_reference(t, activations):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs sm_90")
-    layer = _layer()
+    layer = _layer(activations=activations)
     x = torch.randn(t, 256, device="cuda").to(torch.bfloat16)
     ids, w = _routing(t, 8, 2, t)
     got = layer(x, ids, w).float()
-    ref = reference_moe(x, ids, w, layer.w_gate, layer.w_up, layer.w_down, activations="nvfp4").float()
+    ref = reference_moe(x, ids, w, layer.w_gate, layer.w_up, layer.w_down, activations=activations).float()
     err = ((got - ref).norm() / ref.norm()).item()
     assert err < 1e-2, err
 
 
-def test_graph_replay_with_new_routing():
+@pytest.mark.parametrize("activations", ["nvfp4", "bf16"])
+def test_graph_replay_with_new_routing(activations):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs sm_90")
-    layer = _layer()
+    layer = _layer(activations=activations)
     t = 64
     x = torch.randn(t, 256, device="cuda").to(torch.bfloat16)
     ids, w = _routing(t, 8, 2, 1)
@@ -53,6 +55,6 @@ def test_graph_replay_with_new_routing():
         ids.copy_(new_ids)
         w.copy_(new_w)
         graph.replay()
-        ref = reference_moe(x, ids, w, layer.w_gate, layer.w_up, layer.w_down, activations="nvfp4").float()
+        ref = reference_moe(x, ids, w, layer.w_gate, layer.w_up, layer.w_down, activations=activations).float()
         err = ((out.float() - ref).norm() / ref.norm()).item()
         assert err < 1e-2, (seed, err)

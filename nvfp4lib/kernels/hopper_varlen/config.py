@@ -4,6 +4,10 @@ The kernel is the register-decode design of :mod:`nvfp4lib.kernels.hopper_rs` (w
 wgmma's register A operand, tokens on wgmma's N), with the activation prologue and the staged epilogue of its
 default configs, and one difference that serving needs: every CTA finds its tile from the group offsets in device
 memory, so one compiled launch serves any split of the rows. Only this family's fields live here.
+
+``act`` picks what the activations are: "nvfp4" (W4A4: a prologue decodes them to fp16, weights decoded to fp16) or
+"bf16" (W4A16: the caller's bf16 rows are wgmma's B operand as they are, weights decoded to bf16; no prologue). The
+same kernel, weight layout and scheduling serve both.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from ..rs_config import (  # noqa: F401  (the same kernel's rules: one definitio
 from ..rs_layout import UNIT_BYTES, UNIT_K
 
 EPILOGUES = ("simt", "staged")
+ACTS = ("nvfp4", "bf16")
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,8 @@ class VarlenConfig:
     """``tile_m`` weight rows per CTA (a dual CTA covers the same ``tile_m`` rows of gate and up), ``tile_n`` tokens
     per CTA (the widest wgmma N), ``token_step`` (a tile of w tokens runs a wgmma N of w rounded up to it; 0: always
     ``tile_n``), ``tile_k`` K per pipeline stage, ``ab_stages`` pipeline depth, ``epilogue``: per-element stores
-    ("simt") or a shared-memory tile copied out in 16-byte row chunks ("staged")."""
+    ("simt") or a shared-memory tile copied out in 16-byte row chunks ("staged"), ``act`` the activations' type
+    (:data:`ACTS`: NVFP4 through the fp16 prologue, or bf16 straight into wgmma)."""
 
     name: str
     tile_m: int = 128
@@ -40,6 +46,7 @@ class VarlenConfig:
     ab_stages: int = 3
     epilogue: str = "staged"
     dual: bool = False
+    act: str = "nvfp4"
 
     def with_(self, **changes) -> "VarlenConfig":
         return replace(self, **changes)
@@ -93,6 +100,8 @@ def validate(cfg: VarlenConfig) -> VarlenConfig:
                          "over the TMA box limit of 256")
     if cfg.ab_stages < 2:
         raise ValueError(f"{n}: ab_stages={cfg.ab_stages}: the loads of one stage overlap the MMA of another (>= 2)")
+    if cfg.act not in ACTS:
+        raise ValueError(f"{n}: act={cfg.act!r}: must be one of {ACTS}")
     if cfg.epilogue not in EPILOGUES:
         raise ValueError(f"{n}: epilogue={cfg.epilogue!r}: must be one of {EPILOGUES}")
     acts = cfg.ab_stages * cfg.tile_k * cfg.tile_n * 2
@@ -104,16 +113,16 @@ def validate(cfg: VarlenConfig) -> VarlenConfig:
     return cfg
 
 
-def _name(dual: bool, tm: int, tn: int, tk: int, st: int, ts: int, epi: str) -> str:
-    return (f"vl_{'dual_' if dual else ''}m{tm}_t{tn}_k{tk}_s{st}" + (f"_v{ts}" if ts else "")
-            + ("_e" if epi == "staged" else ""))
+def _name(dual: bool, tm: int, tn: int, tk: int, st: int, ts: int, epi: str, act: str = "nvfp4") -> str:
+    return (f"vl_{'a16_' if act == 'bf16' else ''}{'dual_' if dual else ''}m{tm}_t{tn}_k{tk}_s{st}"
+            + (f"_v{ts}" if ts else "") + ("_e" if epi == "staged" else ""))
 
 
 def make(dual: bool, tile_m: int, tile_n: int, ab_stages: int, token_step: int = 0, tile_k: int = 128,
-         epilogue: str = "staged") -> VarlenConfig:
-    return validate(VarlenConfig(_name(dual, tile_m, tile_n, tile_k, ab_stages, token_step, epilogue), tile_m=tile_m,
-                                 tile_n=tile_n, token_step=token_step, tile_k=tile_k, ab_stages=ab_stages,
-                                 epilogue=epilogue, dual=dual))
+         epilogue: str = "staged", act: str = "nvfp4") -> VarlenConfig:
+    return validate(VarlenConfig(_name(dual, tile_m, tile_n, tile_k, ab_stages, token_step, epilogue, act),
+                                 tile_m=tile_m, tile_n=tile_n, token_step=token_step, tile_k=tile_k,
+                                 ab_stages=ab_stages, epilogue=epilogue, dual=dual, act=act))
 
 
 # The tilings `auto` chooses among: those of the host-scheduled kernel's AUTO_CANDIDATES (each ran exact on the H100
@@ -123,10 +132,14 @@ CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     make(False, 128, 64, 4), make(False, 128, 256, 3, token_step=32),
     make(True, 64, 96, 3), make(True, 128, 128, 3, epilogue="simt"), make(True, 128, 128, 4),
     make(True, 128, 128, 4, epilogue="simt"), make(True, 64, 256, 3, token_step=32),
+    # W4A16 (bf16 activations): the tilings tuning.PREFERENCE ranks first for the NVFP4 kernel, under vl_a16_ names
+    make(False, 128, 256, 3, token_step=32, act="bf16"), make(False, 128, 128, 4, act="bf16"),
+    make(False, 128, 128, 3, act="bf16"), make(True, 64, 256, 3, token_step=32, act="bf16"),
+    make(True, 128, 128, 3, epilogue="simt", act="bf16"), make(True, 64, 96, 3, act="bf16"),
 )}
 
 
-def get_config(name, dual: bool) -> VarlenConfig:
+def get_config(name, dual: bool, act: str | None = None) -> VarlenConfig:
     if isinstance(name, VarlenConfig):
         cfg = name
     elif name not in CONFIGS:
@@ -136,6 +149,10 @@ def get_config(name, dual: bool) -> VarlenConfig:
     if cfg.dual != dual:
         raise ValueError(f"config {cfg.name} is for the {'dual' if cfg.dual else 'single'} GEMM; these weights are "
                          f"{'dual (b2 given)' if dual else 'single'}")
+    if act is not None and cfg.act != act:
+        raise ValueError(f"config {cfg.name} takes {cfg.act} activations; these weights were prepared for {act} "
+                         f"activations (the {act} configs: "
+                         f"{', '.join(c for c, v in CONFIGS.items() if v.act == act and v.dual == dual)})")
     return validate(cfg)
 
 

@@ -19,6 +19,11 @@ Two launches per call, the second with programmatic dependent launch:
 
 Nothing here depends on the host knowing the split: the same launch is captured once in a CUDA graph and replayed
 for any offsets.
+
+With ``act="bf16"`` (W4A16) there is no prologue: the GEMM's B operand is the caller's bf16 activations ``[T, K]``
+(TMA-loaded as they are; columns past K and rows past T arrive as zeros), the weights decode to bf16 value × scale ×
+2^-14 (:data:`~..rs_ops.A16_DECODE_PTX`), wgmma runs bf16 × bf16 -> fp32, and the epilogue multiplies by the weights'
+``gs_B·2^14`` alone (the ``gs_A`` argument is not read).
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ def _build():
     o = ops()
     load_unit, decode_unit, copy16, decode_act16, zero32, _silu_mul = (
         o.load_unit, o.decode_unit, o.copy16, o.decode_act16, o.zero32, o._silu_mul)
+    decode_unit_a16 = o.decode_unit_a16
 
     class ActivationDecodeSm90:
         """``mCodes`` uint8 [T, K/2], ``mScales`` E4M3 bytes [T, K/16] (row-major, the caller's tensors), ``mX``
@@ -80,9 +86,9 @@ def _build():
                     zero32(dst)  # a zero operand: the weights' padding is zero too, but 0 × NaN is not
 
     class GroupedVarlenGemmSm90:
-        """Swap-AB: weights (register A, decoded per thread) × tokens (smem B, fp16) -> Cᵀ tiles, one per CTA, each
-        found from the group offsets on the device. ``groups``, ``n`` (columns of C) and ``k_pad`` are those of the
-        prepared weights and fixed per compile."""
+        """Swap-AB: weights (register A, decoded per thread) × tokens (smem B, fp16; bf16 with ``act="bf16"``) -> Cᵀ
+        tiles, one per CTA, each found from the group offsets on the device. ``groups``, ``n`` (columns of C) and
+        ``k_pad`` are those of the prepared weights and fixed per compile."""
 
         def __init__(self, cfg: VarlenConfig, groups: int, n: int, k_pad: int):
             self.cfg = validate(cfg)
@@ -97,11 +103,13 @@ def _build():
             self.threads = 128 * NWG
             self.stage_units = cfg.stage_units
             self.w_rows = self.stage_units * UNIT_BYTES // ROW_BYTES  # 128-byte rows per stage
+            self.a16 = cfg.act == "bf16"  # bf16 activations as they are, weights decoded to bf16
+            self.op_dtype = cutlass.BFloat16 if self.a16 else cutlass.Float16
 
         def _sx_layout(self, rows: int):
-            """The fp16 activation ring (nsub·stages slots) for ``rows`` tokens: K-major, 128-byte swizzle."""
+            """The activation ring (nsub·stages slots) for ``rows`` tokens: K-major, 128-byte swizzle."""
             return sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (UNIT_ROWS, rows, UNIT_K),
-                                                 cutlass.Float16, self.nsub * self.stages)
+                                                 self.op_dtype, self.nsub * self.stages)
 
         @cute.jit
         def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mC: cute.Tensor, mOffsets: cute.Tensor,
@@ -114,13 +122,13 @@ def _build():
                 g2s, mW, cute.slice_(sw_layout, (None, None, 0)), (self.w_rows, ROW_BYTES))
             tma_x, tX = cute.nvgpu.cpasync.make_tiled_tma_atom(
                 g2s, mX, cute.slice_(self._sx_layout(self.step), (None, None, 0)), (self.step, UNIT_K))
-            i64, u8, f16 = cutlass.Int64, cutlass.Uint8, cutlass.Float16
+            i64, u8, op = cutlass.Int64, cutlass.Uint8, self.op_dtype
 
             @cute.struct
             class SharedStorage:
                 load_bars: cute.struct.MemRange[i64, self.stages * 2]
                 sw: cute.struct.Align[cute.struct.MemRange[u8, cute.cosize(sw_layout)], 1024]
-                sx: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(sx_layout)], 1024]
+                sx: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(sx_layout)], 1024]
 
             self.shared_storage = SharedStorage
             rows = cute.size(mC, mode=[0])  # T (x16 may have more rows: stale, finite, never stored)
@@ -224,7 +232,7 @@ def _build():
                     load_pipe.producer_acquire(prod)
                     self._issue_w(load_pipe, prod, loads)
                     prod.advance()
-            cute.arch.griddepcontrol_wait()  # x16 is the prologue's
+            cute.arch.griddepcontrol_wait()  # x16 is the prologue's (bf16: the activations, the previous kernel's)
             if warp_idx == 0:
                 early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 for _ in cutlass.range(first, unroll=1):
@@ -258,7 +266,10 @@ def _build():
 
         @cute.jit
         def _alpha(self, mGsA, mGsB, group):
-            """The group's epilogue factors (gate, up): A's global scale (one, or the group's) times gs_B·2^14."""
+            """The group's epilogue factors (gate, up): A's global scale (one, or the group's) times gs_B·2^14; bf16
+            activations have no global scale (their weights' 2^-14 is what the 2^14 undoes)."""
+            if cutlass.const_expr(self.a16):
+                return mGsB[group, 0], mGsB[group, 1]
             gs = mGsA[0]
             if cute.size(mGsA, mode=[0]) > 1:
                 gs = mGsA[group]
@@ -274,7 +285,7 @@ def _build():
             wg = cute.arch.make_warp_uniform(tidx // 128)
             t = tidx % 128
             tiled_mma = sm90_utils.make_trivial_tiled_mma(
-                cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+                self.op_dtype, self.op_dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
                 cutlass.Float32, (1, 1, 1), (UNIT_ROWS, nv), warpgroup.OperandSource.RMEM)
             thr_mma = tiled_mma.get_slice(t)
             tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sXv))
@@ -305,7 +316,10 @@ def _build():
             """Sub-block ``s``: decode its weights into register set s % 2, issue its wgmma against ring slot
             ``slot``, commit, and wait until only this group is in flight."""
             for b in cutlass.range_constexpr(self.blocks):
-                regs = decode_unit(loaded[s * self.blocks + b])
+                if cutlass.const_expr(self.a16):
+                    regs = decode_unit_a16(loaded[s * self.blocks + b])
+                else:
+                    regs = decode_unit(loaded[s * self.blocks + b])
                 for q in cutlass.range_constexpr(16):
                     rA32[s % 2][b][q] = regs[q]
             warpgroup.fence()

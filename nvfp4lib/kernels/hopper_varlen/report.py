@@ -33,27 +33,34 @@ def prologue_arguments():
             _fake(cutlass.Float16, (cute.sym_int(), k_pad)), env_stream())
 
 
-def gemm_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype: str = "Float16"):
-    """(weights [rows, 128] u8, x16 [T, K_pad] f16, C [T, N], offsets [G+1] i32, gs_a [1 or G] f32, gs_b [G, 2] f32)."""
+def gemm_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype: str = "Float16",
+                   k: int | None = None):
+    """(weights [rows, 128] u8, x16 [T, K_pad] f16 — with ``act="bf16"`` the activations [T, K] bf16 (``k``, default
+    ``k_pad``) —, C [T, N], offsets [G+1] i32, gs_a [1 or G] f32 (not read with bf16), gs_b [G, 2] f32)."""
     import cutlass
     import cutlass.cute as cute
 
-    return (_fake(cutlass.Uint8, (cute.sym_int(), 128)), _fake(cutlass.Float16, (cute.sym_int(), k_pad)),
+    x = (_fake(cutlass.BFloat16, (cute.sym_int(), k or k_pad)) if cfg.act == "bf16"
+         else _fake(cutlass.Float16, (cute.sym_int(), k_pad)))
+    return (_fake(cutlass.Uint8, (cute.sym_int(), 128)), x,
             _fake(getattr(cutlass, out_dtype), (cute.sym_int(), n)), _fake(cutlass.Int32, (groups + 1,), 4),
             _fake(cutlass.Float32, (cute.sym_int(),), 4), _fake(cutlass.Float32, (groups, 2), 8), env_stream())
 
 
 def compile_report(cfg: VarlenConfig, groups: int = 8, n: int = 4096, k_pad: int = 7168,
-                   dump_dir: str | None = None, ptxas: bool = True) -> dict:
+                   dump_dir: str | None = None, ptxas: bool = True, k: int | None = None) -> dict:
     """Compile the GEMM and the prologue for sm_90a with no GPU; return the PTX's key instruction counts (and ptxas
-    resources where ptxas is installed)."""
+    resources where ptxas is installed). With ``act="bf16"`` there is no prologue (its entries are None) and ``k``
+    is the activations' K (default ``k_pad``)."""
     from ..compiling import compile_offline
 
     pro_cls, gemm_cls = kernel_classes()
-    gemm = compile_offline(gemm_cls(cfg, groups, n, k_pad), *gemm_arguments(cfg, groups, n, k_pad), arch="sm_90a",
-                           dump_dir=dump_dir, ptxas=ptxas, extra_options=TVM_FFI)
-    pro = compile_offline(pro_cls(), *prologue_arguments(), arch="sm_90a", dump_dir=dump_dir,
-                          ptxas=ptxas, extra_options=TVM_FFI)
+    gemm = compile_offline(gemm_cls(cfg, groups, n, k_pad), *gemm_arguments(cfg, groups, n, k_pad, k=k),
+                           arch="sm_90a", dump_dir=dump_dir, ptxas=ptxas, extra_options=TVM_FFI)
+    pro = None
+    if cfg.act != "bf16":
+        pro = compile_offline(pro_cls(), *prologue_arguments(), arch="sm_90a", dump_dir=dump_dir,
+                              ptxas=ptxas, extra_options=TVM_FFI)
     return {"config": cfg.name, "groups": groups, "n": n, "k_pad": k_pad, "gemm": gemm.instructions,
-            "gemm_ptxas": gemm.ptxas, "prologue": pro.instructions, "prologue_ptxas": pro.ptxas,
-            "ptx": gemm.ptx, "prologue_ptx": pro.ptx}
+            "gemm_ptxas": gemm.ptxas, "prologue": pro and pro.instructions, "prologue_ptxas": pro and pro.ptxas,
+            "ptx": gemm.ptx, "prologue_ptx": pro and pro.ptx}

@@ -35,9 +35,9 @@ def _compile(key, make, args):
 
 
 class PackedWeights:
-    """The weights in the kernel's layout for one (dual, tile_m, tile_k), every group's matrices stacked once and
-    prepacked in one Triton pass (:mod:`.prepack`; the torch form where Triton is missing). Every config with that
-    layout (:func:`layout_of`) runs on the same packed tensor."""
+    """The weights in the kernel's layout for one (dual, tile_m, tile_k), every group's matrices packed once in one
+    Triton pass read in place from the groups' own tensors (:mod:`.gather`; the torch form where Triton is missing).
+    Every config with that layout (:func:`layout_of`) runs on the same packed tensor."""
 
     def __init__(self, b: list[NVFP4Tensor], b2: list[NVFP4Tensor] | None, tile_m: int, tile_k: int,
                  check_scales: bool = True):
@@ -47,23 +47,25 @@ class PackedWeights:
         self.n, self.k = int(b[0].shape[0]), int(b[0].shape[1])
         self.k_pad = -(-self.k // tile_k) * tile_k
         n_pad = -(-self.n // tile_m) * tile_m
-        sets = [b] if b2 is None else [b, b2]
         blocks = tile_m * (2 if self.dual else 1) // (64 * NWG)
         try:
-            from .prepack import prepack_stacked
-        except ImportError:  # no Triton: the torch form, ~20 passes
-            prepack_stacked = None
-        mats = [stack_uniform(w, n_pad if prepack_stacked is None else self.n,
-                              self.k_pad if prepack_stacked is None else self.k) for w in sets]
-        for name, m in zip(("b", "b2"), mats if check_scales else ()):  # one read-back (E4M3's NaN: S.1111.111)
-            if bool(((m[1] & 0x7F) == 0x7F).any()):
-                check_scales_finite(b if name == "b" else b2, name)  # names the group
-        if prepack_stacked is None:
+            from .gather import launch
+        except ImportError:  # pragma: no cover - Triton ships with CUDA torch
+            launch = None
+        if launch is None or not all(t.data.is_contiguous() and t.scales.is_contiguous() and
+                                     t.global_scale.dtype == torch.float32 for t in b + (b2 or [])):
+            sets = [b] if b2 is None else [b, b2]  # the torch form, ~20 passes
+            mats = [stack_uniform(w, n_pad, self.k_pad) for w in sets]
             packed = prepack_weights([m[:2] for m in mats], NWG, blocks)
+            self.gs_b = torch.stack([mats[0][2], mats[-1][2]], dim=1).mul_(POST_SCALE).contiguous()
         else:
-            packed = prepack_stacked([m[:2] for m in mats], self.n, self.k, n_pad, self.k_pad, NWG, blocks)
+            packed, _, _, _, _, self.gs_b = launch(weights_table(b, b2), self.groups, self.n, self.k, n_pad,
+                                                   self.k_pad, NWG, blocks, self.dual, 0, post=POST_SCALE,
+                                                   weights_only=True)
+        if check_scales and bool(((packed[..., 2048:] & 0x7F) == 0x7F).any()):  # one read-back (NaN: S.1111.111)
+            check_scales_finite(b, "b")  # names the group
+            check_scales_finite(b2 or [], "b2")
         self.packed = packed.view(-1, ROW_BYTES)
-        self.gs_b = torch.stack([mats[0][2], mats[-1][2]], dim=1).mul_(POST_SCALE).contiguous()
         self._x16 = None
         self._old: list[torch.Tensor] = []
 
@@ -85,6 +87,19 @@ class PackedWeights:
         return x
 
 
+def weights_table(b: list[NVFP4Tensor], b2: list[NVFP4Tensor] | None) -> torch.Tensor:
+    """The :mod:`.gather` table of weights alone (no activation rows) on the weights' device."""
+    from .gather import F
+
+    rows = []
+    for g, t in enumerate(b):
+        u = t if b2 is None else b2[g]
+        gs = t.global_scale.data_ptr()
+        rows += [0, 0, 0, t.data.data_ptr(), t.scales.data_ptr(), u.data.data_ptr(), u.scales.data_ptr(), gs, gs,
+                 u.global_scale.data_ptr()] + [0] * (F - 10)
+    return torch.tensor(rows, dtype=torch.int64).to(b[0].data.device)
+
+
 def stack_uniform(w: list[NVFP4Tensor], n_pad: int, k_pad: int):
     """Codes [G·n_pad, k_pad/2], scale bytes [G·n_pad, k_pad/16] and global scales [G] of same-shape matrices, in a
     few whole-tensor ops (not a copy per group): the zero padding decodes to zeros."""
@@ -103,7 +118,8 @@ def layout_of(cfg: VarlenConfig) -> tuple[bool, int, int]:
 
 
 class VarlenRunner:
-    """One config compiled for packed weights: ``runner(codes, scales, gs_a, offsets) -> C [T, N]``."""
+    """One config compiled for packed weights: ``runner(codes, scales, gs_a, offsets) -> C [T, N]``; a config with
+    ``act="bf16"``: ``runner.call_a16(x, offsets) -> C [T, N]`` (no prologue: the bf16 rows are the GEMM's operand)."""
 
     def __init__(self, w: PackedWeights, cfg: VarlenConfig, out_dtype=torch.float16):
         self.cfg = validate(cfg)
@@ -116,14 +132,35 @@ class VarlenRunner:
         pro_cls, gemm_cls = kernel_classes()
         out_name = OUT_DTYPES[out_dtype]
         g, n, kp = w.groups, w.n, w.k_pad
-        self._gemm = _compile(("gemm", cfg, g, n, kp, out_name), lambda: gemm_cls(cfg, g, n, kp),
-                              lambda: gemm_arguments(cfg, g, n, kp, out_name))
-        self._prologue = _compile(("prologue",), pro_cls, prologue_arguments)
+        k = w.k if cfg.act == "bf16" else kp  # the B operand's K: the caller's bf16 rows, or the padded x16
+        self._gemm = _compile(("gemm", cfg, g, n, kp, out_name, k), lambda: gemm_cls(cfg, g, n, kp),
+                              lambda: gemm_arguments(cfg, g, n, kp, out_name, k=k))
+        if cfg.act == "bf16":
+            self._prologue = None
+            self._gs_unread = w.gs_b.view(-1)  # the kernel's gs_a argument, not read for bf16 activations
+        else:
+            self._prologue = _compile(("prologue",), pro_cls, prologue_arguments)
+
+    def call_a16(self, x: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x`` bf16 [T, K] (contiguous, 16-byte aligned), ``offsets`` int32 [G+1], ``out`` [T, N] or None; all on
+        the weights' device, already checked by the caller."""
+        if self._prologue is not None:
+            raise TypeError(f"config {self.cfg.name} takes NVFP4 activations: runner(codes, scales, gs_a, offsets)")
+        w = self.w
+        rows = x.shape[0]
+        if out is None:
+            out = torch.empty((rows, w.n), dtype=self.out_dtype, device=w.device)
+        if rows == 0:
+            return out
+        self._gemm(w.packed, x, out, offsets, self._gs_unread, w.gs_b)
+        return out
 
     def __call__(self, codes: torch.Tensor, scales: torch.Tensor, gs_a: torch.Tensor, offsets: torch.Tensor,
                  out: torch.Tensor | None = None) -> torch.Tensor:
         """``codes`` uint8 [T, K/2], ``scales`` E4M3 bytes as uint8 [T, K/16] (row-major), ``gs_a`` float32 [1] or [G],
         ``offsets`` int32 [G+1], ``out`` [T, N] or None; all on the weights' device, already checked by the caller."""
+        if self._prologue is None:
+            raise TypeError(f"config {self.cfg.name} takes bf16 activations: runner.call_a16(x, offsets)")
         w = self.w
         rows = codes.shape[0]
         if out is None:  # (an allocation costs about as much host time as a launch: callers may pass their own)

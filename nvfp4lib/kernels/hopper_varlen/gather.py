@@ -1,0 +1,234 @@
+"""Everything a one-shot call needs before the GEMM, in one Triton launch, read in place from the caller's tensors.
+
+A one-shot call (new weights every call: ``nvfp4lib.grouped_gemm``, the study's harness) used to pay ~30 torch ops
+of host time (stacking the weights, concatenating the activations, stacking global scales, building offsets) before
+its two kernels. Here the host writes one small table — a header row of sizes, then one row of addresses per group
+(:data:`FIELDS`, the callers' tensors read in place) — copies it to the device, and one launch of the gather does, by
+program id:
+
+- **weights** (programs ``0 .. units``): :data:`KU` consecutive 64-row × 64-K units of the packed weights (the
+  layout of :func:`nvfp4lib.kernels.rs_layout.prepack_weights`), from group g's own codes and scales, the 64 × 32
+  code bytes of a unit loaded as one tile and permuted in registers;
+- **activation rows**: the groups' rows copied into one packed ``[T, K/2]`` codes and ``[T, K/16]`` scales pair
+  (the prologue's input), row r of the packed form belonging to the group whose offsets bracket it;
+- **the small things** (last program): the offsets ``[G+1]`` (prefix sums of the groups' rows), A's global scales
+  ``[G]`` and ``gs_b [G, 2]`` (the weights' global scales × ``POST``, the dual's second column from b2).
+
+Scales are read row-major (``[rows, K/16]``, the NVFP4Tensor form) or, with ``SWZ_*``, in the 128×4 blocked layout
+of :func:`nvfp4lib.formats.swizzle_scales` (the harness's reordered scales, read without unswizzling). The kernel
+takes three pointers and compile-time flags only (sizes are in the header): after the first call it is launched
+through its compiled launcher directly, skipping Triton's per-call argument binding (~50 µs of host time).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..rs_layout import UNIT_BYTES
+
+FIELDS = ("a_codes", "a_scales", "a_rows", "b_codes", "b_scales", "b2_codes", "b2_scales", "a_gs", "b_gs", "b2_gs")
+HEADER = ("n", "k", "n_pad", "kc_n", "per", "blocks", "groups", "units", "a_progs", "scales_at", "offsets_at",
+          "gs_b_at", "gs_a_at")
+F = 16  # int64 columns per row of the table (header and group rows)
+A_ROWS = 8  # activation rows per program
+A_BYTES = 512  # code bytes per inner step of an activation row
+KU = 1  # 64-K units per weight program (a knob: 4 was not faster on the H100 for S1)
+_KERNEL = None
+_LAUNCHERS: dict = {}
+
+
+def _kernel():
+    global _KERNEL
+    if _KERNEL is not None:
+        return _KERNEL
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gather(table, packed, small, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ_B: tl.constexpr,
+               G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr, KU: tl.constexpr):
+        pid = tl.program_id(0)
+        n = tl.load(table + 0)
+        k = tl.load(table + 1)
+        n_pad = tl.load(table + 2)
+        kc_n = tl.load(table + 3)
+        per = tl.load(table + 4)
+        blocks = tl.load(table + 5)
+        groups = tl.load(table + 6)
+        units = tl.load(table + 7)
+        a_progs = tl.load(table + 8)
+        rows_t = table + 16  # group g's row at rows_t + 16 g
+        g_idx = tl.arange(0, G_P2)
+        g_ok = g_idx < groups
+        cols = k // 16
+        if pid < units:  # ---- KU units (64 rows x 64 K each) of the packed weights
+            kq = (kc_n + KU - 1) // KU
+            per_mat = units // (2 if DUAL else 1)
+            mat = pid // per_mat
+            unit = pid % per_mat
+            rb = unit // kq
+            kc = (unit % kq) * KU + tl.arange(0, KU)  # [KU] unit columns; those >= kc_n are masked
+            if DUAL:
+                cta = rb // blocks
+                slot = mat * blocks + rb % blocks
+            else:
+                cta = rb // per
+                slot = rb % per
+            dst = packed + ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304  # [KU]
+            base = rows_t + (rb * 64 // n_pad) * 16 + 3 + 2 * mat  # one group per unit: n_pad is a multiple of 64
+            cptr = tl.load(base).to(tl.pointer_type(tl.uint8))
+            sptr = tl.load(base + 1).to(tl.pointer_type(tl.uint8))
+            # loaded row i = (w, hp, g) is source row 16w + 8(1-hp) + g; a row's byte 8j + 4h + c of a unit holds
+            # K 16j + 2c + e (+8 for h = 1) in nibble e; output byte (w, g, c, j, e, hp)
+            i = tl.arange(0, 64)
+            r = (rb * 64 + 16 * (i // 16) + 8 * (1 - (i // 8) % 2) + i % 8) % n_pad
+            kb = kc[:, None] * 32 + tl.arange(0, 32)[None, :]  # [KU, 32]
+            tile = tl.load(cptr + r.to(tl.int64)[:, None, None] * (k // 2) + kb[None, :, :],
+                           mask=(r < n)[:, None, None] & (kb < k // 2)[None, :, :], other=0)  # [64, KU, 32]
+            t = tl.permute(tl.reshape(tile, (64, KU, 4, 2, 4)), (1, 0, 2, 4, 3))  # (u, i, j, c, h)
+            xb, yb = tl.split(t)
+            xb = xb.to(tl.int32)
+            yb = yb.to(tl.int32)
+            x = xb & 15
+            y = yb & 15
+            lo = ((x & 7) << 1) | ((x >> 3) << 7) | (y >> 3) | ((y & 7) << 4)
+            x = xb >> 4
+            y = yb >> 4
+            hi = ((x & 7) << 1) | ((x >> 3) << 7) | (y >> 3) | ((y & 7) << 4)
+            out = tl.permute(tl.reshape(tl.join(lo, hi), (KU, 4, 2, 8, 4, 4, 2)), (0, 1, 3, 5, 4, 6, 2))
+            ok = (kc < kc_n)[:, None]
+            tl.store(dst[:, None] + tl.arange(0, 2048)[None, :], tl.reshape(out, (KU, 2048)).to(tl.uint8), mask=ok)
+            # scales: loaded row i = (w, h, g) is row 16w + 8h + g; output byte (w, g, j, h)
+            sr = (rb * 64 + i) % n_pad
+            sk = kc[:, None] * 4 + tl.arange(0, 4)[None, :]  # [KU, 4]
+            srl = sr.to(tl.int64)[:, None, None]
+            if SWZ_B:  # 128x4 atoms, row-atom-major; inside one: (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
+                soff = ((srl // 128) * ((cols + 3) // 4) + sk[None, :, :] // 4) * 512 + (srl % 32) * 16 \
+                    + ((srl // 32) % 4) * 4 + sk[None, :, :] % 4
+            else:
+                soff = srl * cols + sk[None, :, :]
+            sv = tl.load(sptr + soff, mask=(sr < n)[:, None, None] & (sk < cols)[None, :, :], other=0)  # [64, KU, 4]
+            sv = tl.permute(tl.reshape(sv, (4, 2, 8, KU, 4)), (3, 0, 2, 4, 1))
+            tl.store(dst[:, None] + 2048 + tl.arange(0, 256)[None, :], tl.reshape(sv, (KU, 256)), mask=ok)
+        elif pid < units + a_progs:  # ---- ROWS packed activation rows
+            a_codes = small
+            a_scales = small + tl.load(table + 9)
+            rows = tl.load(rows_t + g_idx * 16 + 2, mask=g_ok, other=0)
+            ends = tl.cumsum(rows, 0)
+            r = (pid - units) * ROWS + tl.arange(0, ROWS)
+            live = r < tl.sum(rows, 0)
+            g = tl.minimum(tl.sum((ends[None, :] <= r[:, None]).to(tl.int32), 1), groups - 1)
+            start = tl.sum(tl.where(g_idx[None, :] < g[:, None], rows[None, :], 0), 1)
+            local = (r - start).to(tl.int64)
+            cp = tl.load(rows_t + g * 16 + 0, mask=live, other=0).to(tl.pointer_type(tl.uint8))
+            sp = tl.load(rows_t + g * 16 + 1, mask=live, other=0).to(tl.pointer_type(tl.uint8))
+            half = k // 2
+            for b in range(0, half, BYTES):
+                cb = b + tl.arange(0, BYTES)
+                msk = live[:, None] & (cb[None, :] < half)
+                v = tl.load(cp[:, None] + local[:, None] * half + cb[None, :], mask=msk, other=0)
+                tl.store(a_codes + r.to(tl.int64)[:, None] * half + cb[None, :], v, mask=msk)
+            for b in range(0, cols, 64):
+                sc = b + tl.arange(0, 64)
+                msk = live[:, None] & (sc[None, :] < cols)
+                if SWZ_A:
+                    soff = ((local[:, None] // 128) * ((cols + 3) // 4) + sc[None, :] // 4) * 512 \
+                        + (local[:, None] % 32) * 16 + ((local[:, None] // 32) % 4) * 4 + sc[None, :] % 4
+                else:
+                    soff = local[:, None] * cols + sc[None, :]
+                v = tl.load(sp[:, None] + soff, mask=msk, other=0)
+                tl.store(a_scales + r.to(tl.int64)[:, None] * cols + sc[None, :], v, mask=msk)
+        else:  # ---- offsets, A's global scales, gs_b
+            offsets = (small + tl.load(table + 10)).to(tl.pointer_type(tl.int32))
+            gs_b = (small + tl.load(table + 11)).to(tl.pointer_type(tl.float32))
+            gs_a = (small + tl.load(table + 12)).to(tl.pointer_type(tl.float32))
+            rows = tl.load(rows_t + g_idx * 16 + 2, mask=g_ok, other=0)
+            tl.store(offsets + 1 + g_idx, tl.cumsum(rows, 0).to(tl.int32), mask=g_ok)
+            tl.store(offsets + g_idx, tl.zeros([G_P2], tl.int32), mask=g_idx == 0)
+            pa = tl.load(rows_t + g_idx * 16 + 7, mask=g_ok, other=0).to(tl.pointer_type(tl.float32))
+            pb = tl.load(rows_t + g_idx * 16 + 8, mask=g_ok, other=0).to(tl.pointer_type(tl.float32))
+            pb2 = tl.load(rows_t + g_idx * 16 + 9, mask=g_ok, other=0).to(tl.pointer_type(tl.float32))
+            tl.store(gs_a + g_idx, tl.load(pa, mask=g_ok, other=1.0), mask=g_ok)
+            tl.store(gs_b + 2 * g_idx, tl.load(pb, mask=g_ok, other=1.0) * POST, mask=g_ok)
+            tl.store(gs_b + 2 * g_idx + 1, tl.load(pb2, mask=g_ok, other=1.0) * POST, mask=g_ok)
+
+    _KERNEL = gather
+    return _KERNEL
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+class Plan:
+    """The sizes of one gather: the header row, the grid, and where each output lies in the one scratch buffer."""
+
+    def __init__(self, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int, dual: bool,
+                 rows: int):
+        self.groups, self.n, self.k, self.dual, self.rows = groups, n, k, dual, rows
+        rb_n, self.kc_n, self.per = groups * n_pad // 64, k_pad // 64, nwg * blocks
+        self.ctas = rb_n // (blocks if dual else self.per)
+        self.units = (2 if dual else 1) * rb_n * (-(-self.kc_n // KU))
+        self.a_progs = -(-rows // A_ROWS)
+        self.scales_at = rows * (k // 2)
+        self.offsets_at = -(-(self.scales_at + rows * (k // 16)) // 16) * 16
+        self.gs_b_at = self.offsets_at + 16 * (groups + 1)
+        self.gs_a_at = self.gs_b_at + 8 * groups
+        self.small_bytes = self.gs_a_at + 4 * groups + 16
+        self.header = [n, k, n_pad, self.kc_n, self.per, blocks, groups, self.units, self.a_progs, self.scales_at,
+                       self.offsets_at, self.gs_b_at, self.gs_a_at] + [0] * (F - len(HEADER))
+        self.grid = self.units + self.a_progs + 1
+
+
+def run(table: torch.Tensor, plan: Plan, *, swz_a: bool = False, swz_b: bool = False, post: float = 1.0):
+    """Launch the gather for ``table`` (on the device: the plan's header, then ``[groups, F]`` int64 rows as
+    :data:`FIELDS`). Returns ``(packed [ctas, K_pad/64, per, 2304], small)``: the scratch buffer holding the
+    activation codes and scales, offsets and global scales at the plan's ``*_at`` byte offsets."""
+    dev = table.device
+    packed = torch.empty((plan.ctas, plan.kc_n, plan.per, UNIT_BYTES), dtype=torch.uint8, device=dev)
+    small = torch.empty(plan.small_bytes, dtype=torch.uint8, device=dev)
+    consts = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, KU)
+    _launch(plan.grid, dev, (table, packed, small), consts)
+    return packed, small
+
+
+def _launch(grid: int, device, args, consts) -> None:
+    """The kernel's first launch for these flags through Triton (compiling it); later ones through the compiled
+    launcher (the pointers are always 16-byte aligned allocations and nothing else varies, so the specialisation
+    Triton would compute is the same)."""
+    from triton import knobs
+
+    key = (device, consts)
+    ck = _LAUNCHERS.get(key)
+    if ck is None or knobs.runtime.launch_enter_hook is not None:
+        kernel = _kernel()
+        names = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KU")
+        ck = kernel[(grid,)](*args, **dict(zip(names, consts)), num_warps=4)
+        if ck is not None and not hasattr(ck, "run"):
+            ck = None
+        if ck is not None:
+            _LAUNCHERS[key] = ck
+        return
+    stream = torch.cuda.current_stream(device).cuda_stream
+    ck.run(grid, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *args, *consts)
+
+
+def launch(table: torch.Tensor, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int,
+           dual: bool, rows: int, *, swz_a: bool = False, swz_b: bool = False, post: float = 1.0,
+           weights_only: bool = False):
+    """Build the plan, put its header before ``table``'s group rows and run; returns ``(packed, a_codes [T, K/2],
+    a_scales [T, K/16], offsets [G+1], gs_a [G], gs_b [G, 2])`` (no activation rows with ``weights_only``).
+    ``table``: the group rows ``[groups·F]`` int64 on the device (for callers that build them there)."""
+    plan = Plan(groups, n, k, n_pad, k_pad, nwg, blocks, dual, 0 if weights_only else rows)
+    full = torch.cat([torch.tensor(plan.header, dtype=torch.int64, device=table.device), table.reshape(-1)])
+    packed, small = run(full, plan, swz_a=swz_a, swz_b=swz_b, post=post)
+    return (packed, *views(small, plan))
+
+
+def views(small: torch.Tensor, plan: Plan):
+    """(a_codes, a_scales, offsets, gs_a, gs_b) of the scratch buffer."""
+    r, k, g = plan.rows, plan.k, plan.groups
+    return (small[: plan.scales_at].view(r, k // 2),
+            small[plan.scales_at: plan.scales_at + r * (k // 16)].view(r, k // 16),
+            small[plan.offsets_at: plan.offsets_at + 4 * (g + 1)].view(torch.int32),
+            small[plan.gs_a_at: plan.gs_a_at + 4 * g].view(torch.float32),
+            small[plan.gs_b_at: plan.gs_b_at + 8 * g].view(torch.float32).view(g, 2))

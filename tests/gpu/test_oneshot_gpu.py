@@ -1,0 +1,89 @@
+"""One-shot calls on a Hopper GPU (skipped without one): new weights every call through the one-launch gather, the
+public functions and the study's harness, exact against the reference; a non-contiguous operand or another layout
+of the harness's scales falls back to the checked path and is still exact."""
+import pytest
+import torch
+
+import nvfp4lib
+from nvfp4lib import compat
+from nvfp4lib.formats import NVFP4Tensor, quantize
+from nvfp4lib.problems import BENCHMARK, DUAL, GroupedProblem, make_inputs
+from nvfp4lib.reference import reference_grouped_gemm, relative_error
+from nvfp4lib.serving import oneshot
+
+pytestmark = pytest.mark.gpu
+TOL = 1e-3
+
+
+@pytest.fixture(autouse=True)
+def _sm90():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs sm_90")
+
+
+def _poison(nbytes: int) -> None:
+    junk = torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.float16, device="cuda")
+    del junk
+
+
+@pytest.mark.parametrize("prob", BENCHMARK + DUAL, ids=lambda p: p.name)
+@pytest.mark.parametrize("mode", ["uniform", "gaussian"])
+def test_oneshot_functions_are_exact(prob, mode):
+    inp = make_inputs(prob, seed=5, mode=mode, device="cuda")
+    ref = reference_grouped_gemm(inp.a, inp.b, inp.b2)
+    assert oneshot(inp.a, inp.b, inp.b2) is not None  # the fast path applies to these inputs
+    _poison(sum(prob.m) * prob.n[0] * 2)
+    if prob.dual:
+        out = nvfp4lib.grouped_dual_gemm_silu(inp.a, inp.b, inp.b2, backend="cute-hopper")
+    else:
+        out = nvfp4lib.grouped_gemm(inp.a, inp.b, backend="cute-hopper")
+    assert relative_error(out, ref) <= TOL
+
+
+@pytest.mark.parametrize("m", [[0, 40, 0], [1, 0, 300], [0, 0, 0]])
+def test_oneshot_empty_groups_and_ragged_k(m):
+    prob = GroupedProblem("e", tuple(m), (264,) * 3, (2880,) * 3)
+    inp = make_inputs(prob, seed=7, mode="gaussian", device="cuda")
+    out = nvfp4lib.grouped_gemm(inp.a, inp.b, backend="cute-hopper")
+    assert [tuple(o.shape) for o in out] == [(x, 264) for x in m]
+    if sum(m):
+        assert relative_error(out, reference_grouped_gemm(inp.a, inp.b)) <= TOL
+
+
+def test_oneshot_fallback_for_non_contiguous_codes():
+    inp = make_inputs(BENCHMARK[3], seed=3, mode="gaussian", device="cuda")
+    a0 = inp.a[0]
+    wide = torch.zeros((a0.data.shape[0], a0.data.shape[1] + 8), dtype=torch.uint8, device="cuda")
+    wide[:, : a0.data.shape[1]] = a0.data
+    a = [NVFP4Tensor(wide[:, : a0.data.shape[1]], a0.scales, a0.global_scale)] + inp.a[1:]
+    assert oneshot(a, inp.b) is None
+    out = nvfp4lib.grouped_gemm(a, inp.b, backend="cute-hopper")
+    assert relative_error(out, reference_grouped_gemm(inp.a, inp.b)) <= TOL
+
+
+def test_oneshot_new_weights_every_call():
+    torch.manual_seed(0)
+    a = [quantize(torch.randn(m, 512, device="cuda")) for m in (17, 64)]
+    for _ in range(3):
+        b = [quantize(torch.randn(256, 512, device="cuda") * 3) for _ in range(2)]
+        out = nvfp4lib.grouped_gemm(a, b, backend="cute-hopper")
+        assert relative_error(out, reference_grouped_gemm(a, b)) <= TOL
+
+
+@pytest.mark.parametrize("prob", BENCHMARK, ids=lambda p: p.name)
+def test_harness_reads_the_task_tensors_in_place(prob):
+    inp = make_inputs(prob, seed=9, mode="uniform", device="cuda")
+    data = compat.study_tuple(inp)
+    assert compat._fast_group(data) is not None
+    got = compat.custom_kernel(data)
+    assert relative_error([c[..., 0] for c in got], reference_grouped_gemm(inp.a, inp.b)) <= TOL
+
+
+def test_harness_with_copied_scales_takes_the_checked_path():
+    inp = make_inputs(BENCHMARK[3], seed=9, mode="uniform", device="cuda")
+    abc, plain, reord, sizes = compat.study_tuple(inp)
+    reord = [(sa.clone(), sb.contiguous()) for sa, sb in reord]  # clone keeps strides; contiguous does not
+    data = (abc, plain, reord, sizes)
+    assert compat._fast_group(data) is None
+    got = compat.custom_kernel(data)
+    assert relative_error([c[..., 0] for c in got], reference_grouped_gemm(inp.a, inp.b)) <= TOL

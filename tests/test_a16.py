@@ -1,0 +1,224 @@
+"""W4A16 (bf16 activations) without a GPU: the bf16 register decode is exact for every E2M1 code × every finite E4M3
+scale (its PTX's arithmetic, emulated) and lands each value in its wgmma fragment slot; every ``vl_a16_`` config
+compiles for sm_90a with what it claims (bf16 wgmma, the bf16 decode, no prologue); the reference backend's bf16 call
+forms, errors, custom op and tuning keys."""
+import re
+import types
+
+import pytest
+import torch
+
+from nvfp4lib.formats import NVFP4Tensor, dequantize, quantize
+from nvfp4lib.kernels.hopper_varlen.config import CONFIGS, get_config
+from nvfp4lib.kernels.rs_layout import UNIT_BYTES, _byte, prepack_units
+from nvfp4lib.kernels.rs_ops import A16_DECODE_PTX, A16_OPERAND_EXPONENT, A16_SHIFTS, emulate_a16_decode
+from nvfp4lib.serving import prepare_weights
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+A16 = [n for n, c in CONFIGS.items() if c.act == "bf16"]
+
+
+def _value(code: torch.Tensor) -> torch.Tensor:
+    return torch.where(code >= 8, -1.0, 1.0).double() * E2M1[code & 7]
+
+
+# -- the decode ------------------------------------------------------------------------------------------------------
+def test_bf16_decode_is_exact_for_every_code_and_finite_scale():
+    """All 16 codes as x and as y of every byte (256 words) × all 254 finite E4M3 scales in both rows of the pair
+    (±0 and the subnormals included): each bf16 operand is exactly value × scale × 2^-14."""
+    xs, ys = (t.reshape(-1) for t in torch.meshgrid(torch.arange(16), torch.arange(16), indexing="ij"))
+    b = _byte(xs, ys)
+    words = b | b << 8 | b << 16 | b << 24
+    sc = torch.arange(256)
+    sc = sc[(sc & 0x7F) != 0x7F]  # E4M3's NaNs: S.1111.111
+    pairs = sc | sc.flip(0) << 8
+    got = emulate_a16_decode(words[:, None].expand(-1, len(sc)), pairs[None, :].expand(len(words), -1))
+    assert got.dtype == torch.bfloat16 and got.shape == (256, 254, 8)
+    s = torch.stack([sc, sc.flip(0)], -1).to(torch.uint8).view(torch.float8_e4m3fn).double()  # (row g, row g+8)
+    vx, vy = _value(xs)[:, None], _value(ys)[:, None]
+    lo, hi = s[None, :, 0], s[None, :, 1]
+    # fragment order: reg0 (x, row g), reg1 (x, row g+8), reg2 (y, row g), reg3 (y, row g+8), each lo/hi half
+    want = torch.stack([vx * lo, vx * lo, vx * hi, vx * hi, vy * lo, vy * lo, vy * hi, vy * hi], -1)
+    want = want * 2.0**A16_OPERAND_EXPONENT
+    assert torch.equal(got.double(), want)
+    assert torch.equal(got.double().signbit(), want.signbit())  # -0 where the value or the scale is negative
+
+
+def _emulate_unit_a16(unit: torch.Tensor) -> torch.Tensor:
+    """One prepacked 64×64 unit decoded as the 128 threads of a warpgroup would: [64, 64] float64 × 2^14."""
+    u = unit.to(torch.int64)
+    t = torch.arange(128)
+    w, g, c = t // 32, (t % 32) // 4, t % 4
+    e = 2048 + 8 * (8 * w + g)
+    out = torch.empty((64, 64), dtype=torch.float64)
+    for j in range(4):
+        word = sum(u[16 * t + 4 * j + b] << (8 * b) for b in range(4))
+        pair = u[e + 2 * j] | u[e + 2 * j + 1] << 8
+        vals = emulate_a16_decode(word, pair).double()  # [128, 8]
+        r, k = 16 * w + g, 16 * j + 2 * c
+        for q in range(4):
+            rr, kk = r + 8 * (q % 2), k + 8 * (q // 2)
+            out[rr, kk], out[rr, kk + 1] = vals[:, 2 * q], vals[:, 2 * q + 1]
+    return out * 2.0**-A16_OPERAND_EXPONENT
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_prepacked_unit_decodes_to_the_dequantized_tile_in_bf16(seed):
+    """The same prepacked bytes as the fp16 path: each thread's bf16 registers are its wgmma A fragment."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (128, 64), generator=gen, dtype=torch.uint8)
+    finite = torch.arange(256)[(torch.arange(256) & 0x7F) != 0x7F].to(torch.uint8)
+    scales = finite[torch.randint(0, len(finite), (128, 8), generator=gen)]
+    ref = dequantize(NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), 1.0)).double()
+    units = prepack_units(codes, scales)
+    assert units.shape == (2, 2, UNIT_BYTES)
+    for rb in range(2):
+        for kc in range(2):
+            assert torch.equal(_emulate_unit_a16(units[rb, kc]), ref[64 * rb: 64 * rb + 64, 64 * kc: 64 * kc + 64])
+
+
+def test_decode_ptx_is_the_emulated_arithmetic():
+    """The PTX the kernel inlines does, per k16 word, what emulate_a16_decode computes: 4 scale conversions (e4m3x2
+    -> f16x2 -> f32 × 2^112 -> bf16x2), the A16_SHIFTS shifts, a lop3 select and a mask per register, one bf16x2
+    multiply per register; per thread and unit: 4 words."""
+    ptx = A16_DECODE_PTX
+    count = {i: len(re.findall(re.escape(i), ptx)) for i in (
+        "cvt.rn.f16x2.e4m3x2", "cvt.f32.f16", "mul.rn.f32", "cvt.rn.bf16x2.f32", "lop3.b32", "and.b32",
+        "mul.rn.bf16x2", "mul.rn.f16x2")}
+    assert count == {"cvt.rn.f16x2.e4m3x2": 4, "cvt.f32.f16": 8, "mul.rn.f32": 8, "cvt.rn.bf16x2.f32": 8,
+                     "lop3.b32": 16, "and.b32": 16, "mul.rn.bf16x2": 16, "mul.rn.f16x2": 0}
+    assert "0f77800000" in ptx  # 2^112
+    for sign, mag in A16_SHIFTS:
+        if sign:
+            assert f"shl.b32 a, $16, {sign};" in ptx
+        assert (f"shl.b32 b, $16, {mag};" if mag > 0 else f"shr.u32 b, $16, {-mag};") in ptx
+
+
+# -- the kernel, compiled for sm_90a ---------------------------------------------------------------------------------
+def test_a16_configs_mirror_the_fastest_nvfp4_ones():
+    from nvfp4lib.tuning import PREFERENCE
+
+    preferred = {n for _, names in PREFERENCE for n in names}
+    assert len(A16) == 6
+    for name in A16:
+        nv = name.replace("vl_a16_", "vl_", 1)
+        assert nv in preferred and CONFIGS[name] == CONFIGS[nv].with_(name=name, act="bf16")
+    with pytest.raises(ValueError, match="bf16 activations"):
+        get_config(A16[0], False, "nvfp4")
+    with pytest.raises(ValueError, match="act="):
+        get_config(CONFIGS[A16[0]].with_(act="fp8"), False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", A16)
+def test_every_a16_config_compiles_for_sm90a(name, monkeypatch):
+    """K = 1000 (not a multiple of the 128-K tile: TMA zero-fills past K). The PTX holds one kernel, no prologue;
+    every wgmma is bf16 × bf16 -> f32 with A from registers; the bf16 decode once per (variant, sub-block, block)."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from nvfp4lib.kernels.hopper_varlen.report import compile_report
+
+    cfg = CONFIGS[name]
+    r = compile_report(cfg, groups=8, n=4096, k_pad=1024, k=1000, ptxas=False)
+    ptx = r["ptx"]
+    variants, nsub = cfg.tile_n // cfg.step, cfg.tile_k // 64
+    wgmma = re.findall(r"wgmma\.mma_async\S*", ptx)
+    assert len(wgmma) == r["gemm"]["wgmma.mma_async"] == variants * (cfg.tile_k // 16) * cfg.blocks
+    assert {w.split(".")[-3:] == ["f32", "bf16", "bf16"] for w in wgmma} == {True}
+    assert r["prologue"] is None and ptx.count(".entry") == 1
+    decodes = variants * nsub * cfg.blocks
+    assert ptx.count("mul.rn.bf16x2") == 16 * decodes and ptx.count("cvt.rn.f16x2.e4m3x2") == 4 * decodes
+    assert "mul.rn.f16x2" not in ptx  # nothing decodes to fp16
+    assert r["gemm"]["cp.async.bulk.tensor"] > 0 and "griddepcontrol.wait" in ptx
+
+
+# -- the reference backend -------------------------------------------------------------------------------------------
+def _weights(g=3, n=64, k=128, seed=0):
+    torch.manual_seed(seed)
+    return [quantize(torch.randn(n, k)) for _ in range(g)]
+
+
+def _want(x, b, b2=None):
+    """fp32 products on the dequantized weights (one rounding, to fp16)."""
+    y = x.float() @ dequantize(b).T
+    if b2 is not None:
+        y = torch.nn.functional.silu(y) * (x.float() @ dequantize(b2).T)
+    return y.to(torch.float16)
+
+
+@pytest.mark.parametrize("dual", [False, True])
+def test_reference_bf16_list_and_packed_forms(dual):
+    b, b2 = _weights(), (_weights(seed=1) if dual else None)
+    xs = [(torch.randn(m, 128) * 3).to(torch.bfloat16) for m in (5, 0, 7)]
+    w = prepare_weights(b, b2, backend="reference", activations="bf16")
+    outs = w(xs)
+    for g, (o, x) in enumerate(zip(outs, xs)):
+        assert o.shape == (x.shape[0], 64) and o.dtype == torch.float16
+        assert torch.equal(o, _want(x, b[g], None if b2 is None else b2[g]))
+    c = w(torch.cat(xs), torch.tensor([0, 5, 5, 12], dtype=torch.int32))
+    assert torch.equal(c[:5], outs[0]) and torch.equal(c[5:], outs[2])
+    one = w(xs[0][:1], torch.tensor([0, 0, 1, 1], dtype=torch.int32))  # T = 1, in group 1
+    assert torch.equal(one, _want(xs[0][:1], b[1], None if b2 is None else b2[1]))
+    out = torch.empty(12, 64, dtype=torch.float16)
+    assert w(torch.cat(xs), torch.tensor([0, 5, 5, 12], dtype=torch.int32), out=out) is out and torch.equal(out, c)
+
+
+def test_reference_bf16_refuses_with_the_rule():
+    w = prepare_weights(_weights(), backend="reference", activations="bf16")
+    x = torch.randn(12, 128).to(torch.bfloat16)
+    off = torch.tensor([0, 4, 4, 12], dtype=torch.int32)
+    with pytest.raises(TypeError, match="bfloat16"):
+        w(x.half(), off)
+    with pytest.raises(TypeError, match="activations='nvfp4'"):
+        w(quantize(torch.randn(12, 128)), off)
+    with pytest.raises(ValueError, match="K=256"):
+        w(torch.randn(12, 256).to(torch.bfloat16), off)
+    with pytest.raises(ValueError, match=r"shape \(12,\)"):
+        w(x[:, 0], off)
+    with pytest.raises(TypeError, match="global_scale"):
+        w(x, off, global_scale=torch.ones(1))
+    with pytest.raises(TypeError, match="int32"):
+        w(x, off.long())
+    with pytest.raises(ValueError, match=r"\[G\+1\]"):
+        w(x, off[:-1])
+    with pytest.raises(ValueError, match="3 bf16 tensors"):
+        w([x])
+    with pytest.raises(ValueError, match="offsets"):
+        w(x)
+    with pytest.raises(TypeError, match=r"a\[1\] must be a bf16"):
+        w([x, x.float(), x])
+    with pytest.raises(ValueError, match="activations must be"):
+        prepare_weights(_weights(), backend="reference", activations="fp8")
+    nv = prepare_weights(_weights(), backend="reference")
+    with pytest.raises(TypeError, match="NVFP4Tensor"):
+        nv(x, off)
+
+
+def test_a16_custom_op_compiles_and_passes_opcheck():
+    w = prepare_weights(_weights(), _weights(seed=1), backend="reference", activations="bf16")
+    x = torch.randn(12, 128).to(torch.bfloat16)
+    off = torch.tensor([0, 4, 4, 12], dtype=torch.int32)
+    eager = w(x, off)
+    compiled = torch.compile(lambda x, o: w(x, o), fullgraph=True)
+    assert torch.equal(compiled(x, off), eager)
+    torch.library.opcheck(torch.ops.nvfp4lib.grouped_mm_a16, (x, off, w.handle))
+
+
+def test_tuning_key_and_heuristic_know_the_activation_type():
+    """The bf16 configs rank as their NVFP4 twins until timed; their cache entries never mix with NVFP4's."""
+    from nvfp4lib.serving import _CuteHopperImpl
+
+    single = [n for n in A16 if not CONFIGS[n].dual]
+    fake = types.SimpleNamespace(activations="bf16", candidates=single, weights=types.SimpleNamespace(dual=False))
+    assert _CuteHopperImpl._heuristic(fake, 128) == "vl_a16_m128_t256_k128_s3_v32_e"
+    assert _CuteHopperImpl._heuristic(fake, 1024) == "vl_a16_m128_t128_k128_s4_e"
+    dual64 = [n for n in A16 if CONFIGS[n].dual and CONFIGS[n].tile_m == 64]
+    fake = types.SimpleNamespace(activations="bf16", candidates=dual64, weights=types.SimpleNamespace(dual=True))
+    assert _CuteHopperImpl._heuristic(fake, 64) == "vl_a16_dual_m64_t256_k128_s3_v32_e"
+    assert _CuteHopperImpl._heuristic(fake, 512) == "vl_a16_dual_m64_t96_k128_s3_e"
+    from nvfp4lib.serving import tuning_layout
+    from nvfp4lib.tuning import problem_key
+
+    keys = {problem_key("H100", "cute-hopper", False, torch.float16, 8, 4096, 7168, 128, tuning_layout(128, 128, act))
+            for act in ("nvfp4", "bf16")}
+    assert len(keys) == 2 and tuning_layout(128, 128) == "m128k128"  # the NVFP4 keys already cached stay valid

@@ -1,0 +1,66 @@
+"""The one-shot gather (one Triton launch: weights packed, activation rows packed, offsets and global scales) matches
+the torch forms bit for bit: Triton's interpreter on the CPU (skipped where Triton is missing; the GPU suite runs
+it compiled through the one-shot calls)."""
+import os
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1", allow_module_level=True)
+
+from nvfp4lib.formats import quantize, swizzle_scales  # noqa: E402
+from nvfp4lib.kernels.hopper_varlen.config import NWG  # noqa: E402
+from nvfp4lib.kernels.hopper_varlen.gather import F, launch  # noqa: E402
+from nvfp4lib.kernels.rs_layout import prepack_weights  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _pad(t, rows, cols):
+    out = t.new_zeros((rows, cols))
+    out[: t.shape[0], : t.shape[1]] = t
+    return out
+
+
+@pytest.mark.parametrize("dual,tile_m,n,k,ms", [(False, 128, 192, 160, [5, 0, 37]), (True, 64, 64, 128, [3, 9]),
+                                                (True, 128, 136, 96, [0, 1])])
+@pytest.mark.parametrize("swz", [False, True])
+def test_gather_matches_torch(dual, tile_m, n, k, ms, swz):
+    torch.manual_seed(0)
+    g = len(ms)
+    w = [quantize(torch.randn(n, k) * 3, global_scale=torch.tensor(0.5 + i)) for i in range(g)]
+    w2 = [quantize(torch.randn(n, k), global_scale=torch.tensor(2.0 + i)) for i in range(g)] if dual else None
+    a = [quantize(torch.randn(m, k), global_scale=torch.tensor(1.5 * (i + 1))) for i, m in enumerate(ms)]
+    keep = []
+
+    def sc(t):
+        s = t.scales.view(torch.uint8)
+        if swz:
+            s = swizzle_scales(s).contiguous()
+        keep.append(s)
+        return s.data_ptr()
+
+    table = []
+    for i in range(g):
+        b2 = w2[i] if dual else w[i]
+        row = [a[i].data.data_ptr(), sc(a[i]), ms[i], w[i].data.data_ptr(), sc(w[i]), b2.data.data_ptr(), sc(b2),
+               a[i].global_scale.data_ptr(), w[i].global_scale.data_ptr(), b2.global_scale.data_ptr()]
+        table += row + [0] * (F - len(row))
+    t = torch.tensor(table, dtype=torch.int64)
+    n_pad, k_pad = -(-n // tile_m) * tile_m, -(-k // 128) * 128
+    blocks = tile_m * (2 if dual else 1) // (64 * NWG)
+    packed, codes, scales, offs, gs_a, gs_b = launch(t, g, n, k, n_pad, k_pad, NWG, blocks, dual, sum(ms),
+                                                     swz_a=swz, swz_b=swz, post=2.0 ** 14)
+    mats = []
+    for ws in [w] + ([w2] if dual else []):
+        mats.append((torch.cat([_pad(x.data, n_pad, k_pad // 2) for x in ws]),
+                     torch.cat([_pad(x.scales.view(torch.uint8), n_pad, k_pad // 16) for x in ws])))
+    assert torch.equal(packed, prepack_weights(mats, NWG, blocks))
+    assert torch.equal(codes, torch.cat([x.data for x in a]))
+    assert torch.equal(scales, torch.cat([x.scales.view(torch.uint8) for x in a]))
+    assert offs.tolist() == [0] + torch.tensor(ms).cumsum(0).tolist()
+    assert torch.equal(gs_a, torch.stack([x.global_scale for x in a]))
+    want = torch.stack([torch.stack([x.global_scale for x in w]), torch.stack([x.global_scale for x in (w2 or w)])], 1)
+    assert torch.equal(gs_b, want * 2.0 ** 14)
