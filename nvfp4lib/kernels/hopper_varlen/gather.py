@@ -6,9 +6,11 @@ its two kernels. Here the host writes one small table — a header row of sizes,
 (:data:`FIELDS`, the callers' tensors read in place) — copies it to the device, and one launch of the gather does, by
 program id:
 
-- **weights** (programs ``0 .. units``): :data:`KU` consecutive 64-row × 64-K units of the packed weights (the
-  layout of :func:`nvfp4lib.kernels.rs_layout.prepack_weights`), from group g's own codes and scales, the 64 × 32
-  code bytes of a unit loaded as one tile and permuted in registers;
+- **weights** (programs ``0 .. units``): one 64-row × 64-K unit of the packed weights each (the layout of
+  :func:`nvfp4lib.kernels.rs_layout.prepack_weights`), from group g's own codes and scales, the unit's 64 × 32
+  code bytes loaded as one tile and permuted in registers (development runs on the H100, not recorded: S1's
+  one-shot GPU time 809 µs with one byte load per output, 598 µs with this tile; the recorded run at a29692e, with
+  four units per program, took 1231 µs — so one unit per program it is, unmeasured at this commit);
 - **activation rows**: the groups' rows copied into one packed ``[T, K/2]`` codes and ``[T, K/16]`` scales pair
   (the prologue's input), row r of the packed form belonging to the group whose offsets bracket it;
 - **the small things** (last program): the offsets ``[G+1]`` (prefix sums of the groups' rows), A's global scales
@@ -31,7 +33,6 @@ HEADER = ("n", "k", "n_pad", "kc_n", "per", "blocks", "groups", "units", "a_prog
 F = 16  # int64 columns per row of the table (header and group rows)
 A_ROWS = 8  # activation rows per program
 A_BYTES = 512  # code bytes per inner step of an activation row
-KU = 1  # 64-K units per weight program (a knob: 4 was not faster on the H100 for S1)
 _KERNEL = None
 _LAUNCHERS: dict = {}
 
@@ -45,7 +46,7 @@ def _kernel():
 
     @triton.jit
     def gather(table, packed, small, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ_B: tl.constexpr,
-               G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr, KU: tl.constexpr):
+               G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr):
         pid = tl.program_id(0)
         n = tl.load(table + 0)
         k = tl.load(table + 1)
@@ -60,32 +61,31 @@ def _kernel():
         g_idx = tl.arange(0, G_P2)
         g_ok = g_idx < groups
         cols = k // 16
-        if pid < units:  # ---- KU units (64 rows x 64 K each) of the packed weights
-            kq = (kc_n + KU - 1) // KU
+        if pid < units:  # ---- one 64-row x 64-K unit of the packed weights
             per_mat = units // (2 if DUAL else 1)
             mat = pid // per_mat
             unit = pid % per_mat
-            rb = unit // kq
-            kc = (unit % kq) * KU + tl.arange(0, KU)  # [KU] unit columns; those >= kc_n are masked
+            rb = unit // kc_n
+            kc = unit % kc_n
             if DUAL:
                 cta = rb // blocks
                 slot = mat * blocks + rb % blocks
             else:
                 cta = rb // per
                 slot = rb % per
-            dst = packed + ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304  # [KU]
+            dst = packed + ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304
             base = rows_t + (rb * 64 // n_pad) * 16 + 3 + 2 * mat  # one group per unit: n_pad is a multiple of 64
             cptr = tl.load(base).to(tl.pointer_type(tl.uint8))
             sptr = tl.load(base + 1).to(tl.pointer_type(tl.uint8))
-            # loaded row i = (w, hp, g) is source row 16w + 8(1-hp) + g; a row's byte 8j + 4h + c of a unit holds
-            # K 16j + 2c + e (+8 for h = 1) in nibble e; output byte (w, g, c, j, e, hp)
+            # the unit's 64 rows x 32 code bytes as one tile, loaded row i = (w, hp, g) from source row
+            # 16w + 8(1-hp) + g; a row's byte 8j + 4h + c holds K 16j + 2c + e (+8 for h = 1) in nibble e;
+            # output byte (w, g, c, j, e, hp)
             i = tl.arange(0, 64)
             r = (rb * 64 + 16 * (i // 16) + 8 * (1 - (i // 8) % 2) + i % 8) % n_pad
-            kb = kc[:, None] * 32 + tl.arange(0, 32)[None, :]  # [KU, 32]
-            tile = tl.load(cptr + r.to(tl.int64)[:, None, None] * (k // 2) + kb[None, :, :],
-                           mask=(r < n)[:, None, None] & (kb < k // 2)[None, :, :], other=0)  # [64, KU, 32]
-            t = tl.permute(tl.reshape(tile, (64, KU, 4, 2, 4)), (1, 0, 2, 4, 3))  # (u, i, j, c, h)
-            xb, yb = tl.split(t)
+            kb = kc * 32 + tl.arange(0, 32)
+            tile = tl.load(cptr + r.to(tl.int64)[:, None] * (k // 2) + kb[None, :],
+                           mask=(r < n)[:, None] & (kb < k // 2)[None, :], other=0)
+            xb, yb = tl.split(tl.permute(tl.reshape(tile, (64, 4, 2, 4)), (0, 1, 3, 2)))  # (i, j, c) for h = 0, 1
             xb = xb.to(tl.int32)
             yb = yb.to(tl.int32)
             x = xb & 15
@@ -94,21 +94,20 @@ def _kernel():
             x = xb >> 4
             y = yb >> 4
             hi = ((x & 7) << 1) | ((x >> 3) << 7) | (y >> 3) | ((y & 7) << 4)
-            out = tl.permute(tl.reshape(tl.join(lo, hi), (KU, 4, 2, 8, 4, 4, 2)), (0, 1, 3, 5, 4, 6, 2))
-            ok = (kc < kc_n)[:, None]
-            tl.store(dst[:, None] + tl.arange(0, 2048)[None, :], tl.reshape(out, (KU, 2048)).to(tl.uint8), mask=ok)
+            out = tl.permute(tl.reshape(tl.join(lo, hi), (4, 2, 8, 4, 4, 2)), (0, 2, 4, 3, 5, 1))
+            tl.store(dst + tl.arange(0, 2048), tl.reshape(out, (2048,)).to(tl.uint8))
             # scales: loaded row i = (w, h, g) is row 16w + 8h + g; output byte (w, g, j, h)
             sr = (rb * 64 + i) % n_pad
-            sk = kc[:, None] * 4 + tl.arange(0, 4)[None, :]  # [KU, 4]
-            srl = sr.to(tl.int64)[:, None, None]
+            sk = kc * 4 + tl.arange(0, 4)
+            srl = sr.to(tl.int64)[:, None]
             if SWZ_B:  # 128x4 atoms, row-atom-major; inside one: (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
-                soff = ((srl // 128) * ((cols + 3) // 4) + sk[None, :, :] // 4) * 512 + (srl % 32) * 16 \
-                    + ((srl // 32) % 4) * 4 + sk[None, :, :] % 4
+                soff = ((srl // 128) * ((cols + 3) // 4) + sk[None, :] // 4) * 512 + (srl % 32) * 16 \
+                    + ((srl // 32) % 4) * 4 + sk[None, :] % 4
             else:
-                soff = srl * cols + sk[None, :, :]
-            sv = tl.load(sptr + soff, mask=(sr < n)[:, None, None] & (sk < cols)[None, :, :], other=0)  # [64, KU, 4]
-            sv = tl.permute(tl.reshape(sv, (4, 2, 8, KU, 4)), (3, 0, 2, 4, 1))
-            tl.store(dst[:, None] + 2048 + tl.arange(0, 256)[None, :], tl.reshape(sv, (KU, 256)), mask=ok)
+                soff = srl * cols + sk[None, :]
+            sv = tl.load(sptr + soff, mask=(sr < n)[:, None] & (sk < cols)[None, :], other=0)
+            sv = tl.permute(tl.reshape(sv, (4, 2, 8, 4)), (0, 2, 3, 1))
+            tl.store(dst + 2048 + tl.arange(0, 256), tl.reshape(sv, (256,)))
         elif pid < units + a_progs:  # ---- ROWS packed activation rows
             a_codes = small
             a_scales = small + tl.load(table + 9)
@@ -167,7 +166,7 @@ class Plan:
         self.groups, self.n, self.k, self.dual, self.rows = groups, n, k, dual, rows
         rb_n, self.kc_n, self.per = groups * n_pad // 64, k_pad // 64, nwg * blocks
         self.ctas = rb_n // (blocks if dual else self.per)
-        self.units = (2 if dual else 1) * rb_n * (-(-self.kc_n // KU))
+        self.units = (2 if dual else 1) * rb_n * self.kc_n
         self.a_progs = -(-rows // A_ROWS)
         self.scales_at = rows * (k // 2)
         self.offsets_at = -(-(self.scales_at + rows * (k // 16)) // 16) * 16
@@ -186,7 +185,7 @@ def run(table: torch.Tensor, plan: Plan, *, swz_a: bool = False, swz_b: bool = F
     dev = table.device
     packed = torch.empty((plan.ctas, plan.kc_n, plan.per, UNIT_BYTES), dtype=torch.uint8, device=dev)
     small = torch.empty(plan.small_bytes, dtype=torch.uint8, device=dev)
-    consts = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, KU)
+    consts = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES)
     _launch(plan.grid, dev, (table, packed, small), consts)
     return packed, small
 
@@ -201,7 +200,7 @@ def _launch(grid: int, device, args, consts) -> None:
     ck = _LAUNCHERS.get(key)
     if ck is None or knobs.runtime.launch_enter_hook is not None:
         kernel = _kernel()
-        names = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KU")
+        names = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES")
         ck = kernel[(grid,)](*args, **dict(zip(names, consts)), num_warps=4)
         if ck is not None and not hasattr(ck, "run"):
             ck = None
