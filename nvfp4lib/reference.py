@@ -71,3 +71,27 @@ def relative_error(out, ref) -> float:
     if den == 0.0:
         return 0.0 if num == 0.0 else float("inf")
     return (num / den) ** 0.5
+
+
+def compare(out, ref) -> dict:
+    """Elementwise comparison of outputs with a reference rounded to the same dtype: ``mismatched`` elements (an
+    infinity equal to the reference's is a match: a value whose exact result overflows the output dtype), of which
+    ``nonfinite_mismatched`` are non-finite on one side only; over the elements finite on both sides, the normwise
+    ``rel_err`` and ``max_rel_err`` (largest absolute difference / largest reference magnitude)."""
+    mism = nonfin = 0
+    num = den = mx = 0.0
+    big = 0.0
+    for o, r in zip(out, ref):
+        o64, r64 = o.double().cpu(), r.double().cpu()
+        same = (o64 == r64) | (torch.isnan(o64) & torch.isnan(r64))
+        mism += int((~same).sum())
+        fin = torch.isfinite(o64) & torch.isfinite(r64)
+        nonfin += int((~same & ~fin).sum())
+        d = (o64 - r64)[fin]
+        num += float((d ** 2).sum())
+        den += float((r64[fin] ** 2).sum())
+        if d.numel():
+            mx = max(mx, float(d.abs().max()))
+            big = max(big, float(r64[fin].abs().max()))
+    return {"mismatched": mism, "nonfinite_mismatched": nonfin, "rel_err": (num / den) ** 0.5 if den else 0.0,
+            "max_rel_err": mx / big if big else 0.0, "elements": sum(o.numel() for o in out)}
