@@ -160,12 +160,17 @@ def amend(path, run_ids, reason: str, **fields) -> int:
             r.setdefault("amended", []).append({"date": now, "reason": reason, "previous": old})
             r.update(fields)
             n += 1
+    _rewrite(path, rows)
+    return n
+
+
+def _rewrite(path: Path, rows: list[dict]) -> None:
+    """Write ``rows`` over ``path`` atomically (a temporary file, then a rename)."""
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
         for r in rows:
             f.write(json.dumps(r, sort_keys=True, default=_json_default) + "\n")
     os.replace(tmp, path)
-    return n
 
 
 def add_fields(path, values, reason: str) -> int:
@@ -187,11 +192,7 @@ def add_fields(path, values, reason: str) -> int:
             n += 1
     if not n:
         return 0
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r, sort_keys=True, default=_json_default) + "\n")
-    os.replace(tmp, path)
+    _rewrite(path, rows)
     return n
 
 
