@@ -6,9 +6,17 @@ These test the panel's arithmetic claims ("M=40 on a 128-row tile wastes 69%", "
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
-from .kernels.config import KernelConfig
 from .problems import GroupedProblem
+
+
+class KernelConfig(Protocol):
+    """What these models read of a config: its output tile and K tile (any family's config has them)."""
+
+    tile_m: int
+    tile_n: int
+    tile_k: int
 
 
 def tiles(problem: GroupedProblem, cfg: KernelConfig) -> int:

@@ -70,7 +70,7 @@ def prepare(a, b, b2=None, *, backend: str = "reference", out_dtype=torch.float1
     factory = get_backend(backend)
     if backend == "cute-hopper" and options.get("config", "auto") in ("auto", None):
         if strategy == "grouped":  # the study's `auto`: time the candidates on these operands (tuning.py)
-            from .kernels.hopper import _require_hopper
+            from .kernels.common.sm90 import _require_hopper
             from .tuning import AUTO_CANDIDATES, fastest_runner
 
             _require_hopper(a[0].data.device)

@@ -54,8 +54,8 @@ class Runner:
 
 BACKENDS: dict[str, str] = {
     "reference": "nvfp4lib.reference:prepare",
-    "cute-hopper": "nvfp4lib.kernels.hopper:prepare",
-    "cute-blackwell": "nvfp4lib.kernels.blackwell:prepare",  # compiled for sm_100a, not run
+    "cute-hopper": "nvfp4lib.kernels.hopper_smem.kernel:prepare",
+    "cute-blackwell": "nvfp4lib.kernels.blackwell.runner:prepare",  # compiled for sm_100a, not run
     "torch-bf16": "nvfp4lib.peers.torch_peers:prepare_bf16",
     "torch-grouped-mm": "nvfp4lib.peers.torch_peers:prepare_grouped_mm",
     "torch-bf16-predequant": "nvfp4lib.peers.torch_peers:prepare_bf16_predequant",

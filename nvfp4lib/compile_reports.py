@@ -10,7 +10,7 @@ import importlib
 
 from .store import new_run_id, provenance
 
-KERNEL_MODULES = {"sm_90a": "nvfp4lib.kernels.hopper", "sm_100a": "nvfp4lib.kernels.blackwell"}
+KERNEL_MODULES = {"sm_90a": "nvfp4lib.kernels.hopper_smem.kernel", "sm_100a": "nvfp4lib.kernels.blackwell.runner"}
 
 
 def kernel_module(arch: str):

@@ -159,7 +159,7 @@ ROUNDS: dict[str, Round] = {**_round_notebooks(), **_fast_path()}
 
 def shipped_configs() -> dict[str, str | None]:
     """The cute-hopper configs this tree ships (the backend's table): name -> the kernel family that runs it."""
-    from .kernels import hopper
+    from .kernels.hopper_smem import kernel as hopper
 
     table = {**hopper.CONFIGS, **getattr(hopper, "SWEEP_CONFIGS", {})}
     return {n: getattr(c, "family", None) for n, c in table.items()}
@@ -202,7 +202,8 @@ def where_measured(rnd: Round) -> list[dict]:
     return sorted(found.values(), key=lambda e: e["date"])
 
 
-CODE_PATHS = {  # where each Hopper family's kernel was (git show <commit>:<path>)
+CODE_PATHS = {  # where each Hopper family's kernel was at the rows' commits (git show <commit>:<path>; before the
+    # family folders of kernels/ these were single files)
     "hopper_bf16_decode": "nvfp4lib/kernels/sm90.py", "hopper_smem": "nvfp4lib/kernels/hopper.py",
     "hopper_rs": "nvfp4lib/kernels/hopper_rs.py"}
 

@@ -85,10 +85,10 @@ def read_rows(path) -> list[dict]:
 FAMILIES = {  # family -> (the `kernel` column's name, where its code is)
     "hopper_bf16_decode": ("bf16-decode (v1, removed)", "nvfp4lib/kernels/sm90.py, removed in 111ecc9: "
                            "git show 111ecc9^:nvfp4lib/kernels/sm90.py"),
-    "hopper_smem": ("fp16-decode", "nvfp4lib/kernels/hopper.py (decode into shared memory)"),
-    "hopper_rs": ("swap-AB register decode", "nvfp4lib/kernels/hopper_rs.py (rs_* configs)"),
+    "hopper_smem": ("fp16-decode", "nvfp4lib/kernels/hopper_smem/ (decode into shared memory)"),
+    "hopper_rs": ("swap-AB register decode", "nvfp4lib/kernels/hopper_rs/ (rs_* configs)"),
     "hopper_varlen": ("device-scheduled swap-AB", "nvfp4lib/kernels/hopper_varlen/ (the serving path)"),
-    "blackwell": ("blackwell", "nvfp4lib/kernels/blackwell.py"),
+    "blackwell": ("blackwell", "nvfp4lib/kernels/blackwell/"),
 }
 HOPPER_KERNELS = tuple(FAMILIES[f][0] for f in ("hopper_bf16_decode", "hopper_smem", "hopper_rs"))
 _KERNEL_OF_FAMILY = {f: FAMILIES[f][0] for f in ("hopper_bf16_decode", "hopper_smem", "hopper_rs")}
@@ -101,7 +101,7 @@ def kernel_family(backend: str, config: str | None) -> str:
         return "blackwell"
     if backend != "cute-hopper":
         return backend
-    from .kernels import hopper
+    from .kernels.hopper_smem import kernel as hopper
 
     cfg = {**hopper.CONFIGS, **getattr(hopper, "SWEEP_CONFIGS", {})}.get(config)
     if cfg is None:

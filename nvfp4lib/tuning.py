@@ -99,10 +99,10 @@ PREFERENCE = (
 
 
 # The host-scheduled kernel's ``auto`` (``nvfp4lib.prepare(..., backend="cute-hopper")`` with no config: the study's
-# bench and notebooks): :func:`fastest_runner` times these register-decode configs (nvfp4lib.kernels.rs_config) on the
-# operands and keeps the fastest. No single tiling won every shape on the H100 (run of 2026-11-23 at 84fac66): 96-token
-# tiles (S2, S1-dual, S2-dual), 128 with 4 stages (S3, S4) or 5 (S1), the per-element dual epilogue (S3-dual, S4-dual;
-# within 1% of the staged one), variable N up to 256 (large M). Three stages of 128-token tiles start sooner on
+# bench and notebooks): :func:`fastest_runner` times these register-decode configs (nvfp4lib.kernels.hopper_rs.config)
+# on the operands and keeps the fastest. No single tiling won every shape on the H100 (run of 2026-11-23 at 84fac66):
+# 96-token tiles (S2, S1-dual, S2-dual), 128 with 4 stages (S3, S4) or 5 (S1), the per-element dual epilogue (S3-dual,
+# S4-dual; within 1% of the staged one), variable N up to 256 (large M). Three stages of 128-token tiles start sooner on
 # one-wave shapes (a smaller first burst of loads: S4 17.8 vs 18.1 us at 3cb93ac). The decode-warpgroup (_dw) and
 # inline-decode (_e_i) configs were candidates at db91a56, 30f2014 and 6c6a2e6 and lost every shape; commit f7c5079 is
 # the last that has them.

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from nvfp4lib.formats import NVFP4Tensor, dequantize, quantize
+from nvfp4lib.kernels.hopper_rs.layout import UNIT_BYTES, _byte, prepack_units
+from nvfp4lib.kernels.hopper_rs.ops import A16_DECODE_PTX, A16_OPERAND_EXPONENT, A16_SHIFTS, emulate_a16_decode
 from nvfp4lib.kernels.hopper_varlen.config import CONFIGS, get_config
-from nvfp4lib.kernels.rs_layout import UNIT_BYTES, _byte, prepack_units
-from nvfp4lib.kernels.rs_ops import A16_DECODE_PTX, A16_OPERAND_EXPONENT, A16_SHIFTS, emulate_a16_decode
 from nvfp4lib.serving import prepare_weights
 
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)

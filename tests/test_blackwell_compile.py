@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from nvfp4lib.formats import swizzle_scales
-from nvfp4lib.kernels import blackwell as bw
+from nvfp4lib.kernels.blackwell import runner as bw
 from nvfp4lib.problems import get_problem, make_inputs
 
 SHIPPED = [(name, dual) for name in bw.CONFIGS for dual in (False, True)]

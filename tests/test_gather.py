@@ -11,9 +11,9 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1", allow_module_level=True)
 
 from nvfp4lib.formats import quantize, swizzle_scales  # noqa: E402
+from nvfp4lib.kernels.hopper_rs.layout import prepack_weights  # noqa: E402
 from nvfp4lib.kernels.hopper_varlen.config import NWG  # noqa: E402
 from nvfp4lib.kernels.hopper_varlen.gather import F, launch  # noqa: E402
-from nvfp4lib.kernels.rs_layout import prepack_weights  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from nvfp4lib.formats import NVFP4Tensor, dequantize
-from nvfp4lib.kernels import hopper
-from nvfp4lib.kernels.hopper import CONFIGS, SWEEP_CONFIGS, compile_report, get_config, smem_plan, validate
-from nvfp4lib.kernels.hopper_configs import SmemConfig
-from nvfp4lib.kernels.packing import ActivationPacker, stack_weights, tile_table
-from nvfp4lib.kernels.rs_config import RSConfig
+from nvfp4lib.kernels.common.packing import ActivationPacker, stack_weights, tile_table
+from nvfp4lib.kernels.hopper_rs.config import RSConfig
+from nvfp4lib.kernels.hopper_smem import kernel as hopper
+from nvfp4lib.kernels.hopper_smem.config import SmemConfig
+from nvfp4lib.kernels.hopper_smem.kernel import CONFIGS, SWEEP_CONFIGS, compile_report, get_config, smem_plan, validate
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
@@ -36,7 +36,7 @@ def test_shipped_config_compiles_with_tma_and_wgmma(reports, name):
     assert r["smem_bytes"] <= hopper.SMEM_LIMIT
     cfg = CONFIGS[name]
     if isinstance(cfg, RSConfig):
-        from nvfp4lib.kernels import hopper_rs
+        from nvfp4lib.kernels.hopper_rs import kernel as hopper_rs
 
         assert r["cvt.rn.f16x2.e4m3x2"] > 0 and r["lop3.b32"] > 0, "the register decode is missing"
         assert not r["wgmma_serialized"], "ptxas serialised the wgmma pipeline (C7513)"
@@ -75,7 +75,7 @@ def test_baseline_is_the_studys_shape():
 
 
 def test_every_shipped_config_is_valid_and_fits():
-    from nvfp4lib.kernels import hopper_rs
+    from nvfp4lib.kernels.hopper_rs import kernel as hopper_rs
 
     for cfg in CONFIGS.values():
         assert validate(cfg) is cfg
@@ -217,7 +217,7 @@ def test_packer_refuses_other_shapes_and_nan_scales_are_refused():
 def test_split_k_slices_sum_to_every_group_exactly():
     """The split-K tile table on the CPU: each slice's partial product lands in its workspace block, the
     blocks' sum is the group's product (the kernel's fp32 partials, emulated exactly in fp64)."""
-    from nvfp4lib.kernels.packing import WIDE_TILE_COLUMNS, split_ranges
+    from nvfp4lib.kernels.common.packing import WIDE_TILE_COLUMNS, split_ranges
 
     gen = torch.Generator().manual_seed(3)
     m, n, k = (70, 5), (128, 64), (1024, 768)
@@ -259,7 +259,7 @@ def test_auto_split_k_only_where_the_tiles_do_not_fill_the_gpu():
 
 
 def test_sass_counts_say_why_without_cuobjdump(monkeypatch):
-    from nvfp4lib.kernels import compiling
+    from nvfp4lib.kernels.common import compiling
 
     monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
     assert "cuobjdump not found" in compiling.sass_counts("k.cubin")["sass"]
@@ -270,7 +270,7 @@ def test_activation_prologue_compiles(param_groups):
     """The prologue of the prologue-mode swap-AB configs: it releases the GEMM at once (PDL) and decodes with the
     conversion instruction; up to PARAM_GROUPS groups it takes their addresses as kernel parameters and loads no row
     table (three 8-byte loads per row otherwise)."""
-    from nvfp4lib.kernels import hopper_rs
+    from nvfp4lib.kernels.hopper_rs import kernel as hopper_rs
 
     r = hopper_rs.prologue_report(param_groups)
     assert r["griddepcontrol.launch_dependents"] == 1

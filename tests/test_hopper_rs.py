@@ -5,11 +5,10 @@ import pytest
 import torch
 
 from nvfp4lib.formats import E2M1_VALUES, NVFP4Tensor, dequantize
-from nvfp4lib.kernels import hopper, hopper_rs
-from nvfp4lib.kernels.hopper import CONFIGS, get_config
-from nvfp4lib.kernels.packing import WIDE_TILE_COLUMNS, padded_row_offsets, stack_weights
-from nvfp4lib.kernels.rs_config import RS_CONFIGS, RSConfig
-from nvfp4lib.kernels.rs_layout import (
+from nvfp4lib.kernels.common.packing import WIDE_TILE_COLUMNS, padded_row_offsets, stack_weights
+from nvfp4lib.kernels.hopper_rs import kernel as hopper_rs
+from nvfp4lib.kernels.hopper_rs.config import RS_CONFIGS, RSConfig
+from nvfp4lib.kernels.hopper_rs.layout import (
     UNIT_BYTES,
     _byte,
     emulate_rs_decode,
@@ -17,6 +16,8 @@ from nvfp4lib.kernels.rs_layout import (
     prepack_units,
     prepack_weights,
 )
+from nvfp4lib.kernels.hopper_smem import kernel as hopper
+from nvfp4lib.kernels.hopper_smem.kernel import CONFIGS, get_config
 from nvfp4lib.tuning import AUTO_CANDIDATES
 
 RS = RSConfig("t", tile_m=128, tile_n=128, tile_k=128, ab_stages=4)

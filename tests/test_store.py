@@ -156,7 +156,7 @@ def test_kernel_family_of_a_new_row():
     assert store.kernel_family("cute-blackwell", "baseline") == "blackwell"
     assert store.kernel_family("cute-hopper", "baseline") == "hopper_smem"
     assert "not resolved" in store.kernel_family("cute-hopper", "auto")
-    from nvfp4lib.kernels import hopper
+    from nvfp4lib.kernels.hopper_smem import kernel as hopper
 
     rs = [n for n, c in hopper.CONFIGS.items() if c.family == "hopper_rs"]
     assert rs and all(store.kernel_family("cute-hopper", n) == "hopper_rs" for n in rs)

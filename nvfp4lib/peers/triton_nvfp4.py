@@ -12,7 +12,7 @@ fp32 accumulation. Kept as lean as a plain in-kernel-decode kernel:
 - **One launch per call, nothing else**: the activations are read where they are, through a per-group address
   table built at prepare (:func:`.triton_groups.group_table`); rows past a group's M are clamped loads, never
   stored, so there is no padding, no packing copy and no global-scale product on the host side of the call.
-- **Weights** stacked once at prepare (:func:`nvfp4lib.kernels.packing.stack_weights`: N and K zero-padded to the
+- **Weights** stacked once at prepare (:func:`nvfp4lib.kernels.common.packing.stack_weights`: N and K zero-padded to the
   tile), so weight loads need no masks; activation loads are masked along K only where some K is not a multiple
   of ``BLOCK_K``.
 - **Tile order**: within a group, the M tiles of one N tile are adjacent, so CTAs that read the same weight tile
@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 
 from ..backends import Runner
-from ..kernels.packing import stack_weights
+from ..kernels.common.packing import stack_weights
 from .triton_groups import OPERAND_EXPONENT, addresses, group_table, require_triton_cuda
 
 __all__ = ["Candidate", "CANDIDATES", "prepare", "tile_list", "probe_dot_scaled"]

@@ -1,6 +1,6 @@
 """Knobs of the device-scheduled swap-AB kernel, and the rules a config must keep (no GPU, no cutlass).
 
-The kernel is the register-decode design of :mod:`nvfp4lib.kernels.hopper_rs` (weights decoded per thread into
+The kernel is the register-decode design of :mod:`nvfp4lib.kernels.hopper_rs.kernel` (weights decoded per thread into
 wgmma's register A operand, tokens on wgmma's N), with the activation prologue and the staged epilogue of its
 default configs, and one difference that serving needs: every CTA finds its tile from the group offsets in device
 memory, so one compiled launch serves any split of the rows. Only this family's fields live here.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from ..hopper_configs import SMEM_LIMIT
-from ..rs_config import (  # noqa: F401  (the same kernel's rules: one definition)
+from ..common.sm90 import SMEM_LIMIT
+from ..hopper_rs.config import (  # noqa: F401  (the same kernel's rules: one definition)
     MAX_ACC_REGS,
     MAX_VARIANTS,
     NWG,
@@ -24,7 +24,7 @@ from ..rs_config import (  # noqa: F401  (the same kernel's rules: one definitio
     stage_bytes,
     xfer_bytes,
 )
-from ..rs_layout import UNIT_BYTES, UNIT_K
+from ..hopper_rs.layout import UNIT_BYTES, UNIT_K
 
 EPILOGUES = ("simt", "staged")
 ACTS = ("nvfp4", "bf16")

@@ -7,7 +7,7 @@ its two kernels. Here the host writes one small table — a header row of sizes,
 program id:
 
 - **weights** (programs ``0 .. units``): one 64-row × 64-K unit of the packed weights each (the layout of
-  :func:`nvfp4lib.kernels.rs_layout.prepack_weights`), from group g's own codes and scales, the unit's 64 × 32
+  :func:`nvfp4lib.kernels.hopper_rs.layout.prepack_weights`), from group g's own codes and scales, the unit's 64 × 32
   code bytes loaded as one tile and permuted in registers (development runs on the H100, not recorded: S1's
   one-shot GPU time 809 µs with one byte load per output, 598 µs with this tile; the recorded run at a29692e, with
   four units per program, took 1231 µs — so one unit per program it is, unmeasured at this commit);
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ..rs_layout import UNIT_BYTES
+from ..hopper_rs.layout import UNIT_BYTES
 
 FIELDS = ("a_codes", "a_scales", "a_rows", "b_codes", "b_scales", "b2_codes", "b2_scales", "a_gs", "b_gs", "b2_gs")
 HEADER = ("n", "k", "n_pad", "kc_n", "per", "blocks", "groups", "units", "a_progs", "scales_at", "offsets_at",

@@ -22,13 +22,13 @@ for any offsets.
 
 With ``act="bf16"`` (W4A16) there is no prologue: the GEMM's B operand is the caller's bf16 activations ``[T, K]``
 (TMA-loaded as they are; columns past K and rows past T arrive as zeros), the weights decode to bf16 value × scale ×
-2^-14 (:data:`~..rs_ops.A16_DECODE_PTX`), wgmma runs bf16 × bf16 -> fp32, and the epilogue multiplies by the weights'
-``gs_B·2^14`` alone (the ``gs_A`` argument is not read).
+2^-14 (:data:`~..hopper_rs.ops.A16_DECODE_PTX`), wgmma runs bf16 × bf16 -> fp32, and the epilogue multiplies by the
+weights' ``gs_B·2^14`` alone (the ``gs_A`` argument is not read).
 """
 from __future__ import annotations
 
-from ..rs_layout import UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS
-from ..rs_ops import ACT_SMEM, ACT_THREADS, ops
+from ..hopper_rs.layout import UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS
+from ..hopper_rs.ops import ACT_SMEM, ACT_THREADS, ops
 from .config import NWG, ROW_BYTES, STAGE_PAD, VarlenConfig, validate, xfer_bytes
 
 _CLASSES = None

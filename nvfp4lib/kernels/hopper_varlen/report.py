@@ -52,7 +52,7 @@ def compile_report(cfg: VarlenConfig, groups: int = 8, n: int = 4096, k_pad: int
     """Compile the GEMM and the prologue for sm_90a with no GPU; return the PTX's key instruction counts (and ptxas
     resources where ptxas is installed). With ``act="bf16"`` there is no prologue (its entries are None) and ``k``
     is the activations' K (default ``k_pad``)."""
-    from ..compiling import compile_offline
+    from ..common.compiling import compile_offline
 
     pro_cls, gemm_cls = kernel_classes()
     gemm = compile_offline(gemm_cls(cfg, groups, n, k_pad), *gemm_arguments(cfg, groups, n, k_pad, k=k),

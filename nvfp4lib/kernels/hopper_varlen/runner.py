@@ -11,14 +11,14 @@ from __future__ import annotations
 import torch
 
 from ...formats import NVFP4Tensor
-from ..hopper import _require_hopper as require_hopper
-from ..packing import check_scales_finite
-from ..rs_layout import prepack_weights
+from ..common.packing import check_scales_finite
+from ..common.sm90 import POST_SCALE
+from ..common.sm90 import _require_hopper as require_hopper
+from ..hopper_rs.layout import prepack_weights
 from .config import NWG, ROW_BYTES, VarlenConfig, validate
 from .kernel import kernel_classes
 from .report import TVM_FFI, gemm_arguments, prologue_arguments
 
-POST_SCALE = 2.0**14  # the decoded operands are value × 2^-7 each; the product carries 2^-14
 OUT_DTYPES = {torch.float16: "Float16", torch.bfloat16: "BFloat16"}
 _compiled: dict = {}
 

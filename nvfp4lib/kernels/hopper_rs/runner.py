@@ -1,4 +1,4 @@
-"""The host side of the register-decode kernel (:mod:`.hopper_rs`): token tiles planned per group, the tile table
+"""The host side of the register-decode kernel (:mod:`.kernel`): token tiles planned per group, the tile table
 and the activation row table, ``prepare`` (prepack once, compile cached, two launches per call: the activation
 prologue and the GEMM), and the compile reports. The kernel classes are built on first use."""
 from __future__ import annotations
@@ -7,11 +7,10 @@ import time
 
 import torch
 
-from ..backends import Runner
-from .hopper import _cute, _require_hopper
-from .hopper_configs import POST_SCALE
-from .packing import WIDE_TILE_COLUMNS, check_scales_finite, padded_row_offsets, round_up, stack_weights
-from .rs_config import (
+from ...backends import Runner
+from ..common.packing import WIDE_TILE_COLUMNS, check_scales_finite, padded_row_offsets, round_up, stack_weights
+from ..common.sm90 import POST_SCALE, _cute, _require_hopper
+from .config import (
     NWG,
     ROW_BYTES,
     THREADS,
@@ -22,14 +21,14 @@ from .rs_config import (
     token_step,
     validate,
 )
-from .rs_layout import prepack_weights
-from .rs_ops import ACT_SMEM, GROUP_PARAMS, PARAM_GROUPS
+from .layout import prepack_weights
+from .ops import ACT_SMEM, GROUP_PARAMS, PARAM_GROUPS
 
 _compiled: dict = {}
 
 
 def _kernel_classes():
-    from .hopper_rs import _kernel_classes
+    from .kernel import _kernel_classes
 
     return _kernel_classes()
 
@@ -237,7 +236,7 @@ def fake_prologue_arguments(param_groups: int = 0):
 def compile_report(cfg: RSConfig, dump_dir: str | None = None) -> dict:
     """Compile ``cfg`` (and the activation prologue) for sm_90a with fake tensors: PTX instruction counts, ptxas
     resources, the smem plan. No GPU needed."""
-    from .compiling import compile_offline, count_instructions
+    from ..common.compiling import compile_offline, count_instructions
 
     validate(cfg)
     t0 = time.perf_counter()
@@ -263,7 +262,7 @@ def prologue_report(param_groups: int = 0, dump_dir: str | None = None, smem: in
     """Compile the activation prologue for sm_90a with fake tensors (reading the row table, or with the parameters of
     ``param_groups`` groups; asking for ``smem`` bytes of shared memory): its PTX instruction counts and ptxas
     resources."""
-    from .compiling import compile_offline, count_instructions
+    from ..common.compiling import compile_offline, count_instructions
 
     art = compile_offline(prologue_kernel(smem), *fake_prologue_arguments(param_groups), arch="sm_90a",
                           dump_dir=dump_dir)

@@ -1,8 +1,8 @@
-"""The activation prologue of the register-decode kernel (:mod:`.hopper_rs`): one launch per call that decodes
+"""The activation prologue of the register-decode kernel (:mod:`.kernel`): one launch per call that decodes
 every activation row into the padded fp16 buffer the GEMM loads by TMA, and writes the per-group factors."""
 from __future__ import annotations
 
-from .rs_ops import ACT_SMEM, ACT_THREADS, GROUP_PARAMS, ops
+from .ops import ACT_SMEM, ACT_THREADS, GROUP_PARAMS, ops
 
 _CLASS = None
 

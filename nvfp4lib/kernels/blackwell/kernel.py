@@ -1,5 +1,5 @@
 """The sm_100a NVFP4 grouped GEMM kernel class (compiled for sm_100a, not run): the study's form (warp 0 loads and
-issues the MMAs, a SIMT epilogue) and, from :mod:`.blackwell_ws`, the warp-specialized form."""
+issues the MMAs, a SIMT epilogue) and, from :mod:`.warp_specialized`, the warp-specialized form."""
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -12,7 +12,7 @@ import torch
 from cutlass.cute.nvgpu import cpasync, tcgen05
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
-from .blackwell_plan import (
+from .plan import (
     _ALIGN,
     ADDR_A,
     ADDR_B,
@@ -37,7 +37,7 @@ from .blackwell_plan import (
     threads_per_cta,
     validate,
 )
-from .blackwell_ws import WarpSpecialized
+from .warp_specialized import WarpSpecialized
 
 
 def cutlass_scale_offsets(rows: int, k: int) -> torch.Tensor:

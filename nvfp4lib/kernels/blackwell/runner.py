@@ -53,8 +53,8 @@ Configs refused by :func:`validate` name the rule; where the rule is the MMA ins
 the compiler's own error text. :func:`study_round2_tile128x64_error` reproduces the compiler's
 error for the study's round-2 edit at tile (128, 64).
 
-The module is split by concern: :mod:`.blackwell_plan` (limits, configs, arithmetic, validation, host tables),
-:mod:`.blackwell_kernel` (the kernel class, study form), :mod:`.blackwell_ws` (its warp-specialized form); this one
+The module is split by concern: :mod:`.plan` (limits, configs, arithmetic, validation, host tables),
+:mod:`.kernel` (the kernel class, study form), :mod:`.warp_specialized` (its warp-specialized form); this one
 compiles without a GPU, reports, and is the backend.
 """
 import re
@@ -65,7 +65,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from ..backends import Runner
+from ...backends import Runner
 
 __all__ = [
     "LABEL", "ARCH", "BlackwellConfig", "CONFIGS", "SWEEP_CONFIGS", "validate", "prepare", "require_sm100",
@@ -75,8 +75,8 @@ __all__ = [
     "ctas_per_sm", "fake_arguments", "Sm100NvFp4GroupedGemm",
 ]
 
-from .blackwell_kernel import Sm100NvFp4GroupedGemm, cutlass_scale_offsets  # noqa: E402, F401
-from .blackwell_plan import (  # noqa: E402, F401  (bw.X: the names the reports and tests use)
+from .kernel import Sm100NvFp4GroupedGemm, cutlass_scale_offsets  # noqa: E402, F401
+from .plan import (  # noqa: E402, F401  (bw.X: the names the reports and tests use)
     ADDR_A,
     ADDR_C,
     ADDR_SFB2,
@@ -147,7 +147,7 @@ def _compile_fake(kernel: "Sm100NvFp4GroupedGemm", cfg: BlackwellConfig, arch: s
     import os
     import tempfile
 
-    from .compiling import CompileArtifacts, compile_offline, count_instructions, ptxas_resources
+    from ..common.compiling import CompileArtifacts, compile_offline, count_instructions, ptxas_resources
 
     dump = tempfile.mkdtemp(prefix=f"nvfp4lib-{arch}-{cfg.name}-")
     try:
@@ -279,7 +279,7 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config="baseline", **options) 
     count). Per call: activation scales to the blocked layout, alphas from the global scales, one
     launch. The launch path has never executed: a B200 owner's first run is its first test.
     """
-    from ..formats import swizzle_scales
+    from ...formats import swizzle_scales
 
     device = a[0].data.device
     require_sm100(device)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import ClassVar, Literal
 
-from .hopper_configs import SMEM_LIMIT
-from .rs_layout import UNIT_BYTES, UNIT_K, UNIT_ROWS
-from .rs_ops import ACT_SMEM, PARAM_GROUPS
+from ..common.sm90 import SMEM_LIMIT
+from .layout import UNIT_BYTES, UNIT_K, UNIT_ROWS
+from .ops import ACT_SMEM, PARAM_GROUPS
 
 NWG = 2  # warpgroups per CTA, each one 64-row wgmma
 THREADS = 128 * NWG

@@ -1,6 +1,6 @@
 """The warp-specialized, pipelined, persistent form of the sm_100a kernel (``warp_spec="producer_consumer"``,
 compiled for sm_100a, not run): a TMA warp, an MMA warp and four epilogue warps, as a mixin of
-:class:`~.blackwell_kernel.Sm100NvFp4GroupedGemm` (its attributes and helpers come from that class)."""
+:class:`~.kernel.Sm100NvFp4GroupedGemm` (its attributes and helpers come from that class)."""
 
 import cutlass
 import cutlass.cute as cute

@@ -1,7 +1,7 @@
 """``backend="cute-hopper"``: an exact NVFP4 grouped GEMM for Hopper (sm_90a) in CuTe DSL.
 
 Hopper has no FP4 tensor cores. Each CTA owns one output tile of one group (a row of the tile
-table of :mod:`.packing`); all groups run in one launch. Per K tile of ``tile_k`` FP4
+table of :mod:`..common.packing`); all groups run in one launch. Per K tile of ``tile_k`` FP4
 elements:
 
 1. TMA (``cp.async.bulk.tensor``) brings the packed E2M1 bytes of A and B (and B2), 128-byte
@@ -31,10 +31,10 @@ in git at commit f7c5079.
 hoisted by ptxas). ``split_k`` splits the K tiles of every output tile over several CTAs writing fp32
 partials that the runner sums (``0``: only when the tiles fill at most a quarter of the SMs).
 
-Knobs live in :class:`~.hopper_configs.SmemConfig`; :func:`validate` refuses a config that cannot work
+Knobs live in :class:`~.config.SmemConfig`; :func:`validate` refuses a config that cannot work
 before anything is compiled; compiled kernels are cached per (config, output dtype). The backend
-``cute-hopper`` runs two kernel families: this one, and the register-decode kernel of :mod:`.hopper_rs`
-(:class:`~.rs_config.RSConfig`, configs named ``rs_*``). Only configs in :data:`CONFIGS` (the two families'
+``cute-hopper`` runs two kernel families: this one, and the register-decode kernel of :mod:`..hopper_rs`
+(:class:`~..hopper_rs.config.RSConfig`, configs named ``rs_*``). Only configs in :data:`CONFIGS` (the two families'
 tables) are shipped: each was run exactly on an H100. The default, ``config="auto"``, is resolved above
 the kernels (:data:`nvfp4lib.tuning.AUTO_CANDIDATES`).
 """
@@ -44,8 +44,8 @@ import time
 
 import torch
 
-from ..backends import Runner
-from .decode_ptx import (  # noqa: F401  (re-exported: hopper.X is the study's name for them)
+from ...backends import Runner
+from ..common.decode_ptx import (  # noqa: F401  (re-exported: hopper_smem.kernel.X is the study's name for them)
     _DECODE_REGS,
     CONVERT16_PTX,
     DECODE16_PTX,
@@ -54,7 +54,18 @@ from .decode_ptx import (  # noqa: F401  (re-exported: hopper.X is the study's n
     _convert_store_ptx,
     emulate_decode,
 )
-from .hopper_configs import (  # noqa: F401
+from ..common.packing import (
+    WIDE_TILE_COLUMNS,
+    ActivationPacker,
+    check_scales_finite,
+    stack_weights,
+    tile_fields,
+    tile_table,
+)
+from ..common.sm90 import _cute, _require_hopper
+from ..hopper_rs.config import RS_CONFIGS, RSConfig
+from ..hopper_rs.config import validate as validate_rs
+from .config import (  # noqa: F401
     DECODE_ROWS,
     EPI_STAGES,
     MAX_ACC_REGS,
@@ -73,12 +84,9 @@ from .hopper_configs import (  # noqa: F401
     smem_plan,
     threads_for,
 )
-from .hopper_configs import validate as validate_smem
-from .packing import WIDE_TILE_COLUMNS, ActivationPacker, check_scales_finite, stack_weights, tile_fields, tile_table
-from .rs_config import RS_CONFIGS, RSConfig
-from .rs_config import validate as validate_rs
+from .config import validate as validate_smem
 
-# The backend's named configs: the smem-decode kernel's (this module) and the register-decode kernel's (.hopper_rs).
+# The backend's named configs: the smem-decode kernel's (this module) and the register-decode kernel's (..hopper_rs).
 CONFIGS: dict[str, SmemConfig | RSConfig] = {**SMEM_CONFIGS, **RS_CONFIGS}
 DEFAULT_SINGLE = DEFAULT_DUAL = "auto"  # resolved above the kernels: nvfp4lib.tuning.AUTO_CANDIDATES
 
@@ -585,22 +593,6 @@ def kernel_for(cfg: SmemConfig):
 # ---------------------------------------------------------------------------------------------
 # The backend
 # ---------------------------------------------------------------------------------------------
-def _require_hopper(device: torch.device) -> None:
-    if device.type != "cuda" or not torch.cuda.is_available():
-        raise RuntimeError("cute-hopper needs a CUDA GPU with sm_90 (Hopper); the operands are on "
-                           f"{device} and CUDA available={torch.cuda.is_available()}")
-    major, minor = torch.cuda.get_device_capability(device)
-    if (major, minor) != (9, 0):
-        raise RuntimeError(f"cute-hopper needs sm_90 (Hopper); found sm_{major}{minor} "
-                           f"({torch.cuda.get_device_name(device)})")
-
-
-def _cute(t: torch.Tensor, align: int = 16):
-    from cutlass.cute.runtime import from_dlpack
-
-    return from_dlpack(t, assumed_align=align).mark_layout_dynamic(leading_dim=t.dim() - 1)
-
-
 def _compile(cfg: SmemConfig, args):
     """Compile once per (config, output dtype); tensors are passed with dynamic shapes."""
     import cutlass.cute as cute
@@ -616,7 +608,8 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Run
     """Stack the weights, build the tile table, compile (cached); the runner packs A and launches once.
     ``config="auto"`` (the default of :func:`nvfp4lib.prepare`) is resolved there, by timing
     :data:`nvfp4lib.tuning.AUTO_CANDIDATES` (:func:`nvfp4lib.tuning.fastest_runner`): this function needs a named
-    config; register-decode configs (:class:`~.rs_config.RSConfig`) are prepared by :func:`.hopper_rs.prepare`.
+    config; register-decode configs (:class:`~..hopper_rs.config.RSConfig`) are prepared by
+    :func:`..hopper_rs.runner.prepare`.
 
     ``a``, ``b``, ``b2``: lists of NVFP4Tensor (one per group) on an sm_90 GPU."""
     if options:
@@ -631,7 +624,7 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Run
                          "kernels (nvfp4lib.prepare / nvfp4lib.tuning.fastest_runner); name a config here")
     cfg = get_config(config, dual=b2 is not None)  # refuse a bad config before touching the GPU
     if isinstance(cfg, RSConfig):
-        from . import hopper_rs
+        from ..hopper_rs import kernel as hopper_rs
 
         return hopper_rs.prepare(a, b, b2, cfg, out_dtype=out_dtype)
     _require_hopper(device)
@@ -713,7 +706,7 @@ def grouped_gemm_raw(a_codes, a_scales, a_gs, b_codes, b_scales, b_gs, b2_codes=
                      b2_gs=None, *, config=None, out_dtype=torch.float16) -> list[torch.Tensor]:
     """Raw-tensor entry point: per-group uint8 codes [rows, K/2], float8_e4m3fn scales [rows, K/16] and
     float32 global scales (floats or 0-d tensors). Builds NVFP4Tensors and runs one call."""
-    from ..formats import NVFP4Tensor
+    from ...formats import NVFP4Tensor
 
     def wrap(codes, scales, gss):
         return [NVFP4Tensor(c, s, g if isinstance(g, torch.Tensor) else float(g))
@@ -753,13 +746,13 @@ def fake_arguments(cfg: SmemConfig, out_dtype: str | None = None):
 
 def compile_report(cfg: SmemConfig, arch: str = "sm_90a", dump_dir: str | None = None) -> dict:
     """Compile ``cfg`` for sm_90a with fake tensors; PTX instruction counts, ptxas resources, smem plan."""
-    from .compiling import compile_offline, count_instructions
+    from ..common.compiling import compile_offline, count_instructions
 
     if arch != "sm_90a":
         raise ValueError(f"the Hopper kernel compiles for sm_90a, not {arch}")
     validate(cfg)
     if isinstance(cfg, RSConfig):
-        from . import hopper_rs
+        from ..hopper_rs import kernel as hopper_rs
 
         return hopper_rs.compile_report(cfg, dump_dir=dump_dir)
     if cfg.split_k == 0:  # "auto" runs unsplit wherever the tiles fill the GPU: report that kernel

@@ -348,7 +348,7 @@ def tensormap_workspace_bytes(cfg: BlackwellConfig, total_clusters: int, sm_coun
 
 def shape_tile_table(cfg: BlackwellConfig, names=("S1", "S2", "S3", "S4"), sm_count: int = B200_SMS) -> list[dict]:
     """For each benchmark shape: CTAs, waves, k-tiles per tile, wasted MMA rows, workspace."""
-    from ..problems import get_problem
+    from ...problems import get_problem
 
     rows = []
     for nm in names:

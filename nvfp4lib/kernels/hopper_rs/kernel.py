@@ -1,14 +1,14 @@
 """``cute-hopper`` with ``swap_ab``: weights decoded straight into wgmma's register operand (sm_90a, CuTe DSL).
 
-The smem kernel (:mod:`.hopper`) decodes both operands into shared memory for every output tile, so a
+The smem kernel (:mod:`..hopper_smem`) decodes both operands into shared memory for every output tile, so a
 weight is decoded once per token tile and the tokens pad wgmma's 64-row M. Here the roles swap:
 
 - the **weights** are wgmma's A operand (M = 64 weight rows per warpgroup), read from **registers**:
   each thread loads its 16 prepacked code bytes and 8 scale bytes of a 64-K unit from shared memory
-  and decodes them into exactly the 16 fp16 registers of its wgmma fragment (:mod:`.rs_layout`);
+  and decodes them into exactly the 16 fp16 registers of its wgmma fragment (:mod:`.layout`);
 - the **tokens** are wgmma's N (any multiple of 8 up to 256): a group of 40 tokens costs a 40-wide
   MMA, not a 64- or 128-row tile; with ``tile_n`` ≥ the group's rows, each weight is decoded once;
-- the **activations** are decoded once per call by a one-launch prologue (:mod:`.rs_prologue`) that reads the
+- the **activations** are decoded once per call by a one-launch prologue (:mod:`.prologue`) that reads the
   caller's tensors in place (a table of row addresses, or up to ``param_groups`` groups' addresses as kernel
   parameters) into fp16 (value × scale × 2^-7, exact) and writes the per-group factors ``alpha``; they reach shared
   memory by TMA (128-byte swizzle, the K-major B operand) in boxes of ``token_step`` rows. The GEMM is launched with
@@ -26,14 +26,14 @@ weight is decoded once per token tile and the tokens pad wgmma's 64-row M. Here 
   chunks (``"staged"``, configs ``*_e``). Dual: both warpgroups hand half of their accumulators to the other and
   compute silu(gate)·up (fast exp and reciprocal) for their own half.
 
-Knobs: :class:`~.rs_config.RSConfig`; :func:`validate` refuses what cannot work before compiling. Configs are named
-``rs_*`` in :data:`.rs_config.RS_CONFIGS`. The structures that lost to this one (a decode warpgroup, the inline
-activation decode, ping-pong) and the ablations are in git at commit f7c5079 (see :mod:`.rs_config`).
+Knobs: :class:`~.config.RSConfig`; :func:`validate` refuses what cannot work before compiling. Configs are named
+``rs_*`` in :data:`.config.RS_CONFIGS`. The structures that lost to this one (a decode warpgroup, the inline
+activation decode, ping-pong) and the ablations are in git at commit f7c5079 (see :mod:`.config`).
 """
 from __future__ import annotations
 
-from .packing import tile_fields
-from .rs_config import (  # noqa: F401  (hopper_rs.X: the names the study and the tests use)
+from ..common.packing import tile_fields
+from .config import (  # noqa: F401  (hopper_rs.X: the names the study and the tests use)
     MAX_ACC_REGS,
     MAX_VARIANTS,
     NWG,
@@ -50,8 +50,8 @@ from .rs_config import (  # noqa: F401  (hopper_rs.X: the names the study and th
     validate,
     xfer_bytes,
 )
-from .rs_layout import UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS
-from .rs_ops import (  # noqa: F401
+from .layout import UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS
+from .ops import (  # noqa: F401
     ACT_SMEM,
     ACT_THREADS,
     GROUP_PARAMS,
@@ -59,7 +59,7 @@ from .rs_ops import (  # noqa: F401
     ROW_COLUMNS,
     ops,
 )
-from .rs_prologue import prologue_class
+from .prologue import prologue_class
 
 
 def _kernel_classes():
@@ -400,7 +400,7 @@ def _kernel_classes():
 _CLASSES = None
 
 # the host side: token-tile planning, prepare, compile reports (after the kernel: they build it lazily)
-from .rs_runner import (  # noqa: E402, F401
+from .runner import (  # noqa: E402, F401
     activation_rows,
     compile_report,
     fake_arguments,

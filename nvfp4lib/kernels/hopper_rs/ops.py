@@ -1,12 +1,12 @@
-"""Inline-PTX operations of the register-decode kernels (:mod:`.hopper_rs`, :mod:`.hopper_varlen`): the weight
+"""Inline-PTX operations of the register-decode kernels (:mod:`.kernel`, :mod:`..hopper_varlen`): the weight
 unit load and decode, the activation decode to global memory, 16-byte copies, the fast silu; built on first use
 (importing nvfp4lib never imports cutlass)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from .decode_ptx import _DECODE_REGS, CONVERT16_PTX, _convert_store_ptx
-from .rs_layout import RS_DECODE_PTX
+from ..common.decode_ptx import _DECODE_REGS, CONVERT16_PTX, _convert_store_ptx
+from .layout import RS_DECODE_PTX
 
 # activation prologue: one thread decodes 16 codes (8 bytes + 1 scale byte) into 32 bytes of fp16 in global memory
 ACT_DECODE_PTX = "\n".join([

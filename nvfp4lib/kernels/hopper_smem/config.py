@@ -1,7 +1,7 @@
 """The Hopper smem-decode kernel's knobs and rules (no GPU, no cutlass): :class:`SmemConfig`, shared-memory and
 register budgets, :func:`validate`, and the named configs it ships: the study's baseline, the config each round's
 pitch is measured with (notebooks 02-05, :mod:`nvfp4lib.claims`), and the configs this kernel's ``auto`` ended with.
-The register-decode (swap-AB) kernel's configs are in :mod:`.rs_config`.
+The register-decode (swap-AB) kernel's configs are in :mod:`..hopper_rs.config`.
 
 Variants that lost and diagnostics left the package; their rows stay in ``data/bench.jsonl`` and their code in git
 (``git show f7c5079:nvfp4lib/kernels/hopper_configs.py`` lists them): the cooperative and two-producer-warpgroup
@@ -14,13 +14,13 @@ from typing import ClassVar, Literal
 
 import torch
 
-SMEM_LIMIT = 232448  # bytes of shared memory one CTA may use on sm_90 (227 KB)
+from ..common.sm90 import POST_SCALE, SMEM_LIMIT  # noqa: F401  (re-exported: hopper_smem.X)
+
 # ptxas asked for 154 registers for a 128-accumulator wgmma warpgroup under a 128-register bound
 ACC_OVERHEAD_REGS = 26
 MAX_ACC_REGS = 128  # fp32 accumulator registers per thread we allow (beyond it the kernel spills)
 SUB_K = 64  # K elements per decode sub-block: one 128-byte swizzle row of fp16
 RING = 2  # fp16 sub-block buffers (decode of one overlaps the wgmma of the other)
-POST_SCALE = 2.0**14  # the decode's operands are value × 2^-7 each; the product carries 2^-14
 OUT_DTYPES = {torch.float16: "Float16"}  # bf16 output compiles too, but is not yet checked on a GPU
 DECODE_ROWS = 32  # rows a decoding warpgroup covers per pass (4 warps × 8 rows)
 
