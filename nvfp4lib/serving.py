@@ -340,12 +340,22 @@ def tuning_layout(tile_m: int, tile_k: int, activations: str = "nvfp4") -> str:
     return f"m{tile_m}k{tile_k}" + ("_a16" if activations == "bf16" else "")
 
 
+def auto_layout(dual: bool, groups: int, n: int, activations: str = "nvfp4"):
+    """(layout, candidates) of ``config="auto"``: the packed weights' (dual, tile_m, tile_k) for the shape, and the
+    configs of that layout for the activation type, in :data:`CONFIGS` order."""
+    from .kernels.hopper_varlen.config import CONFIGS
+    from .kernels.hopper_varlen.runner import layout_of
+
+    layout = (dual, dual_layout(groups, n) if dual else 128, 128)
+    return layout, [c for c, cfg in CONFIGS.items() if layout_of(cfg) == layout and cfg.act == activations]
+
+
 class _CuteHopperImpl:
     """The device-scheduled swap-AB kernel (:mod:`nvfp4lib.kernels.hopper_varlen`): weights packed once for one
     layout; one compiled runner per config used, chosen per rows-per-group bucket (:mod:`nvfp4lib.tuning`)."""
 
     def __init__(self, b, b2, out_dtype, *, config, tune, check_scales=True, activations="nvfp4"):
-        from .kernels.hopper_varlen.config import CONFIGS, get_config
+        from .kernels.hopper_varlen.config import get_config
         from .kernels.hopper_varlen.runner import OUT_DTYPES, PackedWeights, layout_of, require_hopper
 
         if out_dtype not in OUT_DTYPES:
@@ -355,8 +365,7 @@ class _CuteHopperImpl:
         if n % 8:
             raise ValueError(f"cute-hopper stores output rows in 16-byte chunks: N must be a multiple of 8, got {n}")
         if config == "auto":
-            layout = (dual, dual_layout(groups, n) if dual else 128, 128)
-            self.candidates = [c for c, cfg in CONFIGS.items() if layout_of(cfg) == layout and cfg.act == activations]
+            layout, self.candidates = auto_layout(dual, groups, n, activations)
             self.fixed = None
         else:
             cfg = get_config(config, dual, activations)
@@ -400,33 +409,25 @@ class _CuteHopperImpl:
 
     def tune_bucket(self, codes, scales, gs_a, offsets) -> dict:
         """Time every candidate on these inputs; cache the fastest for their bucket. Returns {config: us}."""
-        from .tuning import store, tune
+        return self._tune(lambda c: self.runner(c)(codes, scales, gs_a, offsets), codes.shape[0])
 
-        best, times = tune(lambda c: self.runner(c)(codes, scales, gs_a, offsets), self.candidates)
-        bucket = m_bucket(codes.shape[0], self.weights.groups)
-        store(self._key(bucket), best)
-        self._choice[bucket] = best
-        self._last = (-1, None)
-        return times
-
-    def __call__(self, codes, scales, gs_a, offsets, out=None):
-        rows = codes.shape[0]
-        if rows != self._last[0]:  # a serving loop repeats its row count: resolve the runner once per change
-            if self.tune and not self.fixed and m_bucket(rows, self.weights.groups) not in self._choice:
-                if not torch.cuda.is_current_stream_capturing():
-                    self.tune_bucket(codes, scales, gs_a, offsets)
-            self._last = (rows, self.runner(self.config_for(rows)))
-        return self._last[1](codes, scales, gs_a, offsets, out)
-
-    def a16(self, x, offsets, out=None):
-        """bf16 activations ``x [T, K]`` (checked by the caller): the runner of the rows' bucket, as ``__call__``."""
-        rows = x.shape[0]
+    def _runner_for(self, rows: int, run):
+        """The runner for ``rows`` rows (tuning its bucket first with ``run(config)`` where asked and not capturing);
+        a serving loop repeats its row count, so it is resolved once per change of T."""
         if rows != self._last[0]:
             if self.tune and not self.fixed and m_bucket(rows, self.weights.groups) not in self._choice:
                 if not torch.cuda.is_current_stream_capturing():
-                    self._tune(lambda c: self.runner(c).call_a16(x, offsets), rows)
+                    self._tune(run, rows)
             self._last = (rows, self.runner(self.config_for(rows)))
-        return self._last[1].call_a16(x, offsets, out)
+        return self._last[1]
+
+    def __call__(self, codes, scales, gs_a, offsets, out=None):
+        run = self._runner_for(codes.shape[0], lambda c: self.runner(c)(codes, scales, gs_a, offsets))
+        return run(codes, scales, gs_a, offsets, out)
+
+    def a16(self, x, offsets, out=None):
+        """bf16 activations ``x [T, K]`` (checked by the caller): the runner of the rows' bucket, as ``__call__``."""
+        return self._runner_for(x.shape[0], lambda c: self.runner(c).call_a16(x, offsets)).call_a16(x, offsets, out)
 
     def _tune(self, run, rows: int) -> dict:
         from .tuning import store, tune
@@ -447,7 +448,6 @@ def _oneshot_config(device, dual: bool, out_dtype, groups: int, n: int, k: int, 
     """The config a one-shot call runs: the tuning cache's choice for the shape, else the heuristic (never timed);
     remembered per (shape, bucket) for the process."""
     from .kernels.hopper_varlen.config import CONFIGS
-    from .kernels.hopper_varlen.runner import layout_of
 
     bucket = m_bucket(rows, groups)
     key = (device, dual, out_dtype, groups, n, k, bucket)
@@ -456,39 +456,21 @@ def _oneshot_config(device, dual: bool, out_dtype, groups: int, n: int, k: int, 
         gpu = _GPU_NAMES.get(device)
         if gpu is None:
             gpu = _GPU_NAMES[device] = torch.cuda.get_device_name(device)
-        layout = (dual, dual_layout(groups, n) if dual else 128, 128)
-        cands = [c for c, x in CONFIGS.items() if layout_of(x) == layout and x.act == "nvfp4"]
+        layout, cands = auto_layout(dual, groups, n)
         name = lookup(problem_key(gpu, "cute-hopper", dual, out_dtype, groups, n, k, bucket,
-                                  f"m{layout[1]}k{layout[2]}")) or heuristic(dual, bucket, cands)
+                                  tuning_layout(layout[1], layout[2]))) or heuristic(dual, bucket, cands)
         cfg = _ONESHOT_CHOICE[key] = CONFIGS[name]
     return cfg
-
-
-def oneshot_table(a, b, b2=None) -> list[int] | None:
-    """The one-shot gather's address table for NVFP4Tensor lists (already validated: shapes, K, devices), or None
-    where the fast path does not apply (non-contiguous parts, global scales that are not float32)."""
-    from .kernels.hopper_varlen.gather import F
-
-    pad = [0] * (F - 10)
-    table = []
-    for g, x in enumerate(a):
-        w = b[g]
-        u = w if b2 is None else b2[g]
-        for t in (x, w, u):
-            if not (t.data.is_contiguous() and t.scales.is_contiguous()) or t.global_scale.dtype != torch.float32:
-                return None
-        table += [x.data.data_ptr(), x.scales.data_ptr(), x.data.shape[0], w.data.data_ptr(), w.scales.data_ptr(),
-                  u.data.data_ptr(), u.scales.data_ptr(), x.global_scale.data_ptr(), w.global_scale.data_ptr(),
-                  u.global_scale.data_ptr()] + pad
-    return table
 
 
 def oneshot(a, b, b2=None, *, out_dtype=torch.float16) -> torch.Tensor | None:
     """C ``[T, N]`` (the groups' rows in order) of a one-shot cute-hopper call with new weights, or None where the
     fast path does not apply (the caller then prepares the weights). ``a``, ``b``, ``b2``: validated NVFP4Tensor
     lists sharing N and K (:func:`nvfp4lib.api.validate_operands`)."""
+    from .kernels.hopper_varlen.gather import group_table
+
     n, k = b[0].data.shape[0], b[0].data.shape[1] * 2
-    table = oneshot_table(a, b, b2)
+    table = group_table(a, b, b2)
     if table is None:
         return None
     return oneshot_run(table, sum(x.data.shape[0] for x in a), len(b), n, k, b2 is not None, out_dtype,
@@ -497,9 +479,10 @@ def oneshot(a, b, b2=None, *, out_dtype=torch.float16) -> torch.Tensor | None:
 
 def oneshot_run(table: list[int], rows: int, groups: int, n: int, k: int, dual: bool, out_dtype, device, *,
                 swizzled: bool = False) -> torch.Tensor | None:
-    """The one-shot call from an address table (:func:`oneshot_table`, or the study's harness with its scales in
-    the blocked layout: ``swizzled``): one gather launch (weights and activation rows packed from the callers'
-    tensors in place, offsets, global scales), the prologue and the GEMM. None where the kernel cannot take it."""
+    """The one-shot call from an address table (the group rows of :func:`.kernels.hopper_varlen.gather.group_table`,
+    or the study's harness with its scales in the blocked layout: ``swizzled``): one gather launch (weights and
+    activation rows packed from the callers' tensors in place, offsets, global scales), the prologue and the GEMM.
+    None where the kernel cannot take it."""
     from .kernels.hopper_varlen.oneshot import OneShot
     from .kernels.hopper_varlen.runner import OUT_DTYPES
 

@@ -37,6 +37,28 @@ _KERNEL = None
 _LAUNCHERS: dict = {}
 
 
+def group_table(a, b, b2=None) -> list[int] | None:
+    """The table's group rows (:data:`FIELDS`, ``F`` ints per group) for NVFP4Tensor lists: activations ``a`` (None:
+    weights alone, no activation rows) and weights ``b`` (and ``b2``, the dual's second matrix). None where a part
+    cannot be read in place (not contiguous, or a global scale that is not float32)."""
+    pad = [0] * (F - len(FIELDS))
+    table = []
+    for g, w in enumerate(b):
+        u = w if b2 is None else b2[g]
+        x = None if a is None else a[g]
+        for t in (w, u) if x is None else (x, w, u):
+            if not (t.data.is_contiguous() and t.scales.is_contiguous()) or t.global_scale.dtype != torch.float32:
+                return None
+        wg = w.global_scale.data_ptr()
+        if x is None:  # no rows; A's global-scale address only has to be readable
+            rows, a_gs = [0, 0, 0], wg
+        else:
+            rows, a_gs = [x.data.data_ptr(), x.scales.data_ptr(), x.data.shape[0]], x.global_scale.data_ptr()
+        table += rows + [w.data.data_ptr(), w.scales.data_ptr(), u.data.data_ptr(), u.scales.data_ptr(), a_gs, wg,
+                         u.global_scale.data_ptr()] + pad
+    return table
+
+
 def _kernel():
     global _KERNEL
     if _KERNEL is not None:

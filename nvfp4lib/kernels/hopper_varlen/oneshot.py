@@ -14,7 +14,7 @@ from .config import NWG, ROW_BYTES, VarlenConfig
 from .gather import F, Plan, run, views
 from .kernel import kernel_classes
 from .report import gemm_arguments, prologue_arguments
-from .runner import OUT_DTYPES, POST_SCALE, _compile, require_hopper
+from .runner import OUT_DTYPES, POST_SCALE, Scratch, _compile, require_hopper
 
 _PLANS: dict = {}
 
@@ -35,8 +35,7 @@ class OneShot:
         self._gemm = _compile(("gemm", cfg, g, n, kp, out_name), lambda: gemm_cls(cfg, g, n, kp),
                               lambda: gemm_arguments(cfg, g, n, kp, out_name))
         self._prologue = _compile(("prologue",), pro_cls, prologue_arguments)
-        self._x16 = None
-        self._old: list[torch.Tensor] = []
+        self._x16 = Scratch(self.k_pad, device)
         self._plans: dict = {}  # rows -> gather plan (a serving loop repeats its row counts)
 
     @classmethod
@@ -46,17 +45,6 @@ class OneShot:
         if plan is None:
             plan = _PLANS[key] = cls(cfg, groups, n, k, out_dtype, device)
         return plan
-
-    def _scratch(self, rows: int) -> torch.Tensor:
-        # calls on one stream are ordered: one buffer serves every call; a larger call doubles it (the outgrown one
-        # is kept, a captured graph may hold it)
-        x = self._x16
-        if x is None or x.shape[0] < rows:
-            if x is not None:
-                self._old.append(x)
-            x = self._x16 = torch.empty((max(rows, 128 if x is None else 2 * x.shape[0]), self.k_pad),
-                                        dtype=torch.float16, device=self.device)
-        return x
 
     def run(self, table: list[int], rows: int, *, swz_a: bool = False, swz_b: bool = False) -> torch.Tensor:
         """``table``: G·F ints (:data:`.gather.FIELDS` per group); ``rows``: T. Returns C ``[T, N]``."""
@@ -72,8 +60,9 @@ class OneShot:
         out = torch.empty((rows, self.n), dtype=self.out_dtype, device=self.device)
         if rows:
             a_codes, a_scales, offsets, gs_a, gs_b = views(small, plan)
-            self._prologue(a_codes, a_scales, self._scratch(rows))
-            self._gemm(packed.view(-1, ROW_BYTES), self._x16, out, offsets, gs_a, gs_b)
+            x16 = self._x16(rows)
+            self._prologue(a_codes, a_scales, x16)
+            self._gemm(packed.view(-1, ROW_BYTES), x16, out, offsets, gs_a, gs_b)
         return out
 
 

@@ -16,6 +16,7 @@ from ..common.sm90 import POST_SCALE
 from ..common.sm90 import _require_hopper as require_hopper
 from ..hopper_rs.layout import prepack_weights
 from .config import NWG, ROW_BYTES, VarlenConfig, validate
+from .gather import group_table, launch
 from .kernel import kernel_classes
 from .report import TVM_FFI, gemm_arguments, prologue_arguments
 
@@ -48,56 +49,46 @@ class PackedWeights:
         self.k_pad = -(-self.k // tile_k) * tile_k
         n_pad = -(-self.n // tile_m) * tile_m
         blocks = tile_m * (2 if self.dual else 1) // (64 * NWG)
-        try:
-            from .gather import launch
-        except ImportError:  # pragma: no cover - Triton ships with CUDA torch
-            launch = None
-        if launch is None or not all(t.data.is_contiguous() and t.scales.is_contiguous() and
-                                     t.global_scale.dtype == torch.float32 for t in b + (b2 or [])):
-            sets = [b] if b2 is None else [b, b2]  # the torch form, ~20 passes
+        table = group_table(None, b, b2)
+        if table is None:  # parts not readable in place: the torch form, ~20 passes
+            sets = [b] if b2 is None else [b, b2]
             mats = [stack_uniform(w, n_pad, self.k_pad) for w in sets]
             packed = prepack_weights([m[:2] for m in mats], NWG, blocks)
             self.gs_b = torch.stack([mats[0][2], mats[-1][2]], dim=1).mul_(POST_SCALE).contiguous()
         else:
-            packed, _, _, _, _, self.gs_b = launch(weights_table(b, b2), self.groups, self.n, self.k, n_pad,
-                                                   self.k_pad, NWG, blocks, self.dual, 0, post=POST_SCALE,
-                                                   weights_only=True)
+            packed, _, _, _, _, self.gs_b = launch(torch.tensor(table, dtype=torch.int64).to(device), self.groups,
+                                                   self.n, self.k, n_pad, self.k_pad, NWG, blocks, self.dual, 0,
+                                                   post=POST_SCALE, weights_only=True)
         if check_scales and bool(((packed[..., 2048:] & 0x7F) == 0x7F).any()):  # one read-back (NaN: S.1111.111)
             check_scales_finite(b, "b")  # names the group
             check_scales_finite(b2 or [], "b2")
         self.packed = packed.view(-1, ROW_BYTES)
-        self._x16 = None
-        self._old: list[torch.Tensor] = []
+        self.x16 = Scratch(self.k_pad, device)
 
     @property
     def nbytes(self) -> int:
         return self.packed.numel() + self.gs_b.numel() * 4
 
-    def scratch(self, rows: int) -> torch.Tensor:
-        """The fp16 activation buffer for ``rows`` rows: one buffer reused by every call (an allocation costs as much
-        host time as a launch), doubled when a call has more rows. Calls on one stream are ordered, so reuse is
-        safe; outgrown buffers are kept for the weights' lifetime (a CUDA graph may have captured one; doubling
-        bounds them to the size of the largest)."""
-        x = self._x16
+
+class Scratch:
+    """The fp16 activation buffer ``[R >= rows, K_pad]``: one buffer reused by every call (an allocation costs as much
+    host time as a launch), doubled when a call has more rows. Calls on one stream are ordered, so reuse is safe;
+    outgrown buffers are kept for the owner's lifetime (a CUDA graph may have captured one; doubling bounds them to
+    the size of the largest)."""
+
+    def __init__(self, k_pad: int, device):
+        self.k_pad, self.device = k_pad, device
+        self._x = None
+        self._old: list[torch.Tensor] = []
+
+    def __call__(self, rows: int) -> torch.Tensor:
+        x = self._x
         if x is None or x.shape[0] < rows:
             if x is not None:
                 self._old.append(x)
             size = max(rows, 128 if x is None else 2 * x.shape[0])
-            x = self._x16 = torch.empty((size, self.k_pad), dtype=torch.float16, device=self.device)
+            x = self._x = torch.empty((size, self.k_pad), dtype=torch.float16, device=self.device)
         return x
-
-
-def weights_table(b: list[NVFP4Tensor], b2: list[NVFP4Tensor] | None) -> torch.Tensor:
-    """The :mod:`.gather` table of weights alone (no activation rows) on the weights' device."""
-    from .gather import F
-
-    rows = []
-    for g, t in enumerate(b):
-        u = t if b2 is None else b2[g]
-        gs = t.global_scale.data_ptr()
-        rows += [0, 0, 0, t.data.data_ptr(), t.scales.data_ptr(), u.data.data_ptr(), u.scales.data_ptr(), gs, gs,
-                 u.global_scale.data_ptr()] + [0] * (F - 10)
-    return torch.tensor(rows, dtype=torch.int64).to(b[0].data.device)
 
 
 def stack_uniform(w: list[NVFP4Tensor], n_pad: int, k_pad: int):
@@ -167,7 +158,7 @@ class VarlenRunner:
             out = torch.empty((rows, w.n), dtype=self.out_dtype, device=w.device)
         if rows == 0:
             return out
-        x16 = w.scratch(rows)
+        x16 = w.x16(rows)
         self._prologue(codes, scales, x16)
         self._gemm(w.packed, x16, out, offsets, gs_a, w.gs_b)
         return out
