@@ -33,6 +33,7 @@ HEADER = ("n", "k", "n_pad", "kc_n", "per", "blocks", "groups", "units", "a_prog
 F = 16  # int64 columns per row of the table (header and group rows)
 A_ROWS = 8  # activation rows per program
 A_BYTES = 512  # code bytes per inner step of an activation row
+KCU = 4  # 64-row x 64-K weight units per program (consecutive along K: a 64 x 256-byte tile of codes)
 _KERNEL = None
 _LAUNCHERS: dict = {}
 
@@ -49,6 +50,8 @@ def group_table(a, b, b2=None) -> list[int] | None:
         for t in (w, u) if x is None else (x, w, u):
             if not (t.data.is_contiguous() and t.scales.is_contiguous()) or t.global_scale.dtype != torch.float32:
                 return None
+        if (w.data.data_ptr() | u.data.data_ptr()) & 3:  # weight codes are read as 32-bit words
+            return None
         wg = w.global_scale.data_ptr()
         if x is None:  # no rows; A's global-scale address only has to be readable
             rows, a_gs = [0, 0, 0], wg
@@ -68,7 +71,7 @@ def _kernel():
 
     @triton.jit
     def gather(table, packed, small, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ_B: tl.constexpr,
-               G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr):
+               G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr, KCU: tl.constexpr):
         pid = tl.program_id(0)
         n = tl.load(table + 0)
         k = tl.load(table + 1)
@@ -83,44 +86,51 @@ def _kernel():
         g_idx = tl.arange(0, G_P2)
         g_ok = g_idx < groups
         cols = k // 16
-        if pid < units:  # ---- one 64-row x 64-K unit of the packed weights
+        if pid < units:  # ---- KCU consecutive 64-row x 64-K units of the packed weights (one 64-row block)
+            kcp_n = (kc_n + KCU - 1) // KCU
             per_mat = units // (2 if DUAL else 1)
             mat = pid // per_mat
             unit = pid % per_mat
-            rb = unit // kc_n
-            kc = unit % kc_n
+            rb = unit // kcp_n
+            kc = (unit % kcp_n) * KCU + tl.arange(0, KCU)  # the program's units along K
             if DUAL:
                 cta = rb // blocks
                 slot = mat * blocks + rb % blocks
             else:
                 cta = rb // per
                 slot = rb % per
-            dst = packed + ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304
-            base = rows_t + (rb * 64 // n_pad) * 16 + 3 + 2 * mat  # one group per unit: n_pad is a multiple of 64
-            cptr = tl.load(base).to(tl.pointer_type(tl.uint8))
+            dst = ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304  # byte offset of each unit
+            keep = kc < kc_n
+            base = rows_t + (rb * 64 // n_pad) * 16 + 3 + 2 * mat  # one group per block: n_pad is a multiple of 64
+            cptr = tl.load(base).to(tl.pointer_type(tl.uint32))  # codes read as 32-bit words (group_table: aligned)
             sptr = tl.load(base + 1).to(tl.pointer_type(tl.uint8))
-            # the unit's 64 rows x 32 code bytes as one tile, loaded row i = (w, hp, g) from source row
-            # 16w + 8(1-hp) + g; a row's byte 8j + 4h + c holds K 16j + 2c + e (+8 for h = 1) in nibble e;
-            # output byte (w, g, c, j, e, hp)
+            # the block's 64 rows x KCU*8 code words as one tile, loaded row i = (w, hp, g) from source row
+            # 16w + 8(1-hp) + g; word 2j + h of a unit holds bytes c = 0..3, byte c holds K 16j + 2c + e (+8 for
+            # h = 1) in nibble e; output byte (w, g, c, j, e, hp), i.e. output word (w, g, c, j) of bytes (e, hp)
             i = tl.arange(0, 64)
             r = (rb * 64 + 16 * (i // 16) + 8 * (1 - (i // 8) % 2) + i % 8) % n_pad
-            kb = kc * 32 + tl.arange(0, 32)
-            tile = tl.load(cptr + r.to(tl.int64)[:, None] * (k // 2) + kb[None, :],
-                           mask=(r < n)[:, None] & (kb < k // 2)[None, :], other=0)
-            xb, yb = tl.split(tl.permute(tl.reshape(tile, (64, 4, 2, 4)), (0, 1, 3, 2)))  # (i, j, c) for h = 0, 1
-            xb = xb.to(tl.int32)
-            yb = yb.to(tl.int32)
-            x = xb & 15
-            y = yb & 15
-            lo = ((x & 7) << 1) | ((x >> 3) << 7) | (y >> 3) | ((y & 7) << 4)
-            x = xb >> 4
-            y = yb >> 4
-            hi = ((x & 7) << 1) | ((x >> 3) << 7) | (y >> 3) | ((y & 7) << 4)
-            out = tl.permute(tl.reshape(tl.join(lo, hi), (4, 2, 8, 4, 4, 2)), (0, 2, 4, 3, 5, 1))
-            tl.store(dst + tl.arange(0, 2048), tl.reshape(out, (2048,)).to(tl.uint8))
-            # scales: loaded row i = (w, h, g) is row 16w + 8h + g; output byte (w, g, j, h)
+            kw = (kc * 8)[:, None] + tl.arange(0, 8)[None, :]
+            kw = tl.reshape(kw, (KCU * 8,))
+            tile = tl.load(cptr + r.to(tl.int64)[:, None] * (k // 8) + kw[None, :],
+                           mask=(r < n)[:, None] & (kw < k // 8)[None, :], other=0)
+            xw, yw = tl.split(tl.permute(tl.reshape(tile, (64, KCU, 4, 2)), (1, 0, 2, 3)))  # (u, i, j) for h = 0, 1
+            # per byte: e2m1 nibble x (h = 0) and y (h = 1) -> the kernel's byte, four bytes a word at once
+            x = xw & 0x0F0F0F0F
+            y = yw & 0x0F0F0F0F
+            lo = ((x & 0x07070707) << 1) | ((x & 0x08080808) << 4) | ((y & 0x08080808) >> 3) | ((y & 0x07070707) << 4)
+            x = (xw >> 4) & 0x0F0F0F0F
+            y = (yw >> 4) & 0x0F0F0F0F
+            hi = ((x & 0x07070707) << 1) | ((x & 0x08080808) << 4) | ((y & 0x08080808) >> 3) | ((y & 0x07070707) << 4)
+            l0, l1 = tl.split(tl.permute(tl.reshape(lo, (KCU, 4, 2, 8, 4)), (0, 1, 3, 4, 2)))  # (u, w, g, j) per hp
+            h0, h1 = tl.split(tl.permute(tl.reshape(hi, (KCU, 4, 2, 8, 4)), (0, 1, 3, 4, 2)))
+            cs = tl.reshape(8 * tl.arange(0, 4), (1, 1, 1, 4, 1)).to(tl.uint32)
+            word = ((tl.expand_dims(l0, 3) >> cs) & 255) | (((tl.expand_dims(l1, 3) >> cs) & 255) << 8) \
+                | (((tl.expand_dims(h0, 3) >> cs) & 255) << 16) | ((tl.expand_dims(h1, 3) >> cs) << 24)
+            wdst = packed.to(tl.pointer_type(tl.uint32)) + (dst // 4)[:, None] + tl.arange(0, 512)[None, :]
+            tl.store(wdst, tl.reshape(word, (KCU, 512)), mask=keep[:, None])
+            # scales: loaded row i = (w, h, g) is row 16w + 8h + g; output byte (w, g, j, h) of each unit
             sr = (rb * 64 + i) % n_pad
-            sk = kc * 4 + tl.arange(0, 4)
+            sk = tl.reshape((kc * 4)[:, None] + tl.arange(0, 4)[None, :], (KCU * 4,))
             srl = sr.to(tl.int64)[:, None]
             if SWZ_B:  # 128x4 atoms, row-atom-major; inside one: (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
                 soff = ((srl // 128) * ((cols + 3) // 4) + sk[None, :] // 4) * 512 + (srl % 32) * 16 \
@@ -128,8 +138,8 @@ def _kernel():
             else:
                 soff = srl * cols + sk[None, :]
             sv = tl.load(sptr + soff, mask=(sr < n)[:, None] & (sk < cols)[None, :], other=0)
-            sv = tl.permute(tl.reshape(sv, (4, 2, 8, 4)), (0, 2, 3, 1))
-            tl.store(dst + 2048 + tl.arange(0, 256), tl.reshape(sv, (256,)))
+            sv = tl.reshape(tl.permute(tl.reshape(sv, (4, 2, 8, KCU, 4)), (3, 0, 2, 4, 1)), (KCU, 256))
+            tl.store(packed + (dst + 2048)[:, None] + tl.arange(0, 256)[None, :], sv, mask=keep[:, None])
         elif pid < units + a_progs:  # ---- ROWS packed activation rows
             a_codes = small
             a_scales = small + tl.load(table + 9)
@@ -184,11 +194,11 @@ class Plan:
     """The sizes of one gather: the header row, the grid, and where each output lies in the one scratch buffer."""
 
     def __init__(self, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int, dual: bool,
-                 rows: int):
-        self.groups, self.n, self.k, self.dual, self.rows = groups, n, k, dual, rows
+                 rows: int, kcu: int = KCU):
+        self.groups, self.n, self.k, self.dual, self.rows, self.kcu = groups, n, k, dual, rows, kcu
         rb_n, self.kc_n, self.per = groups * n_pad // 64, k_pad // 64, nwg * blocks
         self.ctas = rb_n // (blocks if dual else self.per)
-        self.units = (2 if dual else 1) * rb_n * self.kc_n
+        self.units = (2 if dual else 1) * rb_n * -(-self.kc_n // kcu)
         self.a_progs = -(-rows // A_ROWS)
         self.scales_at = rows * (k // 2)
         self.offsets_at = -(-(self.scales_at + rows * (k // 16)) // 16) * 16
@@ -207,7 +217,7 @@ def run(table: torch.Tensor, plan: Plan, *, swz_a: bool = False, swz_b: bool = F
     dev = table.device
     packed = torch.empty((plan.ctas, plan.kc_n, plan.per, UNIT_BYTES), dtype=torch.uint8, device=dev)
     small = torch.empty(plan.small_bytes, dtype=torch.uint8, device=dev)
-    consts = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES)
+    consts = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu)
     _launch(plan.grid, dev, (table, packed, small), consts)
     return packed, small
 
@@ -222,7 +232,7 @@ def _launch(grid: int, device, args, consts) -> None:
     ck = _LAUNCHERS.get(key)
     if ck is None or knobs.runtime.launch_enter_hook is not None:
         kernel = _kernel()
-        names = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES")
+        names = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")
         ck = kernel[(grid,)](*args, **dict(zip(names, consts)), num_warps=4)
         if ck is not None and not hasattr(ck, "run"):
             ck = None
@@ -235,11 +245,11 @@ def _launch(grid: int, device, args, consts) -> None:
 
 def launch(table: torch.Tensor, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int,
            dual: bool, rows: int, *, swz_a: bool = False, swz_b: bool = False, post: float = 1.0,
-           weights_only: bool = False):
+           weights_only: bool = False, kcu: int = KCU):
     """Build the plan, put its header before ``table``'s group rows and run; returns ``(packed, a_codes [T, K/2],
     a_scales [T, K/16], offsets [G+1], gs_a [G], gs_b [G, 2])`` (no activation rows with ``weights_only``).
     ``table``: the group rows ``[groups·F]`` int64 on the device (for callers that build them there)."""
-    plan = Plan(groups, n, k, n_pad, k_pad, nwg, blocks, dual, 0 if weights_only else rows)
+    plan = Plan(groups, n, k, n_pad, k_pad, nwg, blocks, dual, 0 if weights_only else rows, kcu)
     full = torch.cat([torch.tensor(plan.header, dtype=torch.int64, device=table.device), table.reshape(-1)])
     packed, small = run(full, plan, swz_a=swz_a, swz_b=swz_b, post=post)
     return (packed, *views(small, plan))
