@@ -254,6 +254,8 @@ def _fast_group(data):
                     or tc.stride()[:2] != (n, 1)):
                 return None
             bc, bs = tb.data_ptr(), sb.data_ptr()
+            if bc & 3:  # the gather reads weight codes as 32-bit words
+                return None
             table += [ta.data_ptr(), sa.data_ptr(), m, bc, bs, bc, bs, gs, gs, gs] + pad
             ms.append(m)
             cs.append(tc[..., 0])

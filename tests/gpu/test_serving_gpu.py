@@ -1,5 +1,7 @@
 """The serving path on a Hopper GPU (skipped without one): prepared weights, both call forms exact against the
 reference, any split of the rows replayed from one CUDA graph, torch.compile and opcheck."""
+import os
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from nvfp4lib.serving import prepare_weights
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-3
+FULL = os.environ.get("NVFP4LIB_GPU_FULL") == "1"  # every config on every benchmark shape, both input modes
 
 
 @pytest.fixture(autouse=True)
@@ -33,11 +36,12 @@ def _problem_configs():
         if cfg.act != "nvfp4":  # the bf16-activation configs: tests/gpu/test_a16_gpu.py
             continue
         for p in (DUAL if cfg.dual else BENCHMARK):
-            out.append((name, p))
+            if FULL or p.name.split("-")[0] in ("S2", "S4"):  # eight uneven groups; two groups, short K
+                out.append((name, p))
     return out
 
 
-@pytest.mark.parametrize("mode", ["uniform", "gaussian"])
+@pytest.mark.parametrize("mode", ["uniform", "gaussian"] if FULL else ["gaussian"])
 @pytest.mark.parametrize("config,prob", _problem_configs(), ids=[f"{c}-{p.name}" for c, p in _problem_configs()])
 def test_packed_form_is_exact(config, prob, mode):
     inp = make_inputs(prob, seed=1111, mode=mode, device="cuda")
