@@ -195,7 +195,7 @@ def custom_kernel(data, *, backend: str = "cute-hopper", config: str = "auto") -
             table, ms, n, k, cs, device = fast
             out = oneshot_run(table, sum(ms), len(ms), n, k, False, torch.float16, device, swizzled=True)
             if out is not None:
-                torch._foreach_copy_(cs, list(out.split(ms)))
+                torch._foreach_copy_(cs, list(out.view(-1, n, 1).split(ms)))  # into each group's c [M, N, 1]
                 return [abc[2] for abc in data[0]]
     a, b, c = group_operands(data, backend)
     if len({tuple(t.shape) for t in b}) == 1:
@@ -211,17 +211,16 @@ def custom_kernel(data, *, backend: str = "cute-hopper", config: str = "auto") -
 _ONES: dict = {}
 
 
-def _blocked(t, rows: int, cols: int, device) -> bool:
+def _blocked(t, rows: int, cols: int, index: int) -> bool:
     """Whether the task's reordered scales ``t`` are the canonical 6-d view of a flat blocked buffer (strides
     ``(16, 4, 512·rk, 1, 512, ·)`` from its first element): then its address is the blocked layout's."""
     rk = -(-cols // 4)
-    return (isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn and t.device == device and t.dim() == 6
-            and tuple(t.shape) == (32, 4, -(-rows // 128), 4, rk, 1) and tuple(t.stride()[:5]) == (16, 4, 512 * rk,
-                                                                                                      1, 512))
+    return (isinstance(t, torch.Tensor) and t.dtype == torch.float8_e4m3fn and t.get_device() == index
+            and t.shape == (32, 4, -(-rows // 128), 4, rk, 1) and t.stride()[:5] == (16, 4, 512 * rk, 1, 512))
 
 
 def _fast_group(data):
-    """(address table, rows per group, N, K, output views, device) for an ``nvfp4_group_gemm`` tuple that the
+    """(address table, rows per group, N, K, the groups' c, device) for an ``nvfp4_group_gemm`` tuple that the
     one-shot gather can read in place — every tensor where and as the task lays it out, groups sharing N and K —
     else None (then :func:`group_operands` checks everything and names what is wrong)."""
     from .kernels.hopper_varlen.gather import F
@@ -232,6 +231,7 @@ def _fast_group(data):
         device = first.device
         if device.type != "cuda" or not (len(abc) == len(reordered) == len(sizes)):
             return None
+        idx = device.index  # (int comparisons: this loop runs per call, over every group)
         one = _ONES.get(device)
         if one is None:
             one = _ONES[device] = torch.ones((), dtype=torch.float32, device=device)
@@ -245,12 +245,12 @@ def _fast_group(data):
                 return None
             nk = (n, k)
             for t, rows in ((ta, m), (tb, n)):
-                if (t.dtype not in _CODE_DTYPES or t.device != device or tuple(t.shape) != (rows, k // 2, 1)
+                if (t.dtype not in _CODE_DTYPES or t.get_device() != idx or t.shape != (rows, k // 2, 1)
                         or t.stride()[:2] != (k // 2, 1)):
                     return None
-            if not (_blocked(sa, m, k // 16, device) and _blocked(sb, n, k // 16, device)):
+            if not (_blocked(sa, m, k // 16, idx) and _blocked(sb, n, k // 16, idx)):
                 return None
-            if (tc.dtype != torch.float16 or tc.device != device or tuple(tc.shape) != (m, n, 1)
+            if (tc.dtype != torch.float16 or tc.get_device() != idx or tc.shape != (m, n, 1)
                     or tc.stride()[:2] != (n, 1)):
                 return None
             bc, bs = tb.data_ptr(), sb.data_ptr()
@@ -258,7 +258,7 @@ def _fast_group(data):
                 return None
             table += [ta.data_ptr(), sa.data_ptr(), m, bc, bs, bc, bs, gs, gs, gs] + pad
             ms.append(m)
-            cs.append(tc[..., 0])
+            cs.append(tc)
     except (TypeError, ValueError, IndexError, AttributeError):
         return None
     return table, ms, nk[0], nk[1], cs, device

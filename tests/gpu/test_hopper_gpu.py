@@ -11,7 +11,7 @@ import torch
 from nvfp4lib.api import prepare
 from nvfp4lib.bench import check_runner
 from nvfp4lib.kernels.hopper_smem.kernel import CONFIGS
-from nvfp4lib.problems import BENCHMARK, CORRECTNESS, DUAL, EDGE, make_inputs
+from nvfp4lib.problems import BENCHMARK, CORRECTNESS, EDGE, make_inputs
 from nvfp4lib.reference import reference_grouped_gemm
 
 pytestmark = pytest.mark.gpu

@@ -33,7 +33,8 @@ HEADER = ("n", "k", "n_pad", "kc_n", "per", "blocks", "groups", "units", "a_prog
 F = 16  # int64 columns per row of the table (header and group rows)
 A_ROWS = 8  # activation rows per program
 A_BYTES = 512  # code bytes per inner step of an activation row
-KCU = 4  # 64-row x 64-K weight units per program (consecutive along K: a 64 x 256-byte tile of codes)
+KCU = 8  # 64-row x 64-K weight units per program (consecutive along K: a 64 x 256-byte tile of codes)
+WARPS = 4  # warps per program
 _KERNEL = None
 _LAUNCHERS: dict = {}
 
@@ -217,29 +218,36 @@ def run(table: torch.Tensor, plan: Plan, *, swz_a: bool = False, swz_b: bool = F
     dev = table.device
     packed = torch.empty((plan.ctas, plan.kc_n, plan.per, UNIT_BYTES), dtype=torch.uint8, device=dev)
     small = torch.empty(plan.small_bytes, dtype=torch.uint8, device=dev)
-    consts = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu)
-    _launch(plan.grid, dev, (table, packed, small), consts)
+    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0  # (0: Triton's interpreter)
+    launch_plan(plan, table, packed, small, stream, swz_a=swz_a, swz_b=swz_b, post=post)
     return packed, small
 
 
-def _launch(grid: int, device, args, consts) -> None:
-    """The kernel's first launch for these flags through Triton (compiling it); later ones through the compiled
-    launcher (the pointers are always 16-byte aligned allocations and nothing else varies, so the specialisation
-    Triton would compute is the same)."""
+def launch_plan(plan: Plan, table: torch.Tensor, packed: torch.Tensor, small: torch.Tensor, stream: int, *,
+                swz_a: bool = False, swz_b: bool = False, post: float = 1.0) -> None:
+    """Launch the gather into buffers the caller holds (``packed`` and ``small`` of at least the plan's sizes) on
+    ``stream`` (a CUDA stream handle: torch's current stream)."""
+    consts = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu)
+    _launch(plan.grid, table.device, stream, (table, packed, small), consts)
+
+
+def _launch(grid: int, device, stream: int, args, consts) -> None:
+    """The kernel's first launch for these flags through Triton (compiling it, on torch's current stream: the
+    callers' ``stream``); later ones through the compiled launcher (the pointers are always 16-byte aligned
+    allocations and nothing else varies, so the specialisation Triton would compute is the same)."""
     from triton import knobs
 
-    key = (device, consts)
+    key = (device, consts, WARPS)
     ck = _LAUNCHERS.get(key)
     if ck is None or knobs.runtime.launch_enter_hook is not None:
         kernel = _kernel()
         names = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")
-        ck = kernel[(grid,)](*args, **dict(zip(names, consts)), num_warps=4)
+        ck = kernel[(grid,)](*args, **dict(zip(names, consts)), num_warps=WARPS)
         if ck is not None and not hasattr(ck, "run"):
             ck = None
         if ck is not None:
             _LAUNCHERS[key] = ck
         return
-    stream = torch.cuda.current_stream(device).cuda_stream
     ck.run(grid, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *args, *consts)
 
 

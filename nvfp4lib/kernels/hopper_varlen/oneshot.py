@@ -2,25 +2,82 @@
 
 ``OneShot.run(table, ...)`` takes the address table of :mod:`.gather` (one int64 row per group: the caller's
 activation and weight tensors, read in place), then launches the gather (weights packed, activation rows packed,
-offsets and global scales: one Triton launch), the activation prologue and the device-scheduled GEMM (TVM-FFI). A
-plan holds what does not depend on the call's data — the compiled kernels for (config, G, N, K_pad, out dtype) and
-the activation scratch buffer — so that a call builds no Python object besides its outputs.
+offsets and global scales: one Triton launch), the activation prologue and the device-scheduled GEMM (TVM-FFI).
+
+On the H100's host every torch operation costs 5–10 µs, so a call makes as few as it can. A plan holds what does not
+depend on the call's data — the compiled kernels for (config, G, N, K_pad, out dtype) — and, per CUDA stream, the
+buffers the kernels write before the GEMM reads them (:class:`_Buffers`: the packed weights, the activation scratch,
+views of it per row count, and a small ring of pinned tables). Calls on one stream run in order, so each call may
+overwrite what the previous one's GEMM read; a call on another stream gets its own buffers. A call allocates only
+its output. One-shot calls cannot be captured in a CUDA graph (the captured table copy would read a ring slot that
+later calls overwrite): prepare the weights and capture ``w(a)`` instead.
 """
 from __future__ import annotations
 
 import torch
 
 from .config import NWG, ROW_BYTES, VarlenConfig
-from .gather import F, Plan, run, views
+from .gather import F, Plan, launch_plan, views
 from .kernel import kernel_classes
 from .report import gemm_arguments, prologue_arguments
 from .runner import OUT_DTYPES, POST_SCALE, Scratch, _compile, require_hopper
 
 _PLANS: dict = {}
+SLOTS = 4  # pinned tables in flight per stream (a slot is reused once the copy four calls back has run)
+
+
+class _Buffers:
+    """One stream's buffers for one plan: packed weights (fixed size), the gather's ``small`` output (activation
+    codes and scales, offsets, global scales; doubled when a call has more rows), views of it per row count, and
+    ``SLOTS`` pinned host tables with their device copies."""
+
+    def __init__(self, plan: "OneShot"):
+        rows0 = Plan(plan.groups, plan.n, plan.k, plan.n_pad, plan.k_pad, NWG, plan.blocks, plan.dual, 0)
+        self.packed = torch.empty((rows0.ctas, rows0.kc_n, rows0.per, 2304), dtype=torch.uint8, device=plan.device)
+        self.weights = self.packed.view(-1, ROW_BYTES)
+        self.small = torch.empty(0, dtype=torch.uint8, device=plan.device)
+        self.views: dict = {}
+        self.width = F * (plan.groups + 1)
+        self.pinned = torch.empty((SLOTS, self.width), dtype=torch.int64, pin_memory=True)
+        self.host = self.pinned.numpy()
+        self.dev = torch.empty((SLOTS, self.width), dtype=torch.int64, device=plan.device)
+        self.slots = [(self.pinned[i], self.dev[i]) for i in range(SLOTS)]
+        self.events: list = [None] * SLOTS
+        self.next = 0
+
+    def table(self, header: list[int], table: list[int], stream) -> torch.Tensor:
+        """The call's table on the device: written into the next pinned slot (once the copy that last used it has
+        run) and copied asynchronously."""
+        i = self.next
+        self.next = (i + 1) % SLOTS
+        ev = self.events[i]
+        if ev is None:
+            ev = self.events[i] = torch.cuda.Event()
+        else:
+            ev.synchronize()  # the copy from this slot SLOTS calls back (long done in a serving loop)
+        self.host[i, : len(header)] = header
+        self.host[i, len(header): len(header) + len(table)] = table
+        src, dst = self.slots[i]
+        dst.copy_(src, non_blocking=True)
+        ev.record(stream)
+        return dst
+
+    def scratch(self, plan: Plan):
+        """(small, its views (:func:`.gather.views`)) for the plan's row count."""
+        v = self.views.get(plan.rows)
+        if v is None:
+            if self.small.numel() < plan.small_bytes:
+                self.small = torch.empty(max(plan.small_bytes, 2 * self.small.numel()), dtype=torch.uint8,
+                                         device=self.small.device)
+                self.views.clear()
+            if len(self.views) > 256:
+                self.views.clear()
+            v = self.views[plan.rows] = (self.small, views(self.small, plan))
+        return v
 
 
 class OneShot:
-    """The compiled kernels and the scratch buffer for one (config, G, N, K, out dtype) on one device."""
+    """The compiled kernels and the per-stream buffers for one (config, G, N, K, out dtype) on one device."""
 
     def __init__(self, cfg: VarlenConfig, groups: int, n: int, k: int, out_dtype, device):
         require_hopper(device)
@@ -37,6 +94,7 @@ class OneShot:
         self._prologue = _compile(("prologue",), pro_cls, prologue_arguments)
         self._x16 = Scratch(self.k_pad, device)
         self._plans: dict = {}  # rows -> gather plan (a serving loop repeats its row counts)
+        self._buffers: dict = {}  # CUDA stream -> _Buffers
 
     @classmethod
     def get(cls, cfg: VarlenConfig, groups: int, n: int, k: int, out_dtype, device) -> "OneShot":
@@ -48,21 +106,27 @@ class OneShot:
 
     def run(self, table: list[int], rows: int, *, swz_a: bool = False, swz_b: bool = False) -> torch.Tensor:
         """``table``: G·F ints (:data:`.gather.FIELDS` per group); ``rows``: T. Returns C ``[T, N]``."""
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("a one-shot call (new weights every call) cannot be captured in a CUDA graph: prepare "
+                               "the weights once (nvfp4lib.prepare_weights) and capture w(a) instead")
         plan = self._plans.get(rows)
         if plan is None:
             if len(self._plans) > 256:
                 self._plans.clear()
             plan = self._plans[rows] = Plan(self.groups, self.n, self.k, self.n_pad, self.k_pad, NWG, self.blocks,
                                             self.dual, rows)
-        # pinned: a pageable copy may wait for the stream (the GPU is still busy with the previous call)
-        t = torch.tensor(plan.header + table, dtype=torch.int64, pin_memory=True).to(self.device, non_blocking=True)
-        packed, small = run(t, plan, swz_a=swz_a, swz_b=swz_b, post=POST_SCALE)
+        stream = torch.cuda.current_stream(self.device)
+        buf = self._buffers.get(stream)
+        if buf is None:
+            buf = self._buffers[stream] = _Buffers(self)
+        small, (a_codes, a_scales, offsets, gs_a, gs_b) = buf.scratch(plan)
+        launch_plan(plan, buf.table(plan.header, table, stream), buf.packed, small, stream.cuda_stream,
+                    swz_a=swz_a, swz_b=swz_b, post=POST_SCALE)
         out = torch.empty((rows, self.n), dtype=self.out_dtype, device=self.device)
         if rows:
-            a_codes, a_scales, offsets, gs_a, gs_b = views(small, plan)
             x16 = self._x16(rows)
             self._prologue(a_codes, a_scales, x16)
-            self._gemm(packed.view(-1, ROW_BYTES), x16, out, offsets, gs_a, gs_b)
+            self._gemm(buf.weights, x16, out, offsets, gs_a, gs_b)
         return out
 
 
