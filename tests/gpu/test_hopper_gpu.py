@@ -42,15 +42,18 @@ def _check(prob, config, mode, seed):
     return runner, ref
 
 
-@pytest.mark.parametrize("config", SINGLE)
-@pytest.mark.parametrize("prob", PROBLEMS, ids=[p.name for p in PROBLEMS])
+def _cases(configs, problems):
+    """(config, problem) pairs, each config's tests in one xdist group: one process compiles it once."""
+    return [pytest.param(c, p, marks=pytest.mark.xdist_group(c), id=f"{c}-{p.name}") for c in configs for p in problems]
+
+
+@pytest.mark.parametrize("config,prob", _cases(SINGLE, PROBLEMS))
 @pytest.mark.parametrize("mode", MODES)
 def test_single(config, prob, mode):
     _check(prob, config, mode, seed=1111)
 
 
-@pytest.mark.parametrize("config", DUALS)
-@pytest.mark.parametrize("prob", DUAL_PROBLEMS, ids=[p.name for p in DUAL_PROBLEMS])
+@pytest.mark.parametrize("config,prob", _cases(DUALS, DUAL_PROBLEMS))
 @pytest.mark.parametrize("mode", MODES)
 def test_dual(config, prob, mode):
     _check(prob, config, mode, seed=1111)
