@@ -37,8 +37,10 @@ RECORD ?=
 ITERS ?= 50
 GPU_PY ?= $(BIN)/python
 GPU_ENV := $(if $(filter $(BIN)/python,$(GPU_PY)),env,)
+# GPU_TESTS picks part of the suite (one file, or a -k expression), for machines that limit a command's time
+GPU_TESTS ?= tests/gpu
 gpu-test: $(GPU_ENV)
-	$(GPU_PY) -m pytest -q tests/gpu $$($(GPU_PY) -c "import xdist; print('-n 8 --dist loadgroup')" 2>/dev/null)
+	$(GPU_PY) -m pytest -q $(GPU_TESTS) $$($(GPU_PY) -c "import xdist; print('-n 8 --dist loadgroup')" 2>/dev/null)
 
 bench: $(GPU_ENV)
 	$(GPU_PY) -m nvfp4lib bench --suite benchmark --suite dual --backend cute-hopper:graph=1 \
