@@ -88,6 +88,23 @@ def runs_used(latest: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out).set_index("run_id")
 
 
+def history(rows: pd.DataFrame, problems, backend: str = "cute-hopper", clean_only: bool = True) -> pd.DataFrame:
+    """Per-call time (µs) of every (problem, call form), one column per recorded run (``commit date``, oldest first):
+    how each change moved each form. ``clean_only`` drops runs of a dirty tree."""
+    if rows is None or not len(rows):
+        return pd.DataFrame()
+    sel = rows[(rows["status"] == "ok") & (rows["backend"] == backend) & rows["problem"].isin(_names(problems))]
+    if clean_only and "git_dirty" in sel:
+        sel = sel[~sel["git_dirty"].fillna(False).astype(bool)]
+    if not len(sel):
+        return pd.DataFrame()
+    sel = sel.assign(run=sel["git_commit"].astype(str).str[:7] + " " + sel["date"].astype(str).str[:10])
+    t = sel.sort_values("run_id").pivot_table(index=["problem", "call"], columns="run", values="per_call_us",
+                                              aggfunc="last", sort=False)
+    order = [(p, c) for p in _names(problems) for c in CALLS if (p, c) in t.index]
+    return t.reindex(order)[list(dict.fromkeys(sel.sort_values("run_id")["run"]))]
+
+
 def calls_table(latest: pd.DataFrame) -> pd.DataFrame:
     """``latest`` as a table indexed by (problem, call): per-call, GPU and host time, both floors and both ratios,
     and the run, commit and input mode each row came from."""

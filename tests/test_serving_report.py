@@ -47,3 +47,15 @@ def test_targets_hold_and_miss_as_issue_18_states_them():
     assert t["S4-dual", "eager <= 1.1 x graph + 10 us"] == "misses"  # 40 > 38.6
     assert t["S4-dual", "oneshot <= 2 x eager + 20 us"] == "no data"
     assert ("S4-dual", "harness < B200 baseline") not in t.index  # the baseline is of the single GEMMs
+
+
+def test_history_has_one_column_per_clean_run_oldest_first():
+    s4 = BENCHMARK[3]
+    old = {**_row(s4, "oneshot", 200.0, run="20261124T000000Z-a"), "git_commit": "aaaaaaa1", "date": "2026-11-24"}
+    new = {**_row(s4, "oneshot", 140.0, run="20261125T000000Z-b"), "git_commit": "bbbbbbb2"}
+    dirty = {**_row(s4, "oneshot", 1.0, run="20261125T050000Z-c"), "git_commit": "ccccccc3", "git_dirty": True}
+    graph = {**_row(s4, "graph", 18.0, run="20261125T000000Z-b"), "git_commit": "bbbbbbb2"}
+    h = sr.history(pd.DataFrame([new, dirty, old, graph]), [s4])
+    assert list(h.columns) == ["aaaaaaa 2026-11-24", "bbbbbbb 2026-11-25"]  # the dirty run left out
+    assert h.loc[("S4", "oneshot")].tolist() == [200.0, 140.0]
+    assert list(h.index) == [("S4", "graph"), ("S4", "oneshot")]
