@@ -223,7 +223,7 @@ def _fast_group(data):
     """(address table, rows per group, N, K, the groups' c, device) for an ``nvfp4_group_gemm`` tuple that the
     one-shot gather can read in place — every tensor where and as the task lays it out, groups sharing N and K —
     else None (then :func:`group_operands` checks everything and names what is wrong)."""
-    from .kernels.hopper_varlen.gather import F
+    from .kernels.hopper_varlen.gather import F, codes_readable
 
     try:
         abc, _, reordered, sizes = data
@@ -254,7 +254,7 @@ def _fast_group(data):
                     or tc.stride()[:2] != (n, 1)):
                 return None
             bc, bs = tb.data_ptr(), sb.data_ptr()
-            if bc & 3:  # the gather reads weight codes as 32-bit words
+            if not codes_readable(bc):
                 return None
             table += [ta.data_ptr(), sa.data_ptr(), m, bc, bs, bc, bs, gs, gs, gs] + pad
             ms.append(m)

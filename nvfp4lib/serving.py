@@ -154,7 +154,13 @@ class PreparedWeights:
                             f"{type(a).__name__}")
         self._check_activation(a, "a_packed")
         if offsets is self._checked[0] and global_scale is self._checked[1] and global_scale is not None:
-            return self._run(a.data, a.scales.view(torch.uint8), global_scale, offsets, self._check_out(a, out))
+            gs = global_scale  # a serving loop passes the same buffers: checked on the first call
+        else:
+            gs = self._check_buffers(a, offsets, global_scale)
+        return self._run(a.data, a.scales.view(torch.uint8), gs, offsets, self._check_out(a, out))
+
+    def _check_buffers(self, a, offsets, global_scale):
+        """Check the call's offsets and global scale; return the global scale as the kernel takes it ([1] or [G])."""
         if not isinstance(offsets, torch.Tensor):
             raise TypeError(f"offsets must be an int32 tensor [G+1] on {self.device}, got {type(offsets).__name__}")
         if offsets.dtype != torch.int32:
@@ -174,9 +180,9 @@ class PreparedWeights:
                                 f"{getattr(gs, 'dtype', type(gs).__name__)} {tuple(getattr(gs, 'shape', ()))}")
             if gs.device != self.device:
                 raise ValueError(f"global_scale is on {gs.device} but the weights are on {self.device}")
-            if not torch.compiler.is_compiling():  # a serving loop passes the same buffers: checked once
+            if not torch.compiler.is_compiling():
                 self._checked = (offsets, global_scale)
-        return self._run(a.data, a.scales.view(torch.uint8), gs, offsets, self._check_out(a, out))
+        return gs
 
     def _check_out(self, a, out):
         if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (a.data.shape[0], self.n)

@@ -51,7 +51,7 @@ def group_table(a, b, b2=None) -> list[int] | None:
         for t in (w, u) if x is None else (x, w, u):
             if not (t.data.is_contiguous() and t.scales.is_contiguous()) or t.global_scale.dtype != torch.float32:
                 return None
-        if (w.data.data_ptr() | u.data.data_ptr()) & 3:  # weight codes are read as 32-bit words
+        if not codes_readable(w.data.data_ptr(), u.data.data_ptr()):
             return None
         wg = w.global_scale.data_ptr()
         if x is None:  # no rows; A's global-scale address only has to be readable
@@ -61,6 +61,11 @@ def group_table(a, b, b2=None) -> list[int] | None:
         table += rows + [w.data.data_ptr(), w.scales.data_ptr(), u.data.data_ptr(), u.scales.data_ptr(), a_gs, wg,
                          u.global_scale.data_ptr()] + pad
     return table
+
+
+def codes_readable(*addresses: int) -> bool:
+    """Whether weight codes at these addresses can be read in place: the gather reads them as 32-bit words."""
+    return not any(a & 3 for a in addresses)
 
 
 def _kernel():
@@ -209,6 +214,7 @@ class Plan:
         self.header = [n, k, n_pad, self.kc_n, self.per, blocks, groups, self.units, self.a_progs, self.scales_at,
                        self.offsets_at, self.gs_b_at, self.gs_a_at] + [0] * (F - len(HEADER))
         self.grid = self.units + self.a_progs + 1
+        self.packed_shape = (self.ctas, self.kc_n, self.per, UNIT_BYTES)  # the packed weights (rows do not matter)
 
 
 def run(table: torch.Tensor, plan: Plan, *, swz_a: bool = False, swz_b: bool = False, post: float = 1.0):
@@ -216,7 +222,7 @@ def run(table: torch.Tensor, plan: Plan, *, swz_a: bool = False, swz_b: bool = F
     :data:`FIELDS`). Returns ``(packed [ctas, K_pad/64, per, 2304], small)``: the scratch buffer holding the
     activation codes and scales, offsets and global scales at the plan's ``*_at`` byte offsets."""
     dev = table.device
-    packed = torch.empty((plan.ctas, plan.kc_n, plan.per, UNIT_BYTES), dtype=torch.uint8, device=dev)
+    packed = torch.empty(plan.packed_shape, dtype=torch.uint8, device=dev)
     small = torch.empty(plan.small_bytes, dtype=torch.uint8, device=dev)
     stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0  # (0: Triton's interpreter)
     launch_plan(plan, table, packed, small, stream, swz_a=swz_a, swz_b=swz_b, post=post)

@@ -31,17 +31,16 @@ class _Buffers:
     codes and scales, offsets, global scales; doubled when a call has more rows), views of it per row count, and
     ``SLOTS`` pinned host tables with their device copies."""
 
-    def __init__(self, plan: "OneShot"):
-        rows0 = Plan(plan.groups, plan.n, plan.k, plan.n_pad, plan.k_pad, NWG, plan.blocks, plan.dual, 0)
-        self.packed = torch.empty((rows0.ctas, rows0.kc_n, rows0.per, 2304), dtype=torch.uint8, device=plan.device)
+    def __init__(self, plan: Plan, device):
+        self.packed = torch.empty(plan.packed_shape, dtype=torch.uint8, device=device)
         self.weights = self.packed.view(-1, ROW_BYTES)
-        self.small = torch.empty(0, dtype=torch.uint8, device=plan.device)
+        self.small = torch.empty(0, dtype=torch.uint8, device=device)
         self.views: dict = {}
-        self.width = F * (plan.groups + 1)
-        self.pinned = torch.empty((SLOTS, self.width), dtype=torch.int64, pin_memory=True)
-        self.host = self.pinned.numpy()
-        self.dev = torch.empty((SLOTS, self.width), dtype=torch.int64, device=plan.device)
-        self.slots = [(self.pinned[i], self.dev[i]) for i in range(SLOTS)]
+        width = F * (plan.groups + 1)
+        pinned = torch.empty((SLOTS, width), dtype=torch.int64, pin_memory=True)
+        dev = torch.empty((SLOTS, width), dtype=torch.int64, device=device)
+        self.host = pinned.numpy()
+        self.slots = [(pinned[i], dev[i]) for i in range(SLOTS)]
         self.events: list = [None] * SLOTS
         self.next = 0
 
@@ -118,7 +117,7 @@ class OneShot:
         stream = torch.cuda.current_stream(self.device)
         buf = self._buffers.get(stream)
         if buf is None:
-            buf = self._buffers[stream] = _Buffers(self)
+            buf = self._buffers[stream] = _Buffers(plan, self.device)
         small, (a_codes, a_scales, offsets, gs_a, gs_b) = buf.scratch(plan)
         launch_plan(plan, buf.table(plan.header, table, stream), buf.packed, small, stream.cuda_stream,
                     swz_a=swz_a, swz_b=swz_b, post=POST_SCALE)
