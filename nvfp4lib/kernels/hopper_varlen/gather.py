@@ -64,8 +64,8 @@ def group_table(a, b, b2=None) -> list[int] | None:
 
 
 def codes_readable(*addresses: int) -> bool:
-    """Whether weight codes at these addresses can be read in place: the gather reads them as 32-bit words."""
-    return not any(a & 3 for a in addresses)
+    """Whether weight codes at these addresses can be read in place: the gather reads them as 8-byte pairs."""
+    return not any(a & 7 for a in addresses)
 
 
 def _kernel():
@@ -98,54 +98,52 @@ def _kernel():
             mat = pid // per_mat
             unit = pid % per_mat
             rb = unit // kcp_n
-            kc = (unit % kcp_n) * KCU + tl.arange(0, KCU)  # the program's units along K
             if DUAL:
                 cta = rb // blocks
                 slot = mat * blocks + rb % blocks
             else:
                 cta = rb // per
                 slot = rb % per
-            dst = ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304  # byte offset of each unit
-            keep = kc < kc_n
             base = rows_t + (rb * 64 // n_pad) * 16 + 3 + 2 * mat  # one group per block: n_pad is a multiple of 64
-            cptr = tl.load(base).to(tl.pointer_type(tl.uint32))  # codes read as 32-bit words (group_table: aligned)
+            cptr = tl.load(base).to(tl.pointer_type(tl.uint64))  # codes read as 8-byte pairs (group_table: aligned)
             sptr = tl.load(base + 1).to(tl.pointer_type(tl.uint8))
-            # the block's 64 rows x KCU*8 code words as one tile, loaded row i = (w, hp, g) from source row
-            # 16w + 8(1-hp) + g; word 2j + h of a unit holds bytes c = 0..3, byte c holds K 16j + 2c + e (+8 for
-            # h = 1) in nibble e; output byte (w, g, c, j, e, hp), i.e. output word (w, g, c, j) of bytes (e, hp)
-            i = tl.arange(0, 64)
-            r = (rb * 64 + 16 * (i // 16) + 8 * (1 - (i // 8) % 2) + i % 8) % n_pad
-            kw = (kc * 8)[:, None] + tl.arange(0, 8)[None, :]
-            kw = tl.reshape(kw, (KCU * 8,))
-            tile = tl.load(cptr + r.to(tl.int64)[:, None] * (k // 8) + kw[None, :],
-                           mask=(r < n)[:, None] & (kw < k // 8)[None, :], other=0)
-            xw, yw = tl.split(tl.permute(tl.reshape(tile, (64, KCU, 4, 2)), (1, 0, 2, 3)))  # (u, i, j) for h = 0, 1
-            # per byte: e2m1 nibble x (h = 0) and y (h = 1) -> the kernel's byte, four bytes a word at once
-            x = xw & 0x0F0F0F0F
-            y = yw & 0x0F0F0F0F
-            lo = ((x & 0x07070707) << 1) | ((x & 0x08080808) << 4) | ((y & 0x08080808) >> 3) | ((y & 0x07070707) << 4)
-            x = (xw >> 4) & 0x0F0F0F0F
-            y = (yw >> 4) & 0x0F0F0F0F
-            hi = ((x & 0x07070707) << 1) | ((x & 0x08080808) << 4) | ((y & 0x08080808) >> 3) | ((y & 0x07070707) << 4)
-            l0, l1 = tl.split(tl.permute(tl.reshape(lo, (KCU, 4, 2, 8, 4)), (0, 1, 3, 4, 2)))  # (u, w, g, j) per hp
-            h0, h1 = tl.split(tl.permute(tl.reshape(hi, (KCU, 4, 2, 8, 4)), (0, 1, 3, 4, 2)))
-            cs = tl.reshape(8 * tl.arange(0, 4), (1, 1, 1, 4, 1)).to(tl.uint32)
-            word = ((tl.expand_dims(l0, 3) >> cs) & 255) | (((tl.expand_dims(l1, 3) >> cs) & 255) << 8) \
-                | (((tl.expand_dims(h0, 3) >> cs) & 255) << 16) | ((tl.expand_dims(h1, 3) >> cs) << 24)
-            wdst = packed.to(tl.pointer_type(tl.uint32)) + (dst // 4)[:, None] + tl.arange(0, 512)[None, :]
-            tl.store(wdst, tl.reshape(word, (KCU, 512)), mask=keep[:, None])
-            # scales: loaded row i = (w, h, g) is row 16w + 8h + g; output byte (w, g, j, h) of each unit
-            sr = (rb * 64 + i) % n_pad
-            sk = tl.reshape((kc * 4)[:, None] + tl.arange(0, 4)[None, :], (KCU * 4,))
-            srl = sr.to(tl.int64)[:, None]
-            if SWZ_B:  # 128x4 atoms, row-atom-major; inside one: (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
-                soff = ((srl // 128) * ((cols + 3) // 4) + sk[None, :] // 4) * 512 + (srl % 32) * 16 \
-                    + ((srl // 32) % 4) * 4 + sk[None, :] % 4
-            else:
-                soff = srl * cols + sk[None, :]
-            sv = tl.load(sptr + soff, mask=(sr < n)[:, None] & (sk < cols)[None, :], other=0)
-            sv = tl.reshape(tl.permute(tl.reshape(sv, (4, 2, 8, KCU, 4)), (3, 0, 2, 4, 1)), (KCU, 256))
-            tl.store(packed + (dst + 2048)[:, None] + tl.arange(0, 256)[None, :], sv, mask=keep[:, None])
+            # one output word per element, no tile and no layout change: word (w, g, c, j) of a unit holds bytes
+            # (e, hp); byte (e, hp) packs nibble e of byte c of words 2j (x) and 2j + 1 (y) of source row
+            # 16w + 8(1-hp) + g, i.e. byte c of both halves of the row's code pair j
+            q = tl.arange(0, 512)
+            j = q % 4
+            c = ((q // 4) % 4 * 8).to(tl.uint64)
+            rw = rb * 64 + 16 * (q // 128) + (q // 16) % 8
+            r0 = (rw + 8) % n_pad  # hp = 0
+            r1 = rw % n_pad  # hp = 1
+            # scales: output byte (w, g, j, h) of a unit is scale column j of row 16w + 8h + g
+            t = tl.arange(0, 256)
+            sr = (rb * 64 + 16 * (t // 64) + 8 * (t % 2) + (t // 8) % 8) % n_pad
+            sj = (t // 2) % 4
+            srl = sr.to(tl.int64)
+            for u in range(KCU):
+                kc = (unit % kcp_n) * KCU + u
+                if kc < kc_n:
+                    dst = ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304  # the unit's byte offset
+                    kp = kc * 4 + j  # code pair along K
+                    ok = kp < k // 16
+                    p0 = tl.load(cptr + r0.to(tl.int64) * (k // 16) + kp, mask=ok & (r0 < n), other=0) >> c
+                    p1 = tl.load(cptr + r1.to(tl.int64) * (k // 16) + kp, mask=ok & (r1 < n), other=0) >> c
+                    xs = ((p0 & 255) | ((p1 & 255) << 8)).to(tl.uint32)  # byte c of x, hp = 0 | 1
+                    ys = (((p0 >> 32) & 255) | (((p1 >> 32) & 255) << 8)).to(tl.uint32)
+                    x = (xs & 0x0F0F) | ((xs & 0xF0F0) << 12)  # nibbles to bytes (e, hp)
+                    y = (ys & 0x0F0F) | ((ys & 0xF0F0) << 12)
+                    word = ((x & 0x07070707) << 1) | ((x & 0x08080808) << 4) | ((y & 0x08080808) >> 3) \
+                        | ((y & 0x07070707) << 4)
+                    tl.store(packed.to(tl.pointer_type(tl.uint32)) + dst // 4 + q, word)
+                    sk = kc * 4 + sj
+                    if SWZ_B:  # 128x4 atoms, row-atom-major; inside one: (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
+                        soff = ((srl // 128) * ((cols + 3) // 4) + sk // 4) * 512 + (srl % 32) * 16 \
+                            + ((srl // 32) % 4) * 4 + sk % 4
+                    else:
+                        soff = srl * cols + sk
+                    sv = tl.load(sptr + soff, mask=(sr < n) & (sk < cols), other=0)
+                    tl.store(packed + dst + 2048 + t, sv)
         elif pid < units + a_progs:  # ---- ROWS packed activation rows
             a_codes = small
             a_scales = small + tl.load(table + 9)
