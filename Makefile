@@ -31,7 +31,7 @@ lint: env
 # On the GPU machine (sm_90): the GPU suite, a benchmark run of the default kernel and its peers, the serving path's
 # four call forms, and the tuning cache. Rows go to build/ unless RECORD=--record (then data/).
 # GPU_PY=python3 runs them with a Python that already has the project's dependencies (the GPU host: no network, so
-# no venv to build there). The GPU suite spreads over 8 processes where pytest-xdist is installed, each config's tests in
+# no venv to build there). The GPU suite spreads over GPU_WORKERS processes (16: one per core of the H100 host) where pytest-xdist is installed, each config's tests in
 # one process (compiling is most of its time); NVFP4LIB_GPU_FULL=1 widens it to every config x every problem x both input modes.
 RECORD ?=
 ITERS ?= 50
@@ -39,8 +39,9 @@ GPU_PY ?= $(BIN)/python
 GPU_ENV := $(if $(filter $(BIN)/python,$(GPU_PY)),env,)
 # GPU_TESTS picks part of the suite (one file, or a -k expression), for machines that limit a command's time
 GPU_TESTS ?= tests/gpu
+GPU_WORKERS ?= 16
 gpu-test: $(GPU_ENV)
-	$(GPU_PY) -m pytest -q $(GPU_TESTS) $$($(GPU_PY) -c "import xdist; print('-n 8 --dist loadgroup')" 2>/dev/null)
+	$(GPU_PY) -m pytest -q $(GPU_TESTS) $$($(GPU_PY) -c "import xdist; print('-n $(GPU_WORKERS) --dist loadgroup')" 2>/dev/null)
 
 bench: $(GPU_ENV)
 	$(GPU_PY) -m nvfp4lib bench --suite benchmark --suite dual --backend cute-hopper:graph=1 \

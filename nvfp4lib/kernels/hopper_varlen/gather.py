@@ -6,11 +6,12 @@ its two kernels. Here the host writes one small table — a header row of sizes,
 (:data:`FIELDS`, the callers' tensors read in place) — copies it to the device, and one launch of the gather does, by
 program id:
 
-- **weights** (programs ``0 .. units``): one 64-row × 64-K unit of the packed weights each (the layout of
-  :func:`nvfp4lib.kernels.hopper_rs.layout.prepack_weights`), from group g's own codes and scales, the unit's 64 × 32
-  code bytes loaded as one tile and permuted in registers (development runs on the H100, not recorded: S1's
-  one-shot GPU time 809 µs with one byte load per output, 598 µs with this tile; the recorded run at a29692e, with
-  four units per program, took 1231 µs — so one unit per program it is, unmeasured at this commit);
+- **weights** (programs ``0 .. units``): ``KCU`` 64-row × 64-K units of the packed weights each (the layout of
+  :func:`nvfp4lib.kernels.hopper_rs.layout.prepack_weights`), from group g's own codes and scales, one output word per
+  element from two 8-byte code-pair loads (no tile, no layout change in registers). GPU time of the weights alone
+  on the H100 (development runs, not recorded: median of 40, L2 flushed, a GPU sleep hiding the launch): S1 154 µs against 200 µs for the earlier 64 × 256-byte tile permuted in registers (whose Nsight Compute
+  profile showed L1 at 91% of its throughput and 144 registers, 19% occupancy), S2 82 vs 111, S1-dual 300 vs 390;
+  vectorising each row's four words (32-byte loads, 16-byte stores) was slower (163–320 µs on S1);
 - **activation rows**: the groups' rows copied into one packed ``[T, K/2]`` codes and ``[T, K/16]`` scales pair
   (the prologue's input), row r of the packed form belonging to the group whose offsets bracket it;
 - **the small things** (last program): the offsets ``[G+1]`` (prefix sums of the groups' rows), A's global scales
@@ -19,7 +20,8 @@ program id:
 Scales are read row-major (``[rows, K/16]``, the NVFP4Tensor form) or, with ``SWZ_*``, in the 128×4 blocked layout
 of :func:`nvfp4lib.formats.swizzle_scales` (the harness's reordered scales, read without unswizzling). The kernel
 takes three pointers and compile-time flags only (sizes are in the header): after the first call it is launched
-through its compiled launcher directly, skipping Triton's per-call argument binding (~50 µs of host time).
+through its compiled launcher directly, skipping Triton's per-call argument binding (Triton 3.6 keeps an empty
+hook chain where no launch hook is set; taking that for a hook had sent every call through the binding).
 """
 from __future__ import annotations
 
@@ -243,7 +245,8 @@ def _launch(grid: int, device, stream: int, args, consts) -> None:
 
     key = (device, consts, WARPS)
     ck = _LAUNCHERS.get(key)
-    if ck is None or knobs.runtime.launch_enter_hook is not None:
+    hook = knobs.runtime.launch_enter_hook  # (Triton 3.6: an empty HookChain, not None, where no hook is set)
+    if ck is None or (hook is not None and getattr(hook, "calls", True)):
         kernel = _kernel()
         names = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")
         ck = kernel[(grid,)](*args, **dict(zip(names, consts)), num_warps=WARPS)
