@@ -31,8 +31,9 @@ lint: env
 # On the GPU machine (sm_90): the GPU suite, a benchmark run of the default kernel and its peers, the serving path's
 # four call forms, and the tuning cache. Rows go to build/ unless RECORD=--record (then data/).
 # GPU_PY=python3 runs them with a Python that already has the project's dependencies (the GPU host: no network, so
-# no venv to build there). The GPU suite spreads over GPU_WORKERS processes (16: one per core of the H100 host) where pytest-xdist is installed, each config's tests in
-# one process (compiling is most of its time); NVFP4LIB_GPU_FULL=1 widens it to every config x every problem x both input modes.
+# no venv to build there). The GPU suite spreads over GPU_WORKERS processes (16: one per core of the H100 host)
+# where pytest-xdist is installed, each config's tests in one process (compiling is most of its time);
+# NVFP4LIB_GPU_FULL=1 widens it to every config x every problem x both input modes.
 RECORD ?=
 ITERS ?= 50
 GPU_PY ?= $(BIN)/python

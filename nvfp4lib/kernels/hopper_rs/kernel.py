@@ -50,7 +50,8 @@ from .config import (  # noqa: F401  (hopper_rs.X: the names the study and the t
     validate,
     xfer_bytes,
 )
-from .layout import UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS
+from .layout import UNIT_BYTES, UNIT_K
+from .mainloop import tile_class
 from .ops import (  # noqa: F401
     ACT_SMEM,
     ACT_THREADS,
@@ -70,16 +71,10 @@ def _kernel_classes():
     import cutlass
     import cutlass.cute as cute
     import cutlass.pipeline as pipeline
-    import cutlass.utils as utils
-    import cutlass.utils.hopper_helpers as sm90_utils
-    from cutlass.cute.nvgpu import warpgroup
-
-    o = ops()
-    load_unit, decode_unit, copy16, _silu_mul = o.load_unit, o.decode_unit, o.copy16, o._silu_mul
 
     ActivationPrologueSm90 = prologue_class()
 
-    class GroupedNvfp4GemmSm90RS:
+    class GroupedNvfp4GemmSm90RS(tile_class()):
         """Swap-AB: weights (register A, decoded per thread) × tokens (smem B, fp16) -> Cᵀ tiles.
 
         Every tile row carries its token count class: the CTA runs the variant of the kernel whose wgmma N is the
@@ -98,11 +93,7 @@ def _kernel_classes():
             self.stage_units = stage_units(cfg)
             self.w_rows = self.stage_units * UNIT_BYTES // ROW_BYTES  # 128-byte rows per stage
             self.rows_per_cta = cfg.tile_m
-
-        def _sx_layout(self, rows: int):
-            """The fp16 activation ring (nsub·stages slots) for ``rows`` tokens: K-major, 128-byte swizzle."""
-            return sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (UNIT_ROWS, rows, UNIT_K),
-                                                 cutlass.Float16, self.nsub * self.stages)
+            self.a16, self.op_dtype = False, cutlass.Float16  # fp16 activations from the prologue
 
         @cute.jit
         def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mC: cute.Tensor, mTiles: cute.Tensor,
@@ -191,207 +182,17 @@ def _kernel_classes():
                                                         cute.zipped_divide(sX, (self.step, UNIT_K)),
                                                         cute.zipped_divide(tX, (self.step, UNIT_K)))
             loads = (tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, tok_row0 // self.step, k_tile0 * self.nsub, boxes)
-            self._mma_warpgroups(nv, storage, load_pipe, loads, sXv, mC, mAlpha, group, out_row0, tok_valid, n0,
-                                 n_valid, k_tiles)
+            self._mainloop(nv, storage, load_pipe, loads, sXv, mC, (mAlpha, group), out_row0, tok_valid, n0, n_valid,
+                           k_tiles)
 
         @cute.jit
-        def _mma_warpgroups(self, nv: int, storage, load_pipe, loads, sXv, mC, mAlpha, group, out_row0, tok_valid,
-                            n0, n_valid, k_tiles):
-            """Warpgroups 0 and 1: decode their weights into registers, wgmma against the ring, the epilogue; warp 0
-            also issues the loads."""
-            tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs = self._mma_setup(nv, sXv)
-            sw_base = storage.sw.data_ptr().toint()
+        def _x_box(self, loads, j, prod, s: int):
+            """Box j of 64-K block s of stage ``prod``: the tile's first box row and K block come from the table."""
+            return (loads[7] + j, loads[8] + prod.count * self.nsub + s)
 
-            prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-
-            # first stages: the weights (independent of the prologue) before waiting for the prologue's grid, then
-            # their activations; every thread waits before it can read what the prologue wrote
-            first = cutlass.min(self.stages, k_tiles)
-            if warp_idx == 0:
-                for _ in cutlass.range(first, unroll=1):
-                    load_pipe.producer_acquire(prod)
-                    self._issue_w(load_pipe, prod, loads)
-                    prod.advance()
-            cute.arch.griddepcontrol_wait()
-            if warp_idx == 0:
-                early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                for _ in cutlass.range(first, unroll=1):
-                    self._issue_x(load_pipe, early, loads)
-                    early.advance()
-
-            for kt in cutlass.range(k_tiles, unroll=1):
-                load_pipe.consumer_wait(cons)
-                loaded = self._load_units(sw_base, cons.index, wg, t)
-                for s in cutlass.range_constexpr(self.nsub):
-                    self._decode_mma(s, loaded, tiled_mma, rA, rA32, accs, tCrB, cons.index)
-                    if cutlass.const_expr(s == 0):
-                        # the previous stage's last wgmma group is done: hand its buffers back, and refill them if
-                        # the other warpgroup has too. Warp 0 must not wait for it here: wgmma is warpgroup-wide, so
-                        # a blocked warp 0 would stall all of warpgroup 0; if the slot is not free yet, warp 0
-                        # refills it at the end of this stage instead.
-                        if kt > 0:
-                            load_pipe.consumer_release(rel)
-                            rel.advance()
-                            if warp_idx == 0:
-                                if prod.count < k_tiles:
-                                    if load_pipe.producer_try_acquire(prod):
-                                        self._issue(load_pipe, prod, loads, acquired=True)
-                                        prod.advance()
-                if warp_idx == 0:
-                    if kt > 0:
-                        if prod.count < cutlass.min(k_tiles, kt - 1 + self.stages):
-                            self._issue(load_pipe, prod, loads)
-                            prod.advance()
-                cons.advance()
-            warpgroup.wait_group(0)
-            self._epilogue(nv, accs, tCcC, storage, mC, (mAlpha[group, 0], mAlpha[group, 1]), out_row0, tok_valid,
-                           n0, n_valid, wg, t)
-
-        @cute.jit
-        def _mma_setup(self, nv: int, sXv):
-            """This thread's indices (in the CTA, its warp, its warpgroup, in the warpgroup) and the wgmma of N = ``nv``
-            tokens for it: the tiled MMA, the B fragments over the ring, two register sets of A fragments (sub-blocks
-            alternate; one fragment per block), the C coordinates and the zeroed accumulators."""
-            tidx, _, _ = cute.arch.thread_idx()
-            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            wg = cute.arch.make_warp_uniform(tidx // 128)
-            t = tidx % 128
-            tiled_mma = sm90_utils.make_trivial_tiled_mma(
-                cutlass.Float16, cutlass.Float16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-                cutlass.Float32, (1, 1, 1), (UNIT_ROWS, nv), warpgroup.OperandSource.RMEM)
-            thr_mma = tiled_mma.get_slice(t)
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sXv))
-            a_shape = thr_mma.partition_shape_A((UNIT_ROWS, UNIT_K))
-            rA = [[tiled_mma.make_fragment_A(a_shape) for _ in range(self.blocks)] for _ in range(2)]
-            rA32 = [[cute.recast_tensor(r, cutlass.Uint32) for r in rs] for rs in rA]
-            tCcC = thr_mma.partition_C(cute.make_identity_tensor((UNIT_ROWS, nv)))
-            accs = [cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) for _ in range(self.blocks)]
-            for acc in accs:
-                acc.fill(0.0)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            return tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs
-
-        @cute.jit
-        def _load_units(self, sw_base, stage, wg, t):
-            """This thread's code and scale words of every unit of weight stage ``stage``: unit (sub, wg, block) at
-            ((sub·NWG + wg)·blocks + block)·UNIT_BYTES."""
-            wg_off = wg * self.blocks * UNIT_BYTES
-            code_off = wg_off + 16 * t
-            scale_off = wg_off + UNIT_CODE_BYTES + 8 * (8 * (t // 32) + (t % 32) // 4)
-            stage_base = sw_base + stage * (self.stage_units * UNIT_BYTES)
-            units = [((i // self.blocks) * NWG * self.blocks + i % self.blocks) * UNIT_BYTES
-                     for i in range(self.nsub * self.blocks)]
-            return [load_unit(stage_base + u + code_off, stage_base + u + scale_off) for u in units]
-
-        @cute.jit
-        def _decode_mma(self, s: int, loaded, tiled_mma, rA, rA32, accs, tCrB, slot):
-            """Sub-block ``s``: decode its weights into register set s % 2, issue its wgmma against ring slot ``slot``,
-            commit, and wait until only this group is in flight."""
-            for b in cutlass.range_constexpr(self.blocks):
-                regs = decode_unit(loaded[s * self.blocks + b])
-                for q in cutlass.range_constexpr(16):
-                    rA32[s % 2][b][q] = regs[q]
-            warpgroup.fence()
-            for b in cutlass.range_constexpr(self.blocks):
-                for kb in cutlass.range_constexpr(UNIT_K // 16):
-                    cute.gemm(tiled_mma, accs[b], rA[s % 2][b][None, None, kb],
-                              tCrB[None, None, kb, slot * self.nsub + s], accs[b])
-            warpgroup.commit_group()
-            warpgroup.wait_group(1)
-
-        @cute.jit
-        def _issue(self, pipe, prod, loads, acquired: bool = False):
-            """Acquire stage ``prod`` (its barrier then expects the whole stage; ``acquired``: a try_acquire already
-            saw it free) and load it."""
-            pipe.producer_acquire(prod, cutlass.Boolean(True) if acquired else None)
-            self._issue_w(pipe, prod, loads)
-            self._issue_x(pipe, prod, loads)
-
-        @cute.jit
-        def _issue_w(self, pipe, prod, loads):
-            """The weights of stage ``prod``: the next stage tile of this CTA block."""
-            tma_w, tWs, tWg, w_tile0 = loads[:4]
-            cute.copy(tma_w, tWg[None, w_tile0 + prod.count], tWs[None, prod.index],
-                      tma_bar_ptr=pipe.producer_get_barrier(prod))
-
-        @cute.jit
-        def _issue_x(self, pipe, prod, loads):
-            tma_x, tXs, tXg, x_blk0, x_sub0, boxes = loads[4:]
-            bar = pipe.producer_get_barrier(prod)
-            for s in cutlass.range_constexpr(self.nsub):
-                for j in cutlass.range_constexpr(boxes):
-                    cute.copy(tma_x, tXg[None, (x_blk0 + j, x_sub0 + prod.count * self.nsub + s)],
-                              tXs[None, (j, 0, prod.index * self.nsub + s)], tma_bar_ptr=bar)
-
-        @cute.jit
-        def _epilogue(self, nv: int, accs, tCcC, storage, mC, alpha, out_row0, tok_valid, n0, n_valid, wg, t):
-            """Cᵀ tiles -> C: element (weight row m of block b, token n) to C[out_row0 + n, n0 + col].
-
-            epilogue="simt": each element stored by its thread (2-byte stores, 4 token rows per warp store);
-            "staged": the tile is written to shared memory as C rows, then copied out in 16-byte row chunks."""
-            size = cute.size(accs[0])
-            staged = self.cfg.epilogue == "staged"
-            bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
-            bar.arrive_and_wait()  # every wgmma of both warpgroups has read its operands: the buffers are free
-            sx = storage.sx.data_ptr()
-            cols = self.cfg.tile_m  # output columns of the tile (dual: the rows of gate = the rows of up)
-            ld = cols + STAGE_PAD
-            stage_ptr = cute.recast_ptr(sx + xfer_bytes(self.cfg) // 2, dtype=mC.element_type)
-            sC = cute.make_tensor(stage_ptr, cute.make_layout((self.bt, ld), stride=(ld, 1)))
-            if cutlass.const_expr(self.dual):
-                # the two warpgroups hold gate and up of the same elements: each hands the other half of its
-                # accumulators over in shared memory, then computes silu(gate)·up for its own half
-                xfer = cute.make_tensor(cute.recast_ptr(sx, dtype=cutlass.Float32),
-                                        cute.make_layout((size * self.blocks, 128), stride=(128, 1)))
-                half = size // 2
-                if wg == 1:
-                    for b in cutlass.range_constexpr(self.blocks):
-                        for i in cutlass.range_constexpr(half):
-                            xfer[b * size + i, t] = accs[b][i]
-                else:
-                    for b in cutlass.range_constexpr(self.blocks):
-                        for i in cutlass.range_constexpr(half, size):
-                            xfer[b * size + i, t] = accs[b][i]
-                bar.arrive_and_wait()
-                a_gate, a_up = alpha
-                if wg == 0:
-                    for b in cutlass.range_constexpr(self.blocks):
-                        for i in cutlass.range_constexpr(half):
-                            self._put(staged, sC, mC, _silu_mul(accs[b][i] * a_gate, xfer[b * size + i, t] * a_up),
-                                      tCcC[i], b * UNIT_ROWS, out_row0, tok_valid, n0, n_valid)
-                else:
-                    for b in cutlass.range_constexpr(self.blocks):
-                        for i in cutlass.range_constexpr(half, size):
-                            self._put(staged, sC, mC, _silu_mul(xfer[b * size + i, t] * a_gate, accs[b][i] * a_up),
-                                      tCcC[i], b * UNIT_ROWS, out_row0, tok_valid, n0, n_valid)
-            else:
-                for b in cutlass.range_constexpr(self.blocks):
-                    for i in cutlass.range_constexpr(size):
-                        self._put(staged, sC, mC, accs[b][i] * alpha[0], tCcC[i], (wg * self.blocks + b) * UNIT_ROWS,
-                                  out_row0, tok_valid, n0, n_valid)
-            if cutlass.const_expr(staged):
-                bar.arrive_and_wait()
-                tidx, _, _ = cute.arch.thread_idx()
-                per_row = cols // 8  # 16-byte chunks per token row
-                total = nv * per_row
-                for r in cutlass.range_constexpr(-(-total // self.threads)):
-                    q = tidx + self.threads * r
-                    n = q // per_row
-                    c8 = (q - n * per_row) * 8
-                    if q < total and n < tok_valid and c8 < n_valid:
-                        copy16((sC.iterator + n * ld + c8).toint(),
-                               (mC.iterator + (out_row0 + n) * mC.stride[0] + n0 + c8).toint())
-
-        @cute.jit
-        def _put(self, staged: bool, sC, mC, v, coord, col0, out_row0, tok_valid, n0, n_valid):
-            """Element (m, n) of a block starting at tile column col0: to the staging tile, or straight to C."""
-            m, n = coord
-            if cutlass.const_expr(staged):
-                sC[n, col0 + m] = v.to(mC.element_type)
-            elif n < tok_valid and col0 + m < n_valid:
-                mC[out_row0 + n, n0 + col0 + m] = v.to(mC.element_type)
+        def _alpha(self, mAlpha, group):
+            """The group's epilogue factors (gate, up), written by the prologue."""
+            return mAlpha[group, 0], mAlpha[group, 1]
 
     _CLASSES = (ActivationPrologueSm90, GroupedNvfp4GemmSm90RS)
     return _CLASSES

@@ -27,9 +27,10 @@ weights' ``gs_B·2^14`` alone (the ``gs_A`` argument is not read).
 """
 from __future__ import annotations
 
-from ..hopper_rs.layout import UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS
+from ..hopper_rs.layout import UNIT_BYTES, UNIT_K
+from ..hopper_rs.mainloop import tile_class
 from ..hopper_rs.ops import ACT_SMEM, ACT_THREADS, ops
-from .config import NWG, ROW_BYTES, STAGE_PAD, VarlenConfig, validate, xfer_bytes
+from .config import NWG, ROW_BYTES, VarlenConfig, validate
 
 _CLASSES = None
 
@@ -47,14 +48,9 @@ def _build():
     import cutlass
     import cutlass.cute as cute
     import cutlass.pipeline as pipeline
-    import cutlass.utils as utils
-    import cutlass.utils.hopper_helpers as sm90_utils
-    from cutlass.cute.nvgpu import warpgroup
 
     o = ops()
-    load_unit, decode_unit, copy16, decode_act16, zero32, _silu_mul = (
-        o.load_unit, o.decode_unit, o.copy16, o.decode_act16, o.zero32, o._silu_mul)
-    decode_unit_a16 = o.decode_unit_a16
+    decode_act16, zero32 = o.decode_act16, o.zero32
 
     class ActivationDecodeSm90:
         """``mCodes`` uint8 [T, K/2], ``mScales`` E4M3 bytes [T, K/16] (row-major, the caller's tensors), ``mX``
@@ -85,7 +81,7 @@ def _build():
                 else:
                     zero32(dst)  # a zero operand: the weights' padding is zero too, but 0 × NaN is not
 
-    class GroupedVarlenGemmSm90:
+    class GroupedVarlenGemmSm90(tile_class()):
         """Swap-AB: weights (register A, decoded per thread) × tokens (smem B, fp16; bf16 with ``act="bf16"``) -> Cᵀ
         tiles, one per CTA, each found from the group offsets on the device. ``groups``, ``n`` (columns of C) and
         ``k_pad`` are those of the prepared weights and fixed per compile."""
@@ -105,11 +101,6 @@ def _build():
             self.w_rows = self.stage_units * UNIT_BYTES // ROW_BYTES  # 128-byte rows per stage
             self.a16 = cfg.act == "bf16"  # bf16 activations as they are, weights decoded to bf16
             self.op_dtype = cutlass.BFloat16 if self.a16 else cutlass.Float16
-
-        def _sx_layout(self, rows: int):
-            """The activation ring (nsub·stages slots) for ``rows`` tokens: K-major, 128-byte swizzle."""
-            return sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (UNIT_ROWS, rows, UNIT_K),
-                                                 self.op_dtype, self.nsub * self.stages)
 
         @cute.jit
         def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mC: cute.Tensor, mOffsets: cute.Tensor,
@@ -214,55 +205,8 @@ def _build():
                 tma_x, 0, cute.make_layout(1), cute.zipped_divide(sX, (self.step, UNIT_K)),
                 cute.zipped_divide(cute.domain_offset((tok_row0, 0), tX), (self.step, UNIT_K)))
             loads = (tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, boxes)
-            self._mainloop(nv, storage, load_pipe, loads, sXv, mC, scales, tok_row0, tokens, n0, n_valid)
-
-        @cute.jit
-        def _mainloop(self, nv: int, storage, load_pipe, loads, sXv, mC, scales, tok_row0, tokens, n0, n_valid):
-            """Both warpgroups decode their weights into registers and run wgmma against the ring; warp 0 also
-            issues the loads: the first stages' weights before waiting for the prologue, then their activations."""
-            tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs = self._mma_setup(nv, sXv)
-            sw_base = storage.sw.data_ptr().toint()
-            k_tiles = self.k_tiles
-            prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-            cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
-            first = min(self.stages, k_tiles)
-            if warp_idx == 0:
-                for _ in cutlass.range(first, unroll=1):
-                    load_pipe.producer_acquire(prod)
-                    self._issue_w(load_pipe, prod, loads)
-                    prod.advance()
-            cute.arch.griddepcontrol_wait()  # x16 is the prologue's (bf16: the activations, the previous kernel's)
-            if warp_idx == 0:
-                early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                for _ in cutlass.range(first, unroll=1):
-                    self._issue_x(load_pipe, early, loads)
-                    early.advance()
-            for kt in cutlass.range(k_tiles, unroll=1):
-                load_pipe.consumer_wait(cons)
-                loaded = self._load_units(sw_base, cons.index, wg, t)
-                for s in cutlass.range_constexpr(self.nsub):
-                    self._decode_mma(s, loaded, tiled_mma, rA, rA32, accs, tCrB, cons.index)
-                    if cutlass.const_expr(s == 0):
-                        # the previous stage's last wgmma group is done: hand its buffers back and refill them if the
-                        # other warpgroup has too. Warp 0 must not wait here (wgmma is warpgroup-wide: a blocked
-                        # warp 0 stalls warpgroup 0); if the slot is not free yet it refills it after this stage.
-                        if kt > 0:
-                            load_pipe.consumer_release(rel)
-                            rel.advance()
-                            if warp_idx == 0:
-                                if prod.count < k_tiles:
-                                    if load_pipe.producer_try_acquire(prod):
-                                        self._issue(load_pipe, prod, loads, acquired=True)
-                                        prod.advance()
-                if warp_idx == 0:
-                    if kt > 0:
-                        if prod.count < cutlass.min(k_tiles, kt - 1 + self.stages):
-                            self._issue(load_pipe, prod, loads)
-                            prod.advance()
-                cons.advance()
-            warpgroup.wait_group(0)
-            self._epilogue(nv, accs, tCcC, storage, mC, self._alpha(*scales), tok_row0, tokens, n0, n_valid, wg, t)
+            self._mainloop(nv, storage, load_pipe, loads, sXv, mC, scales, tok_row0, tokens, n0, n_valid,
+                           self.k_tiles)
 
         @cute.jit
         def _alpha(self, mGsA, mGsB, group):
@@ -276,147 +220,8 @@ def _build():
             return gs * mGsB[group, 0], gs * mGsB[group, 1]
 
         @cute.jit
-        def _mma_setup(self, nv: int, sXv):
-            """This thread's indices and the wgmma of N = ``nv`` tokens for it: the tiled MMA, the B fragments over
-            the ring, two register sets of A fragments (sub-blocks alternate), the C coordinates, zeroed
-            accumulators."""
-            tidx, _, _ = cute.arch.thread_idx()
-            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            wg = cute.arch.make_warp_uniform(tidx // 128)
-            t = tidx % 128
-            tiled_mma = sm90_utils.make_trivial_tiled_mma(
-                self.op_dtype, self.op_dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
-                cutlass.Float32, (1, 1, 1), (UNIT_ROWS, nv), warpgroup.OperandSource.RMEM)
-            thr_mma = tiled_mma.get_slice(t)
-            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sXv))
-            a_shape = thr_mma.partition_shape_A((UNIT_ROWS, UNIT_K))
-            rA = [[tiled_mma.make_fragment_A(a_shape) for _ in range(self.blocks)] for _ in range(2)]
-            rA32 = [[cute.recast_tensor(r, cutlass.Uint32) for r in rs] for rs in rA]
-            tCcC = thr_mma.partition_C(cute.make_identity_tensor((UNIT_ROWS, nv)))
-            accs = [cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) for _ in range(self.blocks)]
-            for acc in accs:
-                acc.fill(0.0)
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            return tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs
-
-        @cute.jit
-        def _load_units(self, sw_base, stage, wg, t):
-            """This thread's code and scale words of every unit of weight stage ``stage``: unit (sub, wg, block) at
-            ((sub·NWG + wg)·blocks + block)·UNIT_BYTES."""
-            wg_off = wg * self.blocks * UNIT_BYTES
-            code_off = wg_off + 16 * t
-            scale_off = wg_off + UNIT_CODE_BYTES + 8 * (8 * (t // 32) + (t % 32) // 4)
-            stage_base = sw_base + stage * (self.stage_units * UNIT_BYTES)
-            units = [((i // self.blocks) * NWG * self.blocks + i % self.blocks) * UNIT_BYTES
-                     for i in range(self.nsub * self.blocks)]
-            return [load_unit(stage_base + u + code_off, stage_base + u + scale_off) for u in units]
-
-        @cute.jit
-        def _decode_mma(self, s: int, loaded, tiled_mma, rA, rA32, accs, tCrB, slot):
-            """Sub-block ``s``: decode its weights into register set s % 2, issue its wgmma against ring slot
-            ``slot``, commit, and wait until only this group is in flight."""
-            for b in cutlass.range_constexpr(self.blocks):
-                if cutlass.const_expr(self.a16):
-                    regs = decode_unit_a16(loaded[s * self.blocks + b])
-                else:
-                    regs = decode_unit(loaded[s * self.blocks + b])
-                for q in cutlass.range_constexpr(16):
-                    rA32[s % 2][b][q] = regs[q]
-            warpgroup.fence()
-            for b in cutlass.range_constexpr(self.blocks):
-                for kb in cutlass.range_constexpr(UNIT_K // 16):
-                    cute.gemm(tiled_mma, accs[b], rA[s % 2][b][None, None, kb],
-                              tCrB[None, None, kb, slot * self.nsub + s], accs[b])
-            warpgroup.commit_group()
-            warpgroup.wait_group(1)
-
-        @cute.jit
-        def _issue(self, pipe, prod, loads, acquired: bool = False):
-            """Acquire stage ``prod`` (``acquired``: a try_acquire already saw it free) and load it."""
-            pipe.producer_acquire(prod, cutlass.Boolean(True) if acquired else None)
-            self._issue_w(pipe, prod, loads)
-            self._issue_x(pipe, prod, loads)
-
-        @cute.jit
-        def _issue_w(self, pipe, prod, loads):
-            tma_w, tWs, tWg, w_tile0 = loads[:4]
-            cute.copy(tma_w, tWg[None, w_tile0 + prod.count], tWs[None, prod.index],
-                      tma_bar_ptr=pipe.producer_get_barrier(prod))
-
-        @cute.jit
-        def _issue_x(self, pipe, prod, loads):
-            tma_x, tXs, tXg, boxes = loads[4:]
-            bar = pipe.producer_get_barrier(prod)
-            for s in cutlass.range_constexpr(self.nsub):
-                for j in cutlass.range_constexpr(boxes):
-                    cute.copy(tma_x, tXg[None, (j, prod.count * self.nsub + s)],
-                              tXs[None, (j, 0, prod.index * self.nsub + s)], tma_bar_ptr=bar)
-
-        @cute.jit
-        def _epilogue(self, nv: int, accs, tCcC, storage, mC, alpha, row0, tokens, n0, n_valid, wg, t):
-            """Cᵀ tiles -> C: element (weight row m of block b, token n) to C[row0 + n, n0 + col]; per element
-            ("simt"), or through shared memory as C rows copied out in 16-byte row chunks ("staged")."""
-            size = cute.size(accs[0])
-            staged = self.cfg.epilogue == "staged"
-            bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
-            bar.arrive_and_wait()  # every wgmma of both warpgroups has read its operands: the ring is free
-            sx = storage.sx.data_ptr()
-            cols = self.cfg.tile_m
-            ld = cols + STAGE_PAD
-            sC = cute.make_tensor(cute.recast_ptr(sx + xfer_bytes(self.cfg) // 2, dtype=mC.element_type),
-                                  cute.make_layout((self.bt, ld), stride=(ld, 1)))
-            put = (sC, mC, row0, tokens, n0, n_valid)
-            if cutlass.const_expr(self.dual):
-                # the warpgroups hold gate and up of the same elements: each hands the other half of its accumulators
-                # over in shared memory, then computes silu(gate)·up for its own half
-                xfer = cute.make_tensor(cute.recast_ptr(sx, dtype=cutlass.Float32),
-                                        cute.make_layout((size * self.blocks, 128), stride=(128, 1)))
-                half = size // 2
-                if wg == 1:
-                    for b in cutlass.range_constexpr(self.blocks):
-                        for i in cutlass.range_constexpr(half):
-                            xfer[b * size + i, t] = accs[b][i]
-                else:
-                    for b in cutlass.range_constexpr(self.blocks):
-                        for i in cutlass.range_constexpr(half, size):
-                            xfer[b * size + i, t] = accs[b][i]
-                bar.arrive_and_wait()
-                a_gate, a_up = alpha
-                if wg == 0:
-                    for b in cutlass.range_constexpr(self.blocks):
-                        for i in cutlass.range_constexpr(half):
-                            self._put(staged, put, _silu_mul(accs[b][i] * a_gate, xfer[b * size + i, t] * a_up),
-                                      tCcC[i], b * UNIT_ROWS)
-                else:
-                    for b in cutlass.range_constexpr(self.blocks):
-                        for i in cutlass.range_constexpr(half, size):
-                            self._put(staged, put, _silu_mul(xfer[b * size + i, t] * a_gate, accs[b][i] * a_up),
-                                      tCcC[i], b * UNIT_ROWS)
-            else:
-                for b in cutlass.range_constexpr(self.blocks):
-                    for i in cutlass.range_constexpr(size):
-                        self._put(staged, put, accs[b][i] * alpha[0], tCcC[i], (wg * self.blocks + b) * UNIT_ROWS)
-            if cutlass.const_expr(staged):
-                bar.arrive_and_wait()
-                tidx, _, _ = cute.arch.thread_idx()
-                per_row = cols // 8  # 16-byte chunks per token row
-                total = nv * per_row
-                for r in cutlass.range_constexpr(-(-total // self.threads)):
-                    q = tidx + self.threads * r
-                    n = q // per_row
-                    c8 = (q - n * per_row) * 8
-                    if q < total and n < tokens and c8 < n_valid:
-                        copy16((sC.iterator + n * ld + c8).toint(),
-                               (mC.iterator + (row0 + n) * mC.stride[0] + n0 + c8).toint())
-
-        @cute.jit
-        def _put(self, staged: bool, put, v, coord, col0):
-            """Element (m, n) of a block starting at tile column col0: to the staging tile, or straight to C."""
-            sC, mC, row0, tokens, n0, n_valid = put
-            m, n = coord
-            if cutlass.const_expr(staged):
-                sC[n, col0 + m] = v.to(mC.element_type)
-            elif n < tokens and col0 + m < n_valid:
-                mC[row0 + n, n0 + col0 + m] = v.to(mC.element_type)
+        def _x_box(self, loads, j, prod, s: int):
+            """Box j of 64-K block s of stage ``prod`` (the partition starts at the tile's first token row)."""
+            return (j, prod.count * self.nsub + s)
 
     return ActivationDecodeSm90, GroupedVarlenGemmSm90

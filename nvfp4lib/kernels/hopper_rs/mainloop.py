@@ -1,0 +1,260 @@
+"""The register-decode tile shared by both swap-AB kernels (sm_90a, CuTe DSL), by stage.
+
+Once a CTA knows its tile — from a host-built table (:mod:`.kernel`) or from the group offsets on the device
+(:mod:`..hopper_varlen.kernel`) — both kernels run the same code, built here on first use as a base class
+(:func:`tile_class`):
+
+- **producer** (:meth:`_issue`, :meth:`_issue_w`, :meth:`_issue_x`): warp 0's TMA loads of a stage, weights (one
+  prepacked box) and activation boxes of ``step`` rows;
+- **decode and MMA** (:meth:`_mma_setup`, :meth:`_load_units`, :meth:`_decode_mma`): each thread's code and scale
+  words from shared memory decoded into wgmma's register A operand (fp16, or bf16 with ``a16``), 4 wgmma per 64-K
+  unit against the activation ring;
+- **mainloop** (:meth:`_mainloop`): the ``ab_stages``-deep mbarrier pipeline that ties them together;
+- **epilogue and store** (:meth:`_epilogue`, :meth:`_put`): fp32 × the tile's factors, per element or staged through
+  shared memory as C rows; dual: silu(gate)·up split over the two warpgroups.
+
+A subclass sets, in ``__init__``: ``cfg``, ``bt``, ``step``, ``nsub``, ``blocks``, ``stages``, ``dual``,
+``threads``, ``stage_units``, ``op_dtype``, ``a16``; and defines ``_x_box(loads, j, prod, s)`` (the activation box's
+coordinates in its TMA partition) and ``_alpha(*scales)`` (the epilogue factors (gate, up)). ``loads`` is
+``(tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, ..., boxes)``.
+"""
+from __future__ import annotations
+
+from .config import NWG, STAGE_PAD, xfer_bytes
+from .layout import UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS
+from .ops import ops
+
+_CLASS = None
+
+
+def _min_stages(stages: int, k_tiles):
+    """The stages to fill first: a Python int for a compile-time K, an Int32 for the tile table's."""
+    if isinstance(k_tiles, int):
+        return min(stages, k_tiles)
+    import cutlass
+
+    return cutlass.min(stages, k_tiles)
+
+
+def tile_class():
+    """The base class ``RegisterDecodeTile``, built on first use (importing nvfp4lib never imports cutlass)."""
+    global _CLASS
+    if _CLASS is None:
+        _CLASS = _build()
+    return _CLASS
+
+
+def _build():
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.pipeline as pipeline
+    import cutlass.utils as utils
+    import cutlass.utils.hopper_helpers as sm90_utils
+    from cutlass.cute.nvgpu import warpgroup
+
+    o = ops()
+    load_unit, decode_unit, decode_unit_a16, copy16, _silu_mul = (
+        o.load_unit, o.decode_unit, o.decode_unit_a16, o.copy16, o._silu_mul)
+
+    class RegisterDecodeTile:
+        """One swap-AB output tile: weights (register A, decoded per thread) × tokens (smem B) -> Cᵀ."""
+
+        def _sx_layout(self, rows: int):
+            """The activation ring (nsub·stages slots) for ``rows`` tokens: K-major, 128-byte swizzle."""
+            return sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (UNIT_ROWS, rows, UNIT_K),
+                                                 self.op_dtype, self.nsub * self.stages)
+
+        @cute.jit
+        def _mainloop(self, nv: int, storage, load_pipe, loads, sXv, mC, scales, row0, tokens, n0, n_valid, k_tiles):
+            """Both warpgroups decode their weights into registers and run wgmma against the ring; warp 0 also
+            issues the loads: the first stages' weights before waiting for the prologue (the previous kernel, with
+            bf16 activations), then their activations. ``k_tiles``: an int, or the tile table's run-time count;
+            ``scales``: the subclass's :meth:`_alpha` arguments, read after the loop."""
+            tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs = self._mma_setup(nv, sXv)
+            sw_base = storage.sw.data_ptr().toint()
+            prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            first = _min_stages(self.stages, k_tiles)
+            if warp_idx == 0:
+                for _ in cutlass.range(first, unroll=1):
+                    load_pipe.producer_acquire(prod)
+                    self._issue_w(load_pipe, prod, loads)
+                    prod.advance()
+            cute.arch.griddepcontrol_wait()
+            if warp_idx == 0:
+                early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+                for _ in cutlass.range(first, unroll=1):
+                    self._issue_x(load_pipe, early, loads)
+                    early.advance()
+            for kt in cutlass.range(k_tiles, unroll=1):
+                load_pipe.consumer_wait(cons)
+                loaded = self._load_units(sw_base, cons.index, wg, t)
+                for s in cutlass.range_constexpr(self.nsub):
+                    self._decode_mma(s, loaded, tiled_mma, rA, rA32, accs, tCrB, cons.index)
+                    if cutlass.const_expr(s == 0):
+                        # the previous stage's last wgmma group is done: hand its buffers back and refill them if the
+                        # other warpgroup has too. Warp 0 must not wait here (wgmma is warpgroup-wide: a blocked
+                        # warp 0 stalls warpgroup 0); if the slot is not free yet it refills it after this stage.
+                        if kt > 0:
+                            load_pipe.consumer_release(rel)
+                            rel.advance()
+                            if warp_idx == 0:
+                                if prod.count < k_tiles:
+                                    if load_pipe.producer_try_acquire(prod):
+                                        self._issue(load_pipe, prod, loads, acquired=True)
+                                        prod.advance()
+                if warp_idx == 0:
+                    if kt > 0:
+                        if prod.count < cutlass.min(k_tiles, kt - 1 + self.stages):
+                            self._issue(load_pipe, prod, loads)
+                            prod.advance()
+                cons.advance()
+            warpgroup.wait_group(0)
+            self._epilogue(nv, accs, tCcC, storage, mC, self._alpha(*scales), row0, tokens, n0, n_valid, wg, t)
+
+        @cute.jit
+        def _mma_setup(self, nv: int, sXv):
+            """This thread's indices and the wgmma of N = ``nv`` tokens for it: the tiled MMA, the B fragments over
+            the ring, two register sets of A fragments (sub-blocks alternate), the C coordinates, zeroed
+            accumulators."""
+            tidx, _, _ = cute.arch.thread_idx()
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            t = tidx % 128
+            tiled_mma = sm90_utils.make_trivial_tiled_mma(
+                self.op_dtype, self.op_dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+                cutlass.Float32, (1, 1, 1), (UNIT_ROWS, nv), warpgroup.OperandSource.RMEM)
+            thr_mma = tiled_mma.get_slice(t)
+            tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sXv))
+            a_shape = thr_mma.partition_shape_A((UNIT_ROWS, UNIT_K))
+            rA = [[tiled_mma.make_fragment_A(a_shape) for _ in range(self.blocks)] for _ in range(2)]
+            rA32 = [[cute.recast_tensor(r, cutlass.Uint32) for r in rs] for rs in rA]
+            tCcC = thr_mma.partition_C(cute.make_identity_tensor((UNIT_ROWS, nv)))
+            accs = [cute.make_rmem_tensor(tCcC.shape, cutlass.Float32) for _ in range(self.blocks)]
+            for acc in accs:
+                acc.fill(0.0)
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            return tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs
+
+        @cute.jit
+        def _load_units(self, sw_base, stage, wg, t):
+            """This thread's code and scale words of every unit of weight stage ``stage``: unit (sub, wg, block) at
+            ((sub·NWG + wg)·blocks + block)·UNIT_BYTES."""
+            wg_off = wg * self.blocks * UNIT_BYTES
+            code_off = wg_off + 16 * t
+            scale_off = wg_off + UNIT_CODE_BYTES + 8 * (8 * (t // 32) + (t % 32) // 4)
+            stage_base = sw_base + stage * (self.stage_units * UNIT_BYTES)
+            units = [((i // self.blocks) * NWG * self.blocks + i % self.blocks) * UNIT_BYTES
+                     for i in range(self.nsub * self.blocks)]
+            return [load_unit(stage_base + u + code_off, stage_base + u + scale_off) for u in units]
+
+        @cute.jit
+        def _decode_mma(self, s: int, loaded, tiled_mma, rA, rA32, accs, tCrB, slot):
+            """Sub-block ``s``: decode its weights into register set s % 2, issue its wgmma against ring slot
+            ``slot``, commit, and wait until only this group is in flight."""
+            for b in cutlass.range_constexpr(self.blocks):
+                if cutlass.const_expr(self.a16):
+                    regs = decode_unit_a16(loaded[s * self.blocks + b])
+                else:
+                    regs = decode_unit(loaded[s * self.blocks + b])
+                for q in cutlass.range_constexpr(16):
+                    rA32[s % 2][b][q] = regs[q]
+            warpgroup.fence()
+            for b in cutlass.range_constexpr(self.blocks):
+                for kb in cutlass.range_constexpr(UNIT_K // 16):
+                    cute.gemm(tiled_mma, accs[b], rA[s % 2][b][None, None, kb],
+                              tCrB[None, None, kb, slot * self.nsub + s], accs[b])
+            warpgroup.commit_group()
+            warpgroup.wait_group(1)
+
+        @cute.jit
+        def _issue(self, pipe, prod, loads, acquired: bool = False):
+            """Acquire stage ``prod`` (``acquired``: a try_acquire already saw it free) and load it."""
+            pipe.producer_acquire(prod, cutlass.Boolean(True) if acquired else None)
+            self._issue_w(pipe, prod, loads)
+            self._issue_x(pipe, prod, loads)
+
+        @cute.jit
+        def _issue_w(self, pipe, prod, loads):
+            tma_w, tWs, tWg, w_tile0 = loads[:4]
+            cute.copy(tma_w, tWg[None, w_tile0 + prod.count], tWs[None, prod.index],
+                      tma_bar_ptr=pipe.producer_get_barrier(prod))
+
+        @cute.jit
+        def _issue_x(self, pipe, prod, loads):
+            tma_x, tXs, tXg = loads[4:7]
+            bar = pipe.producer_get_barrier(prod)
+            for s in cutlass.range_constexpr(self.nsub):
+                for j in cutlass.range_constexpr(loads[-1]):  # boxes of step rows per 64-K slot
+                    cute.copy(tma_x, tXg[None, self._x_box(loads, j, prod, s)],
+                              tXs[None, (j, 0, prod.index * self.nsub + s)], tma_bar_ptr=bar)
+
+        @cute.jit
+        def _epilogue(self, nv: int, accs, tCcC, storage, mC, alpha, row0, tokens, n0, n_valid, wg, t):
+            """Cᵀ tiles -> C: element (weight row m of block b, token n) to C[row0 + n, n0 + col]; per element
+            ("simt"), or through shared memory as C rows copied out in 16-byte row chunks ("staged")."""
+            size = cute.size(accs[0])
+            staged = self.cfg.epilogue == "staged"
+            bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
+            bar.arrive_and_wait()  # every wgmma of both warpgroups has read its operands: the ring is free
+            sx = storage.sx.data_ptr()
+            cols = self.cfg.tile_m
+            ld = cols + STAGE_PAD
+            sC = cute.make_tensor(cute.recast_ptr(sx + xfer_bytes(self.cfg) // 2, dtype=mC.element_type),
+                                  cute.make_layout((self.bt, ld), stride=(ld, 1)))
+            put = (sC, mC, row0, tokens, n0, n_valid)
+            if cutlass.const_expr(self.dual):
+                # the warpgroups hold gate and up of the same elements: each hands the other half of its accumulators
+                # over in shared memory, then computes silu(gate)·up for its own half
+                xfer = cute.make_tensor(cute.recast_ptr(sx, dtype=cutlass.Float32),
+                                        cute.make_layout((size * self.blocks, 128), stride=(128, 1)))
+                half = size // 2
+                if wg == 1:
+                    for b in cutlass.range_constexpr(self.blocks):
+                        for i in cutlass.range_constexpr(half):
+                            xfer[b * size + i, t] = accs[b][i]
+                else:
+                    for b in cutlass.range_constexpr(self.blocks):
+                        for i in cutlass.range_constexpr(half, size):
+                            xfer[b * size + i, t] = accs[b][i]
+                bar.arrive_and_wait()
+                a_gate, a_up = alpha
+                if wg == 0:
+                    for b in cutlass.range_constexpr(self.blocks):
+                        for i in cutlass.range_constexpr(half):
+                            self._put(staged, put, _silu_mul(accs[b][i] * a_gate, xfer[b * size + i, t] * a_up),
+                                      tCcC[i], b * UNIT_ROWS)
+                else:
+                    for b in cutlass.range_constexpr(self.blocks):
+                        for i in cutlass.range_constexpr(half, size):
+                            self._put(staged, put, _silu_mul(xfer[b * size + i, t] * a_gate, accs[b][i] * a_up),
+                                      tCcC[i], b * UNIT_ROWS)
+            else:
+                for b in cutlass.range_constexpr(self.blocks):
+                    for i in cutlass.range_constexpr(size):
+                        self._put(staged, put, accs[b][i] * alpha[0], tCcC[i], (wg * self.blocks + b) * UNIT_ROWS)
+            if cutlass.const_expr(staged):
+                bar.arrive_and_wait()
+                tidx, _, _ = cute.arch.thread_idx()
+                per_row = cols // 8  # 16-byte chunks per token row
+                total = nv * per_row
+                for r in cutlass.range_constexpr(-(-total // self.threads)):
+                    q = tidx + self.threads * r
+                    n = q // per_row
+                    c8 = (q - n * per_row) * 8
+                    if q < total and n < tokens and c8 < n_valid:
+                        copy16((sC.iterator + n * ld + c8).toint(),
+                               (mC.iterator + (row0 + n) * mC.stride[0] + n0 + c8).toint())
+
+        @cute.jit
+        def _put(self, staged: bool, put, v, coord, col0):
+            """Element (m, n) of a block starting at tile column col0: to the staging tile, or straight to C."""
+            sC, mC, row0, tokens, n0, n_valid = put
+            m, n = coord
+            if cutlass.const_expr(staged):
+                sC[n, col0 + m] = v.to(mC.element_type)
+            elif n < tokens and col0 + m < n_valid:
+                mC[row0 + n, n0 + col0 + m] = v.to(mC.element_type)
+
+    return RegisterDecodeTile
