@@ -238,6 +238,12 @@ def launch_plan(plan: Plan, table: torch.Tensor, packed: torch.Tensor, small: to
     _launch(plan.grid, table.device, stream, (table, packed, small), consts)
 
 
+def hooked(hook) -> bool:
+    """Whether Triton has a launch hook set (then launches go through Triton, which calls it): None or an empty
+    ``HookChain`` (Triton 3.6 keeps one where no hook is set) means none."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 def _launch(grid: int, device, stream: int, args, consts) -> None:
     """The kernel's first launch for these flags through Triton (compiling it, on torch's current stream: the
     callers' ``stream``); later ones through the compiled launcher (the pointers are always 16-byte aligned
@@ -246,8 +252,7 @@ def _launch(grid: int, device, stream: int, args, consts) -> None:
 
     key = (device, consts, WARPS)
     ck = _LAUNCHERS.get(key)
-    hook = knobs.runtime.launch_enter_hook  # (Triton 3.6: an empty HookChain, not None, where no hook is set)
-    if ck is None or (hook is not None and getattr(hook, "calls", True)):
+    if ck is None or hooked(knobs.runtime.launch_enter_hook):
         kernel = _kernel()
         names = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")
         ck = kernel[(grid,)](*args, **dict(zip(names, consts)), num_warps=WARPS)
