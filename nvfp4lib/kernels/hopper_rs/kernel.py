@@ -70,7 +70,6 @@ def _kernel_classes():
 
     import cutlass
     import cutlass.cute as cute
-    import cutlass.pipeline as pipeline
 
     ActivationPrologueSm90 = prologue_class()
 
@@ -149,25 +148,7 @@ def _kernel_classes():
             b_row0, k_tiles, k_tile0, out_row0 = f["b_row0"], f["k_tiles"], f["k_tile0"], f["out_row0"]
 
             boxes = nv // self.step
-            # a stage is full when its weights and its activations have landed (TMA bytes, one arrive)
-            tx_bytes = self.stage_units * UNIT_BYTES
-            tx_bytes += self.nsub * nv * UNIT_K * 2
-            load_pipe = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.load_bars.data_ptr(), num_stages=self.stages,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * NWG),
-                tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
-            cute.arch.mbarrier_init_fence()
-            cute.arch.sync_threads()
-
-            sW = storage.sw.get_tensor(sw_layout)
-            sX = storage.sx.get_tensor(sx_layout.outer, swizzle=sx_layout.inner)
-            # this variant's view of the ring: the first nv token rows of every slot
-            full = sx_layout.outer
-            sXv = storage.sx.get_tensor(
-                cute.make_layout(((8, nv // 8), full.shape[1], full.shape[2]),
-                                 stride=(full.stride[0], full.stride[1], full.stride[2])),
-                swizzle=sx_layout.inner)
+            load_pipe, sW, sX, sXv = self._ring(nv, storage, sw_layout, sx_layout)
 
             # TMA partitions. Weights: stage tiles of w_rows 128-byte rows, CTA-block-major (a block's K tiles
             # adjacent): G·n_pad/tile_m blocks of k_tiles_all stage tiles (n_pad is C's width)

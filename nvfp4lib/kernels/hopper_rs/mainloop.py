@@ -9,7 +9,8 @@ Once a CTA knows its tile — from a host-built table (:mod:`.kernel`) or from t
 - **decode and MMA** (:meth:`_mma_setup`, :meth:`_load_units`, :meth:`_decode_mma`): each thread's code and scale
   words from shared memory decoded into wgmma's register A operand (fp16, or bf16 with ``a16``), 4 wgmma per 64-K
   unit against the activation ring;
-- **mainloop** (:meth:`_mainloop`): the ``ab_stages``-deep mbarrier pipeline that ties them together;
+- **mainloop** (:meth:`_ring`, :meth:`_mainloop`): the ``ab_stages``-deep mbarrier pipeline and the shared-memory
+  views it fills, and the loop that ties the stages together;
 - **epilogue and store** (:meth:`_epilogue`, :meth:`_put`): fp32 × the tile's factors, per element or staged through
   shared memory as C rows; dual: silu(gate)·up split over the two warpgroups.
 
@@ -63,6 +64,28 @@ def _build():
             """The activation ring (nsub·stages slots) for ``rows`` tokens: K-major, 128-byte swizzle."""
             return sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (UNIT_ROWS, rows, UNIT_K),
                                                  self.op_dtype, self.nsub * self.stages)
+
+        @cute.jit
+        def _ring(self, nv: int, storage, sw_layout, sx_layout):
+            """The stage pipeline (a stage is full when its weights and its activations have landed: TMA bytes,
+            one arrive) and the shared-memory views: weights, the activation ring, and this variant's view of the
+            ring (the first ``nv`` token rows of every slot)."""
+            tx_bytes = self.stage_units * UNIT_BYTES + self.nsub * nv * UNIT_K * 2
+            load_pipe = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.load_bars.data_ptr(), num_stages=self.stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * NWG),
+                tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()
+            sW = storage.sw.get_tensor(sw_layout)
+            sX = storage.sx.get_tensor(sx_layout.outer, swizzle=sx_layout.inner)
+            full = sx_layout.outer
+            sXv = storage.sx.get_tensor(
+                cute.make_layout(((8, nv // 8), full.shape[1], full.shape[2]),
+                                 stride=(full.stride[0], full.stride[1], full.stride[2])),
+                swizzle=sx_layout.inner)
+            return load_pipe, sW, sX, sXv
 
         @cute.jit
         def _mainloop(self, nv: int, storage, load_pipe, loads, sXv, mC, scales, row0, tokens, n0, n_valid, k_tiles):

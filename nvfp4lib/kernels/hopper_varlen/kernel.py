@@ -47,7 +47,6 @@ def kernel_classes():
 def _build():
     import cutlass
     import cutlass.cute as cute
-    import cutlass.pipeline as pipeline
 
     o = ops()
     decode_act16, zero32 = o.decode_act16, o.zero32
@@ -176,22 +175,7 @@ def _build():
             """One output tile with a wgmma N of ``nv`` tokens."""
             n_valid = cutlass.min(self.cfg.tile_m, self.n - n0)
             boxes = nv // self.step
-            tx_bytes = self.stage_units * UNIT_BYTES + self.nsub * nv * UNIT_K * 2
-            load_pipe = pipeline.PipelineTmaAsync.create(
-                barrier_storage=storage.load_bars.data_ptr(), num_stages=self.stages,
-                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * NWG),
-                tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
-            cute.arch.mbarrier_init_fence()
-            cute.arch.sync_threads()
-
-            sW = storage.sw.get_tensor(sw_layout)
-            sX = storage.sx.get_tensor(sx_layout.outer, swizzle=sx_layout.inner)
-            full = sx_layout.outer  # this variant's view of the ring: the first nv token rows of every slot
-            sXv = storage.sx.get_tensor(
-                cute.make_layout(((8, nv // 8), full.shape[1], full.shape[2]),
-                                 stride=(full.stride[0], full.stride[1], full.stride[2])),
-                swizzle=sx_layout.inner)
+            load_pipe, sW, sX, sXv = self._ring(nv, storage, sw_layout, sx_layout)
 
             group = scales[2]
             # weights: stage tiles of w_rows 128-byte rows, CTA-block-major (a block's K tiles adjacent)
