@@ -99,25 +99,7 @@ def _kernel_classes():
                      mAlpha: cute.Tensor, mGsA: cute.Tensor, stream):
             """``mX``: the fp16 activations written by the prologue, with ``mAlpha`` its per-group factors. ``mGsA``
             [G]: the addresses of A's global scales (the prologue's input); here it gives G."""
-            sx_layout = self._sx_layout(self.bt)
-            sw_layout = cute.make_layout((self.w_rows, ROW_BYTES, self.stages),
-                                         stride=(ROW_BYTES, 1, self.w_rows * ROW_BYTES))
-            g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
-            tma_w, tW = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                g2s, mW, cute.slice_(sw_layout, (None, None, 0)), (self.w_rows, ROW_BYTES))
-            # activations move in boxes of token_step rows: a tile of n tokens is n/step boxes per 64-K slot
-            tma_x, tX = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                g2s, mX, cute.slice_(self._sx_layout(self.step), (None, None, 0)), (self.step, UNIT_K))
-
-            i64, u8, f16 = cutlass.Int64, cutlass.Uint8, cutlass.Float16  # (a class body sees no closure names)
-
-            @cute.struct
-            class SharedStorage:
-                load_bars: cute.struct.MemRange[i64, self.stages * 2]
-                sw: cute.struct.Align[cute.struct.MemRange[u8, cute.cosize(sw_layout)], 1024]
-                sx: cute.struct.Align[cute.struct.MemRange[f16, cute.cosize(sx_layout)], 1024]
-
-            self.shared_storage = SharedStorage
+            sx_layout, sw_layout, tma_w, tW, tma_x, tX = self._operands(mW, mX)
             # programmatic dependent launch, so set-up and the first weight loads overlap the prologue
             self.kernel(tma_w, tW, tma_x, tX, mX, mC, mTiles, mAlpha, mGsA, sw_layout, sx_layout).launch(
                 grid=(cute.size(mTiles, mode=[0]), 1, 1), block=(THREADS, 1, 1), stream=stream, use_pdl=True)

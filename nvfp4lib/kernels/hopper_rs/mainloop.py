@@ -15,13 +15,14 @@ Once a CTA knows its tile — from a host-built table (:mod:`.kernel`) or from t
   shared memory as C rows; dual: silu(gate)·up split over the two warpgroups.
 
 A subclass sets, in ``__init__``: ``cfg``, ``bt``, ``step``, ``nsub``, ``blocks``, ``stages``, ``dual``,
-``threads``, ``stage_units``, ``op_dtype``, ``a16``; and defines ``_x_box(loads, j, prod, s)`` (the activation box's
-coordinates in its TMA partition) and ``_alpha(*scales)`` (the epilogue factors (gate, up)). ``loads`` is
-``(tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, ..., boxes)``.
+``threads``, ``stage_units``, ``w_rows``, ``op_dtype``, ``a16``; and defines ``_x_box(loads, j, prod, s)`` (the
+activation box's coordinates in its TMA partition) and ``_alpha(*scales)`` (the epilogue factors (gate, up)).
+``loads`` is ``(tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, ..., boxes)``. The host side of a launch starts with
+:meth:`_operands` (layouts, TMA atoms, shared storage).
 """
 from __future__ import annotations
 
-from .config import NWG, STAGE_PAD, xfer_bytes
+from .config import NWG, ROW_BYTES, STAGE_PAD, xfer_bytes
 from .layout import UNIT_BYTES, UNIT_CODE_BYTES, UNIT_K, UNIT_ROWS
 from .ops import ops
 
@@ -64,6 +65,30 @@ def _build():
             """The activation ring (nsub·stages slots) for ``rows`` tokens: K-major, 128-byte swizzle."""
             return sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (UNIT_ROWS, rows, UNIT_K),
                                                  self.op_dtype, self.nsub * self.stages)
+
+        @cute.jit
+        def _operands(self, mW, mX):
+            """Host side of a launch: the shared-memory layouts (activation ring, weight stages), the TMA atoms of
+            the weights (a stage is one box) and of the activations (boxes of ``step`` rows: a tile of n tokens is
+            n/step boxes per 64-K slot), and the shared storage struct (``self.shared_storage``)."""
+            sx_layout = self._sx_layout(self.bt)
+            sw_layout = cute.make_layout((self.w_rows, ROW_BYTES, self.stages),
+                                         stride=(ROW_BYTES, 1, self.w_rows * ROW_BYTES))
+            g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
+            tma_w, tW = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                g2s, mW, cute.slice_(sw_layout, (None, None, 0)), (self.w_rows, ROW_BYTES))
+            tma_x, tX = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                g2s, mX, cute.slice_(self._sx_layout(self.step), (None, None, 0)), (self.step, UNIT_K))
+            i64, u8, op = cutlass.Int64, cutlass.Uint8, self.op_dtype  # (a class body sees no closure names)
+
+            @cute.struct
+            class SharedStorage:
+                load_bars: cute.struct.MemRange[i64, self.stages * 2]
+                sw: cute.struct.Align[cute.struct.MemRange[u8, cute.cosize(sw_layout)], 1024]
+                sx: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(sx_layout)], 1024]
+
+            self.shared_storage = SharedStorage
+            return sx_layout, sw_layout, tma_w, tW, tma_x, tX
 
         @cute.jit
         def _ring(self, nv: int, storage, sw_layout, sx_layout):

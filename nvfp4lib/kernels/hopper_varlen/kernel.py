@@ -104,23 +104,7 @@ def _build():
         @cute.jit
         def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mC: cute.Tensor, mOffsets: cute.Tensor,
                      mGsA: cute.Tensor, mGsB: cute.Tensor, stream):
-            sx_layout = self._sx_layout(self.bt)
-            sw_layout = cute.make_layout((self.w_rows, ROW_BYTES, self.stages),
-                                         stride=(ROW_BYTES, 1, self.w_rows * ROW_BYTES))
-            g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
-            tma_w, tW = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                g2s, mW, cute.slice_(sw_layout, (None, None, 0)), (self.w_rows, ROW_BYTES))
-            tma_x, tX = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                g2s, mX, cute.slice_(self._sx_layout(self.step), (None, None, 0)), (self.step, UNIT_K))
-            i64, u8, op = cutlass.Int64, cutlass.Uint8, self.op_dtype
-
-            @cute.struct
-            class SharedStorage:
-                load_bars: cute.struct.MemRange[i64, self.stages * 2]
-                sw: cute.struct.Align[cute.struct.MemRange[u8, cute.cosize(sw_layout)], 1024]
-                sx: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(sx_layout)], 1024]
-
-            self.shared_storage = SharedStorage
+            sx_layout, sw_layout, tma_w, tW, tma_x, tX = self._operands(mW, mX)
             rows = cute.size(mC, mode=[0])  # T (x16 may have more rows: stale, finite, never stored)
             tiles_max = cutlass.min(rows, (rows + self.groups * (self.bt - 1)) // self.bt) * self.n_blocks
             self.kernel(tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, sw_layout, sx_layout).launch(
