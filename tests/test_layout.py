@@ -99,3 +99,14 @@ def test_gather_launches_directly_unless_a_launch_hook_is_set():
     assert not hooked(SimpleNamespace(calls=[]))
     assert hooked(SimpleNamespace(calls=[print]))
     assert hooked(print)  # older Triton: the hook itself
+
+
+def test_ptx_digest_ignores_source_locations_only():
+    """Compile reports carry ``ptx_sha256``: equal for the same device code from another file or line, different for
+    any other change."""
+    from nvfp4lib.kernels.common.compiling import ptx_digest
+
+    ptx = ".version 8.3\n.file 1 \"/a/kernel.py\"\n\t.loc 1 10 3\n\tadd.s32 %r1, %r2, %r3;\n// note\n"
+    moved = ".version 8.3\n.file 1 \"/b/mainloop.py\"\n\t.loc 1 99 7\n\tadd.s32 %r1, %r2, %r3;\n"
+    assert ptx_digest(ptx) == ptx_digest(moved)
+    assert ptx_digest(ptx) != ptx_digest(moved.replace("add.s32", "sub.s32"))

@@ -9,6 +9,7 @@ kept PTX gives registers, spills and static shared memory.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import re
 import shutil
@@ -50,6 +51,13 @@ def read_ptx(path: str) -> str:
     # The kept PTX ends with NUL padding that ptxas rejects.
     with open(path, "rb") as f:
         return f.read().rstrip(b"\x00").decode("utf-8", errors="replace")
+
+
+def ptx_digest(ptx: str) -> str:
+    """sha256 (16 hex digits) of the PTX without its ``.loc``/``.file`` lines and comments: equal digests mean the
+    same device code whatever file and line the source came from (how a refactor shows it changed no kernel)."""
+    body = "\n".join(line for line in ptx.splitlines() if not line.lstrip().startswith((".loc", ".file", "//")))
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
 def count_instructions(ptx: str, names=KEY_INSTRUCTIONS) -> dict:
@@ -141,7 +149,7 @@ def compile_offline(jit_fn, *args, arch: str, dump_dir: str | None = None, ptxas
     art = CompileArtifacts(arch, ptx[-1] if ptx else None, cubin[-1] if cubin else None,
                            loaded=loaded, load_error=load_error[:300])
     if art.ptx_path:
-        art.instructions = count_instructions(art.ptx)
+        art.instructions = {**count_instructions(art.ptx), "ptx_sha256": ptx_digest(art.ptx)}
         if ptxas:
             art.ptxas = ptxas_resources(art.ptx_path, arch)
     if art.cubin_path and shutil.which("cuobjdump"):
