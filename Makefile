@@ -41,8 +41,11 @@ GPU_ENV := $(if $(filter $(BIN)/python,$(GPU_PY)),env,)
 # GPU_TESTS picks part of the suite (one file, or a -k expression), for machines that limit a command's time
 GPU_TESTS ?= tests/gpu
 GPU_WORKERS ?= 16
+# GPU_TIMEOUT=<seconds> stops the run with SIGINT: pytest then still reports the failures it has (a plain kill loses them)
+GPU_TIMEOUT ?=
 gpu-test: $(GPU_ENV)
-	$(GPU_PY) -m pytest -q $(GPU_TESTS) $$($(GPU_PY) -c "import xdist; print('-n $(GPU_WORKERS) --dist loadgroup')" 2>/dev/null)
+	$(if $(GPU_TIMEOUT),timeout -s INT $(GPU_TIMEOUT) ,)$(GPU_PY) -m pytest -q -rfE $(GPU_TESTS) \
+	  $$($(GPU_PY) -c "import xdist; print('-n $(GPU_WORKERS) --dist loadgroup')" 2>/dev/null)
 
 bench: $(GPU_ENV)
 	$(GPU_PY) -m nvfp4lib bench --suite benchmark --suite dual --backend cute-hopper:graph=1 \
