@@ -424,6 +424,33 @@ class Sm100NvFp4GroupedGemm(WarpSpecialized):
             return gate * up / (cute.math.exp(-gate, fastmath=True) + 1.0)
         return acc_vecs[0] * alpha1
 
+    @cute.jit
+    def _smem_operands(self, storage, a_layout, b_layout, sfa_layout, sfb_layout):
+        """The staged shared-memory operands: A, B, their scale factors, and (dual) B2 and its scale factors (B's
+        own where there is no dual)."""
+        sA = storage.sA.get_tensor(a_layout.outer, swizzle=a_layout.inner)
+        sB = storage.sB.get_tensor(b_layout.outer, swizzle=b_layout.inner)
+        sSFA = storage.sSFA.get_tensor(sfa_layout)
+        sSFB = storage.sSFB.get_tensor(sfb_layout)
+        sB2, sSFB2 = sB, sSFB
+        if cutlass.const_expr(self.dual):
+            sB2 = storage.sB2.get_tensor(b_layout.outer, swizzle=b_layout.inner)
+            sSFB2 = storage.sSFB2.get_tensor(sfb_layout)
+        return sA, sB, sSFA, sSFB, sB2, sSFB2
+
+    @cute.jit
+    def _gmem_operands(self, tiled_mma, tiled_mma_sfb, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, v):
+        """The MMA's view of the global operands ((bM, bK, RestM, RestK, RestL) etc. over the coordinate tensors of
+        the TMA atoms) for MMA peer ``v`` (0 without 2-CTA instructions), and the thread MMAs."""
+        gA_mkl = cute.local_tile(mA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
+        gB_nkl = cute.local_tile(mB_nkl, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
+        gSFA_mkl = cute.local_tile(mSFA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
+        gSFB_nkl = cute.local_tile(mSFB_nkl, cute.slice_(self.mma_tiler_sfb, (0, None, None)), (None, None, None))
+        thr_mma = tiled_mma.get_slice(v)
+        thr_mma_sfb = tiled_mma_sfb.get_slice(v)
+        return (thr_mma.partition_A(gA_mkl), thr_mma.partition_B(gB_nkl), thr_mma.partition_A(gSFA_mkl),
+                thr_mma_sfb.partition_B(gSFB_nkl), thr_mma, thr_mma_sfb)
+
     # ---- device: the study's structure ----------------------------------------------------------
     @cute.kernel
     def kernel_study(
@@ -488,26 +515,11 @@ class Sm100NvFp4GroupedGemm(WarpSpecialized):
             storage.tmem_holding_buf, barrier_for_retrieve=self.tmem_alloc_barrier, allocator_warp_id=0)
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
 
-        sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
-        sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
-        sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
-        sSFB = storage.sSFB.get_tensor(sfb_smem_layout_staged)
-        sB2, sSFB2 = sB, sSFB
-        if cutlass.const_expr(self.dual):
-            sB2 = storage.sB2.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
-            sSFB2 = storage.sSFB2.get_tensor(sfb_smem_layout_staged)
+        sA, sB, sSFA, sSFB, sB2, sSFB2 = self._smem_operands(
+            storage, a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged, sfb_smem_layout_staged)
 
-        # (bM, bK, RestM, RestK, RestL) etc. over the coordinate tensors of the TMA atoms
-        gA_mkl = cute.local_tile(mA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
-        gB_nkl = cute.local_tile(mB_nkl, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
-        gSFA_mkl = cute.local_tile(mSFA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
-        gSFB_nkl = cute.local_tile(mSFB_nkl, cute.slice_(self.mma_tiler_sfb, (0, None, None)), (None, None, None))
-        thr_mma = tiled_mma.get_slice(0)
-        thr_mma_sfb = tiled_mma_sfb.get_slice(0)
-        tCgA = thr_mma.partition_A(gA_mkl)
-        tCgB = thr_mma.partition_B(gB_nkl)
-        tCgSFA = thr_mma.partition_A(gSFA_mkl)
-        tCgSFB = thr_mma_sfb.partition_B(gSFB_nkl)
+        tCgA, tCgB, tCgSFA, tCgSFB, thr_mma, thr_mma_sfb = self._gmem_operands(
+            tiled_mma, tiled_mma_sfb, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, 0)
 
         one = cute.make_layout(1)
         tAsA, tAgA = cpasync.tma_partition(tma_atom_a, 0, one, cute.group_modes(sA, 0, 3), cute.group_modes(tCgA, 0, 3))

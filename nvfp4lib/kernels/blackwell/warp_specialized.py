@@ -88,14 +88,8 @@ class WarpSpecialized:
         )
         pipeline_init_arrive(cluster_shape_mn=self.cluster_shape_mn, is_relaxed=True)
 
-        sA = storage.sA.get_tensor(a_smem_layout_staged.outer, swizzle=a_smem_layout_staged.inner)
-        sB = storage.sB.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
-        sSFA = storage.sSFA.get_tensor(sfa_smem_layout_staged)
-        sSFB = storage.sSFB.get_tensor(sfb_smem_layout_staged)
-        sB2, sSFB2 = sB, sSFB
-        if cutlass.const_expr(self.dual):
-            sB2 = storage.sB2.get_tensor(b_smem_layout_staged.outer, swizzle=b_smem_layout_staged.inner)
-            sSFB2 = storage.sSFB2.get_tensor(sfb_smem_layout_staged)
+        sA, sB, sSFA, sSFB, sB2, sSFB2 = self._smem_operands(
+            storage, a_smem_layout_staged, b_smem_layout_staged, sfa_smem_layout_staged, sfb_smem_layout_staged)
 
         a_mcast = b_mcast = sfa_mcast = sfb_mcast = None
         if cutlass.const_expr(self.is_a_mcast or self.is_b_mcast or use_2cta_instrs):
@@ -106,16 +100,8 @@ class WarpSpecialized:
             sfb_mcast = cpasync.create_tma_multicast_mask(
                 cluster_layout_sfb_vmnk, block_in_cluster_coord_sfb_vmnk, mcast_mode=1)
 
-        gA_mkl = cute.local_tile(mA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
-        gB_nkl = cute.local_tile(mB_nkl, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
-        gSFA_mkl = cute.local_tile(mSFA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
-        gSFB_nkl = cute.local_tile(mSFB_nkl, cute.slice_(self.mma_tiler_sfb, (0, None, None)), (None, None, None))
-        thr_mma = tiled_mma.get_slice(mma_tile_coord_v)
-        thr_mma_sfb = tiled_mma_sfb.get_slice(mma_tile_coord_v)
-        tCgA = thr_mma.partition_A(gA_mkl)
-        tCgB = thr_mma.partition_B(gB_nkl)
-        tCgSFA = thr_mma.partition_A(gSFA_mkl)
-        tCgSFB = thr_mma_sfb.partition_B(gSFB_nkl)
+        tCgA, tCgB, tCgSFA, tCgSFB, thr_mma, thr_mma_sfb = self._gmem_operands(
+            tiled_mma, tiled_mma_sfb, mA_mkl, mB_nkl, mSFA_mkl, mSFB_nkl, mma_tile_coord_v)
 
         a_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, 0, None, 0)).shape)
         b_cta_layout = cute.make_layout(cute.slice_(cluster_layout_vmnk, (0, None, 0, 0)).shape)
