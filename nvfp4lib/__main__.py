@@ -298,6 +298,9 @@ def main(argv=None) -> int:
     from .moe_bench import add_command as add_moe_bench  # moe-bench: NVFP4MoE against its bf16 peer (GPU)
     add_moe_bench(sub, _add_record_args, _write)
 
+    from .gather_bench import add_command as add_gather_bench  # gather-bench: the one-shot gather alone (GPU)
+    add_gather_bench(sub, add_problems, _problems, _add_record_args, _write)
+
     from .experiment import add_command as add_experiment  # experiment: rerun a round the notebooks show (GPU)
     add_experiment(sub, _add_record_args, _write)
 

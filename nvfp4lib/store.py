@@ -27,6 +27,7 @@ COMPILE = DATA_DIR / "compile.jsonl"
 PROBES = DATA_DIR / "probes.jsonl"
 CALLS = DATA_DIR / "calls.jsonl"  # the serving path per call form (nvfp4lib.calls)
 MOE = DATA_DIR / "moe.jsonl"  # the MoE layer against its bf16 peer (nvfp4lib.moe_bench)
+GATHER = DATA_DIR / "gather.jsonl"  # the one-shot gather alone per shape and knob (nvfp4lib.gather_bench)
 # Where commands write their rows unless asked to record them: git-ignored, so running a command never
 # dirties the checkout; data/ grows only by an explicit --record (or `record`).
 SCRATCH_DIR = DATA_DIR.parent / "build"

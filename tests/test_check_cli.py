@@ -28,3 +28,13 @@ def test_compare_counts_overflow_agreement_and_disagreement():
     off = compare([torch.tensor([[1.0, 65504.0, 4.5]], dtype=torch.float16)], ref)
     assert off["mismatched"] == 2 and off["nonfinite_mismatched"] == 1
     assert off["max_rel_err"] == 0.5 / 4.0 and off["elements"] == 3
+
+
+def test_gather_bench_needs_a_gpu_and_says_so(capsys):
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the command would measure")
+    assert main(["gather-bench", "--problem", "S4", "--no-record"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out

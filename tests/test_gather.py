@@ -65,3 +65,23 @@ def test_gather_matches_torch(dual, tile_m, n, k, ms, swz, kcu):
     assert torch.equal(gs_a, torch.stack([x.global_scale for x in a]))
     want = torch.stack([torch.stack([x.global_scale for x in w]), torch.stack([x.global_scale for x in (w2 or w)])], 1)
     assert torch.equal(gs_b, want * 2.0 ** 14)
+
+
+def test_gather_bench_rows_account_bytes_and_check_identity(monkeypatch):
+    """``gather-bench`` rows (timing stubbed: no GPU here): both parts per knob, bytes read + written, and the packed
+    weights checked against the torch prepack, an empty group and the dual form included."""
+    import nvfp4lib.gather_bench as gb
+    import nvfp4lib.serving as sv
+    from nvfp4lib.problems import GroupedProblem, get_problem, make_inputs
+
+    monkeypatch.setattr(gb, "make_inputs", lambda p, seed, mode, device: make_inputs(p, seed=seed, mode=mode,
+                                                                                     device=DEV))
+    monkeypatch.setattr(gb, "_time", lambda fn, iters, flush: [float(i + 1) for i in range(iters)])
+    monkeypatch.setattr(gb, "L2Flusher", lambda: None)
+    monkeypatch.setitem(sv._GPU_NAMES, torch.device(DEV), "cpu")
+    probs = [get_problem("E1-empty-group"), GroupedProblem.uniform_nk("d", (3, 0, 5), 256, 512).with_dual()]
+    rows = gb.bench_gather(probs, kcus=[1, 8], iters=3, ceilings={"copy_gbps": 3000.0, "bf16_tflops": 700.0})
+    assert len(rows) == 2 * 2 * 2 and all(r["status"] == "ok" and r["identical"] for r in rows)
+    dual = [r for r in rows if r["dual"] and r["part"] == "weights"][0]
+    assert dual["bytes"] == 2 * 2 * 3 * (256 * 512 // 2 + 256 * 512 // 16)  # two matrices a group: read, written
+    assert dual["median_us"] == 2.0 and dual["floor_us"] == dual["bytes"] / 3000e3
