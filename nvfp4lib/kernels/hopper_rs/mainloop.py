@@ -18,7 +18,9 @@ A subclass sets, in ``__init__``: ``cfg``, ``bt``, ``step``, ``nsub``, ``blocks`
 ``threads``, ``stage_units``, ``w_rows``, ``op_dtype``, ``a16``; and defines ``_x_box(loads, j, prod, s)`` (the
 activation box's coordinates in its TMA partition) and ``_alpha(*scales)`` (the epilogue factors (gate, up)).
 ``loads`` is ``(tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, ..., boxes)``. The host side of a launch starts with
-:meth:`_operands` (layouts, TMA atoms, shared storage).
+:meth:`_operands` (layouts, TMA atoms, shared storage). The kernel classes stay where they were defined: CuTe DSL
+names a kernel's PTX entry after its qualified name (``..._buildlocalsGroupedVarlenGemmSm90...``), so moving one
+changes its PTX (``ptx_sha256`` in the compile reports) though not its code.
 """
 from __future__ import annotations
 
