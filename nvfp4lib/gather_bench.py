@@ -78,8 +78,8 @@ def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, iters
                 for w in warps:
                     row = {**base, "part": part, "kcu": kcu, "warps": w, "iters": iters}
                     try:
-                        row.update(_one(G, table, prob, x, cfg, n_pad, k_pad, blocks, rows_in, kcu, w, want, iters,
-                                        flush, POST_SCALE))
+                        plan = G.Plan(groups, n, k, n_pad, k_pad, NWG, blocks, prob.dual, rows_in, kcu, w)
+                        row.update(_one(G, plan, table, x, want, iters, flush, POST_SCALE))
                         moved = weight_bytes + row["packed_bytes"] + (2 * row_bytes if rows_in else 0)
                         floor = moved / (ceil["copy_gbps"] * 1e3)
                         row.update(bytes=moved, gbps=moved / row["median_us"] / 1e3, floor_us=floor,
@@ -93,23 +93,15 @@ def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, iters
     return rows
 
 
-def _one(G, table, prob, x, cfg, n_pad, k_pad, blocks, rows_in, kcu, warps, want, iters, flush, post):
-    from .kernels.hopper_varlen.config import NWG
-
-    saved = G.WARPS
-    G.WARPS = warps
-    try:
-        plan = G.Plan(len(prob.m), prob.n[0], prob.k[0], n_pad, k_pad, NWG, blocks, prob.dual, rows_in, kcu)
-        full = torch.tensor(plan.header + table, dtype=torch.int64, device=x.b[0].data.device)
-        packed, small = G.run(full, plan, post=post)
-        same = torch.equal(packed, want)
-        if rows_in:
-            codes, scales = G.views(small, plan)[:2]
-            same = same and torch.equal(codes, torch.cat([a.data for a in x.a])) and torch.equal(
-                scales, torch.cat([a.scales.view(torch.uint8) for a in x.a]))
-        ts = _time(lambda: G.run(full, plan, post=post), iters, flush)
-    finally:
-        G.WARPS = saved
+def _one(G, plan, table, x, want, iters, flush, post):
+    full = torch.tensor(plan.header + table, dtype=torch.int64, device=x.b[0].data.device)
+    packed, small = G.run(full, plan, post=post)
+    same = torch.equal(packed, want)
+    if plan.rows:
+        codes, scales = G.views(small, plan)[:2]
+        same = same and torch.equal(codes, torch.cat([a.data for a in x.a])) and torch.equal(
+            scales, torch.cat([a.scales.view(torch.uint8) for a in x.a]))
+    ts = _time(lambda: G.run(full, plan, post=post), iters, flush)
     return {"median_us": statistics.median(ts), "min_us": min(ts), "packed_bytes": packed.numel(),
             "identical": bool(same)}
 

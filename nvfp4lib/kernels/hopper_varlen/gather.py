@@ -37,7 +37,7 @@ HEADER = ("n", "k", "n_pad", "kc_n", "per", "blocks", "groups", "units", "a_prog
 F = 16  # int64 columns per row of the table (header and group rows)
 A_ROWS = 8  # activation rows per program
 A_BYTES = 512  # code bytes per inner step of an activation row
-KCU = 8  # 64-row x 64-K weight units per program (consecutive along K: a 64 x 256-byte tile of codes)
+KCU = 8  # 64-row x 64-K weight units per program (consecutive along K, one after the other)
 WARPS = 4  # warps per program
 _KERNEL = None
 _LAUNCHERS: dict = {}
@@ -202,8 +202,9 @@ class Plan:
     """The sizes of one gather: the header row, the grid, and where each output lies in the one scratch buffer."""
 
     def __init__(self, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int, dual: bool,
-                 rows: int, kcu: int = KCU):
+                 rows: int, kcu: int = KCU, warps: int = WARPS):
         self.groups, self.n, self.k, self.dual, self.rows, self.kcu = groups, n, k, dual, rows, kcu
+        self.warps = warps
         rb_n, self.kc_n, self.per = groups * n_pad // 64, k_pad // 64, nwg * blocks
         self.ctas = rb_n // (blocks if dual else self.per)
         self.units = (2 if dual else 1) * rb_n * -(-self.kc_n // kcu)
@@ -236,7 +237,7 @@ def launch_plan(plan: Plan, table: torch.Tensor, packed: torch.Tensor, small: to
     """Launch the gather into buffers the caller holds (``packed`` and ``small`` of at least the plan's sizes) on
     ``stream`` (a CUDA stream handle: torch's current stream)."""
     consts = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu)
-    _launch(plan.grid, table.device, stream, (table, packed, small), consts)
+    _launch(plan.grid, table.device, stream, (table, packed, small), consts, plan.warps)
 
 
 def hooked(hook) -> bool:
@@ -245,18 +246,18 @@ def hooked(hook) -> bool:
     return hook is not None and bool(getattr(hook, "calls", True))
 
 
-def _launch(grid: int, device, stream: int, args, consts) -> None:
+def _launch(grid: int, device, stream: int, args, consts, warps: int) -> None:
     """The kernel's first launch for these flags through Triton (compiling it, on torch's current stream: the
     callers' ``stream``); later ones through the compiled launcher (the pointers are always 16-byte aligned
     allocations and nothing else varies, so the specialisation Triton would compute is the same)."""
     from triton import knobs
 
-    key = (device, consts, WARPS)
+    key = (device, consts, warps)
     ck = _LAUNCHERS.get(key)
     if ck is None or hooked(knobs.runtime.launch_enter_hook):
         kernel = _kernel()
         names = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")
-        ck = kernel[(grid,)](*args, **dict(zip(names, consts)), num_warps=WARPS)
+        ck = kernel[(grid,)](*args, **dict(zip(names, consts)), num_warps=warps)
         if ck is not None and not hasattr(ck, "run"):
             ck = None
         if ck is not None:
