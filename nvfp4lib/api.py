@@ -51,7 +51,7 @@ def validate_operands(a, b, b2=None, out_dtype=torch.float16):
             raise ValueError(f"group {g}: b[{g}] has N={b[g].data.shape[0]} but b2[{g}] has N={b2[g].data.shape[0]}")
         for name, t in (("a", a[g]), ("b", b[g])) + ((("b2", b2[g]),) if b2 is not None else ()):
             if t.data.device != device:
-                raise ValueError(f"{name}[{g}] is on {t.data.device} but a[0] is on {device}: "
+                raise ValueError(f"{name}[{g}] is on device {t.data.device} but a[0] is on device {device}: "
                                  "all operands must be on one device")
     return a, b, b2
 

@@ -52,7 +52,7 @@ def _weights(x, what: str) -> list[NVFP4Tensor]:
             raise ValueError(f"{what}[{i}] is {tuple(t.shape)} but {what}[0] is {(n, k)}: prepared weights share N "
                              "and K across groups (use nvfp4lib.grouped_gemm for ragged N or K)")
         if t.data.device != x[0].data.device:
-            raise ValueError(f"{what}[{i}] is on {t.data.device} but {what}[0] is on {x[0].data.device}")
+            raise ValueError(f"{what}[{i}] is on device {t.data.device} but {what}[0] is on device {x[0].data.device}")
         # (a device global scale is not read back: that would synchronise every one-shot call; NVFP4Tensor checked a
         # CPU one when it was built)
     return list(x)
@@ -85,7 +85,7 @@ class PreparedWeights:
             if tuple(b2[0].shape) != tuple(b[0].shape):
                 raise ValueError(f"b2 is {tuple(b2[0].shape)} per group but b is {tuple(b[0].shape)}")
             if b2[0].data.device != b[0].data.device:
-                raise ValueError(f"b2 is on {b2[0].data.device} but b is on {b[0].data.device}")
+                raise ValueError(f"b2 is on device {b2[0].data.device} but b is on device {b[0].data.device}")
         if backend not in SERVING_BACKENDS:
             raise ValueError(f"unknown serving backend {backend!r}; known: {', '.join(SERVING_BACKENDS)}")
         if out_dtype not in (torch.float16, torch.bfloat16, torch.float32):
@@ -179,7 +179,7 @@ class PreparedWeights:
                 raise TypeError(f"global_scale must be a float32 tensor of shape [1] or [G] = [{self.groups}], got "
                                 f"{getattr(gs, 'dtype', type(gs).__name__)} {tuple(getattr(gs, 'shape', ()))}")
             if gs.device != self.device:
-                raise ValueError(f"global_scale is on {gs.device} but the weights are on {self.device}")
+                raise ValueError(f"global_scale is on device {gs.device} but the weights are on device {self.device}")
             if not torch.compiler.is_compiling():
                 self._checked = (offsets, global_scale)
         return gs
@@ -208,7 +208,7 @@ class PreparedWeights:
         if codes.shape[1] * 2 != self.k:
             raise ValueError(f"{what} has K={codes.shape[1] * 2} but the weights have K={self.k}")
         if codes.device != self.device:
-            raise ValueError(f"{what} is on {codes.device} but the weights are on {self.device}")
+            raise ValueError(f"{what} is on device {codes.device} but the weights are on device {self.device}")
         if not codes.is_contiguous() and (codes.stride(-1) != 1 or codes.stride(0) % 8) or not (
                 scales.stride(-1) == 1) or (not torch.compiler.is_compiling() and codes.data_ptr() % 8):
             raise ValueError(f"{what}: the kernel reads rows in place and needs row-major codes and scales with 8-byte "
@@ -274,7 +274,7 @@ class PreparedWeights:
         if t.shape[1] != self.k:
             raise ValueError(f"{what} has K={t.shape[1]} but the weights have K={self.k}")
         if t.device != self.device:
-            raise ValueError(f"{what} is on {t.device} but the weights are on {self.device}")
+            raise ValueError(f"{what} is on device {t.device} but the weights are on device {self.device}")
         if packed and self.backend == "cute-hopper" and (not t.is_contiguous() or (
                 not torch.compiler.is_compiling() and t.data_ptr() % 16)):
             raise ValueError(f"{what}: the kernel loads rows by TMA and needs a contiguous, 16-byte aligned [T, K] "
