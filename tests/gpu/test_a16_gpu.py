@@ -70,7 +70,8 @@ def _problem_configs():
 
 
 @pytest.mark.parametrize("mode", ["uniform", "gaussian"])
-@pytest.mark.parametrize("config,prob", [pytest.param(c, p, marks=pytest.mark.xdist_group(c), id=f"{c}-{p.name}")
+@pytest.mark.parametrize("config,prob", [pytest.param(c, p, id=f"{c}-{p.name}",
+                                                      marks=pytest.mark.xdist_group(f"{c}-{p.name}"))
                                          for c, p in _problem_configs()])
 def test_packed_form_is_exact(config, prob, mode):
     inp = make_inputs(prob, seed=1111, mode=mode, device="cuda")
