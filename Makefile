@@ -43,8 +43,10 @@ GPU_TESTS ?= tests/gpu
 GPU_WORKERS ?= 16
 # GPU_TIMEOUT=<seconds> stops the run with SIGINT: pytest then still reports the failures it has (a plain kill loses them)
 GPU_TIMEOUT ?=
+# GPU_ARGS: more pytest options (e.g. -rA to list what passed before a GPU_TIMEOUT stop)
+GPU_ARGS ?=
 gpu-test: $(GPU_ENV)
-	$(if $(GPU_TIMEOUT),timeout -s INT $(GPU_TIMEOUT) ,)$(GPU_PY) -m pytest -q -rfE $(GPU_TESTS) \
+	$(if $(GPU_TIMEOUT),timeout -s INT $(GPU_TIMEOUT) ,)$(GPU_PY) -m pytest -q -rfE $(GPU_ARGS) $(GPU_TESTS) \
 	  $$($(GPU_PY) -c "import xdist; print('-n $(GPU_WORKERS) --dist loadgroup')" 2>/dev/null)
 
 bench: $(GPU_ENV)
