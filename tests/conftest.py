@@ -1,8 +1,45 @@
+import os
+
 import pytest
 import torch
 
 
+def gpu_part_key(item) -> str:
+    """The unit a part of the GPU suite keeps whole: the test's xdist group (tests that share a compiled kernel), or
+    the test itself."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is not None:
+        return mark.args[0] if mark.args else mark.kwargs.get("name", item.nodeid)
+    return item.nodeid
+
+
+def parse_part(spec: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        i = n = 0
+    if not 1 <= i <= n:
+        raise pytest.UsageError(f"NVFP4LIB_GPU_PART={spec!r}: give i/n with 1 <= i <= n, e.g. 2/5")
+    return i, n
+
+
 def pytest_collection_modifyitems(config, items):
+    spec = os.environ.get("NVFP4LIB_GPU_PART")
+    if spec:  # one of n parts of the GPU suite (for machines that limit a command's time): CPU tests are kept
+        i, n = parse_part(spec)
+        order = {}  # each unit in order of first appearance, dealt round-robin: every file spreads over the parts
+        for item in items:
+            if "gpu" in item.keywords:
+                order.setdefault(gpu_part_key(item), len(order))
+        keep, drop = [], []
+        for item in items:
+            if "gpu" in item.keywords and order[gpu_part_key(item)] % n != i - 1:
+                drop.append(item)
+            else:
+                keep.append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none here)")

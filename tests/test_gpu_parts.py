@@ -1,0 +1,53 @@
+"""`make gpu-test GPU_PART=i/n`: the GPU suite in n parts that together hold every GPU test once and never split an
+xdist group (the tests that share one compiled kernel), for machines that limit a command's time."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import gpu_part_key
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+class _Collected:
+    def __init__(self):
+        self.items = []
+
+    def pytest_collection_finish(self, session):
+        self.items = [(item.nodeid, gpu_part_key(item)) for item in session.items]
+
+
+def _collect(monkeypatch, part: str | None) -> list[tuple[str, str]]:
+    if part:
+        monkeypatch.setenv("NVFP4LIB_GPU_PART", part)
+    else:
+        monkeypatch.delenv("NVFP4LIB_GPU_PART", raising=False)
+    got = _Collected()
+    code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", os.path.join(ROOT, "tests/gpu")],
+                       plugins=[got])
+    assert code == 0
+    return got.items
+
+
+def test_parts_cover_the_suite_once_and_keep_groups_whole(monkeypatch):
+    whole = _collect(monkeypatch, None)
+    parts = [_collect(monkeypatch, f"{i}/3") for i in (1, 2, 3)]
+    assert len(whole) > 100 and all(parts)
+    assert sorted(sum(parts, [])) == sorted(whole)  # each test in exactly one part
+    part_of_group = {}
+    for i, part in enumerate(parts):
+        for nodeid, group in part:
+            assert part_of_group.setdefault(group, i) == i, f"{nodeid}: its group {group} is split over parts"
+    grouped = [g for _, g in whole if "::" not in g]  # units named by an xdist group, not by one test
+    assert len(grouped) > len(set(grouped)), "no xdist group holds two tests: nothing checked that groups stay whole"
+    sizes = [len(p) for p in parts]
+    assert max(sizes) < 1.5 * min(sizes), sizes
+
+
+def test_a_bad_part_is_refused():
+    env = {**os.environ, "NVFP4LIB_GPU_PART": "4/3"}
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/gpu"], capture_output=True,
+                         text=True, env=env, cwd=ROOT)
+    assert out.returncode != 0 and "1 <= i <= n" in out.stdout + out.stderr
