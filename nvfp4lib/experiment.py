@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from . import store
 
 __all__ = ["Run", "Round", "ROUNDS", "FAST_PATH", "shipped_configs", "missing_configs", "where_measured",
-           "not_shipped_message", "run_round", "add_command", "CODE_PATHS"]
+           "not_shipped_message", "run_round", "add_command", "CODE_PATHS", "code_path"]
 
 PEER = "torch-grouped-mm:graph=1"
 # notebook 09's final comparison: the default (graph replay and eager) beside every peer of the same run
@@ -202,10 +202,22 @@ def where_measured(rnd: Round) -> list[dict]:
     return sorted(found.values(), key=lambda e: e["date"])
 
 
-CODE_PATHS = {  # where each Hopper family's kernel was at the rows' commits (git show <commit>:<path>; before the
-    # family folders of kernels/ these were single files)
-    "hopper_bf16_decode": "nvfp4lib/kernels/sm90.py", "hopper_smem": "nvfp4lib/kernels/hopper.py",
-    "hopper_rs": "nvfp4lib/kernels/hopper_rs.py"}
+CODE_PATHS = {  # where each Hopper family's kernel was, newest layout first (git show <commit>:<path>): the family
+    # folders of kernels/ since 034f218, single files before; the bf16-decode kernel left before the folders
+    "hopper_bf16_decode": ("nvfp4lib/kernels/sm90.py",),
+    "hopper_smem": ("nvfp4lib/kernels/hopper_smem/", "nvfp4lib/kernels/hopper.py"),
+    "hopper_rs": ("nvfp4lib/kernels/hopper_rs/", "nvfp4lib/kernels/hopper_rs.py"),
+    "hopper_varlen": ("nvfp4lib/kernels/hopper_varlen/",)}
+
+
+def code_path(family: str, commit: str) -> str:
+    """The path of ``family``'s kernel at ``commit`` (the first of :data:`CODE_PATHS` that git finds there; without
+    git or the commit, the newest layout)."""
+    paths = CODE_PATHS[family]
+    for p in paths:
+        if store._git("cat-file", "-e", f"{commit}:{p.rstrip('/')}") is not None:  # None: not there, or no git
+            return p
+    return paths[0]
 
 
 def not_shipped_message(rnd: Round, missing: list[str], iters: int = 30) -> str:
@@ -224,7 +236,7 @@ def not_shipped_message(rnd: Round, missing: list[str], iters: int = 30) -> str:
     last = places[-1]
     c = last["commit"][:7]
     if rnd.family in CODE_PATHS:
-        lines.append(f"  the kernel (latest of these): git show {c}:{CODE_PATHS[rnd.family]}")
+        lines.append(f"  the kernel (latest of these): git show {c}:{code_path(rnd.family, c)}")
     for s in sorted(last["scripts"]):
         lines.append(f"  the script:  git show {c}:{s}")
     rerun = (" && ".join(f"bash {s}" for s in sorted(last["scripts"])) if last["scripts"] else

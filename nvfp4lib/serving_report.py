@@ -19,7 +19,7 @@ from .roofline import add_floors
 from .store import HOPPER_KERNELS
 
 __all__ = ["CALLS", "latest_calls", "missing_calls", "runs_used", "calls_table", "host_scheduled_reference",
-           "weight_bytes", "predictions", "targets", "calls_figure"]
+           "weight_bytes", "predictions", "targets", "calls_figure", "gather_table"]
 
 # the kernel that scheduled its tiles on the host (prepare(a, b) built the tile table from each group's M): the
 # graph times the serving kernel must stay within 10% of
@@ -117,6 +117,26 @@ def calls_table(latest: pd.DataFrame) -> pd.DataFrame:
             "floor_datasheet_us": "datasheet floor us", "x_floor_datasheet": "x datasheet floor",
             "config": "config", "run_id": "run", "commit": "commit", "input_mode": "inputs"}
     return t[list(cols)].rename(columns=cols)
+
+
+def gather_table(rows: pd.DataFrame, problems=None) -> pd.DataFrame:
+    """The latest run of ``data/gather.jsonl`` (the one-shot gather alone, :mod:`nvfp4lib.gather_bench`) as one row
+    per problem: GPU time and ratio to the copy floor per (part, kcu), and whether every output was byte-identical
+    to the torch prepack. Empty without rows."""
+    if rows is None or not len(rows):
+        return pd.DataFrame()
+    sel = rows[rows["status"] == "ok"]
+    if not len(sel):
+        return pd.DataFrame()
+    sel = sel[sel["run_id"] == sel["run_id"].max()]
+    t = sel.pivot_table(index="problem", columns=["part", "kcu"], values=["median_us", "ratio_to_floor"],
+                        aggfunc="last", sort=False)
+    t.columns = [f"{part} kcu={kcu} {'us' if v == 'median_us' else 'x floor'}" for v, part, kcu in t.columns]
+    t = t[sorted(t.columns, key=lambda c: (c.split(" kcu")[0], int(c.split("kcu=")[1].split()[0]), "floor" in c))]
+    t["identical"] = sel.groupby("problem")["identical"].all()
+    t["commit"] = sel.groupby("problem")["git_commit"].last().str[:7]
+    order = _names(problems) if problems is not None else list(dict.fromkeys(sel["problem"]))
+    return t.reindex([p for p in order if p in t.index])
 
 
 def host_scheduled_reference(bench_rows: pd.DataFrame, problems) -> pd.DataFrame:
