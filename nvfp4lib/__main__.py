@@ -82,11 +82,12 @@ def cmd_calls(args) -> int:
     rows = bench_calls(probs, calls=tuple(args.call or ("graph", "eager", "oneshot", "harness")), seed=args.seed,
                        mode=args.mode, iters=args.iters, progress=lambda r: print(
                            f"  {r['problem']:<10} {r['call']:<8} {r['status'][:60]}", flush=True))
-    print(f"\n{'problem':<10} {'call':<8} {'config':<32} {'GPU us':>8} {'host us':>8} {'per call':>9} {'floor':>7} "
-          f"{'x floor':>8}  status")
+    print(f"\n{'problem':<10} {'call':<8} {'config':<32} {'GPU us':>8} {'host us':>8} {'per call':>9} {'b2b us':>8} "
+          f"{'floor':>7} {'x floor':>8}  status")
     for r in rows:
         print(f"{r['problem']:<10} {r['call']:<8} {r.get('config', ''):<32} {_fmt(r.get('median_us', '-'), '8.1f'):>8} "
               f"{_fmt(r.get('host_us', '-'), '8.1f'):>8} {_fmt(r.get('per_call_us', '-'), '9.1f'):>9} "
+              f"{_fmt(r.get('b2b_us', '-'), '8.1f'):>8} "
               f"{r['floor_us']:7.1f} {_fmt(r.get('ratio_to_floor', '-'), '8.2f'):>8}  {r['status'][:40]}")
     _write(args, rows, "calls.jsonl")
     return 0

@@ -112,7 +112,10 @@ def calls_table(latest: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     t = latest.set_index(["problem", "call"])
     t = t.assign(**{"host-bound": t["host_us"] > t["median_us"], "commit": t["git_commit"].str[:7]})
+    if "b2b_us" not in t:  # rows recorded before back-to-back timing existed
+        t = t.assign(b2b_us=np.nan)
     cols = {"per_call_us": "per call us", "median_us": "GPU us", "host_us": "host us", "host-bound": "host-bound",
+            "b2b_us": "back-to-back us",
             "floor_measured_us": "measured floor us", "x_floor_measured": "x measured floor",
             "floor_datasheet_us": "datasheet floor us", "x_floor_datasheet": "x datasheet floor",
             "config": "config", "run_id": "run", "commit": "commit", "input_mode": "inputs"}

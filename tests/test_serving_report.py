@@ -59,3 +59,25 @@ def test_history_has_one_column_per_clean_run_oldest_first():
     assert list(h.columns) == ["aaaaaaa 2026-11-24", "bbbbbbb 2026-11-25"]  # the dirty run left out
     assert h.loc[("S4", "oneshot")].tolist() == [200.0, 140.0]
     assert list(h.index) == [("S4", "graph"), ("S4", "oneshot")]
+
+
+def test_back_to_back_subtracts_the_flushes(monkeypatch):
+    """calls.back_to_back on a fake clock: each call costs 7 units, each flush 3: per call 7, flushes 3."""
+    from nvfp4lib import calls
+
+    clock = [0.0]
+
+    class FakeTime:
+        @staticmethod
+        def perf_counter():
+            return clock[0]
+
+    def advance(us):
+        clock[0] += us * 1e-6
+
+    seen = []
+    monkeypatch.setattr(calls, "time", FakeTime)
+    got = calls.back_to_back(lambda i: (seen.append(i), advance(7.0)), lambda: advance(3.0), iters=10,
+                             sync=lambda: advance(0.0))
+    assert abs(got["b2b_us"] - 7.0) < 1e-6 and abs(got["b2b_flush_us"] - 3.0) < 1e-6
+    assert seen == [0] + list(range(10))  # one warm-up call, then each index once
