@@ -219,12 +219,13 @@ def _free() -> None:
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
               seed: int = 2121, backend: str = "cute-hopper", peer: bool = True, ceilings: dict | None = None,
-              progress=print) -> list[dict]:
+              quantizer: str = "torch", progress=print) -> list[dict]:
     """Rows (one per layer, T, routing and mode, plus the peer's) with provenance; nothing is stored here.
 
     ``layers``: :class:`MoELayer` or their names; ``modes``: the layer's activations, ``"nvfp4"`` (W4A4) and/or
-    ``"bf16"`` (W4A16); ``backend``: the layer's serving backend. A mode the backend cannot build is recorded as a
-    row with that status and no time."""
+    ``"bf16"`` (W4A16); ``backend``: the layer's serving backend; ``quantizer``: how W4A4 quantizes on the fly
+    (:data:`nvfp4lib.nn.moe.QUANTIZERS`, recorded in each row). A mode the backend cannot build is recorded as a row
+    with that status and no time."""
     if not torch.cuda.is_available():
         raise RuntimeError("bench_moe needs a CUDA GPU (none here): it times graph-captured MoE layers on the device. "
                            "Run `python -m nvfp4lib moe-bench --record` on the H100; recorded rows are in "
@@ -253,7 +254,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                 if kind == "peer":
                     built[kind] = BF16GroupedMoE(gate, up, down)
                 else:
-                    built[kind] = NVFP4MoE(gate, up, down, activations=kind, backend=backend)
+                    built[kind] = NVFP4MoE(gate, up, down, activations=kind, backend=backend, quantizer=quantizer)
                 torch.cuda.synchronize()
                 # what building allocated, plus, for the NVFP4 layer, the weight lists it was given and keeps
                 built[kind + ":held"] = torch.cuda.memory_allocated() - before + (
@@ -273,7 +274,8 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                         else None, "seed": seed, "weight_seed": w_seed, "routing_seed": r_seed,
                         "touched_experts": touched, "flops": layer.flops(t),
                         "floor_nvfp4_us": moe_floor_us(layer, t, touched, ceil, "nvfp4"),
-                        "floor_bf16_us": moe_floor_us(layer, t, touched, ceil, "bf16"), "graph": True}
+                        "floor_bf16_us": moe_floor_us(layer, t, touched, ceil, "bf16"), "graph": True,
+                        "quantizer": quantizer}
                 del base["name"]
                 refs: dict = {}
                 for kind in [*modes, *(["peer"] if peer else [])]:
@@ -332,6 +334,8 @@ def add_command(sub, add_record_args, write) -> None:
                    help="the layer's activations: nvfp4 (W4A4), bf16 (W4A16); a mode the backend lacks is recorded "
                         "as such")
     p.add_argument("--backend", default="cute-hopper")
+    p.add_argument("--quantizer", default="torch", choices=["torch", "triton"],
+                   help="how W4A4 quantizes on the fly (the same bits; triton: two launches instead of ~45 kernels)")
     p.add_argument("--no-peer", action="store_true", help="skip the bf16 peer")
     p.add_argument("--seed", type=int, default=2121)
     p.add_argument("--iters", type=int, default=30)
@@ -342,7 +346,8 @@ def add_command(sub, add_record_args, write) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = bench_moe(args.layer or LAYERS, args.tokens, args.routing, modes=tuple(args.mode), iters=args.iters,
-                         seed=args.seed, backend=args.backend, peer=not args.no_peer, progress=_print_row)
+                         seed=args.seed, backend=args.backend, peer=not args.no_peer, quantizer=args.quantizer,
+                         progress=_print_row)
         write(args, rows, MOE.name)
         return 0 if all(r["status"] == "ok" or "NotImplementedError" in r["status"] for r in rows) else 1
 

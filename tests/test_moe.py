@@ -177,6 +177,9 @@ def test_refusals():
             NVFP4MoE.from_float(w, w, w.transpose(1, 2), activations="bf16", backend="cute-hopper")
     with pytest.raises(ValueError, match="activations"):
         make_layer(2, "int8")
+    w = torch.randn(2, INTER, H).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="quantizer must be one of"):
+        NVFP4MoE.from_float(w, w, w.transpose(1, 2), backend="reference", quantizer="cuda")
     layer = make_layer(4)
     x, ids, w = make_inputs(3, 2, 4)
     with pytest.raises(ValueError, match="topk_weights"):

@@ -24,9 +24,13 @@ from ..serving import SERVING_BACKENDS, prepare_weights
 from .quant import quantize_rows
 from .routing import route, unpermute
 
-__all__ = ["NVFP4MoE", "ACTIVATIONS", "INTERMEDIATE_DTYPE"]
+__all__ = ["NVFP4MoE", "ACTIVATIONS", "INTERMEDIATE_DTYPE", "QUANTIZERS"]
 
 ACTIVATIONS = ("nvfp4", "bf16")
+# How W4A4 quantizes on the fly: "torch" (:func:`.quant.quantize_rows`, ~45 elementwise kernels, fused by
+# torch.compile) or "triton" (:mod:`.quant_triton`, two launches with the same bits; checked in Triton's interpreter,
+# not yet run on a GPU). Under torch.compile the torch form is traced either way.
+QUANTIZERS = ("torch", "triton")
 # What the dual GEMM writes and the down GEMM reads (then quantized in W4A4 mode): bf16 keeps the range of silu(g)·u,
 # which fp16 could overflow.
 INTERMEDIATE_DTYPE = torch.bfloat16
@@ -47,12 +51,21 @@ class NVFP4MoE(torch.nn.Module):
     ``activations``: "nvfp4" (W4A4: activations and the intermediate quantized to NVFP4 on the fly) or "bf16" (W4A16:
     activations kept in bf16 — x is rounded to bf16 if it is another float type — and fed to the GEMMs as they are).
     ``backend``: a serving backend,
-    "cute-hopper" (the Hopper kernel) or "reference" (the same semantics in torch, on any device)."""
+    "cute-hopper" (the Hopper kernel) or "reference" (the same semantics in torch, on any device). ``quantizer``: how
+    W4A4 quantizes activations and the intermediate (``QUANTIZERS``; the same bits either way)."""
 
-    def __init__(self, w_gate, w_up, w_down, *, activations: str = "nvfp4", backend: str = "cute-hopper"):
+    def __init__(self, w_gate, w_up, w_down, *, activations: str = "nvfp4", backend: str = "cute-hopper",
+                 quantizer: str = "torch"):
         super().__init__()
         if activations not in ACTIVATIONS:
             raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
+        if quantizer not in QUANTIZERS:
+            raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
+        if quantizer == "triton":
+            try:
+                import triton  # noqa: F401
+            except ImportError as e:
+                raise ValueError("quantizer='triton' needs Triton (not importable here); use quantizer='torch'") from e
         if backend not in SERVING_BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; known: {', '.join(SERVING_BACKENDS)}")
         w_gate = _expert_list(w_gate, "w_gate")
@@ -64,7 +77,7 @@ class NVFP4MoE(torch.nn.Module):
             raise ValueError(f"w_gate, w_up, w_down hold {len(w_gate)}, {len(w_up)}, {len(w_down)} experts; they must "
                              "hold the same number")
         self.experts, self.hidden, self.intermediate = len(w_gate), hidden, inter
-        self.activations, self.backend = activations, backend
+        self.activations, self.backend, self.quantizer = activations, backend, quantizer
         self.w_gate, self.w_up, self.w_down = w_gate, w_up, w_down
         self.gate_up = prepare_weights(w_gate, w_up, backend=backend, out_dtype=INTERMEDIATE_DTYPE,
                                        activations=activations)
@@ -82,7 +95,7 @@ class NVFP4MoE(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"experts={self.experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
-                f"activations={self.activations!r}, backend={self.backend!r}")
+                f"activations={self.activations!r}, backend={self.backend!r}, quantizer={self.quantizer!r}")
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """``x [T, H]``, ``topk_ids [T, k]`` (int, in ``[0, E)``), ``topk_weights [T, k]`` -> ``[T, H]`` in x's
@@ -92,15 +105,22 @@ class NVFP4MoE(torch.nn.Module):
         if self.activations == "nvfp4":
             # Quantize the T rows, then gather the T·k copies: quantization is row-local with one global scale for
             # the call, so this gives the bits of quantizing the gathered rows, k times cheaper.
-            codes, scales, g = quantize_rows(x)
+            codes, scales, g = self._quantize(x)
             h = self.gate_up(_packed(codes.index_select(0, r.token), scales.view(torch.uint8).index_select(0, r.token),
                                      g), r.offsets, global_scale=g)
-            codes, scales, g = quantize_rows(h)
+            codes, scales, g = self._quantize(h)
             y = self.down(_packed(codes, scales.view(torch.uint8), g), r.offsets, global_scale=g)
         else:
             # the intermediate is already bf16 (INTERMEDIATE_DTYPE): the down GEMM's activations as they are
             y = self.down(self.gate_up(x.to(torch.bfloat16).index_select(0, r.token), r.offsets), r.offsets)
         return unpermute(y, r, topk_weights).to(x.dtype)
+
+    def _quantize(self, x: torch.Tensor):
+        if self.quantizer == "triton" and not torch.compiler.is_compiling():
+            from .quant_triton import quantize_rows_triton
+
+            return quantize_rows_triton(x.contiguous())
+        return quantize_rows(x)
 
     def _check(self, x, topk_ids, topk_weights) -> None:
         # shapes and dtypes only: static under torch.compile, no read-back

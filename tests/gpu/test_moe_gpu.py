@@ -58,3 +58,26 @@ def test_graph_replay_with_new_routing(activations):
         ref = reference_moe(x, ids, w, layer.w_gate, layer.w_up, layer.w_down, activations=activations).float()
         err = ((out.float() - ref).norm() / ref.norm()).item()
         assert err < 1e-2, (seed, err)
+
+
+def test_triton_quantizer_gives_the_torch_bits_on_the_gpu():
+    """nn.quant_triton compiled for the GPU (its interpreter check is tests/test_quant_triton.py): the same codes,
+    scales and global scale as the torch form, and the same layer output."""
+    pytest.importorskip("triton")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs sm_90")
+    from nvfp4lib.nn.quant import quantize_rows
+    from nvfp4lib.nn.quant_triton import quantize_rows_triton
+
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(300, 2048, generator=g) * torch.pow(10.0, torch.empty(300, 2048).uniform_(-4, 4, generator=g)))
+    for t in (x.to(torch.bfloat16).cuda(), x.cuda(), torch.zeros(3, 64, device="cuda")):
+        for gs in (None, torch.tensor([0.01], device="cuda")):
+            want, got = quantize_rows(t, gs), quantize_rows_triton(t, gs)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
+            assert torch.equal(got[2], want[2])
+    layer = _layer()
+    fast = NVFP4MoE(layer.w_gate, layer.w_up, layer.w_down, backend="cute-hopper", quantizer="triton")
+    xb = torch.randn(16, 256, device="cuda").to(torch.bfloat16)
+    ids, w = _routing(16, 8, 2, 3)
+    assert torch.equal(fast(xb, ids, w), layer(xb, ids, w))

@@ -1,0 +1,111 @@
+"""The layer's activation quantizer (:func:`nvfp4lib.nn.quant.quantize_rows`) as two Triton launches and a one-word
+memset instead of ~45 torch kernels. At decode sizes each torch kernel costs ~2 µs of GPU time even inside a CUDA
+graph, so the torch form is most of a small W4A4 layer's time.
+
+Every step keeps the torch form's fp32 arithmetic: IEEE divisions (``div_rn``; Triton's ``/`` is approximate), the
+E4M3 rounding of the block scale done in integers (round to nearest even, the scale clamped to [0, 448] first), the
+same E2M1 boundaries and sign of zero. Bit-identical to the torch form in Triton's interpreter
+(``tests/test_quant_triton.py``); not yet run on a GPU, so the layer uses it only where asked
+(``NVFP4MoE(..., quantizer="triton")``).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..formats import BLOCK_SIZE
+
+__all__ = ["quantize_rows_triton"]
+
+BLOCKS_PER_PROGRAM = 32  # 16-element blocks of a row per program
+ROWS_PER_PROGRAM = 4
+
+
+@triton.jit
+def _tile(x, rows, nblk, R: tl.constexpr, CB: tl.constexpr):
+    """The even and odd elements (fp32) of this program's [R rows, CB blocks, 8 pairs] tile, its mask and indices."""
+    r = tl.program_id(0) * R + tl.arange(0, R)[:, None, None]
+    b = tl.program_id(1) * CB + tl.arange(0, CB)[None, :, None]
+    j = tl.arange(0, 8)[None, None, :]
+    ok = (r < rows) & (b < nblk) & (j < 8)
+    off = r.to(tl.int64) * (nblk * 16) + b * 16 + 2 * j
+    ev = tl.load(x + off, mask=ok, other=0.0).to(tl.float32)
+    od = tl.load(x + off + 1, mask=ok, other=0.0).to(tl.float32)
+    return ev, od, ok, r, b, j
+
+
+@triton.jit
+def _amax_kernel(x, amax_bits, rows, nblk, R: tl.constexpr, CB: tl.constexpr):
+    ev, od, ok, r, b, j = _tile(x, rows, nblk, R, CB)
+    m = tl.max(tl.max(tl.max(tl.maximum(tl.abs(ev), tl.abs(od)), axis=2), axis=1), axis=0)
+    # |x| >= 0: its float bits order as int32, so an integer max is the float max
+    tl.atomic_max(amax_bits, m.to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _e2m1(y):
+    """E2M1 code of y (already divided by its block's scale): the boundaries of nvfp4lib.formats."""
+    a = tl.abs(y)
+    mag = ((a > 0.25).to(tl.int32) + (a >= 0.75).to(tl.int32) + (a > 1.25).to(tl.int32)
+           + (a >= 1.75).to(tl.int32) + (a > 2.5).to(tl.int32) + (a >= 3.5).to(tl.int32)
+           + (a > 5.0).to(tl.int32))
+    return mag | (((y.to(tl.int32, bitcast=True) >> 31) & 1) << 3)
+
+
+@triton.jit
+def _quant_kernel(x, g_in, amax_bits, codes, scales, g_out, rows, nblk, HAVE_G: tl.constexpr, R: tl.constexpr,
+                  CB: tl.constexpr):
+    if HAVE_G:
+        g = tl.load(g_in).to(tl.float32)
+    else:  # global_scale_of: amax / (6 * 448); 1 where amax is 0; at least the smallest subnormal
+        amax = tl.load(amax_bits).to(tl.float32, bitcast=True)
+        g = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 2688.0))
+        g = tl.maximum(g, 1.401298464324817e-45)
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        tl.store(g_out, g)
+    ev, od, ok, r, b, j = _tile(x, rows, nblk, R, CB)
+    bmax = tl.max(tl.maximum(tl.abs(ev), tl.abs(od)), axis=2)  # [R, CB]
+    s = tl.minimum(tl.math.div_rn(tl.math.div_rn(bmax, 6.0), g), 448.0)
+    # E4M3 of s, round to nearest even: below 2^-6 in steps of 2^-9; above, the fp32 mantissa rounded to 3 bits in
+    # integers (a carry rolls into the exponent); 960 = (127 - 7) << 3 rebiases the exponent
+    v = s * 512.0
+    f = tl.floor(v)
+    fi = f.to(tl.int32)
+    sub = fi + ((v - f) > 0.5).to(tl.int32) + (((v - f) == 0.5) & ((fi & 1) == 1)).to(tl.int32)
+    bits = s.to(tl.int32, bitcast=True)
+    code = tl.where(s < 0.015625, sub, ((bits + 0x7FFFF + ((bits >> 20) & 1)) >> 20) - 960)
+    s32 = tl.where(code < 8, code.to(tl.float32) * 0.001953125, ((code + 960) << 20).to(tl.float32, bitcast=True))
+    denom = (s32 * g)[:, :, None]
+    pos = denom > 0.0
+    safe = tl.where(pos, denom, 1.0)
+    lo = _e2m1(tl.where(pos, tl.math.div_rn(ev, safe), 0.0))
+    hi = _e2m1(tl.where(pos, tl.math.div_rn(od, safe), 0.0))
+    tl.store(codes + r.to(tl.int64) * (nblk * 8) + b * 8 + j, (lo | (hi << 4)).to(tl.uint8), mask=ok)
+    r2 = tl.program_id(0) * R + tl.arange(0, R)[:, None]
+    b2 = tl.program_id(1) * CB + tl.arange(0, CB)[None, :]
+    tl.store(scales + r2.to(tl.int64) * nblk + b2, code.to(tl.uint8), mask=(r2 < rows) & (b2 < nblk))
+
+
+def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = None):
+    """:func:`nvfp4lib.nn.quant.quantize_rows` in two Triton launches: the same outputs, bit for bit. ``x`` a
+    contiguous float tensor ``[..., K]`` on a device Triton runs on (a CUDA GPU, or the CPU under
+    ``TRITON_INTERPRET=1``); no host synchronisation."""
+    k = x.shape[-1]
+    if k == 0 or k % BLOCK_SIZE:
+        raise ValueError(f"quantize_rows: K = {k} (last dim) must be a positive multiple of {BLOCK_SIZE}")
+    if not x.is_contiguous():
+        raise ValueError("quantize_rows (triton): x must be contiguous; pass x.contiguous()")
+    rows, nblk = x.numel() // k, k // BLOCK_SIZE
+    grid = (max(1, -(-rows // ROWS_PER_PROGRAM)), -(-nblk // BLOCKS_PER_PROGRAM))
+    codes = torch.empty((*x.shape[:-1], k // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((*x.shape[:-1], nblk), dtype=torch.uint8, device=x.device)
+    g = torch.empty(1, dtype=torch.float32, device=x.device)
+    amax_bits = torch.zeros(1, dtype=torch.int32, device=x.device)
+    have_g = global_scale is not None
+    if not have_g:
+        _amax_kernel[grid](x, amax_bits, rows, nblk, R=ROWS_PER_PROGRAM, CB=BLOCKS_PER_PROGRAM)
+    g_in = global_scale.to(torch.float32).reshape(1) if have_g else g
+    _quant_kernel[grid](x, g_in, amax_bits, codes, scales, g, rows, nblk, HAVE_G=have_g, R=ROWS_PER_PROGRAM,
+                        CB=BLOCKS_PER_PROGRAM)
+    return codes, scales.view(torch.float8_e4m3fn), g

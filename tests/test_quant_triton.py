@@ -1,0 +1,82 @@
+"""The Triton form of the layer's activation quantizer gives the torch form's bits: codes, E4M3 scale bytes and the
+global scale, on wide-ranged, tied, zero and signed-zero inputs (Triton's interpreter on the CPU; skipped where
+Triton is missing)."""
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1", allow_module_level=True)
+
+from nvfp4lib.nn.quant import quantize_rows  # noqa: E402
+from nvfp4lib.nn.quant_triton import quantize_rows_triton  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _same(x, g=None):
+    want = quantize_rows(x.cpu(), None if g is None else g.cpu())
+    got = quantize_rows_triton(x.to(DEV), None if g is None else g.to(DEV))
+    assert torch.equal(got[0].cpu(), want[0]), "codes"
+    assert torch.equal(got[1].cpu().view(torch.uint8), want[1].view(torch.uint8)), "scales"
+    assert torch.equal(got[2].cpu(), want[2]), "global scale"
+    return got
+
+
+@pytest.mark.parametrize("shape,dtype", [((37, 64), torch.bfloat16), ((5, 2880), torch.float32),
+                                         ((2, 3, 32), torch.float16), ((1, 16), torch.bfloat16)])
+def test_random_wide_range(shape, dtype):
+    gen = torch.Generator().manual_seed(7)
+    span = 3 if dtype == torch.float16 else 6  # finite in the input's dtype (non-finite input is unspecified)
+    x = torch.randn(shape, generator=gen) * torch.pow(10.0, torch.empty(shape).uniform_(-span, span, generator=gen))
+    _same(x.to(dtype))
+    _same(x.to(dtype), torch.tensor([0.003]))
+
+
+def test_ties_of_the_scale_and_of_the_codes():
+    # global scale 1: a block's max m gives the scale m / 6 -> E4M3 ties (normal and subnormal) and E2M1 ties
+    ties = [1.0625, 1.1875, 3.25, 0.0029296875 * 0.5, 0.001953125 * 1.5, 0.001953125 * 2.5, 0.001953125 * 0.5,
+            447.9, 460.0, 0.015625 - 0.0009765625]
+    rows = []
+    for s in ties:
+        row = torch.tensor([6 * s] + [6 * s * f for f in (0.25, 0.75, 1.25 / 6, 1.75 / 6, 2.5 / 6, 3.5 / 6, 5 / 6,
+                                                          -0.25 / 6, -0.0, 0.0, 1 / 12, -1 / 12, 0.5, 0.1, 0.9)])
+        rows.append(row)
+    x = torch.stack(rows)
+    _same(x, torch.tensor([1.0]))
+    _same(x)
+
+
+def test_zeros_signed_zeros_and_empty():
+    _same(torch.zeros(3, 32))  # amax 0: global scale 1, every code +0
+    z = torch.zeros(2, 16)
+    z[0, ::2] = -0.0
+    z[1, 3] = 1.0
+    _same(z)
+    got = _same(torch.zeros(0, 64))
+    assert got[0].shape == (0, 32) and got[1].shape == (0, 4)
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(ValueError, match="multiple of 16"):
+        quantize_rows_triton(torch.zeros(2, 24, device=DEV))
+    with pytest.raises(ValueError, match="contiguous"):
+        quantize_rows_triton(torch.zeros(32, 4, device=DEV).t())
+
+
+def test_the_layer_gives_the_same_output_with_either_quantizer():
+    from nvfp4lib.nn import NVFP4MoE
+
+    g = torch.Generator().manual_seed(3)
+    w = [torch.randn(4, *s, generator=g).mul(0.1).to(torch.bfloat16) for s in ((32, 64), (32, 64), (64, 32))]
+    x = torch.randn(5, 64, generator=g).to(torch.bfloat16)
+    ids = torch.tensor([[0, 1], [1, 2], [3, 0], [2, 3], [1, 0]])
+    tw = torch.softmax(torch.randn(5, 2, generator=g), -1)
+    outs = []
+    for q in ("torch", "triton"):
+        layer = NVFP4MoE.from_float(*[t.to(DEV) for t in w], backend="reference", quantizer=q)
+        outs.append(layer(x.to(DEV), ids.to(DEV), tw.to(DEV)))
+        assert f"quantizer='{q}'" in repr(layer)
+    assert torch.equal(outs[0], outs[1])
