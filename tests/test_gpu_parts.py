@@ -17,6 +17,7 @@ class _Collected:
 
     def pytest_collection_finish(self, session):
         self.items = [(item.nodeid, gpu_part_key(item)) for item in session.items]
+        self.long = [item.get_closest_marker("long_gpu") is not None for item in session.items]
 
 
 def _collect(monkeypatch, part: str | None) -> list[tuple[str, str]]:
@@ -28,12 +29,15 @@ def _collect(monkeypatch, part: str | None) -> list[tuple[str, str]]:
     code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", os.path.join(ROOT, "tests/gpu")],
                        plugins=[got])
     assert code == 0
-    return got.items
+    return got
 
 
 def test_parts_cover_the_suite_once_and_keep_groups_whole(monkeypatch):
-    whole = _collect(monkeypatch, None)
-    parts = [_collect(monkeypatch, f"{i}/3") for i in (1, 2, 3)]
+    got = _collect(monkeypatch, None)
+    whole = got.items
+    parts = [_collect(monkeypatch, f"{i}/3").items for i in (1, 2, 3)]
+    # the long GPU tests are collected first (started late, one would outlast a time-limited part)
+    assert any(got.long) and got.long == sorted(got.long, reverse=True)
     assert len(whole) > 100 and all(parts)
     assert sorted(sum(parts, [])) == sorted(whole)  # each test in exactly one part
     part_of_group = {}

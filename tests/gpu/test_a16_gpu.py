@@ -110,6 +110,7 @@ def test_every_single_config_on_one_row(config):
     check(w, ref, bf16_rows(inp), config)
 
 
+@pytest.mark.long_gpu
 @pytest.mark.parametrize("dual", [False, True])
 @pytest.mark.parametrize("groups", [8, 64])
 def test_graph_replays_any_split(groups, dual):

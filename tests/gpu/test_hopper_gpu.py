@@ -108,6 +108,7 @@ def test_subnormal_scales_are_exact(config):
     assert check_runner(runner, ref) <= TOL
 
 
+@pytest.mark.long_gpu
 @pytest.mark.parametrize("dual", [False, True])
 def test_default_is_the_fastest_auto_candidate_and_exact(dual):
     from nvfp4lib.tuning import AUTO_CANDIDATES

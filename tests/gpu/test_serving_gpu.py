@@ -71,6 +71,7 @@ def test_list_form_is_exact_with_empty_groups(m, dual):
     assert relative_error(outs, ref) <= TOL
 
 
+@pytest.mark.long_gpu
 @pytest.mark.parametrize("groups", [8, 64, 256])
 def test_graph_replays_any_split(groups):
     """One capture at T = 512 rows; 100 replays with random splits (empty groups included), each exact."""
