@@ -98,6 +98,11 @@ def back_to_back(call, flush, iters: int, sync=None) -> dict:
     return {"b2b_us": both - alone, "b2b_flush_us": alone}
 
 
+def _time_both(call, iters: int, flush: L2Flusher) -> dict:
+    """``call(i)`` timed each on its own (:func:`_time`) and back to back (:func:`back_to_back`)."""
+    return {**_time(call, lambda i: None, iters, flush), **back_to_back(call, flush, iters)}
+
+
 def _check(outs, ref) -> float:
     torch.cuda.synchronize()
     return relative_error(outs, ref)
@@ -166,7 +171,7 @@ def _one(call, prob, w, inputs, acts, refs, ref_w, nbytes, iters, flush, api, co
             def eager(i):
                 return w(acts[i % n][0], acts[i % n][1], global_scale=acts[i % n][2])
 
-            out = {**_time(eager, lambda i: None, iters, flush), **back_to_back(eager, flush, iters)}
+            out = _time_both(eager, iters, flush)
         else:
             static = [t.clone() for t in (ap.data, ap.scales, gs)]
             sap = NVFP4Tensor(static[0], static[1], ap.global_scale)
@@ -200,8 +205,7 @@ def _one(call, prob, w, inputs, acts, refs, ref_w, nbytes, iters, flush, api, co
         err = _check(run(1), refs[1])
         if not err <= TOL:
             return {"status": f"wrong: rel_err {err:.3g}", "rel_err": err}
-        return {**_time(run, lambda i: None, iters, flush), **back_to_back(run, flush, iters), "rel_err": err,
-                "status": "ok"}
+        return {**_time_both(run, iters, flush), "rel_err": err, "status": "ok"}
     if call == "harness":
         try:
             tuples = [compat.study_tuple(x) for x in inputs]
@@ -216,6 +220,5 @@ def _one(call, prob, w, inputs, acts, refs, ref_w, nbytes, iters, flush, api, co
         def harness(i):
             return entry(tuples[i % n])
 
-        return {**_time(harness, lambda i: None, iters, flush), **back_to_back(harness, flush, iters), "rel_err": err,
-                "status": "ok"}
+        return {**_time_both(harness, iters, flush), "rel_err": err, "status": "ok"}
     raise ValueError(f"unknown call form {call!r}; known: {CALLS}")

@@ -134,8 +134,8 @@ def gather_table(rows: pd.DataFrame, problems=None) -> pd.DataFrame:
     sel = sel[sel["run_id"] == sel["run_id"].max()]
     t = sel.pivot_table(index="problem", columns=["part", "kcu"], values=["median_us", "ratio_to_floor"],
                         aggfunc="last", sort=False)
+    t = t[sorted(t.columns, key=lambda c: (c[1], c[2], c[0] != "median_us"))]  # part, kcu, time before ratio
     t.columns = [f"{part} kcu={kcu} {'us' if v == 'median_us' else 'x floor'}" for v, part, kcu in t.columns]
-    t = t[sorted(t.columns, key=lambda c: (c.split(" kcu")[0], int(c.split("kcu=")[1].split()[0]), "floor" in c))]
     t["identical"] = sel.groupby("problem")["identical"].all()
     t["commit"] = sel.groupby("problem")["git_commit"].last().str[:7]
     order = _names(problems) if problems is not None else list(dict.fromkeys(sel["problem"]))

@@ -29,13 +29,9 @@ def pytest_collection_modifyitems(config, items):
     spec = os.environ.get("NVFP4LIB_GPU_PART")
     if spec:  # one of n parts of the GPU suite (for machines that limit a command's time): CPU tests are kept
         i, n = parse_part(spec)
-        order = {}  # each unit in order of first appearance, dealt round-robin: every file spreads over the parts
+        order, keep, drop = {}, [], []  # units numbered as they first appear, dealt round-robin: every file spreads
         for item in items:
-            if "gpu" in item.keywords:
-                order.setdefault(gpu_part_key(item), len(order))
-        keep, drop = [], []
-        for item in items:
-            if "gpu" in item.keywords and order[gpu_part_key(item)] % n != i - 1:
+            if "gpu" in item.keywords and order.setdefault(gpu_part_key(item), len(order)) % n != i - 1:
                 drop.append(item)
             else:
                 keep.append(item)

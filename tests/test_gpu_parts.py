@@ -20,7 +20,7 @@ class _Collected:
         self.long = [item.get_closest_marker("long_gpu") is not None for item in session.items]
 
 
-def _collect(monkeypatch, part: str | None) -> list[tuple[str, str]]:
+def _collect(monkeypatch, part: str | None) -> _Collected:
     if part:
         monkeypatch.setenv("NVFP4LIB_GPU_PART", part)
     else:

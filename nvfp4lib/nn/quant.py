@@ -11,7 +11,7 @@ import torch
 
 from ..formats import BLOCK_SIZE, E2M1_MAX, E4M3_MAX
 
-__all__ = ["global_scale_of", "quantize_rows"]
+__all__ = ["check_k", "global_scale_of", "quantize_rows"]
 
 # E2M1 rounding boundaries, as in nvfp4lib.formats: a value rounds up past the first set only when strictly above
 # (its ties go down to an even code), past the second set when at or above (its ties go up to an even code).
@@ -31,15 +31,21 @@ def global_scale_of(x: torch.Tensor) -> torch.Tensor:
     return g.reshape(1)
 
 
+def check_k(x: torch.Tensor) -> int:
+    """K, the last dim of ``x``, which both forms of :func:`quantize_rows` need to be a positive multiple of 16."""
+    k = x.shape[-1]
+    if k == 0 or k % BLOCK_SIZE:
+        raise ValueError(f"quantize_rows: K = {k} (last dim) must be a positive multiple of {BLOCK_SIZE}")
+    return k
+
+
 def quantize_rows(x: torch.Tensor, global_scale: torch.Tensor | None = None):
     """Quantize ``x [..., K]`` (K a multiple of 16) to NVFP4 parts without synchronising.
 
     ``global_scale``: a float32 tensor of one element on x's device, or None for :func:`global_scale_of` (x).
     Returns ``(codes uint8 [..., K/2], scales float8_e4m3fn [..., K/16], global_scale float32 [1])``: the fields of
     an :class:`~nvfp4lib.formats.NVFP4Tensor`, its global scale kept a device tensor."""
-    k = x.shape[-1]
-    if k == 0 or k % BLOCK_SIZE:
-        raise ValueError(f"quantize_rows: K = {k} (last dim) must be a positive multiple of {BLOCK_SIZE}")
+    k = check_k(x)
     g = global_scale_of(x) if global_scale is None else global_scale.to(torch.float32).reshape(1)
     blocks = x.detach().to(torch.float32).reshape(*x.shape[:-1], k // BLOCK_SIZE, BLOCK_SIZE)
     # Clamp before the cast, as formats does: saturation then does not depend on the fp8 conversion of the backend.

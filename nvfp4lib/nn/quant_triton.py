@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from ..formats import BLOCK_SIZE
+from .quant import check_k
 
 __all__ = ["quantize_rows_triton"]
 
@@ -91,9 +92,7 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
     """:func:`nvfp4lib.nn.quant.quantize_rows` in two Triton launches: the same outputs, bit for bit. ``x`` a
     contiguous float tensor ``[..., K]`` on a device Triton runs on (a CUDA GPU, or the CPU under
     ``TRITON_INTERPRET=1``); no host synchronisation."""
-    k = x.shape[-1]
-    if k == 0 or k % BLOCK_SIZE:
-        raise ValueError(f"quantize_rows: K = {k} (last dim) must be a positive multiple of {BLOCK_SIZE}")
+    k = check_k(x)
     if not x.is_contiguous():
         raise ValueError("quantize_rows (triton): x must be contiguous; pass x.contiguous()")
     rows, nblk = x.numel() // k, k // BLOCK_SIZE
