@@ -62,7 +62,8 @@ def _quant_kernel(x, g_in, amax_bits, codes, scales, g_out, rows, nblk, HAVE_G: 
     else:  # global_scale_of: amax / (6 * 448); 1 where amax is 0; at least the smallest subnormal
         amax = tl.load(amax_bits).to(tl.float32, bitcast=True)
         g = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 2688.0))
-        g = tl.maximum(g, 1.401298464324817e-45)
+        # the smallest fp32 subnormal, from its bits: Triton types a float literal below fp32's normal range as fp64
+        g = tl.maximum(g, tl.full([], 1, tl.int32).to(tl.float32, bitcast=True))
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(g_out, g)
     ev, od, ok, r, b, j = _tile(x, rows, nblk, R, CB)

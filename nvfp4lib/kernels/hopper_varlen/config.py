@@ -136,6 +136,13 @@ CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     make(False, 128, 256, 3, token_step=32, act="bf16"), make(False, 128, 128, 4, act="bf16"),
     make(False, 128, 128, 3, act="bf16"), make(True, 64, 256, 3, token_step=32, act="bf16"),
     make(True, 128, 128, 3, epilogue="simt", act="bf16"), make(True, 64, 96, 3, act="bf16"),
+    # Decode (a few rows per expert, MoE layers): the GEMM streams weights. Narrow token tiles (16, 32) free the
+    # activation ring for deeper weight pipelines (6-8 stages of 9 KB) at ~110 KB of shared memory: two CTAs per SM.
+    # Predicted (2026-11-26): from ~1 TB/s with the 3-stage t256 tiles to 2 TB/s or more. Measured on the H100 the
+    # same day: 1.3-1.6x faster on the MoE layers' GEMMs (tuning.PREFERENCE), short of 2x. The 32-token tiles with 8
+    # stages (142 KB, one CTA per SM) were 1.26-1.4x slower than with 6: two CTAs per SM beat a deeper pipeline
+    *(make(dual, 64 if dual else 128, tn, st, act=act) for act in ACTS for dual in (False, True)
+      for tn, st in ((16, 8), (32, 6))),
 )}
 
 
