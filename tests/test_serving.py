@@ -124,6 +124,22 @@ def test_every_config_compiles_for_sm90a(name, monkeypatch):
     assert "cvt.rn.f16x2.e4m3x2" in r["prologue_ptx"]
 
 
+@pytest.mark.slow
+def test_tile_search_is_one_round_of_loads_and_warp_shuffles(monkeypatch):
+    """_schedule: each lane loads ceil(G/32) group ends (plus offsets[0]) at once, then two scans over the lanes
+    (6 up-shuffles each) and five broadcasts (5 butterfly steps each); no loop over the groups."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    import re
+
+    from nvfp4lib.kernels.hopper_varlen.report import compile_report
+
+    for groups in (8, 256):
+        ptx = compile_report(CONFIGS["vl_m128_t16_k128_s8_e"], groups=groups, n=2048, k_pad=1024, ptxas=False)["ptx"]
+        assert len(re.findall(r"shfl\.sync\.up", ptx)) == 12 and len(re.findall(r"shfl\.sync\.bfly", ptx)) == 25
+        assert len(re.findall(r"ld\.global\.u32", ptx)) == -(-groups // 32) + 1
+
+
 def test_packed_form_writes_a_given_output():
     w = prepare_weights(_weights(), backend="reference")
     ap = quantize(torch.randn(12, 128))

@@ -19,12 +19,19 @@ _TIES_DOWN = (0.25, 1.25, 2.5, 5.0)
 _TIES_UP = (0.75, 1.75, 3.5)
 
 
+def _div(a: torch.Tensor, b: float) -> torch.Tensor:
+    """``a / b`` rounded once (IEEE), on any device. torch's CUDA kernels divide by a Python number as a
+    multiplication by its reciprocal (two roundings: 4.53125 / 2688 came out 1 ulp high on the H100, where the CPU and
+    the Triton form divide exactly); a device tensor divisor takes the true division."""
+    return a / torch.full((), b, dtype=torch.float32, device=a.device)
+
+
 def global_scale_of(x: torch.Tensor) -> torch.Tensor:
     """``amax(|x|) / (6 · 448)`` as float32 ``[1]`` on x's device (1.0 for an all-zero or empty x), so the largest
     block scale lands on E4M3's maximum; the same rule as ``formats.quantize``'s default."""
     x32 = x.detach().to(torch.float32)
     amax = x32.abs().amax() if x32.numel() else x32.new_zeros(())
-    g = amax / (E2M1_MAX * E4M3_MAX)
+    g = _div(amax, E2M1_MAX * E4M3_MAX)
     g = torch.where(amax == 0, torch.ones_like(g), g)
     # a nonzero amax that underflows the division gets the smallest positive float32 (formats does the same)
     g = torch.clamp(g, min=torch.finfo(torch.float32).smallest_normal * 2.0**-23)
@@ -49,7 +56,7 @@ def quantize_rows(x: torch.Tensor, global_scale: torch.Tensor | None = None):
     g = global_scale_of(x) if global_scale is None else global_scale.to(torch.float32).reshape(1)
     blocks = x.detach().to(torch.float32).reshape(*x.shape[:-1], k // BLOCK_SIZE, BLOCK_SIZE)
     # Clamp before the cast, as formats does: saturation then does not depend on the fp8 conversion of the backend.
-    scales = torch.clamp(blocks.abs().amax(dim=-1) / E2M1_MAX / g, max=E4M3_MAX).to(torch.float8_e4m3fn)
+    scales = torch.clamp(_div(blocks.abs().amax(dim=-1), E2M1_MAX) / g, max=E4M3_MAX).to(torch.float8_e4m3fn)
     denom = (scales.to(torch.float32) * g).unsqueeze(-1)
     ok = denom > 0
     # a zero scale (or an underflowing product) encodes its block as +0 codes

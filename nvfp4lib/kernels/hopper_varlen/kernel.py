@@ -91,6 +91,7 @@ def _build():
             self.n_blocks = -(-n // cfg.tile_m)
             self.bt, self.step = cfg.tile_n, cfg.step
             self.variants = tuple(range(self.step, self.bt + 1, self.step))
+            self.per_lane = -(-groups // 32)  # groups per lane of the tile search (_schedule)
             self.nsub = cfg.tile_k // UNIT_K
             self.blocks = cfg.blocks
             self.stages = cfg.ab_stages
@@ -113,21 +114,47 @@ def _build():
         @cute.jit
         def _schedule(self, mOffsets, rows):
             """This CTA's tile: (group, first token row, tokens, first weight row of the group's N) or tokens <= 0
-            when the split has fewer tiles than the grid."""
+            when the split has fewer tiles than the grid.
+
+            Group g owns rows ``lo_g .. hi_g`` with ``hi_g = min(T, max(0, offsets[0 .. g+1]))`` and ``lo_g =
+            hi_{g-1}`` (offsets clamped to [0, T] and made non-decreasing). Every warp finds the tile on its own, its
+            lanes each taking ``ceil(G / 32)`` consecutive groups: one round of loads, then a prefix maximum (the row
+            bounds) and a prefix sum (the tile counts) over the lanes by shuffles, and the one lane whose groups hold
+            tile ``bidx`` hands its values to the others. A loop over the groups in one thread took ~G dependent
+            steps before any weight load, at every CTA (256 on a DeepSeek-like layer)."""
             bidx, _, _ = cute.arch.block_idx()
-            acc = cutlass.Int32(0)
+            lane = cute.arch.lane_idx()
+            per = self.per_lane
+            base = cutlass.max(cutlass.Int32(mOffsets[0]), 0)
+            ends = []
+            lane_max = cutlass.Int32(-1)
+            for j in cutlass.range_constexpr(per):
+                v = cutlass.Int32(-1)  # a lane's groups past G own no rows
+                if lane * per + j < self.groups:
+                    v = cutlass.Int32(mOffsets[lane * per + j + 1])
+                ends.append(v)
+                lane_max = cutlass.max(lane_max, v)
+            run = self._lanes_before(lane_max, lane, base, True)  # max(0, offsets[0 .. first group of this lane])
+            bounds, counts, lane_tiles = [], [], cutlass.Int32(0)
+            for j in cutlass.range_constexpr(per):
+                lo = cutlass.min(run, rows)
+                run = cutlass.max(run, ends[j])
+                m = cutlass.min(run, rows) - lo
+                ntt = (m + self.bt - 1) // self.bt
+                bounds.append((lo, m, ntt))
+                counts.append(ntt * self.n_blocks)
+                lane_tiles = lane_tiles + counts[j]
+            acc = self._lanes_before(lane_tiles, lane, cutlass.Int32(0), False)  # tiles of the lanes before
             group, lo_sel, m_sel, ntt_sel, local = (cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0),
                                                     cutlass.Int32(0), cutlass.Int32(0))
-            lo = cutlass.min(cutlass.max(cutlass.Int32(mOffsets[0]), 0), rows)
-            for g in cutlass.range(self.groups, unroll=min(self.groups, 16)):
-                hi = cutlass.min(cutlass.max(cutlass.Int32(mOffsets[g + 1]), lo), rows)
-                m = hi - lo
-                ntt = (m + self.bt - 1) // self.bt
-                cnt = ntt * self.n_blocks
-                if bidx >= acc and bidx < acc + cnt:
-                    group, lo_sel, m_sel, ntt_sel, local = g, lo, m, ntt, bidx - acc
-                acc = acc + cnt
-                lo = hi
+            for j in cutlass.range_constexpr(per):
+                if bidx >= acc and bidx < acc + counts[j]:
+                    group, lo_sel, m_sel, ntt_sel, local = (lane * per + j, bounds[j][0], bounds[j][1], bounds[j][2],
+                                                            bidx - acc)
+                acc = acc + counts[j]
+            # one lane at most found the tile; the others hold zeros (every value is >= 0): a maximum broadcasts it
+            group, lo_sel, m_sel, ntt_sel, local = (cute.arch.warp_reduction_max(x)
+                                                    for x in (group, lo_sel, m_sel, ntt_sel, local))
             nblk = local // cutlass.max(ntt_sel, 1)
             tt = local - nblk * ntt_sel
             size = ((m_sel + ntt_sel - 1) // cutlass.max(ntt_sel, 1) + self.step - 1) // self.step * self.step
@@ -136,6 +163,26 @@ def _build():
             if ntt_sel == 0:
                 tokens = cutlass.Int32(0)
             return group, lo_sel + m0, tokens, nblk * self.cfg.tile_m
+
+        @cute.jit
+        def _lanes_before(self, x, lane, first, use_max: cutlass.Constexpr):
+            """Over the warp's lanes: the maximum (``use_max``) or the sum of ``x`` over the lanes before this one,
+            with ``first`` for lane 0 (folded into the maximum)."""
+            for s in cutlass.range_constexpr(5):
+                y = cute.arch.shuffle_sync_up(x, offset=1 << s, mask_and_clamp=0)
+                if lane >= (1 << s):
+                    if cutlass.const_expr(use_max):
+                        x = cutlass.max(x, y)
+                    else:
+                        x = x + y
+            before = cute.arch.shuffle_sync_up(x, offset=1, mask_and_clamp=0)
+            out = first
+            if lane > 0:
+                if cutlass.const_expr(use_max):
+                    out = cutlass.max(first, before)
+                else:
+                    out = before
+            return out
 
         @cute.kernel
         def kernel(self, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom, tX: cute.Tensor,
