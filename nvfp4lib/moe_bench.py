@@ -219,7 +219,7 @@ def _free() -> None:
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
               seed: int = 2121, backend: str = "cute-hopper", peer: bool = True, ceilings: dict | None = None,
-              quantizer: str = "torch", progress=print) -> list[dict]:
+              quantizer: str = "auto", progress=print) -> list[dict]:
     """Rows (one per layer, T, routing and mode, plus the peer's) with provenance; nothing is stored here.
 
     ``layers``: :class:`MoELayer` or their names; ``modes``: the layer's activations, ``"nvfp4"`` (W4A4) and/or
@@ -241,6 +241,9 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
     for r in routings:
         if r not in ROUTINGS:
             raise ValueError(f"routing {r!r} is not one of {ROUTINGS}")
+    from .nn.moe import resolve_quantizer
+
+    quantizer = resolve_quantizer(quantizer, "cuda")  # rows record the quantizer that ran
     run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
     rows = []
     for li, layer in enumerate(layers):
@@ -334,7 +337,7 @@ def add_command(sub, add_record_args, write) -> None:
                    help="the layer's activations: nvfp4 (W4A4), bf16 (W4A16); a mode the backend lacks is recorded "
                         "as such")
     p.add_argument("--backend", default="cute-hopper")
-    p.add_argument("--quantizer", default="torch", choices=["torch", "triton"],
+    p.add_argument("--quantizer", default="auto", choices=["auto", "torch", "triton"],
                    help="how W4A4 quantizes on the fly (the same bits; triton: two launches instead of ~45 kernels)")
     p.add_argument("--no-peer", action="store_true", help="skip the bf16 peer")
     p.add_argument("--seed", type=int, default=2121)

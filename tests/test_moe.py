@@ -1,6 +1,8 @@
 """nvfp4lib.nn on the CPU (backend="reference"): the device quantizer is bit-exact against formats.quantize, routing
 is a stable sort with the right offsets, and NVFP4MoE matches the exact reference in both activation modes, on the
 shapes that break MoE layers (E=256 top-8, one hot expert, empty experts, T=1), eagerly and under torch.compile."""
+import importlib.util
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -180,6 +182,16 @@ def test_refusals():
     w = torch.randn(2, INTER, H).to(torch.bfloat16)
     with pytest.raises(ValueError, match="quantizer must be one of"):
         NVFP4MoE.from_float(w, w, w.transpose(1, 2), backend="reference", quantizer="cuda")
+    from nvfp4lib.nn.moe import resolve_quantizer
+
+    assert NVFP4MoE.from_float(w, w, w.transpose(1, 2), backend="reference").quantizer == "torch"  # auto, on the CPU
+    assert resolve_quantizer("torch", "cuda") == "torch"
+    if importlib.util.find_spec("triton") is not None:
+        assert resolve_quantizer("auto", "cuda") == "triton" and resolve_quantizer("auto", "cpu") == "torch"
+    else:
+        assert resolve_quantizer("auto", "cuda") == "torch"
+        with pytest.raises(ValueError, match="needs Triton"):
+            resolve_quantizer("triton", "cuda")
     layer = make_layer(4)
     x, ids, w = make_inputs(3, 2, 4)
     with pytest.raises(ValueError, match="topk_weights"):

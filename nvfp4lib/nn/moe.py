@@ -24,13 +24,29 @@ from ..serving import SERVING_BACKENDS, prepare_weights
 from .quant import quantize_rows
 from .routing import route, unpermute
 
-__all__ = ["NVFP4MoE", "ACTIVATIONS", "INTERMEDIATE_DTYPE", "QUANTIZERS"]
+__all__ = ["NVFP4MoE", "ACTIVATIONS", "INTERMEDIATE_DTYPE", "QUANTIZERS", "resolve_quantizer"]
 
 ACTIVATIONS = ("nvfp4", "bf16")
 # How W4A4 quantizes on the fly: "torch" (:func:`.quant.quantize_rows`, ~45 elementwise kernels, fused by
-# torch.compile) or "triton" (:mod:`.quant_triton`, two launches with the same bits; checked in Triton's interpreter,
-# not yet run on a GPU). Under torch.compile the torch form is traced either way.
-QUANTIZERS = ("torch", "triton")
+# torch.compile) or "triton" (:mod:`.quant_triton`, two launches with the same bits: checked in Triton's interpreter and
+# on the H100); "auto" takes Triton for weights on a CUDA device where it imports, else torch. Under torch.compile the
+# torch form is traced either way.
+QUANTIZERS = ("auto", "torch", "triton")
+
+
+def resolve_quantizer(quantizer: str, device) -> str:
+    """The quantizer a layer on ``device`` runs for ``quantizer`` (one of :data:`QUANTIZERS`): "torch" or "triton"."""
+    if quantizer not in QUANTIZERS:
+        raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        if quantizer == "triton":
+            raise ValueError("quantizer='triton' needs Triton (not importable here); use quantizer='torch'") from e
+        return "torch"
+    if quantizer == "auto":
+        return "triton" if torch.device(device).type == "cuda" else "torch"
+    return quantizer
 # What the dual GEMM writes and the down GEMM reads (then quantized in W4A4 mode): bf16 keeps the range of silu(g)·u,
 # which fp16 could overflow.
 INTERMEDIATE_DTYPE = torch.bfloat16
@@ -52,20 +68,14 @@ class NVFP4MoE(torch.nn.Module):
     activations kept in bf16 — x is rounded to bf16 if it is another float type — and fed to the GEMMs as they are).
     ``backend``: a serving backend,
     "cute-hopper" (the Hopper kernel) or "reference" (the same semantics in torch, on any device). ``quantizer``: how
-    W4A4 quantizes activations and the intermediate (``QUANTIZERS``; the same bits either way)."""
+    W4A4 quantizes activations and the intermediate (``QUANTIZERS``, resolved to "torch" or "triton" in
+    ``self.quantizer``; the same bits either way)."""
 
     def __init__(self, w_gate, w_up, w_down, *, activations: str = "nvfp4", backend: str = "cute-hopper",
-                 quantizer: str = "torch"):
+                 quantizer: str = "auto"):
         super().__init__()
         if activations not in ACTIVATIONS:
             raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
-        if quantizer not in QUANTIZERS:
-            raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
-        if quantizer == "triton":
-            try:
-                import triton  # noqa: F401
-            except ImportError as e:
-                raise ValueError("quantizer='triton' needs Triton (not importable here); use quantizer='torch'") from e
         if backend not in SERVING_BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; known: {', '.join(SERVING_BACKENDS)}")
         w_gate = _expert_list(w_gate, "w_gate")
@@ -77,7 +87,8 @@ class NVFP4MoE(torch.nn.Module):
             raise ValueError(f"w_gate, w_up, w_down hold {len(w_gate)}, {len(w_up)}, {len(w_down)} experts; they must "
                              "hold the same number")
         self.experts, self.hidden, self.intermediate = len(w_gate), hidden, inter
-        self.activations, self.backend, self.quantizer = activations, backend, quantizer
+        self.activations, self.backend = activations, backend
+        self.quantizer = resolve_quantizer(quantizer, w_gate[0].device)
         self.w_gate, self.w_up, self.w_down = w_gate, w_up, w_down
         self.gate_up = prepare_weights(w_gate, w_up, backend=backend, out_dtype=INTERMEDIATE_DTYPE,
                                        activations=activations)
