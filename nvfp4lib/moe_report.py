@@ -17,7 +17,8 @@ from .plots import caption
 from .roofline import H100_SXM_DATASHEET
 
 __all__ = ["NO_DATA", "RECORD_COMMAND", "expected_touched", "predicted_floors", "latest_moe", "not_ok", "runs_used",
-           "time_table", "memory_table", "targets", "target_summary", "time_figure", "DECODE_MAX_T", "PREFILL_MIN_T"]
+           "time_table", "memory_table", "targets", "target_summary", "time_figure", "step_table", "DECODE_MAX_T",
+           "PREFILL_MIN_T"]
 
 RECORD_COMMAND = "python -m nvfp4lib moe-bench --record"
 NO_DATA = ("No H100 run of the MoE layer benchmark is recorded yet (data/moe.jsonl holds no rows). To make one, on "
@@ -111,6 +112,36 @@ def _one(latest, layer, t, routing, label, col="median_us") -> float:
 
 def _cases(latest) -> list[tuple]:
     return list(dict.fromkeys(zip(latest["layer"], latest["tokens"], latest["routing"]))) if len(latest) else []
+
+
+def step_table(rows: pd.DataFrame, before: str, after: str, routing: str = "uniform",
+               max_t: int = DECODE_MAX_T) -> pd.DataFrame:
+    """One optimisation step at decode sizes: per (layer, T <= ``max_t``), each label's ok median time in the run at
+    commit ``before`` and in the run at ``after`` (the latest of each), their ratio, and, after, W4A4 minus W4A16 and
+    the peer over each NVFP4 mode. Empty where either commit has no ok row."""
+    if rows is None or not len(rows) or "git_commit" not in rows:
+        return pd.DataFrame()
+    ok = rows[(rows["status"] == "ok") & (rows["routing"] == routing) & (rows["tokens"] <= max_t)]
+    t = {}
+    for tag, commit in (("before", before), ("after", after)):
+        sel = ok[ok["git_commit"] == commit].sort_values("run_id")
+        if not len(sel):
+            return pd.DataFrame()
+        t[tag] = sel.pivot_table(index=["layer", "tokens"], columns="label", values="median_us", aggfunc="last")
+    out = pd.DataFrame(index=t["after"].index)
+    for label in ORDER:
+        if label in t["before"] and label in t["after"]:
+            out[f"{label} {before} us"] = t["before"][label]
+            out[f"{label} {after} us"] = t["after"][label]
+            out[f"{label} speed-up"] = t["before"][label] / t["after"][label]
+    a = t["after"]
+    if {W4A4, W4A16} <= set(a.columns):
+        out[f"W4A4 - W4A16 at {after} us"] = a[W4A4] - a[W4A16]
+    for label in (W4A4, W4A16):
+        if {label, PEER} <= set(a.columns):
+            out[f"peer / {label} at {after}"] = a[PEER] / a[label]
+    layers = _layer_order(out.index.get_level_values(0))
+    return out.reindex(sorted(out.index, key=lambda i: (layers.index(i[0]), i[1])))
 
 
 def time_table(latest: pd.DataFrame) -> pd.DataFrame:
