@@ -124,7 +124,7 @@ class NVFP4MoE(torch.nn.Module):
         else:
             # the intermediate is already bf16 (INTERMEDIATE_DTYPE): the down GEMM's activations as they are
             y = self.down(self.gate_up(x.to(torch.bfloat16).index_select(0, r.token), r.offsets), r.offsets)
-        return unpermute(y, r, topk_weights).to(x.dtype)
+        return unpermute(y, r, topk_weights, x.dtype)
 
     def _quantize(self, x: torch.Tensor):
         if self.quantizer == "triton" and not torch.compiler.is_compiling():

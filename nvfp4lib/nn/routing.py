@@ -20,8 +20,26 @@ class Routing(NamedTuple):
     row: torch.Tensor  # int64 [T·k]: the packed row of copy t·k + j, i.e. the inverse permutation
 
 
+def _triton_form(t: torch.Tensor) -> bool:
+    """Whether a step on ``t``'s device takes the one-launch Triton forms (:mod:`.routing_triton`): a CUDA tensor,
+    Triton importable, not traced by torch.compile (which fuses the torch forms itself)."""
+    if not t.is_cuda or torch.compiler.is_compiling():
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def route(topk_ids: torch.Tensor, experts: int) -> Routing:
-    """Sort the ``T·k`` token copies of ``topk_ids [T, k]`` by expert (stable: within an expert, token order)."""
+    """Sort the ``T·k`` token copies of ``topk_ids [T, k]`` by expert (stable: within an expert, token order).
+    Decode-sized steps on a CUDA device run :func:`.routing_triton.route_triton` (one launch, the same outputs)."""
+    if _triton_form(topk_ids):
+        from .routing_triton import _MAX_EXPERTS, ROUTE_MAX_COPIES, route_triton
+
+        if topk_ids.numel() <= ROUTE_MAX_COPIES and experts <= _MAX_EXPERTS:
+            return Routing(*route_triton(topk_ids, experts))
     k = topk_ids.shape[1]
     ids = topk_ids.reshape(-1).to(torch.int64)
     order = torch.argsort(ids, stable=True)
@@ -34,9 +52,15 @@ def route(topk_ids: torch.Tensor, experts: int) -> Routing:
     return Routing(torch.div(order, k, rounding_mode="floor"), offsets, row)
 
 
-def unpermute(y: torch.Tensor, routing: Routing, topk_weights: torch.Tensor) -> torch.Tensor:
-    """``out[t] = Σ_j topk_weights[t, j] · y[row of copy (t, j)]`` in fp32, ``[T, N]``: a gather then a fixed-order
-    sum over j, so the result is deterministic (no atomics)."""
+def unpermute(y: torch.Tensor, routing: Routing, topk_weights: torch.Tensor,
+              out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``out[t] = Σ_j topk_weights[t, j] · y[row of copy (t, j)]`` summed in fp32, ``[T, N]`` of ``out_dtype``: a
+    gather then a fixed-order sum over j, so the result is deterministic (no atomics). On a CUDA device one launch
+    (:func:`.routing_triton.unpermute_triton`)."""
+    if _triton_form(y):
+        from .routing_triton import unpermute_triton
+
+        return unpermute_triton(y, routing.row, topk_weights, out_dtype)
     t, k = topk_weights.shape
     copies = y.index_select(0, routing.row).view(t, k, y.shape[-1]).to(torch.float32)
-    return (copies * topk_weights.to(torch.float32).unsqueeze(-1)).sum(dim=1)
+    return (copies * topk_weights.to(torch.float32).unsqueeze(-1)).sum(dim=1).to(out_dtype)

@@ -59,4 +59,4 @@ class BF16GroupedMoE(torch.nn.Module):
         h = torch._grouped_mm(xs, self.w13.transpose(1, 2), offs=offs)
         h = F.silu(h[:, :self.intermediate]) * h[:, self.intermediate:]
         y = torch._grouped_mm(h, self.w2.transpose(1, 2), offs=offs)
-        return unpermute(y, r, topk_weights).to(x.dtype)
+        return unpermute(y, r, topk_weights, x.dtype)

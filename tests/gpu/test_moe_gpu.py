@@ -88,3 +88,23 @@ def test_triton_quantizer_gives_the_torch_bits_on_the_gpu():
     xb = torch.randn(16, 256, device="cuda").to(torch.bfloat16)
     ids, w = _routing(16, 8, 2, 3)
     assert torch.equal(fast(xb, ids, w), layer(xb, ids, w))
+
+
+def test_triton_routing_gives_the_torch_routing_on_the_gpu():
+    """route() on a CUDA tensor takes the one-launch Triton form up to ROUTE_MAX_COPIES copies (the torch form past
+    it): the CPU torch form's outputs element for element; unpermute's Triton form within fp32 rounding of the CPU's."""
+    pytest.importorskip("triton")
+    from nvfp4lib.nn.routing import route, unpermute
+    from nvfp4lib.nn.routing_triton import ROUTE_MAX_COPIES
+
+    g = torch.Generator().manual_seed(11)
+    for t, k, e in ((1, 8, 256), (8, 8, 256), (64, 8, 128), (128, 8, 256), (3, 2, 8), (200, 8, 256)):
+        ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
+        want, got = route(ids, e), route(ids.cuda(), e)
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want)), (t, k, e, t * k <= ROUTE_MAX_COPIES)
+        y = torch.randn(t * k, 520, generator=g).to(torch.bfloat16)
+        w = torch.rand(t, k, generator=g)
+        for dtype in (torch.bfloat16, torch.float32):
+            a, b = unpermute(y.cuda(), got, w.cuda(), dtype).cpu(), unpermute(y, want, w, dtype)
+            assert a.dtype == b.dtype == dtype
+            assert torch.allclose(a.double(), b.double(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-6)

@@ -1,0 +1,58 @@
+"""The one-launch Triton routing and un-permute (nn/routing_triton.py) against the torch forms: the same routing
+element for element, the same weighted sums to fp32 rounding (Triton's interpreter on the CPU; skipped where Triton
+is missing)."""
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+    pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1", allow_module_level=True)
+
+from nvfp4lib.nn.routing import Routing, route, unpermute  # noqa: E402
+from nvfp4lib.nn.routing_triton import ROUTE_MAX_COPIES, route_triton, unpermute_triton  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _ids(t, k, e, seed, allowed=None):
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.tensor(list(allowed if allowed is not None else range(e)))
+    return torch.stack([pool[torch.randperm(len(pool), generator=g)[:k]] for _ in range(t)])
+
+
+@pytest.mark.parametrize("t,k,e,allowed", [(1, 8, 256, None), (8, 8, 256, None), (64, 8, 128, range(0, 128, 5)),
+                                           (3, 2, 8, None), (128, 8, 256, range(7)), (50, 4, 16, range(0, 16, 3))])
+def test_route_gives_the_torch_form(t, k, e, allowed):
+    ids = _ids(t, k, e, seed=t * 31 + e, allowed=allowed)
+    want = route(ids, e)  # the torch form (a CPU tensor)
+    for dtype in (torch.int64, torch.int32):
+        got = route_triton(ids.to(DEV, dtype), e)
+        for name, a, b in zip(Routing._fields, got, want):
+            assert a.dtype == b.dtype and torch.equal(a.cpu(), b), name
+
+
+def test_route_limits():
+    with pytest.raises(ValueError, match="at most"):
+        route_triton(torch.zeros(ROUTE_MAX_COPIES // 8 + 1, 8, dtype=torch.int64, device=DEV), 16)
+    token, offsets, row = route_triton(torch.zeros(0, 8, dtype=torch.int64, device=DEV), 4)
+    assert token.numel() == 0 and row.numel() == 0 and offsets.cpu().tolist() == [0] * 5
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_unpermute_sums_the_weighted_copies(dtype):
+    t, k, e, n = 6, 4, 16, 300  # n: not a multiple of the column block
+    ids = _ids(t, k, e, seed=3)
+    r = route(ids, e)
+    y = torch.randn(t * k, n).to(torch.bfloat16)
+    w = torch.rand(t, k)
+    want = (y.double()[r.row].view(t, k, n) * w.double()[..., None]).sum(1)
+    got = unpermute_triton(y.to(DEV), r.row.to(DEV), w.to(DEV), dtype).cpu()
+    assert got.dtype == dtype
+    assert torch.allclose(got.double(), want.to(dtype).double(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-6,
+                          atol=1e-6)
+    again = unpermute_triton(y.to(DEV), r.row.to(DEV), w.to(DEV), dtype).cpu()
+    assert torch.equal(got, again)  # deterministic
+    torch_form = unpermute(y, r, w, dtype)  # CPU: the torch form, the same sums to fp32 rounding
+    assert torch.allclose(got.double(), torch_form.double(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-6)
