@@ -6,8 +6,10 @@ T = 1 that is ~30 µs of a layer whose GEMMs take ~30-120 µs. Here:
 
 - :func:`route_triton`: one program ranks every token copy against every other (copy i goes to packed row
   #{j : e_j < e_i, or e_j = e_i and j < i}: the stable sort's position) and counts the copies below each expert (the
-  offsets). Its outputs are the torch form's, element for element. O(N²) comparisons for N = T·k copies, so it
-  takes N <= :data:`ROUTE_MAX_COPIES` (T <= 128 at k = 8); larger steps keep the torch form;
+  offsets). Its outputs are the torch form's, element for element. O(N²) comparisons for N = T·k copies in one
+  program, so it takes N <= :data:`ROUTE_MAX_COPIES` (T <= 16 at k = 8); larger steps keep the torch form. On the
+  H100 (e48509f, limit 1024) it was ~15-20 µs slower than the torch form at N = 512 and ~600 µs slower at N = 1024;
+  at N <= 64 it saved most of the ~30 µs that the layer's routing and un-permute cost;
 - :func:`unpermute_triton`: one program per (token, column block) sums its k weighted copies in fp32 in the order
   j = 0 .. k-1 and writes the caller's dtype. Deterministic; its rounding may differ from the torch form's sum in the
   last bit of fp32 (a different order of the same k products).
@@ -20,7 +22,7 @@ import triton.language as tl
 
 __all__ = ["ROUTE_MAX_COPIES", "route_triton", "unpermute_triton"]
 
-ROUTE_MAX_COPIES = 1024
+ROUTE_MAX_COPIES = 128
 _MAX_EXPERTS = 1023  # offsets [E+1] in one block of at most 1024
 _BJ = 32  # copies compared per step
 _BN = 256  # output columns per un-permute program
