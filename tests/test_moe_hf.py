@@ -9,23 +9,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from nvfp4lib.formats import dequantize, quantize  # noqa: E402
-from nvfp4lib.nn.hf import NVFP4SparseMoeBlock, swap_moe_blocks  # noqa: E402
+from nvfp4lib.nn.hf import NVFP4SparseMoeBlock, swap_moe_blocks, tiny_model  # noqa: E402
 
-SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, num_experts_per_tok=2, max_position_embeddings=64)
-
-
-def mixtral():
-    return transformers.MixtralForCausalLM(transformers.MixtralConfig(num_local_experts=8, **SMALL))
-
-
-def qwen3_moe():
-    cfg = transformers.Qwen3MoeConfig(num_experts=8, moe_intermediate_size=32, head_dim=16, norm_topk_prob=True,
-                                      **SMALL)
-    return transformers.Qwen3MoeForCausalLM(cfg)
-
-
-MODELS = {"mixtral": mixtral, "qwen3_moe": qwen3_moe}
+MODELS = {arch: (lambda arch=arch: tiny_model(arch)) for arch in ("mixtral", "qwen3_moe")}
 
 
 def rel_err(out, ref):
@@ -77,6 +63,12 @@ def test_swapped_model_logits(arch, activations):
     err = rel_err(out.logits, ref)
     assert err < 0.05, err
     assert len(out.router_logits) == 2  # the kept routers are still recorded (load-balancing loss)
+
+
+def test_tiny_model_knows_its_architectures():
+    assert tiny_model("qwen3_moe", num_hidden_layers=1).config.num_hidden_layers == 1
+    with pytest.raises(ValueError, match="arch"):
+        tiny_model("llama")
 
 
 def test_swap_refuses_a_model_without_moe_blocks():

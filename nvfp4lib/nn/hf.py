@@ -15,7 +15,26 @@ import torch
 
 from .moe import NVFP4MoE
 
-__all__ = ["swap_moe_blocks", "NVFP4SparseMoeBlock", "moe_block_classes"]
+__all__ = ["swap_moe_blocks", "NVFP4SparseMoeBlock", "moe_block_classes", "tiny_model", "TINY"]
+
+
+# A model small enough for a test or a demo, randomly initialised (nothing downloaded): two layers of 8 experts, top-2
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, num_experts_per_tok=2, max_position_embeddings=64)
+
+
+def tiny_model(arch: str, **config) -> torch.nn.Module:
+    """A randomly initialised ``"mixtral"`` or ``"qwen3_moe"`` causal LM of :data:`TINY`'s size (``config``
+    overrides its fields), on the CPU in fp32: the architecture's code path with nothing to download."""
+    import transformers
+
+    if arch == "mixtral":
+        return transformers.MixtralForCausalLM(transformers.MixtralConfig(**{"num_local_experts": 8, **TINY,
+                                                                             **config}))
+    if arch == "qwen3_moe":
+        return transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**{
+            "num_experts": 8, "moe_intermediate_size": 32, "head_dim": 16, "norm_topk_prob": True, **TINY, **config}))
+    raise ValueError(f"tiny_model: arch must be 'mixtral' or 'qwen3_moe', got {arch!r}")
 
 
 def moe_block_classes() -> tuple[type, ...]:

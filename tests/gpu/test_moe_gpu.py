@@ -108,3 +108,36 @@ def test_triton_routing_gives_the_torch_routing_on_the_gpu():
             a, b = unpermute(y.cuda(), got, w.cuda(), dtype).cpu(), unpermute(y, want, w, dtype)
             assert a.dtype == b.dtype == dtype
             assert torch.allclose(a.double(), b.double(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("activations", ["nvfp4", "bf16"])
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_swapped_model_generates_greedily_under_a_cuda_graph(arch, activations):
+    """A tiny random Mixtral / Qwen3-MoE model (bf16, on the GPU) with its MoE blocks swapped for NVFP4MoE: one CUDA
+    graph of the forward over a fixed window of prompt + new tokens, replayed once per new token (the greedy token
+    written into the captured input, so every replay routes differently), gives the eager loop's tokens."""
+    pytest.importorskip("transformers")
+    from nvfp4lib.nn.hf import NVFP4SparseMoeBlock, swap_moe_blocks, tiny_model
+
+    torch.manual_seed(0)
+    model = tiny_model(arch).to("cuda", torch.bfloat16).eval()
+    assert swap_moe_blocks(model, activations=activations, backend="cute-hopper") == 2
+    assert all(isinstance(layer.mlp, NVFP4SparseMoeBlock) for layer in model.model.layers)
+    prompt, new = 5, 8
+    start = torch.zeros(1, prompt + new, dtype=torch.long, device="cuda")
+    start[0, :prompt] = torch.randint(0, 128, (prompt,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        eager = start.clone()
+        for p in range(prompt, prompt + new):  # causal: the logits at p - 1 see only tokens < p
+            eager[0, p] = model(eager).logits[0, p - 1].argmax()
+        buf = start.clone()
+        model(buf)  # warm-up (compiles)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = model(buf).logits
+        for p in range(prompt, prompt + new):
+            graph.replay()
+            buf[0, p] = logits[0, p - 1].argmax()
+    torch.cuda.synchronize()
+    assert torch.equal(buf, eager), (buf.tolist(), eager.tolist())
