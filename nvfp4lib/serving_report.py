@@ -19,7 +19,7 @@ from .roofline import add_floors
 from .store import HOPPER_KERNELS
 
 __all__ = ["CALLS", "latest_calls", "missing_calls", "runs_used", "calls_table", "host_scheduled_reference",
-           "weight_bytes", "predictions", "targets", "calls_figure", "gather_table"]
+           "weight_bytes", "predictions", "targets", "calls_figure", "gather_table", "back_to_back"]
 
 # the kernel that scheduled its tiles on the host (prepare(a, b) built the tile table from each group's M): the
 # graph times the serving kernel must stay within 10% of
@@ -120,6 +120,21 @@ def calls_table(latest: pd.DataFrame) -> pd.DataFrame:
             "floor_datasheet_us": "datasheet floor us", "x_floor_datasheet": "x datasheet floor",
             "config": "config", "run_id": "run", "commit": "commit", "input_mode": "inputs"}
     return t[list(cols)].rename(columns=cols)
+
+
+def back_to_back(latest: pd.DataFrame) -> pd.DataFrame:
+    """Per shape (rows of ``latest`` that have ``b2b_us``): each form's cost issued back to back (a loop of calls, one
+    synchronisation at the end), the graph replay's, the eager form's per-call time (its event started on an idle
+    GPU), and back-to-back eager over graph."""
+    if not len(latest) or "b2b_us" not in latest:
+        return pd.DataFrame()
+    t = latest.dropna(subset=["b2b_us"]).pivot_table(index="problem", columns="call", values="b2b_us", sort=False)
+    out = t.rename(columns=lambda c: f"{c} back-to-back us")
+    per_call = latest.set_index(["problem", "call"])["per_call_us"]
+    if "eager" in t and "graph" in t:
+        out["eager per call us"] = [per_call.get((p, "eager"), np.nan) for p in out.index]
+        out["eager / graph, back to back"] = t["eager"] / t["graph"]
+    return out
 
 
 def gather_table(rows: pd.DataFrame, problems=None) -> pd.DataFrame:

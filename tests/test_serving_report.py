@@ -81,3 +81,15 @@ def test_back_to_back_subtracts_the_flushes(monkeypatch):
                              sync=lambda: advance(0.0))
     assert abs(got["b2b_us"] - 7.0) < 1e-6 and abs(got["b2b_flush_us"] - 3.0) < 1e-6
     assert seen == [0] + list(range(10))  # one warm-up call, then each index once
+
+
+def test_back_to_back_table_sets_eager_against_graph():
+    s4, s3 = BENCHMARK[3], BENCHMARK[2]
+    rows = [_row(s4, "graph", 18.0), _row(s4, "eager", 50.0, host_us=45.0), _row(s3, "graph", 33.0)]
+    for r, b2b in zip(rows, (17.0, 19.0, 32.0)):
+        r["b2b_us"] = b2b
+    t = sr.back_to_back(sr.latest_calls(pd.DataFrame(rows), [s4, s3]))
+    assert list(t.index) == ["S4", "S3"]
+    assert t.loc["S4", "eager / graph, back to back"] == pytest.approx(19.0 / 17.0)
+    assert t.loc["S4", "eager per call us"] == 50.0 and pd.isna(t.loc["S3", "eager / graph, back to back"])
+    assert len(sr.back_to_back(sr.latest_calls(pd.DataFrame([_row(s4, "graph", 18.0)]), [s4]))) == 0  # no b2b column
