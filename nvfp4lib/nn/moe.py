@@ -4,8 +4,9 @@
 ``silu(A·Gᵀ)·(A·Uᵀ)`` over gate and up, and the down projection). ``forward(x, topk_ids, topk_weights)`` then runs
 
 1. routing (:mod:`.routing`): token copies sorted by expert, group offsets on the device;
-2. ``activations="nvfp4"`` (W4A4): x to NVFP4 (:func:`.quant.quantize_rows`, a global scale per call from the
-   device), its rows gathered in expert order; ``activations="bf16"`` (W4A16): x (in bf16) gathered as it is;
+2. ``activations="nvfp4"`` (W4A4): x to NVFP4 (a global scale per call from the device; ``quantizer``: two Triton
+   launches, :mod:`.quant_triton`, or :func:`.quant.quantize_rows`, the same bits), its rows gathered in expert
+   order; ``activations="bf16"`` (W4A16): x (in bf16) gathered as it is;
 3. the dual GEMM, writing the intermediate in bf16 (``INTERMEDIATE_DTYPE``), re-quantized in W4A4 mode (in W4A16
    mode the down GEMM reads it as it is: its weights were prepared with ``activations="bf16"``);
 4. the down GEMM (bf16 out), then the weighted un-permute, a deterministic gather and sum in fp32.
@@ -22,7 +23,7 @@ import torch
 from ..formats import NVFP4Tensor, quantize
 from ..serving import SERVING_BACKENDS, prepare_weights
 from .quant import quantize_rows
-from .routing import route, unpermute
+from .routing import route, triton_importable, unpermute
 
 __all__ = ["NVFP4MoE", "ACTIVATIONS", "INTERMEDIATE_DTYPE", "QUANTIZERS", "resolve_quantizer"]
 
@@ -38,11 +39,9 @@ def resolve_quantizer(quantizer: str, device) -> str:
     """The quantizer a layer on ``device`` runs for ``quantizer`` (one of :data:`QUANTIZERS`): "torch" or "triton"."""
     if quantizer not in QUANTIZERS:
         raise ValueError(f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}")
-    try:
-        import triton  # noqa: F401
-    except ImportError as e:
+    if not triton_importable():
         if quantizer == "triton":
-            raise ValueError("quantizer='triton' needs Triton (not importable here); use quantizer='torch'") from e
+            raise ValueError("quantizer='triton' needs Triton (not importable here); use quantizer='torch'")
         return "torch"
     if quantizer == "auto":
         return "triton" if torch.device(device).type == "cuda" else "torch"

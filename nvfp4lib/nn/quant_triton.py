@@ -5,8 +5,8 @@ graph, so the torch form is most of a small W4A4 layer's time.
 Every step keeps the torch form's fp32 arithmetic: IEEE divisions (``div_rn``; Triton's ``/`` is approximate), the
 E4M3 rounding of the block scale done in integers (round to nearest even, the scale clamped to [0, 448] first), the
 same E2M1 boundaries and sign of zero. Bit-identical to the torch form in Triton's interpreter
-(``tests/test_quant_triton.py``); not yet run on a GPU, so the layer uses it only where asked
-(``NVFP4MoE(..., quantizer="triton")``).
+(``tests/test_quant_triton.py``) and on the H100 (``tests/gpu/test_moe_gpu.py``); the layer's default on a CUDA
+device (``NVFP4MoE(..., quantizer="auto")``).
 """
 from __future__ import annotations
 

@@ -7,11 +7,12 @@ would synchronise), and a copy routed outside gets an unspecified row.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 
-__all__ = ["Routing", "route", "unpermute"]
+__all__ = ["Routing", "route", "unpermute", "triton_importable"]
 
 
 class Routing(NamedTuple):
@@ -20,16 +21,20 @@ class Routing(NamedTuple):
     row: torch.Tensor  # int64 [T·k]: the packed row of copy t·k + j, i.e. the inverse permutation
 
 
-def _triton_form(t: torch.Tensor) -> bool:
-    """Whether a step on ``t``'s device takes the one-launch Triton forms (:mod:`.routing_triton`): a CUDA tensor,
-    Triton importable, not traced by torch.compile (which fuses the torch forms itself)."""
-    if not t.is_cuda or torch.compiler.is_compiling():
-        return False
+@functools.cache
+def triton_importable() -> bool:
+    """Whether the triton package imports here (asked once per process: the layer's forward asks on every step)."""
     try:
         import triton  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+def _triton_form(t: torch.Tensor) -> bool:
+    """Whether a step on ``t``'s device takes the one-launch Triton forms (:mod:`.routing_triton`): a CUDA tensor,
+    Triton importable, not traced by torch.compile (which fuses the torch forms itself)."""
+    return t.is_cuda and not torch.compiler.is_compiling() and triton_importable()
 
 
 def route(topk_ids: torch.Tensor, experts: int) -> Routing:
