@@ -125,6 +125,27 @@ def test_every_config_compiles_for_sm90a(name, monkeypatch):
 
 
 @pytest.mark.slow
+def test_nvfp4_call_is_one_host_function_of_both_kernels(monkeypatch):
+    """What a runner launches for NVFP4 activations: the prologue and the GEMM compiled into one TVM-FFI function
+    (one host entry per call), the GEMM the same kernel as compiled alone."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from nvfp4lib.kernels.common.compiling import compile_offline
+    from nvfp4lib.kernels.hopper_varlen.kernel import kernel_classes
+    from nvfp4lib.kernels.hopper_varlen.report import TVM_FFI, call_arguments, compile_report
+
+    cfg = CONFIGS["vl_m128_t16_k128_s8_e"]
+    _, gemm_cls, call_cls = kernel_classes()
+    art = compile_offline(call_cls(gemm_cls(cfg, 8, 2048, 1024)), *call_arguments(cfg, 8, 2048, 1024),
+                          arch="sm_90a", ptxas=False, extra_options=TVM_FFI)
+    alone = compile_report(cfg, groups=8, n=2048, k_pad=1024, ptxas=False)
+    assert art.ptx.count(".entry") == 2
+    assert "ActivationDecodeSm90" in art.ptx and "GroupedVarlenGemmSm90" in art.ptx
+    assert art.instructions["wgmma.mma_async"] == alone["gemm"]["wgmma.mma_async"]
+    assert "griddepcontrol.wait" in art.ptx and "griddepcontrol.launch_dependents" in art.ptx
+
+
+@pytest.mark.slow
 def test_tile_search_is_one_round_of_loads_and_warp_shuffles(monkeypatch):
     """_schedule: each lane loads ceil(G/32) group ends (plus offsets[0]) at once, then two scans over the lanes
     (6 up-shuffles each) and five broadcasts (5 butterfly steps each); no loop over the groups."""

@@ -1,6 +1,7 @@
 """The device-scheduled swap-AB kernel (sm_90a, CuTe DSL): an activation prologue and the grouped GEMM.
 
-Two launches per call, the second with programmatic dependent launch:
+Two kernels per call, the second with programmatic dependent launch, launched from one compiled host function
+(:class:`DecodeThenGemmSm90`: one TVM-FFI call per call, not one per kernel):
 
 - **prologue** (:class:`ActivationDecodeSm90`): every row of the packed activations ``[T, K]`` (codes, E4M3
   scales) to fp16 ``value × scale × 2^-7`` (exact) in ``x16 [T, K_pad]`` (the padding columns written as zeros).
@@ -36,8 +37,8 @@ _CLASSES = None
 
 
 def kernel_classes():
-    """(ActivationDecodeSm90, GroupedVarlenGemmSm90), built on first use (importing nvfp4lib never imports
-    cutlass)."""
+    """(ActivationDecodeSm90, GroupedVarlenGemmSm90, DecodeThenGemmSm90), built on first use (importing nvfp4lib
+    never imports cutlass)."""
     global _CLASSES
     if _CLASSES is None:
         _CLASSES = _build()
@@ -239,4 +240,17 @@ def _build():
             """Box j of 64-K block s of stage ``prod`` (the partition starts at the tile's first token row)."""
             return (j, prod.count * self.nsub + s)
 
-    return ActivationDecodeSm90, GroupedVarlenGemmSm90
+    class DecodeThenGemmSm90:
+        """The prologue and the GEMM of an NVFP4-activation call from one host function: a call costs one TVM-FFI
+        entry (argument conversion, stream lookup) instead of two; the kernels and their launches are unchanged."""
+
+        def __init__(self, gemm: GroupedVarlenGemmSm90):
+            self.prologue, self.gemm = ActivationDecodeSm90(), gemm
+
+        @cute.jit
+        def __call__(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor,
+                     mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor, stream):
+            self.prologue(mCodes, mScales, mX, stream)
+            self.gemm(mW, mX, mC, mOffsets, mGsA, mGsB, stream)
+
+    return ActivationDecodeSm90, GroupedVarlenGemmSm90, DecodeThenGemmSm90

@@ -2,7 +2,8 @@
 
 ``OneShot.run(table, ...)`` takes the address table of :mod:`.gather` (one int64 row per group: the caller's
 activation and weight tensors, read in place), then launches the gather (weights packed, activation rows packed,
-offsets and global scales: one Triton launch), the activation prologue and the device-scheduled GEMM (TVM-FFI).
+offsets and global scales: one Triton launch), then the activation prologue and the device-scheduled GEMM (one
+TVM-FFI call, :func:`.runner.compile_call`).
 
 On the H100's host every torch operation costs 5–10 µs, so a call makes as few as it can. A plan holds what does not
 depend on the call's data — the compiled kernels for (config, G, N, K_pad, out dtype) — and, per CUDA stream, the
@@ -18,9 +19,7 @@ import torch
 
 from .config import NWG, ROW_BYTES, VarlenConfig
 from .gather import F, Plan, launch_plan, views
-from .kernel import kernel_classes
-from .report import gemm_arguments, prologue_arguments
-from .runner import OUT_DTYPES, POST_SCALE, Scratch, _compile, require_hopper
+from .runner import OUT_DTYPES, POST_SCALE, Scratch, compile_call, require_hopper
 
 _PLANS: dict = {}
 SLOTS = 4  # pinned tables in flight per stream (a slot is reused once the copy four calls back has run)
@@ -85,12 +84,7 @@ class OneShot:
         self.n_pad = -(-n // cfg.tile_m) * cfg.tile_m
         self.k_pad = -(-k // cfg.tile_k) * cfg.tile_k
         self.blocks = cfg.tile_m * (2 if self.dual else 1) // (64 * NWG)
-        pro_cls, gemm_cls = kernel_classes()
-        out_name = OUT_DTYPES[out_dtype]
-        g, kp = groups, self.k_pad
-        self._gemm = _compile(("gemm", cfg, g, n, kp, out_name), lambda: gemm_cls(cfg, g, n, kp),
-                              lambda: gemm_arguments(cfg, g, n, kp, out_name))
-        self._prologue = _compile(("prologue",), pro_cls, prologue_arguments)
+        self._call = compile_call(cfg, groups, n, self.k_pad, OUT_DTYPES[out_dtype])
         self._x16 = Scratch(self.k_pad, device)
         self._plans: dict = {}  # rows -> gather plan (a serving loop repeats its row counts)
         self._buffers: dict = {}  # CUDA stream -> _Buffers
@@ -123,9 +117,7 @@ class OneShot:
                     swz_a=swz_a, swz_b=swz_b, post=POST_SCALE)
         out = torch.empty((rows, self.n), dtype=self.out_dtype, device=self.device)
         if rows:
-            x16 = self._x16(rows)
-            self._prologue(a_codes, a_scales, x16)
-            self._gemm(buf.weights, x16, out, offsets, gs_a, gs_b)
+            self._call(a_codes, a_scales, self._x16(rows), buf.weights, out, offsets, gs_a, gs_b)
         return out
 
 

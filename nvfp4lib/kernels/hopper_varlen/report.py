@@ -47,6 +47,14 @@ def gemm_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype
             _fake(cutlass.Float32, (cute.sym_int(),), 4), _fake(cutlass.Float32, (groups, 2), 8), env_stream())
 
 
+def call_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype: str = "Float16"):
+    """The fused call's arguments (:class:`~.kernel.DecodeThenGemmSm90`): codes, scales, x16 (one tensor, written by
+    the prologue and read by the GEMM), weights, C, offsets, gs_a, gs_b, stream."""
+    codes, scales, x16, _ = prologue_arguments()
+    w, _, c, offsets, gs_a, gs_b, stream = gemm_arguments(cfg, groups, n, k_pad, out_dtype)
+    return codes, scales, x16, w, c, offsets, gs_a, gs_b, stream
+
+
 def compile_report(cfg: VarlenConfig, groups: int = 8, n: int = 4096, k_pad: int = 7168,
                    dump_dir: str | None = None, ptxas: bool = True, k: int | None = None) -> dict:
     """Compile the GEMM and the prologue for sm_90a with no GPU; return the PTX's key instruction counts (and ptxas
@@ -54,7 +62,7 @@ def compile_report(cfg: VarlenConfig, groups: int = 8, n: int = 4096, k_pad: int
     is the activations' K (default ``k_pad``)."""
     from ..common.compiling import compile_offline
 
-    pro_cls, gemm_cls = kernel_classes()
+    pro_cls, gemm_cls, _ = kernel_classes()
     gemm = compile_offline(gemm_cls(cfg, groups, n, k_pad), *gemm_arguments(cfg, groups, n, k_pad, k=k),
                            arch="sm_90a", dump_dir=dump_dir, ptxas=ptxas, extra_options=TVM_FFI)
     pro = None

@@ -18,7 +18,7 @@ from ..hopper_rs.layout import prepack_weights
 from .config import NWG, ROW_BYTES, VarlenConfig, validate
 from .gather import group_table, launch
 from .kernel import kernel_classes
-from .report import TVM_FFI, gemm_arguments, prologue_arguments
+from .report import TVM_FFI, call_arguments, gemm_arguments
 
 OUT_DTYPES = {torch.float16: "Float16", torch.bfloat16: "BFloat16"}
 _compiled: dict = {}
@@ -33,6 +33,21 @@ def _compile(key, make, args):
 
         fn = _compiled[key] = cute.compile(make(), *args(), options=TVM_FFI)
     return fn
+
+
+def compile_gemm(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, k: int | None = None):
+    """The GEMM alone (``act="bf16"``: B is the caller's rows, K = ``k``), compiled once per shape."""
+    gemm_cls = kernel_classes()[1]
+    return _compile(("gemm", cfg, groups, n, k_pad, out_name, k or k_pad), lambda: gemm_cls(cfg, groups, n, k_pad),
+                    lambda: gemm_arguments(cfg, groups, n, k_pad, out_name, k=k))
+
+
+def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str):
+    """The prologue and the GEMM of an NVFP4-activation call as one host function
+    (``fn(codes, scales, x16, weights, C, offsets, gs_a, gs_b)``), compiled once per shape."""
+    _, gemm_cls, call_cls = kernel_classes()
+    return _compile(("call", cfg, groups, n, k_pad, out_name), lambda: call_cls(gemm_cls(cfg, groups, n, k_pad)),
+                    lambda: call_arguments(cfg, groups, n, k_pad, out_name))
 
 
 class PackedWeights:
@@ -120,22 +135,19 @@ class VarlenRunner:
         if out_dtype not in OUT_DTYPES:
             raise ValueError(f"cute-hopper writes {', '.join(map(str, OUT_DTYPES))}, not {out_dtype}")
         self.w, self.out_dtype = w, out_dtype
-        pro_cls, gemm_cls = kernel_classes()
         out_name = OUT_DTYPES[out_dtype]
         g, n, kp = w.groups, w.n, w.k_pad
-        k = w.k if cfg.act == "bf16" else kp  # the B operand's K: the caller's bf16 rows, or the padded x16
-        self._gemm = _compile(("gemm", cfg, g, n, kp, out_name, k), lambda: gemm_cls(cfg, g, n, kp),
-                              lambda: gemm_arguments(cfg, g, n, kp, out_name, k=k))
-        if cfg.act == "bf16":
-            self._prologue = None
+        if cfg.act == "bf16":  # the GEMM alone, on the caller's bf16 rows [T, K]
+            self._gemm = compile_gemm(cfg, g, n, kp, out_name, k=w.k)
+            self._call = None
             self._gs_unread = w.gs_b.view(-1)  # the kernel's gs_a argument, not read for bf16 activations
-        else:
-            self._prologue = _compile(("prologue",), pro_cls, prologue_arguments)
+        else:  # the prologue and the GEMM, from one host function
+            self._gemm, self._call = None, compile_call(cfg, g, n, kp, out_name)
 
     def call_a16(self, x: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` bf16 [T, K] (contiguous, 16-byte aligned), ``offsets`` int32 [G+1], ``out`` [T, N] or None; all on
         the weights' device, already checked by the caller."""
-        if self._prologue is not None:
+        if self._call is not None:
             raise TypeError(f"config {self.cfg.name} takes NVFP4 activations: runner(codes, scales, gs_a, offsets)")
         w = self.w
         rows = x.shape[0]
@@ -150,7 +162,7 @@ class VarlenRunner:
                  out: torch.Tensor | None = None) -> torch.Tensor:
         """``codes`` uint8 [T, K/2], ``scales`` E4M3 bytes as uint8 [T, K/16] (row-major), ``gs_a`` float32 [1] or [G],
         ``offsets`` int32 [G+1], ``out`` [T, N] or None; all on the weights' device, already checked by the caller."""
-        if self._prologue is None:
+        if self._call is None:
             raise TypeError(f"config {self.cfg.name} takes bf16 activations: runner.call_a16(x, offsets)")
         w = self.w
         rows = codes.shape[0]
@@ -158,7 +170,5 @@ class VarlenRunner:
             out = torch.empty((rows, w.n), dtype=self.out_dtype, device=w.device)
         if rows == 0:
             return out
-        x16 = w.x16(rows)
-        self._prologue(codes, scales, x16)
-        self._gemm(w.packed, x16, out, offsets, gs_a, w.gs_b)
+        self._call(codes, scales, w.x16(rows), w.packed, out, offsets, gs_a, w.gs_b)
         return out
