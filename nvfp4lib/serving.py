@@ -149,23 +149,26 @@ class PreparedWeights:
         return [out[o: o + m] for o, m in zip(offs, rows)]
 
     def _call_packed(self, a, offsets, global_scale, out=None):
-        if not isinstance(a, NVFP4Tensor) or len(a.shape) != 2:
+        # the host time of an eager call is mostly these checks and two launches: each check here is the cheapest
+        # torch query that decides it (NVFP4Tensor.shape alone costs a launch's tenth)
+        if not isinstance(a, NVFP4Tensor) or a.data.dim() != 2:
             raise TypeError(f"w(a_packed, offsets): a_packed must be one 2-D NVFP4Tensor [T, K], got "
                             f"{type(a).__name__}")
-        self._check_activation(a, "a_packed")
+        compiling = torch.compiler.is_compiling()
+        self._check_activation(a, "a_packed", compiling)
         if offsets is self._checked[0] and global_scale is self._checked[1] and global_scale is not None:
             gs = global_scale  # a serving loop passes the same buffers: checked on the first call
         else:
-            gs = self._check_buffers(a, offsets, global_scale)
-        return self._run(a.data, a.scales.view(torch.uint8), gs, offsets, self._check_out(a, out))
+            gs = self._check_buffers(a, offsets, global_scale, compiling)
+        return self._run(a.data, a.scales.view(torch.uint8), gs, offsets, self._check_out(a, out), compiling)
 
-    def _check_buffers(self, a, offsets, global_scale):
+    def _check_buffers(self, a, offsets, global_scale, compiling=False):
         """Check the call's offsets and global scale; return the global scale as the kernel takes it ([1] or [G])."""
         if not isinstance(offsets, torch.Tensor):
             raise TypeError(f"offsets must be an int32 tensor [G+1] on {self.device}, got {type(offsets).__name__}")
         if offsets.dtype != torch.int32:
             raise TypeError(f"offsets must be int32, got {offsets.dtype}")
-        if tuple(offsets.shape) != (self.groups + 1,):
+        if offsets.dim() != 1 or offsets.shape[0] != self.groups + 1:
             raise ValueError(f"offsets must have shape [G+1] = [{self.groups + 1}], got {tuple(offsets.shape)}")
         if offsets.device != self.device:
             raise ValueError(f"offsets are on {offsets.device} but the weights are on {self.device}: keep them on the "
@@ -180,7 +183,7 @@ class PreparedWeights:
                                 f"{getattr(gs, 'dtype', type(gs).__name__)} {tuple(getattr(gs, 'shape', ()))}")
             if gs.device != self.device:
                 raise ValueError(f"global_scale is on device {gs.device} but the weights are on device {self.device}")
-            if not torch.compiler.is_compiling():
+            if not compiling:
                 self._checked = (offsets, global_scale)
         return gs
 
@@ -193,24 +196,27 @@ class PreparedWeights:
                              f"{tuple(getattr(out, 'shape', ()))}")
         return out
 
-    def _run(self, codes, scales, gs, offsets, out=None):
+    def _run(self, codes, scales, gs, offsets, out=None, compiling=None):
         # torch.compile traces the custom op (its fake gives shapes); eager calls skip the op's dispatch, whose
         # Python layers cost more host time than the two kernel launches
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() if compiling is None else compiling:
             if out is not None:
                 raise TypeError("out= is not supported under torch.compile (the op returns a new tensor)")
             return torch.ops.nvfp4lib.grouped_mm(codes, scales, gs, offsets, self.handle)
         return self.impl(codes, scales, gs, offsets, out)
 
-    def _check_activation(self, t: NVFP4Tensor, what: str) -> None:
+    def _check_activation(self, t: NVFP4Tensor, what: str, compiling: bool | None = None) -> None:
         # every check costs host time on each call: only what the kernel needs and cannot see for itself
         codes, scales = t.data, t.scales
+        if compiling is None:
+            compiling = torch.compiler.is_compiling()
         if codes.shape[1] * 2 != self.k:
             raise ValueError(f"{what} has K={codes.shape[1] * 2} but the weights have K={self.k}")
         if codes.device != self.device:
             raise ValueError(f"{what} is on device {codes.device} but the weights are on device {self.device}")
-        if not codes.is_contiguous() and (codes.stride(-1) != 1 or codes.stride(0) % 8) or not (
-                scales.stride(-1) == 1) or (not torch.compiler.is_compiling() and codes.data_ptr() % 8):
+        if not (codes.is_contiguous() and scales.is_contiguous()) and (
+                codes.stride(-1) != 1 or codes.stride(0) % 8 or scales.stride(-1) != 1) or (
+                not compiling and codes.data_ptr() % 8):
             raise ValueError(f"{what}: the kernel reads rows in place and needs row-major codes and scales with 8-byte "
                              f"aligned code rows (strides {tuple(codes.stride())}, {tuple(scales.stride())}); pass "
                              ".contiguous() tensors")
@@ -242,7 +248,7 @@ class PreparedWeights:
         if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int32:
             raise TypeError(f"offsets must be an int32 tensor [G+1] on {self.device}, got "
                             f"{getattr(offsets, 'dtype', type(offsets).__name__)}")
-        if tuple(offsets.shape) != (self.groups + 1,):
+        if offsets.dim() != 1 or offsets.shape[0] != self.groups + 1:
             raise ValueError(f"offsets must have shape [G+1] = [{self.groups + 1}], got {tuple(offsets.shape)}")
         if offsets.device != self.device:
             raise ValueError(f"offsets are on {offsets.device} but the weights are on {self.device}: keep them on the "
