@@ -34,7 +34,7 @@ from .reference import reference_grouped_gemm, relative_error
 from .roofline import floor_us, measure_ceilings
 from .store import new_run_id, provenance
 
-__all__ = ["CALLS", "back_to_back", "bench_calls", "pack_rows"]
+__all__ = ["CALLS", "back_to_back", "bench_calls", "pack_rows", "time_both"]
 
 CALLS = ("graph", "eager", "oneshot", "harness")
 TOL = 1e-3
@@ -98,7 +98,7 @@ def back_to_back(call, flush, iters: int, sync=None) -> dict:
     return {"b2b_us": both - alone, "b2b_flush_us": alone}
 
 
-def _time_both(call, iters: int, flush: L2Flusher) -> dict:
+def time_both(call, iters: int, flush: L2Flusher) -> dict:
     """``call(i)`` timed each on its own (:func:`_time`) and back to back (:func:`back_to_back`)."""
     return {**_time(call, lambda i: None, iters, flush), **back_to_back(call, flush, iters)}
 
@@ -171,7 +171,7 @@ def _one(call, prob, w, inputs, acts, refs, ref_w, nbytes, iters, flush, api, co
             def eager(i):
                 return w(acts[i % n][0], acts[i % n][1], global_scale=acts[i % n][2])
 
-            out = _time_both(eager, iters, flush)
+            out = time_both(eager, iters, flush)
         else:
             static = [t.clone() for t in (ap.data, ap.scales, gs)]
             sap = NVFP4Tensor(static[0], static[1], ap.global_scale)
@@ -205,7 +205,7 @@ def _one(call, prob, w, inputs, acts, refs, ref_w, nbytes, iters, flush, api, co
         err = _check(run(1), refs[1])
         if not err <= TOL:
             return {"status": f"wrong: rel_err {err:.3g}", "rel_err": err}
-        return {**_time_both(run, iters, flush), "rel_err": err, "status": "ok"}
+        return {**time_both(run, iters, flush), "rel_err": err, "status": "ok"}
     if call == "harness":
         try:
             tuples = [compat.study_tuple(x) for x in inputs]
@@ -220,5 +220,5 @@ def _one(call, prob, w, inputs, acts, refs, ref_w, nbytes, iters, flush, api, co
         def harness(i):
             return entry(tuples[i % n])
 
-        return {**_time_both(harness, iters, flush), "rel_err": err, "status": "ok"}
+        return {**time_both(harness, iters, flush), "rel_err": err, "status": "ok"}
     raise ValueError(f"unknown call form {call!r}; known: {CALLS}")

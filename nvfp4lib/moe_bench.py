@@ -9,8 +9,10 @@ Per layer (:data:`LAYERS`: DeepSeek-V3-, Qwen3-MoE- and Mixtral-like shapes), to
 
 each captured in one CUDA graph, checked against :func:`~nvfp4lib.nn.reference_moe` (output poisoned with NaN, one
 replay) before it is timed, then replayed ``iters`` times with the L2 flushed before each (CUDA events around the
-replay). Every row carries its floor (:func:`moe_floor_us`): ``max(FLOPs / bf16 MMA rate, touched weight bytes /
-copy bandwidth)``, the ceilings measured in the same run; touched = the experts that received at least one token,
+replay); then called eagerly, checked once and timed per call and back to back (``eager_*`` fields: the time a
+model without CUDA graphs pays). Every row carries its floor (:func:`moe_floor_us`): ``max(FLOPs / bf16 MMA rate,
+touched weight bytes / copy bandwidth)``, the ceilings measured in the same run; touched = the experts that received
+at least one token,
 at NVFP4 bytes for the NVFP4 layer and bf16 bytes for the peer (both floors are on every row). Weights are built
 on the GPU, one layer at a time, and freed before the next. Rows are returned, never stored here
 (``python -m nvfp4lib moe-bench --record`` appends them to ``data/moe.jsonl``).
@@ -208,7 +210,20 @@ def _measure(fn, x, ids, w, ref, tol: float, iters: int, flush) -> dict:
     if not err2 <= tol:
         return {"status": f"wrong after timing: rel_err {err2:.3g}", "rel_err": err2, "tol": tol}
     del graph
-    return {**timing, "rel_err": err, "tol": tol, "status": "ok"}
+    return {**timing, **_measure_eager(fn, x, ids, w, ref, tol, iters, flush), "rel_err": err, "tol": tol,
+            "status": "ok"}
+
+
+def _measure_eager(fn, x, ids, w, ref, tol: float, iters: int, flush) -> dict:
+    """The same forward called eagerly (no graph), as a model without CUDA graphs calls it: checked once, then timed
+    each call on its own and back to back (:func:`nvfp4lib.calls.time_both`), as ``eager_*`` fields."""
+    from .calls import time_both
+
+    err = _rel_err(fn(x, ids, w), ref)
+    if not err <= tol:
+        return {"eager_status": f"wrong: rel_err {err:.3g} > {tol}", "eager_rel_err": err}
+    timing = time_both(lambda i: fn(x, ids, w), iters, flush)
+    return {"eager_status": "ok", "eager_rel_err": err, **{f"eager_{k}": v for k, v in timing.items()}}
 
 
 def _free() -> None:
@@ -320,8 +335,10 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
 def _print_row(r: dict) -> None:
     t = f"{r['median_us']:10.1f}" if "median_us" in r else f"{'-':>10}"
     ratio = f"{r['ratio']:7.2f}" if "ratio" in r else f"{'-':>7}"
+    eager = (f"eager {r['eager_per_call_us']:9.1f} us (b2b {r['eager_b2b_us']:8.1f})" if "eager_per_call_us" in r
+             else f"eager {r.get('eager_status', '-')[:30]}")
     print(f"  {r['layer']:<12} T={r['tokens']:<5} {r['routing']:<8} {r['label']:<12} {t} us  floor "
-          f"{r['floor_us']:9.1f} us  x{ratio}  {r['status'][:60]}", flush=True)
+          f"{r['floor_us']:9.1f} us  x{ratio}  {eager}  {r['status'][:60]}", flush=True)
 
 
 def add_command(sub, add_record_args, write) -> None:

@@ -17,8 +17,8 @@ from .plots import caption
 from .roofline import H100_SXM_DATASHEET
 
 __all__ = ["NO_DATA", "RECORD_COMMAND", "expected_touched", "predicted_floors", "latest_moe", "not_ok", "runs_used",
-           "time_table", "memory_table", "targets", "target_summary", "time_figure", "step_table", "DECODE_MAX_T",
-           "PREFILL_MIN_T"]
+           "time_table", "eager_table", "memory_table", "targets", "target_summary", "time_figure", "step_table",
+           "DECODE_MAX_T", "PREFILL_MIN_T"]
 
 RECORD_COMMAND = "python -m nvfp4lib moe-bench --record"
 NO_DATA = ("No H100 run of the MoE layer benchmark is recorded yet (data/moe.jsonl holds no rows). To make one, on "
@@ -103,7 +103,7 @@ def runs_used(latest: pd.DataFrame) -> pd.DataFrame:
 
 
 def _one(latest, layer, t, routing, label, col="median_us") -> float:
-    if not len(latest):
+    if not len(latest) or col not in latest.columns:
         return float("nan")
     r = latest[(latest["layer"] == layer) & (latest["tokens"] == t) & (latest["routing"] == routing)
                & (latest["label"] == label)]
@@ -159,6 +159,24 @@ def time_table(latest: pd.DataFrame) -> pd.DataFrame:
             row[f"{lab} x floor"] = _one(latest, layer, t, routing, lab, "ratio")
             if lab != PEER:
                 row[f"{lab} speed-up vs peer"] = peer / us
+        out.append(row)
+    return pd.DataFrame(out).set_index(["layer", "T", "routing"]) if out else pd.DataFrame()
+
+
+def eager_table(latest: pd.DataFrame) -> pd.DataFrame:
+    """Indexed by (layer, T, routing): per label the graph replay's time beside the eager call's (``eager_per_call_us``:
+    each call on its own, the larger of its GPU and host time; ``eager_b2b_us``: calls issued back to back) and their
+    ratio; NaN where a row has no eager timing (rows recorded before moe-bench timed it)."""
+    out = []
+    for layer, t, routing in _cases(latest):
+        row = {"layer": layer, "T": t, "routing": routing}
+        for lab in ORDER:
+            graph = _one(latest, layer, t, routing, lab)
+            eager = _one(latest, layer, t, routing, lab, "eager_per_call_us")
+            row[f"{lab} graph us"] = graph
+            row[f"{lab} eager us"] = eager
+            row[f"{lab} eager back to back us"] = _one(latest, layer, t, routing, lab, "eager_b2b_us")
+            row[f"{lab} eager / graph"] = eager / graph
         out.append(row)
     return pd.DataFrame(out).set_index(["layer", "T", "routing"]) if out else pd.DataFrame()
 

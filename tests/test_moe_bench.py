@@ -206,6 +206,18 @@ def test_report_picks_latest_ok_rows_and_tabulates():
     assert len(mr.runs_used(latest)) == 1
 
 
+def test_eager_table_sets_eager_beside_graph_where_rows_have_it():
+    rows = _synthetic_rows()
+    assert math.isnan(mr.eager_table(mr.latest_moe(rows)).iloc[0][f"{mr.W4A4} eager us"])  # no eager fields at all
+    rows["eager_per_call_us"] = rows["median_us"] * 1.5
+    rows["eager_b2b_us"] = rows["median_us"] * 1.2
+    et = mr.eager_table(mr.latest_moe(rows))
+    assert et.loc[("deepseek-v3", 8, "uniform"), f"{mr.W4A4} eager us"] == pytest.approx(1200.0)
+    assert et.loc[("deepseek-v3", 8, "uniform"), f"{mr.PEER} eager / graph"] == pytest.approx(1.5)
+    assert et.loc[("mixtral", 8, "zipf"), f"{mr.W4A16} eager back to back us"] == pytest.approx(420.0)
+    assert math.isnan(et.loc[("deepseek-v3", 8, "uniform"), f"{mr.W4A16} eager us"])  # that mode never ran
+
+
 def test_targets_hold_and_miss_as_issue_21_states_them():
     tg = mr.targets(mr.latest_moe(_synthetic_rows()))
     v = tg.set_index(["layer", "T", "routing", "mode", "target"])["verdict"]
