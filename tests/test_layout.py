@@ -88,19 +88,6 @@ def test_no_package_file_over_800_lines():
     assert not long, f"split these by stage or concern: {long}"
 
 
-def test_gather_launches_directly_unless_a_launch_hook_is_set():
-    """Triton 3.6 keeps an empty hook chain where no hook is set: that is no hook (every one-shot call had gone
-    through Triton's argument binding while it counted as one)."""
-    from types import SimpleNamespace
-
-    from nvfp4lib.kernels.hopper_varlen.gather import hooked
-
-    assert not hooked(None)
-    assert not hooked(SimpleNamespace(calls=[]))
-    assert hooked(SimpleNamespace(calls=[print]))
-    assert hooked(print)  # older Triton: the hook itself
-
-
 def test_ptx_digest_ignores_source_locations_only():
     """Compile reports carry ``ptx_sha256``: equal for the same device code from another file or line, different for
     any other change."""

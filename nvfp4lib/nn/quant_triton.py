@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from ..formats import BLOCK_SIZE
+from ..kernels.common.triton_launch import launch
 from .quant import check_k
 
 __all__ = ["quantize_rows_triton"]
@@ -103,9 +104,9 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
     g = torch.empty(1, dtype=torch.float32, device=x.device)
     amax_bits = torch.zeros(1, dtype=torch.int32, device=x.device)
     have_g = global_scale is not None
+    tile = {"R": ROWS_PER_PROGRAM, "CB": BLOCKS_PER_PROGRAM}
     if not have_g:
-        _amax_kernel[grid](x, amax_bits, rows, nblk, R=ROWS_PER_PROGRAM, CB=BLOCKS_PER_PROGRAM)
+        launch(_amax_kernel, grid, (x, amax_bits, rows, nblk), tile)
     g_in = global_scale.to(torch.float32).reshape(1) if have_g else g
-    _quant_kernel[grid](x, g_in, amax_bits, codes, scales, g, rows, nblk, HAVE_G=have_g, R=ROWS_PER_PROGRAM,
-                        CB=BLOCKS_PER_PROGRAM)
+    launch(_quant_kernel, grid, (x, g_in, amax_bits, codes, scales, g, rows, nblk), {"HAVE_G": have_g, **tile})
     return codes, scales.view(torch.float8_e4m3fn), g

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..kernels.common.triton_launch import launch
+
 __all__ = ["ROUTE_MAX_COPIES", "route_triton", "unpermute_triton"]
 
 ROUTE_MAX_COPIES = 128
@@ -76,8 +78,9 @@ def route_triton(topk_ids: torch.Tensor, experts: int):
     row = torch.empty(n, dtype=torch.int64, device=dev)
     offsets = torch.empty(experts + 1, dtype=torch.int32, device=dev)
     if n:
-        _route_kernel[(1,)](ids, token, row, offsets, n, experts, K=k, N_P2=max(_BJ, triton.next_power_of_2(n)),
-                            E_P2=triton.next_power_of_2(experts + 1), BJ=_BJ, num_warps=8)
+        launch(_route_kernel, (1,), (ids, token, row, offsets, n, experts),
+               {"K": k, "N_P2": max(_BJ, triton.next_power_of_2(n)), "E_P2": triton.next_power_of_2(experts + 1),
+                "BJ": _BJ}, num_warps=8)
     else:
         offsets.zero_()
     return token, offsets, row
@@ -89,6 +92,6 @@ def unpermute_triton(y: torch.Tensor, row: torch.Tensor, topk_weights: torch.Ten
     cols = y.shape[-1]
     out = torch.empty((t, cols), dtype=out_dtype, device=y.device)
     if t and cols:
-        _unpermute_kernel[(t, triton.cdiv(cols, _BN))](y.contiguous(), row, topk_weights.contiguous(), out, cols, K=k,
-                                                       BN=_BN)
+        launch(_unpermute_kernel, (t, triton.cdiv(cols, _BN)), (y.contiguous(), row, topk_weights.contiguous(), out,
+                                                                 cols), {"K": k, "BN": _BN})
     return out

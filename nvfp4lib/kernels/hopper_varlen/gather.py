@@ -22,8 +22,7 @@ program id:
 Scales are read row-major (``[rows, K/16]``, the NVFP4Tensor form) or, with ``SWZ_*``, in the 128×4 blocked layout
 of :func:`nvfp4lib.formats.swizzle_scales` (the harness's reordered scales, read without unswizzling). The kernel
 takes three pointers and compile-time flags only (sizes are in the header): after the first call it is launched
-through its compiled launcher directly, skipping Triton's per-call argument binding (Triton 3.6 keeps an empty
-hook chain where no launch hook is set; taking that for a hook had sent every call through the binding).
+through its compiled launcher directly (:mod:`..common.triton_launch`), skipping Triton's per-call argument binding.
 """
 from __future__ import annotations
 
@@ -40,7 +39,6 @@ A_BYTES = 512  # code bytes per inner step of an activation row
 KCU = 8  # 64-row x 64-K weight units per program (consecutive along K, one after the other)
 WARPS = 4  # warps per program
 _KERNEL = None
-_LAUNCHERS: dict = {}
 
 
 def group_table(a, b, b2=None) -> list[int] | None:
@@ -240,30 +238,13 @@ def launch_plan(plan: Plan, table: torch.Tensor, packed: torch.Tensor, small: to
     _launch(plan.grid, table.device, stream, (table, packed, small), consts, plan.warps)
 
 
-def hooked(hook) -> bool:
-    """Whether Triton has a launch hook set (then launches go through Triton, which calls it): None or an empty
-    ``HookChain`` (Triton 3.6 keeps one where no hook is set) means none."""
-    return hook is not None and bool(getattr(hook, "calls", True))
-
-
 def _launch(grid: int, device, stream: int, args, consts, warps: int) -> None:
-    """The kernel's first launch for these flags through Triton (compiling it, on torch's current stream: the
-    callers' ``stream``); later ones through the compiled launcher (the pointers are always 16-byte aligned
-    allocations and nothing else varies, so the specialisation Triton would compute is the same)."""
-    from triton import knobs
+    """The gather through :func:`..common.triton_launch.launch` (compiled on its first launch per flags, then through
+    its compiled launcher) on ``stream``."""
+    from ..common.triton_launch import launch as triton_launch
 
-    key = (device, consts, warps)
-    ck = _LAUNCHERS.get(key)
-    if ck is None or hooked(knobs.runtime.launch_enter_hook):
-        kernel = _kernel()
-        names = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")
-        ck = kernel[(grid,)](*args, **dict(zip(names, consts)), num_warps=warps)
-        if ck is not None and not hasattr(ck, "run"):
-            ck = None
-        if ck is not None:
-            _LAUNCHERS[key] = ck
-        return
-    ck.run(grid, 1, 1, stream, ck.function, ck.packed_metadata, None, None, None, *args, *consts)
+    names = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")
+    triton_launch(_kernel(), (grid,), tuple(args), dict(zip(names, consts)), warps, stream)
 
 
 def launch(table: torch.Tensor, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int,

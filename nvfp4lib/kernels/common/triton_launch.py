@@ -1,0 +1,62 @@
+"""Triton launches at a few microseconds of host time.
+
+Every ``kernel[grid](...)`` call goes through Triton's per-call argument binding: on the lent H100's host that cost
+~50 µs per launch (the MoE layer's eager forward at T = 1 spent ~300 of its ~550 µs of host time in six Triton
+launches; development profile of 2026-11-26, not recorded). :func:`launch` sends the first launch of a kernel for a
+given specialisation through Triton (which compiles it) and keeps the compiled kernel; later launches with the same
+specialisation call its compiled launcher directly, on torch's current stream.
+
+The specialisation key is at least as fine as Triton's: per tensor argument its dtype and whether its address is
+16-byte aligned, per integer whether it is 1, whether it is a multiple of 16 and whether it fits 32 bits, per other
+argument its type; plus the constexpr values, the warp count and the device. Where a launch hook is set (a
+profiler), or the device is not CUDA (Triton's interpreter), every launch goes through Triton. Importing this module
+does not import Triton.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["launch", "hooked"]
+
+_COMPILED: dict = {}
+
+
+def hooked(hook) -> bool:
+    """Whether Triton has a launch hook set (then launches go through Triton, which calls it): None or an empty
+    ``HookChain`` (Triton 3.6 keeps one where no hook is set) means none."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
+def _spec(a):
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    if isinstance(a, bool):
+        return bool, a
+    if isinstance(a, int):
+        return int, a == 1, a % 16 == 0, -(1 << 31) <= a < (1 << 31)
+    return (type(a),)
+
+
+def launch(kernel, grid: tuple, args: tuple, consts: dict, num_warps: int = 4, stream: int | None = None) -> None:
+    """``kernel[grid](*args, **consts, num_warps=num_warps)``: ``args`` the kernel's runtime arguments in signature
+    order (the first a tensor on the launch's device), ``consts`` its constexpr arguments, which must all come after
+    them in the signature. ``stream``: a CUDA stream handle (default: torch's current stream on that device)."""
+    from triton import knobs
+
+    dev = args[0].device
+    key = (kernel, dev, tuple(consts.items()), num_warps, tuple(_spec(a) for a in args))
+    ck = _COMPILED.get(key)
+    if ck is None or dev.type != "cuda" or hooked(knobs.runtime.launch_enter_hook) or hooked(
+            knobs.runtime.launch_exit_hook):
+        names = tuple(getattr(kernel, "arg_names", ()))
+        if names and names[len(args):] != tuple(consts):
+            raise TypeError(f"launch: {getattr(kernel, '__name__', kernel)} takes {names}; pass its runtime "
+                            "arguments, then every constexpr in signature order")
+        ck = kernel[grid](*args, **consts, num_warps=num_warps)
+        if dev.type == "cuda" and ck is not None and hasattr(ck, "run"):
+            _COMPILED[key] = ck
+        return
+    grid = tuple(grid) + (1,) * (3 - len(grid))
+    if stream is None:
+        stream = torch._C._cuda_getCurrentRawStream(dev.index)
+    ck.run(*grid, stream, ck.function, ck.packed_metadata, None, None, None, *args, *consts.values())
