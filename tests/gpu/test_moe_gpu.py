@@ -75,7 +75,12 @@ def test_triton_quantizer_gives_the_torch_bits_on_the_gpu():
     # the layer's quantization differed from the Triton form (and from the CPU) in a few codes, 4-8% of the output
     odd = torch.randn(8, 2048, generator=g).clamp(-4, 4)
     odd[3, 5] = 4.53125
-    for t in (x.to(torch.bfloat16).cuda(), x.cuda(), torch.zeros(3, 64, device="cuda"), odd.cuda()):
+    # the same shapes again from a misaligned address and with 1 row: launches after the first go through the
+    # compiled launcher (kernels/common/triton_launch), whose key must tell these specialisations apart
+    shifted = torch.empty(8 * 2048 + 1, device="cuda")[1:].view(8, 2048).copy_(odd)
+    cases = (x.to(torch.bfloat16).cuda(), x.cuda(), torch.zeros(3, 64, device="cuda"), odd.cuda(), shifted,
+             odd[:1].cuda(), odd.cuda(), shifted[:1])
+    for t in cases:
         for gs in (None, torch.tensor([0.01], device="cuda")):
             want, got = quantize_rows(t, gs), quantize_rows_triton(t, gs)
             assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.uint8), want[1].view(torch.uint8))
