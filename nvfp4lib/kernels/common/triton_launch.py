@@ -9,14 +9,19 @@ specialisation call its compiled launcher directly, on torch's current stream.
 The specialisation key is at least as fine as Triton's: per tensor argument its dtype and whether its address is
 16-byte aligned, per integer whether it is 1, whether it is a multiple of 16 and whether it fits 32 bits, per other
 argument its type; plus the constexpr values, the warp count and the device. Where a launch hook is set (a
-profiler), or the device is not CUDA (Triton's interpreter), every launch goes through Triton. Importing this module
-does not import Triton.
+profiler), the device is not CUDA (Triton's interpreter) or ``NVFP4LIB_TRITON_FAST_LAUNCH=0`` is set (an escape
+hatch should a Triton release change its launcher's arguments; :data:`FAST` at run time), every launch goes through
+Triton. Importing this module does not import Triton.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
-__all__ = ["launch", "hooked"]
+__all__ = ["launch", "hooked", "FAST"]
+
+FAST = os.environ.get("NVFP4LIB_TRITON_FAST_LAUNCH", "1") != "0"
 
 _COMPILED: dict = {}
 
@@ -46,7 +51,7 @@ def launch(kernel, grid: tuple, args: tuple, consts: dict, num_warps: int = 4, s
     dev = args[0].device
     key = (kernel, dev, tuple(consts.items()), num_warps, tuple(_spec(a) for a in args))
     ck = _COMPILED.get(key)
-    if ck is None or dev.type != "cuda" or hooked(knobs.runtime.launch_enter_hook) or hooked(
+    if ck is None or not FAST or dev.type != "cuda" or hooked(knobs.runtime.launch_enter_hook) or hooked(
             knobs.runtime.launch_exit_hook):
         names = tuple(getattr(kernel, "arg_names", ()))
         if names and names[len(args):] != tuple(consts):
