@@ -34,25 +34,31 @@ def hooked(hook) -> bool:
 
 def _spec(a):
     if isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() % 16 == 0
+        return a.dtype, not a.data_ptr() & 15
     if isinstance(a, bool):
         return bool, a
     if isinstance(a, int):
-        return int, a == 1, a % 16 == 0, -(1 << 31) <= a < (1 << 31)
+        return int, a == 1, not a % 16, -(1 << 31) <= a < (1 << 31)
     return (type(a),)
+
+
+_KNOBS = []  # triton.knobs, imported on the first launch
 
 
 def launch(kernel, grid: tuple, args: tuple, consts: dict, num_warps: int = 4, stream: int | None = None) -> None:
     """``kernel[grid](*args, **consts, num_warps=num_warps)``: ``args`` the kernel's runtime arguments in signature
     order (the first a tensor on the launch's device), ``consts`` its constexpr arguments, which must all come after
     them in the signature. ``stream``: a CUDA stream handle (default: torch's current stream on that device)."""
-    from triton import knobs
+    if not _KNOBS:
+        from triton import knobs
 
+        _KNOBS.append(knobs.runtime)
+    rt = _KNOBS[0]
     dev = args[0].device
-    key = (kernel, dev, tuple(consts.items()), num_warps, tuple(_spec(a) for a in args))
+    # (id: a JITFunction hashes its source on every call; the kernels launched here live as long as the process)
+    key = (id(kernel), dev, tuple(consts.items()), num_warps, tuple([_spec(a) for a in args]))
     ck = _COMPILED.get(key)
-    if ck is None or not FAST or dev.type != "cuda" or hooked(knobs.runtime.launch_enter_hook) or hooked(
-            knobs.runtime.launch_exit_hook):
+    if ck is None or not FAST or dev.type != "cuda" or hooked(rt.launch_enter_hook) or hooked(rt.launch_exit_hook):
         names = tuple(getattr(kernel, "arg_names", ()))
         if names and names[len(args):] != tuple(consts):
             raise TypeError(f"launch: {getattr(kernel, '__name__', kernel)} takes {names}; pass its runtime "
