@@ -15,6 +15,7 @@ from matplotlib.ticker import NullLocator
 from .moe_bench import LABELS, LAYERS, ROUTINGS, TOKENS, floor_bound, moe_floor_us
 from .plots import caption
 from .roofline import H100_SXM_DATASHEET
+from .store import dirty_state
 
 __all__ = ["NO_DATA", "RECORD_COMMAND", "expected_touched", "predicted_floors", "latest_moe", "not_ok", "runs_used",
            "time_table", "eager_table", "memory_table", "targets", "target_summary", "time_figure", "step_table",
@@ -95,7 +96,7 @@ def runs_used(latest: pd.DataFrame) -> pd.DataFrame:
     for run, g in latest.groupby("run_id"):
         first = g.iloc[0]
         out.append({"run_id": run, "git_commit": str(first["git_commit"])[:7],
-                    "dirty tree": bool(first.get("git_dirty")),
+                    "dirty tree": dirty_state(first.get("git_dirty")),
                     "date": str(first["date"])[:16], "gpu": first["gpu"], "iters": int(first["iters"]),
                     "bf16 TFLOP/s": first["ceil_bf16_tflops"], "copy GB/s": first["ceil_copy_gbps"],
                     "layers": ", ".join(_layer_order(g["layer"])), "rows": len(g)})

@@ -16,7 +16,7 @@ from .calls import CALLS
 from .plots import caption
 from .problems import GroupedProblem
 from .roofline import add_floors
-from .store import HOPPER_KERNELS
+from .store import HOPPER_KERNELS, dirty_state
 
 __all__ = ["CALLS", "latest_calls", "missing_calls", "runs_used", "calls_table", "host_scheduled_reference",
            "weight_bytes", "predictions", "targets", "calls_figure", "gather_table", "back_to_back"]
@@ -80,7 +80,7 @@ def runs_used(latest: pd.DataFrame) -> pd.DataFrame:
         first = g.iloc[0]
         amended = first.get("amended")
         out.append({"run_id": run, "git_commit": str(first["git_commit"])[:7],
-                    "dirty tree": bool(first.get("git_dirty")), "date": str(first["date"])[:16],
+                    "dirty tree": dirty_state(first.get("git_dirty")), "date": str(first["date"])[:16],
                     "gpu": first["gpu"], "inputs": first["input_mode"], "iters": int(first["iters"]),
                     "forms": ", ".join(c for c in CALLS if c in set(g["call"])),
                     "problems": ", ".join(dict.fromkeys(g["problem"])),

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DATA_DIR", "append_rows", "load", "merge", "provenance", "new_run_id", "kernel_family", "add_fields"]
+__all__ = ["DATA_DIR", "append_rows", "load", "merge", "provenance", "new_run_id", "kernel_family", "add_fields",
+           "dirty_state"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 BENCH = DATA_DIR / "bench.jsonl"
@@ -31,6 +32,14 @@ GATHER = DATA_DIR / "gather.jsonl"  # the one-shot gather alone per shape and kn
 # Where commands write their rows unless asked to record them: git-ignored, so running a command never
 # dirties the checkout; data/ grows only by an explicit --record (or `record`).
 SCRATCH_DIR = DATA_DIR.parent / "build"
+
+
+def dirty_state(value) -> str:
+    """A row's ``git_dirty`` for display: "yes", "no" or "unknown" (None or NaN: a run whose tree git could not read,
+    as on the GPU machine, which records the commit it was given)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "unknown"
+    return "yes" if bool(value) else "no"
 
 
 def new_run_id() -> str:

@@ -258,3 +258,12 @@ def test_predicted_floors_before_any_measurement():
     assert ds1["bf16 floor / NVFP4 floor"] == pytest.approx(ds.expert_bytes("bf16") / ds.expert_bytes("nvfp4"))
     assert ds1["NVFP4 floor bound"] == "memory" and p.loc[("mixtral", 4096), "NVFP4 floor bound"] == "compute"
     assert p.loc[("deepseek-v3", 4096), "bf16 floor bound"] == "memory"  # 22.5 GB at 3.35 TB/s: 6.7 ms
+
+
+def test_runs_used_says_when_the_tree_state_is_unknown():
+    from nvfp4lib.store import dirty_state
+
+    assert [dirty_state(v) for v in (None, float("nan"), True, False)] == ["unknown", "unknown", "yes", "no"]
+    rows = _synthetic_rows()
+    rows["git_dirty"] = None  # as the GPU machine records it: the commit given, the tree unread
+    assert set(mr.runs_used(mr.latest_moe(rows))["dirty tree"]) == {"unknown"}
