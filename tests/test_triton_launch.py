@@ -20,3 +20,75 @@ def test_launches_go_through_triton_while_a_hook_is_set():
 
     assert not hooked(None) and not hooked(SimpleNamespace(calls=[]))
     assert hooked(SimpleNamespace(calls=[print])) and hooked(print)
+
+
+class _FakeCompiled:
+    """What Triton's launch returns: a compiled kernel whose ``run`` is the compiled launcher."""
+
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def run(self, *a):
+        self.calls.append(("direct", a))
+
+
+class _FakeKernel:
+    """A JITFunction stand-in: ``kernel[grid](*args, **consts, num_warps=)`` launches through 'Triton'."""
+
+    arg_names = ["x", "n", "R", "CB"]
+    __name__ = "fake"
+
+    def __init__(self):
+        self.calls = []
+
+    def __getitem__(self, grid):
+        def go(*args, num_warps, **consts):
+            self.calls.append(("triton", grid, args, consts, num_warps))
+            return _FakeCompiled(self.calls)
+        return go
+
+
+def _cuda_arg():
+    from collections import namedtuple
+    from types import SimpleNamespace
+
+    device = namedtuple("Device", "type index")("cuda", 0)  # hashable, as torch.device is
+    return SimpleNamespace(device=device)  # keyed by its type, like a float
+
+
+def test_first_launch_compiles_then_the_launcher_is_called_in_signature_order(monkeypatch):
+    from types import SimpleNamespace
+
+    from nvfp4lib.kernels.common import triton_launch as tl
+
+    monkeypatch.setattr(tl, "_KNOBS", [SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)])
+    monkeypatch.setattr(tl, "_COMPILED", {})
+    k, x = _FakeKernel(), _cuda_arg()
+    tl.launch(k, (3,), (x, 64), {"R": 4, "CB": 32}, num_warps=8, stream=7)
+    tl.launch(k, (3,), (x, 64), {"R": 4, "CB": 32}, num_warps=8, stream=7)
+    assert [c[0] for c in k.calls] == ["triton", "direct"]
+    assert k.calls[1][1] == (3, 1, 1, 7, "fn", "meta", None, None, None, x, 64, 4, 32)
+    tl.launch(k, (3,), (x, 1), {"R": 4, "CB": 32}, num_warps=8, stream=7)  # n = 1: another specialisation
+    tl.launch(k, (3,), (x, 64), {"R": 4, "CB": 16}, num_warps=8, stream=7)  # another constexpr
+    assert [c[0] for c in k.calls[2:]] == ["triton", "triton"]
+    monkeypatch.setattr(tl, "FAST", False)  # NVFP4LIB_TRITON_FAST_LAUNCH=0
+    tl.launch(k, (3,), (x, 64), {"R": 4, "CB": 32}, num_warps=8, stream=7)
+    monkeypatch.setattr(tl, "FAST", True)
+    monkeypatch.setattr(tl, "_KNOBS", [SimpleNamespace(launch_enter_hook=print, launch_exit_hook=None)])
+    tl.launch(k, (3,), (x, 64), {"R": 4, "CB": 32}, num_warps=8, stream=7)  # a profiler's hook: through Triton
+    assert [c[0] for c in k.calls[4:]] == ["triton", "triton"]
+
+
+def test_constexprs_out_of_signature_order_are_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    import pytest
+
+    from nvfp4lib.kernels.common import triton_launch as tl
+
+    monkeypatch.setattr(tl, "_KNOBS", [SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)])
+    monkeypatch.setattr(tl, "_COMPILED", {})
+    with pytest.raises(TypeError, match="signature order"):
+        tl.launch(_FakeKernel(), (1,), (_cuda_arg(), 64), {"CB": 32, "R": 4}, stream=0)
