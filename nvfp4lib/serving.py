@@ -133,10 +133,11 @@ class PreparedWeights:
         if not isinstance(a, (list, tuple)) or len(a) != self.groups:
             raise ValueError(f"w(a): a must be a list of {self.groups} NVFP4Tensor (one per group), got "
                              f"{len(a) if isinstance(a, (list, tuple)) else type(a).__name__}")
+        compiling = torch.compiler.is_compiling()
         for g, t in enumerate(a):
             if not isinstance(t, NVFP4Tensor) or len(t.shape) != 2:
                 raise TypeError(f"a[{g}] must be a 2-D NVFP4Tensor [M, K], got {type(t).__name__}")
-            self._check_activation(t, f"a[{g}]")
+            self._check_activation(t, f"a[{g}]", compiling)
         rows = [int(t.shape[0]) for t in a]
         offs = [0]
         for m in rows:
@@ -145,7 +146,7 @@ class PreparedWeights:
         scales = torch.cat([t.scales for t in a]).view(torch.uint8)
         gs = torch.stack([t.global_scale.to(torch.float32) for t in a])
         offsets = torch.tensor(offs, dtype=torch.int32).to(self.device, non_blocking=True)
-        out = self._run(codes, scales, gs, offsets)
+        out = self._run(codes, scales, gs, offsets, None, compiling)
         return [out[o: o + m] for o, m in zip(offs, rows)]
 
     def _call_packed(self, a, offsets, global_scale, out=None):
@@ -162,7 +163,7 @@ class PreparedWeights:
             gs = self._check_buffers(a, offsets, global_scale, compiling)
         return self._run(a.data, a.scales.view(torch.uint8), gs, offsets, self._check_out(a, out), compiling)
 
-    def _check_buffers(self, a, offsets, global_scale, compiling=False):
+    def _check_buffers(self, a, offsets, global_scale, compiling: bool):
         """Check the call's offsets and global scale; return the global scale as the kernel takes it ([1] or [G])."""
         if not isinstance(offsets, torch.Tensor):
             raise TypeError(f"offsets must be an int32 tensor [G+1] on {self.device}, got {type(offsets).__name__}")
@@ -196,20 +197,19 @@ class PreparedWeights:
                              f"{tuple(getattr(out, 'shape', ()))}")
         return out
 
-    def _run(self, codes, scales, gs, offsets, out=None, compiling=None):
+    def _run(self, codes, scales, gs, offsets, out, compiling: bool):
         # torch.compile traces the custom op (its fake gives shapes); eager calls skip the op's dispatch, whose
         # Python layers cost more host time than the two kernel launches
-        if torch.compiler.is_compiling() if compiling is None else compiling:
+        if compiling:
             if out is not None:
                 raise TypeError("out= is not supported under torch.compile (the op returns a new tensor)")
             return torch.ops.nvfp4lib.grouped_mm(codes, scales, gs, offsets, self.handle)
         return self.impl(codes, scales, gs, offsets, out)
 
-    def _check_activation(self, t: NVFP4Tensor, what: str, compiling: bool | None = None) -> None:
+    def _check_activation(self, t: NVFP4Tensor, what: str, compiling: bool) -> None:
         # every check costs host time on each call: only what the kernel needs and cannot see for itself
+        # (``compiling``: torch.compiler.is_compiling(), asked once per call by the caller)
         codes, scales = t.data, t.scales
-        if compiling is None:
-            compiling = torch.compiler.is_compiling()
         if codes.shape[1] * 2 != self.k:
             raise ValueError(f"{what} has K={codes.shape[1] * 2} but the weights have K={self.k}")
         if codes.device != self.device:

@@ -1,10 +1,12 @@
 """Triton launches at a few microseconds of host time.
 
-Every ``kernel[grid](...)`` call goes through Triton's per-call argument binding: on the lent H100's host that cost
-~50 µs per launch (the MoE layer's eager forward at T = 1 spent ~300 of its ~550 µs of host time in six Triton
-launches; development profile of 2026-11-26, not recorded). :func:`launch` sends the first launch of a kernel for a
-given specialisation through Triton (which compiles it) and keeps the compiled kernel; later launches with the same
-specialisation call its compiled launcher directly, on torch's current stream.
+Every ``kernel[grid](...)`` call goes through Triton's per-call argument binding. A host profile on the lent H100
+put that at ~50 µs per launch; an A/B on one card (2026-11-26, development runs, not recorded) measured 20-30 µs
+more per launch than the direct path, i.e. 101-167 µs per W4A4 MoE call at T = 1 (six launches).
+
+:func:`launch` sends the first launch of a kernel for a given specialisation through Triton (which compiles it) and
+keeps the compiled kernel; later launches with the same specialisation call its compiled launcher directly, on
+torch's current stream.
 
 The specialisation key is at least as fine as Triton's: per tensor argument its dtype and whether its address is
 16-byte aligned, per integer whether it is 1, whether it is a multiple of 16 and whether it fits 32 bits, per other

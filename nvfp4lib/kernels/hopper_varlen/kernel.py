@@ -242,7 +242,9 @@ def _build():
 
     class DecodeThenGemmSm90:
         """The prologue and the GEMM of an NVFP4-activation call from one host function: a call costs one TVM-FFI
-        entry (argument conversion, stream lookup) instead of two; the kernels and their launches are unchanged."""
+        entry (argument conversion, stream lookup) instead of two; the kernels and their launches are unchanged.
+        Predicted -6 to -12 us of host time per call; measured -0.3 to -0.9 us (H100 host profile, 2026-11-26):
+        the entry is cheap, each kernel launch inside it costs ~4 us."""
 
         def __init__(self, gemm: GroupedVarlenGemmSm90):
             self.prologue, self.gemm = ActivationDecodeSm90(), gemm
