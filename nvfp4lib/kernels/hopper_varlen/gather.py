@@ -28,14 +28,15 @@ from __future__ import annotations
 
 import torch
 
+from ..common.triton_launch import launch as triton_launch
 from ..hopper_rs.layout import UNIT_BYTES
 
 FIELDS = ("a_codes", "a_scales", "a_rows", "b_codes", "b_scales", "b2_codes", "b2_scales", "a_gs", "b_gs", "b2_gs")
 HEADER = ("n", "k", "n_pad", "kc_n", "per", "blocks", "groups", "units", "a_progs", "scales_at", "offsets_at",
           "gs_b_at", "gs_a_at")
 F = 16  # int64 columns per row of the table (header and group rows)
-A_ROWS = 8  # activation rows per program
-A_BYTES = 512  # code bytes per inner step of an activation row
+A_ROWS = 4  # activation rows per program (8 rows took the kernel to 114-145 registers: 3 programs per SM)
+A_BYTES = 256  # code bytes per inner step of an activation row
 KCU = 8  # 64-row x 64-K weight units per program (consecutive along K, one after the other)
 WARPS = 4  # warps per program
 _KERNEL = None
@@ -44,30 +45,38 @@ _KERNEL = None
 def group_table(a, b, b2=None) -> list[int] | None:
     """The table's group rows (:data:`FIELDS`, ``F`` ints per group) for NVFP4Tensor lists: activations ``a`` (None:
     weights alone, no activation rows) and weights ``b`` (and ``b2``, the dual's second matrix). None where a part
-    cannot be read in place (not contiguous, or a global scale that is not float32)."""
+    cannot be read in place (not contiguous, or weight codes not 8-byte aligned). (One-shot calls build this every
+    call: one pass, each address read once; an NVFP4Tensor's global scale is float32, checked when it is built.)"""
     pad = [0] * (F - len(FIELDS))
     table = []
     for g, w in enumerate(b):
         u = w if b2 is None else b2[g]
-        x = None if a is None else a[g]
-        for t in (w, u) if x is None else (x, w, u):
-            if not (t.data.is_contiguous() and t.scales.is_contiguous()) or t.global_scale.dtype != torch.float32:
-                return None
-        if not codes_readable(w.data.data_ptr(), u.data.data_ptr()):
+        wd, ws, ud, us = w.data, w.scales, u.data, u.scales
+        if not (wd.is_contiguous() and ws.is_contiguous() and ud.is_contiguous() and us.is_contiguous()):
+            return None
+        wp, up = wd.data_ptr(), ud.data_ptr()
+        if not codes_readable(wp, up):
             return None
         wg = w.global_scale.data_ptr()
-        if x is None:  # no rows; A's global-scale address only has to be readable
-            rows, a_gs = [0, 0, 0], wg
+        if a is None:  # no rows; A's global-scale address only has to be readable
+            table += [0, 0, 0, wp, ws.data_ptr(), up, us.data_ptr(), wg, wg, u.global_scale.data_ptr()]
         else:
-            rows, a_gs = [x.data.data_ptr(), x.scales.data_ptr(), x.data.shape[0]], x.global_scale.data_ptr()
-        table += rows + [w.data.data_ptr(), w.scales.data_ptr(), u.data.data_ptr(), u.scales.data_ptr(), a_gs, wg,
-                         u.global_scale.data_ptr()] + pad
+            x = a[g]
+            xd, xs = x.data, x.scales
+            if not (xd.is_contiguous() and xs.is_contiguous()):
+                return None
+            table += [xd.data_ptr(), xs.data_ptr(), xd.shape[0], wp, ws.data_ptr(), up, us.data_ptr(),
+                      x.global_scale.data_ptr(), wg, u.global_scale.data_ptr()]
+        table += pad
     return table
 
 
 def codes_readable(*addresses: int) -> bool:
     """Whether weight codes at these addresses can be read in place: the gather reads them as 8-byte pairs."""
-    return not any(a & 7 for a in addresses)
+    bits = 0
+    for a in addresses:
+        bits |= a
+    return not bits & 7
 
 
 def _kernel():
@@ -81,16 +90,18 @@ def _kernel():
     def gather(table, packed, small, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ_B: tl.constexpr,
                G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr, KCU: tl.constexpr):
         pid = tl.program_id(0)
-        n = tl.load(table + 0)
-        k = tl.load(table + 1)
-        n_pad = tl.load(table + 2)
-        kc_n = tl.load(table + 3)
-        per = tl.load(table + 4)
-        blocks = tl.load(table + 5)
-        groups = tl.load(table + 6)
-        units = tl.load(table + 7)
-        a_progs = tl.load(table + 8)
+        n = tl.load(table + 0).to(tl.int32)
+        k = tl.load(table + 1).to(tl.int32)
+        n_pad = tl.load(table + 2).to(tl.int32)
+        kc_n = tl.load(table + 3).to(tl.int32)
+        per = tl.load(table + 4).to(tl.int32)
+        blocks = tl.load(table + 5).to(tl.int32)
+        groups = tl.load(table + 6).to(tl.int32)
+        units = tl.load(table + 7).to(tl.int32)
+        a_progs = tl.load(table + 8).to(tl.int32)
         rows_t = table + 16  # group g's row at rows_t + 16 g
+        # (sizes as int32: per-element offsets inside one group's matrix stay 32-bit, Plan checks they fit; fewer
+        # registers per element than int64 offsets)
         g_idx = tl.arange(0, G_P2)
         g_ok = g_idx < groups
         cols = k // 16
@@ -122,15 +133,15 @@ def _kernel():
             t = tl.arange(0, 256)
             sr = (rb * 64 + 16 * (t // 64) + 8 * (t % 2) + (t // 8) % 8) % n_pad
             sj = (t // 2) % 4
-            srl = sr.to(tl.int64)
+            srl = sr
             for u in range(KCU):
                 kc = (unit % kcp_n) * KCU + u
                 if kc < kc_n:
                     dst = ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304  # the unit's byte offset
                     kp = kc * 4 + j  # code pair along K
                     ok = kp < k // 16
-                    p0 = tl.load(cptr + r0.to(tl.int64) * (k // 16) + kp, mask=ok & (r0 < n), other=0) >> c
-                    p1 = tl.load(cptr + r1.to(tl.int64) * (k // 16) + kp, mask=ok & (r1 < n), other=0) >> c
+                    p0 = tl.load(cptr + (r0 * cols + kp), mask=ok & (r0 < n), other=0) >> c
+                    p1 = tl.load(cptr + (r1 * cols + kp), mask=ok & (r1 < n), other=0) >> c
                     xs = ((p0 & 255) | ((p1 & 255) << 8)).to(tl.uint32)  # byte c of x, hp = 0 | 1
                     ys = (((p0 >> 32) & 255) | (((p1 >> 32) & 255) << 8)).to(tl.uint32)
                     x = (xs & 0x0F0F) | ((xs & 0xF0F0) << 12)  # nibbles to bytes (e, hp)
@@ -201,6 +212,8 @@ class Plan:
 
     def __init__(self, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int, dual: bool,
                  rows: int, kcu: int = KCU, warps: int = WARPS):
+        if (n_pad + 128) * (k // 16 + 4) >= 1 << 31:  # the kernel's offsets inside one matrix are 32-bit
+            raise ValueError(f"the gather takes weight matrices of fewer than 2^35 elements; one group's is {n} x {k}")
         self.groups, self.n, self.k, self.dual, self.rows, self.kcu = groups, n, k, dual, rows, kcu
         self.warps = warps
         rb_n, self.kc_n, self.per = groups * n_pad // 64, k_pad // 64, nwg * blocks
@@ -216,6 +229,7 @@ class Plan:
                        self.offsets_at, self.gs_b_at, self.gs_a_at] + [0] * (F - len(HEADER))
         self.grid = self.units + self.a_progs + 1
         self.packed_shape = (self.ctas, self.kc_n, self.per, UNIT_BYTES)  # the packed weights (rows do not matter)
+        self.consts: dict = {}  # (swz_a, swz_b, post) -> the launch's constexprs (launch_plan)
 
 
 def run(table: torch.Tensor, plan: Plan, *, swz_a: bool = False, swz_b: bool = False, post: float = 1.0):
@@ -234,17 +248,20 @@ def launch_plan(plan: Plan, table: torch.Tensor, packed: torch.Tensor, small: to
                 swz_a: bool = False, swz_b: bool = False, post: float = 1.0) -> None:
     """Launch the gather into buffers the caller holds (``packed`` and ``small`` of at least the plan's sizes) on
     ``stream`` (a CUDA stream handle: torch's current stream)."""
-    consts = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu)
-    _launch(plan.grid, table.device, stream, (table, packed, small), consts, plan.warps)
+    consts = plan.consts.get((swz_a, swz_b, post))
+    if consts is None:
+        values = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu)
+        consts = plan.consts[(swz_a, swz_b, post)] = dict(zip(CONSTS, values))
+    _launch(plan.grid, stream, (table, packed, small), consts, plan.warps)
 
 
-def _launch(grid: int, device, stream: int, args, consts, warps: int) -> None:
+CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")  # the kernel's constexprs, in order
+
+
+def _launch(grid: int, stream: int, args, consts: dict, warps: int) -> None:
     """The gather through :func:`..common.triton_launch.launch` (compiled on its first launch per flags, then through
     its compiled launcher) on ``stream``."""
-    from ..common.triton_launch import launch as triton_launch
-
-    names = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")
-    triton_launch(_kernel(), (grid,), tuple(args), dict(zip(names, consts)), warps, stream)
+    triton_launch(_kernel(), (grid,), args, consts, warps, stream)
 
 
 def launch(table: torch.Tensor, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int,

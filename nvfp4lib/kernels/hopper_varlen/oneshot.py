@@ -30,7 +30,9 @@ class _Buffers:
     codes and scales, offsets, global scales; doubled when a call has more rows), views of it per row count, and
     ``SLOTS`` pinned host tables with their device copies."""
 
-    def __init__(self, plan: Plan, device):
+    def __init__(self, plan: Plan, device, k_pad: int):
+        self.stream = torch.cuda.current_stream(device)
+        self.x16 = Scratch(k_pad, device)  # the prologue's fp16 rows (per stream, like everything the GEMM reads)
         self.packed = torch.empty(plan.packed_shape, dtype=torch.uint8, device=device)
         self.weights = self.packed.view(-1, ROW_BYTES)
         self.small = torch.empty(0, dtype=torch.uint8, device=device)
@@ -43,9 +45,9 @@ class _Buffers:
         self.events: list = [None] * SLOTS
         self.next = 0
 
-    def table(self, header: list[int], table: list[int], stream) -> torch.Tensor:
-        """The call's table on the device: written into the next pinned slot (once the copy that last used it has
-        run) and copied asynchronously."""
+    def table(self, rows: list[int]) -> torch.Tensor:
+        """The call's table (header and group rows) on the device: written into the next pinned slot (once the copy
+        that last used it has run) and copied asynchronously on this buffer's stream."""
         i = self.next
         self.next = (i + 1) % SLOTS
         ev = self.events[i]
@@ -53,11 +55,10 @@ class _Buffers:
             ev = self.events[i] = torch.cuda.Event()
         else:
             ev.synchronize()  # the copy from this slot SLOTS calls back (long done in a serving loop)
-        self.host[i, : len(header)] = header
-        self.host[i, len(header): len(header) + len(table)] = table
+        self.host[i, : len(rows)] = rows
         src, dst = self.slots[i]
         dst.copy_(src, non_blocking=True)
-        ev.record(stream)
+        ev.record(self.stream)
         return dst
 
     def scratch(self, plan: Plan):
@@ -85,9 +86,10 @@ class OneShot:
         self.k_pad = -(-k // cfg.tile_k) * cfg.tile_k
         self.blocks = cfg.tile_m * (2 if self.dual else 1) // (64 * NWG)
         self._call = compile_call(cfg, groups, n, self.k_pad, OUT_DTYPES[out_dtype])
-        self._x16 = Scratch(self.k_pad, device)
+        dev = torch.device(device)
+        self._index = dev.index if dev.index is not None else torch.cuda.current_device()
         self._plans: dict = {}  # rows -> gather plan (a serving loop repeats its row counts)
-        self._buffers: dict = {}  # CUDA stream -> _Buffers
+        self._buffers: dict = {}  # CUDA stream handle -> _Buffers
 
     @classmethod
     def get(cls, cfg: VarlenConfig, groups: int, n: int, k: int, out_dtype, device) -> "OneShot":
@@ -108,16 +110,16 @@ class OneShot:
                 self._plans.clear()
             plan = self._plans[rows] = Plan(self.groups, self.n, self.k, self.n_pad, self.k_pad, NWG, self.blocks,
                                             self.dual, rows)
-        stream = torch.cuda.current_stream(self.device)
+        stream = torch._C._cuda_getCurrentRawStream(self._index)  # (the handle: no Stream object per call)
         buf = self._buffers.get(stream)
         if buf is None:
-            buf = self._buffers[stream] = _Buffers(plan, self.device)
+            buf = self._buffers[stream] = _Buffers(plan, self.device, self.k_pad)
         small, (a_codes, a_scales, offsets, gs_a, gs_b) = buf.scratch(plan)
-        launch_plan(plan, buf.table(plan.header, table, stream), buf.packed, small, stream.cuda_stream,
-                    swz_a=swz_a, swz_b=swz_b, post=POST_SCALE)
+        launch_plan(plan, buf.table(plan.header + table), buf.packed, small, stream, swz_a=swz_a, swz_b=swz_b,
+                    post=POST_SCALE)
         out = torch.empty((rows, self.n), dtype=self.out_dtype, device=self.device)
         if rows:
-            self._call(a_codes, a_scales, self._x16(rows), buf.weights, out, offsets, gs_a, gs_b)
+            self._call(a_codes, a_scales, buf.x16(rows), buf.weights, out, offsets, gs_a, gs_b)
         return out
 
 
