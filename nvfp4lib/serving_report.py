@@ -19,7 +19,7 @@ from .roofline import add_floors
 from .store import HOPPER_KERNELS, dirty_state
 
 __all__ = ["CALLS", "latest_calls", "missing_calls", "runs_used", "calls_table", "host_scheduled_reference",
-           "weight_bytes", "predictions", "targets", "calls_figure", "gather_table", "back_to_back"]
+           "weight_bytes", "predictions", "targets", "calls_figure", "gather_table", "gather_ab", "back_to_back"]
 
 # the kernel that scheduled its tiles on the host (prepare(a, b) built the tile table from each group's M): the
 # graph times the serving kernel must stay within 10% of
@@ -137,13 +137,15 @@ def back_to_back(latest: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def gather_table(rows: pd.DataFrame, problems=None) -> pd.DataFrame:
-    """The latest run of ``data/gather.jsonl`` (the one-shot gather alone, :mod:`nvfp4lib.gather_bench`) as one row
-    per problem: GPU time and ratio to the copy floor per (part, kcu), and whether every output was byte-identical
-    to the torch prepack. Empty without rows."""
+def gather_table(rows: pd.DataFrame, problems=None, commit: str | None = None) -> pd.DataFrame:
+    """The latest run of ``data/gather.jsonl`` (the one-shot gather alone, :mod:`nvfp4lib.gather_bench`; the latest
+    at ``commit`` if given) as one row per problem: GPU time and ratio to the copy floor per (part, kcu), and whether
+    every output was byte-identical to the torch prepack. Empty without rows."""
     if rows is None or not len(rows):
         return pd.DataFrame()
     sel = rows[rows["status"] == "ok"]
+    if commit is not None:
+        sel = sel[sel["git_commit"].astype(str).str.startswith(commit)]
     if not len(sel):
         return pd.DataFrame()
     sel = sel[sel["run_id"] == sel["run_id"].max()]
@@ -155,6 +157,30 @@ def gather_table(rows: pd.DataFrame, problems=None) -> pd.DataFrame:
     t["commit"] = sel.groupby("problem")["git_commit"].last().str[:7]
     order = _names(problems) if problems is not None else list(dict.fromkeys(sel["problem"]))
     return t.reindex([p for p in order if p in t.index])
+
+
+def gather_ab(rows: pd.DataFrame, before: str, after: str, problems=None, kcu: int = 8, warps: int = 4) -> pd.DataFrame:
+    """The gather at two commits measured on one machine (``data/gather.jsonl``, rows of both commits sharing a
+    host and date): per problem and part, the median over runs of each commit's GPU time at (``kcu``, ``warps``),
+    after / before, the ratio to the copy floor after, and whether every output of both was byte-identical."""
+    if rows is None or not len(rows):
+        return pd.DataFrame()
+    sel = rows[(rows["status"] == "ok") & (rows["kcu"] == kcu) & (rows["warps"] == warps)]
+    com = sel["git_commit"].astype(str)
+    sel = sel.assign(side=np.where(com.str.startswith(before), "before", np.where(com.str.startswith(after), "after",
+                                                                                    "")))
+    sel = sel[sel["side"] != ""]
+    if not len(sel) or set(sel["side"]) != {"before", "after"}:
+        return pd.DataFrame()
+    g = sel.groupby(["problem", "part", "side"])
+    t = g["median_us"].median().unstack("side")
+    out = pd.DataFrame({f"{before} us": t["before"], f"{after} us": t["after"],
+                        "after / before": t["after"] / t["before"],
+                        "after x floor": g["ratio_to_floor"].median().unstack("side")["after"],
+                        "runs": g["run_id"].nunique().unstack("side").min(axis=1),
+                        "identical": g["identical"].all().unstack("side").all(axis=1)})
+    order = _names(problems) if problems is not None else list(dict.fromkeys(sel["problem"]))
+    return out.reindex([(p, part) for p in order for part in ("weights", "weights+rows") if (p, part) in out.index])
 
 
 def host_scheduled_reference(bench_rows: pd.DataFrame, problems) -> pd.DataFrame:
