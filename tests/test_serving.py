@@ -171,3 +171,13 @@ def test_packed_form_writes_a_given_output():
         w(ap, off, out=torch.empty(12, 64))
     with pytest.raises(TypeError, match="packed form"):
         w([ap, ap, ap], out=out)
+
+
+def test_gather_plan_refuses_a_matrix_past_32_bit_offsets():
+    """The one-shot gather's offsets inside one group's matrix are 32-bit: a matrix of 2^35 elements or more is
+    refused by name, not wrapped around; one just under it is planned (no GPU, no Triton: the plan is host code)."""
+    from nvfp4lib.kernels.hopper_varlen.gather import Plan
+
+    with pytest.raises(ValueError, match="2\\^35"):
+        Plan(1, 1 << 20, 1 << 15, 1 << 20, 1 << 15, 2, 1, False, 0)
+    Plan(1, (1 << 19) - 128, 1 << 15, (1 << 19) - 128, 1 << 15, 2, 1, False, 0)

@@ -93,3 +93,19 @@ def test_back_to_back_table_sets_eager_against_graph():
     assert t.loc["S4", "eager / graph, back to back"] == pytest.approx(19.0 / 17.0)
     assert t.loc["S4", "eager per call us"] == 50.0 and pd.isna(t.loc["S3", "eager / graph, back to back"])
     assert len(sr.back_to_back(sr.latest_calls(pd.DataFrame([_row(s4, "graph", 18.0)]), [s4]))) == 0  # no b2b column
+
+
+def test_gather_ab_pairs_two_commits_by_median_over_runs():
+    def row(commit, run, part, us, kcu=8, warps=4, ok=True):
+        return {"problem": "S1", "part": part, "git_commit": commit, "run_id": run, "kcu": kcu, "warps": warps,
+                "median_us": us, "ratio_to_floor": us / 90.0, "identical": ok, "status": "ok"}
+
+    rows = pd.DataFrame([row("aaaaaaa1", "r1", "weights", 150.0), row("bbbbbbb2", "r2", "weights", 120.0),
+                         row("aaaaaaa1", "r3", "weights", 154.0), row("bbbbbbb2", "r4", "weights", 124.0),
+                         row("bbbbbbb2", "r4", "weights", 60.0, kcu=4),  # another knob: not compared
+                         row("ccccccc3", "r5", "weights", 10.0)])  # a third commit: ignored
+    ab = sr.gather_ab(rows, "aaaaaaa", "bbbbbbb", [BENCHMARK[0]])
+    got = ab.loc[("S1", "weights")]
+    assert got["aaaaaaa us"] == 152.0 and got["bbbbbbb us"] == 122.0
+    assert got["after / before"] == pytest.approx(122.0 / 152.0) and got["runs"] == 2 and bool(got["identical"])
+    assert sr.gather_ab(rows, "aaaaaaa", "ddddddd").empty  # no rows of one side: nothing to compare

@@ -87,3 +87,24 @@ def test_harness_with_copied_scales_takes_the_checked_path():
     assert compat._fast_group(data) is None
     got = compat.custom_kernel(data)
     assert relative_error([c[..., 0] for c in got], reference_grouped_gemm(inp.a, inp.b)) <= TOL
+
+
+def test_oneshot_on_two_streams_keeps_each_streams_scratch():
+    """Calls on two streams at once (each stream its own packed weights, rows, fp16 scratch and tables): both exact.
+    A scratch shared between the streams would let one call's prologue overwrite the other's rows mid-GEMM."""
+    prob = BENCHMARK[2]
+    sets = [make_inputs(prob, seed=20 + s, mode="gaussian", device="cuda") for s in range(2)]
+    refs = [reference_grouped_gemm(x.a, x.b) for x in sets]
+    streams = [torch.cuda.Stream() for _ in sets]
+    nvfp4lib.grouped_gemm(sets[0].a, sets[0].b, backend="cute-hopper")  # compiled before the race
+    torch.cuda.synchronize()
+    outs = [[], []]
+    for _ in range(4):
+        for i, (x, s) in enumerate(zip(sets, streams)):
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                outs[i].append(nvfp4lib.grouped_gemm(x.a, x.b, backend="cute-hopper"))
+    torch.cuda.synchronize()
+    for i in range(2):
+        for out in outs[i]:
+            assert relative_error(out, refs[i]) <= TOL
