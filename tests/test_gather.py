@@ -27,7 +27,7 @@ def _pad(t, rows, cols):
 @pytest.mark.parametrize("dual,tile_m,n,k,ms", [(False, 128, 192, 160, [5, 0, 37]), (True, 64, 64, 128, [3, 9]),
                                                 (True, 128, 136, 96, [0, 1])])
 @pytest.mark.parametrize("swz", [False, True])
-@pytest.mark.parametrize("kcu", [1, 8])
+@pytest.mark.parametrize("kcu", [1, 6, 8])  # 6: units loaded two at a time
 def test_gather_matches_torch(dual, tile_m, n, k, ms, swz, kcu):
     torch.manual_seed(0)
     g = len(ms)
