@@ -88,8 +88,7 @@ def _kernel():
 
     @triton.jit
     def gather(table, packed, small, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ_B: tl.constexpr,
-               G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr, KCU: tl.constexpr,
-               UB: tl.constexpr):
+               G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr, KCU: tl.constexpr):
         pid = tl.program_id(0)
         n = tl.load(table + 0).to(tl.int32)
         k = tl.load(table + 1).to(tl.int32)
@@ -121,46 +120,43 @@ def _kernel():
             base = rows_t + (rb * 64 // n_pad) * 16 + 3 + 2 * mat  # one group per block: n_pad is a multiple of 64
             cptr = tl.load(base).to(tl.pointer_type(tl.uint64))  # codes read as 8-byte pairs (group_table: aligned)
             sptr = tl.load(base + 1).to(tl.pointer_type(tl.uint8))
-            # word (w, g, c, j) of a unit holds bytes (e, hp); byte (e, hp) packs nibble e of byte c of words 2j (x)
-            # and 2j + 1 (y) of source row 16w + 8(1-hp) + g, i.e. byte c of both halves of the row's code pair j.
-            # Lane v = (w, g, j) loads its two rows' code pair j once and writes the four words c = 0..3; UB units'
-            # loads are issued together before any store (bytes in flight: the gather is latency-bound)
-            v = tl.arange(0, 128)
-            j = v % 4
-            rw = rb * 64 + 16 * (v // 32) + (v // 4) % 8
+            # one output word per element, no tile and no layout change: word (w, g, c, j) of a unit holds bytes
+            # (e, hp); byte (e, hp) packs nibble e of byte c of words 2j (x) and 2j + 1 (y) of source row
+            # 16w + 8(1-hp) + g, i.e. byte c of both halves of the row's code pair j
+            q = tl.arange(0, 512)
+            j = q % 4
+            c = ((q // 4) % 4 * 8).to(tl.uint64)
+            rw = rb * 64 + 16 * (q // 128) + (q // 16) % 8
             r0 = (rw + 8) % n_pad  # hp = 0
             r1 = rw % n_pad  # hp = 1
-            word_at = 128 * (v // 32) + 16 * ((v // 4) % 8) + j  # + 4c
             # scales: output byte (w, g, j, h) of a unit is scale column j of row 16w + 8h + g
             t = tl.arange(0, 256)
             sr = (rb * 64 + 16 * (t // 64) + 8 * (t % 2) + (t // 8) % 8) % n_pad
             sj = (t // 2) % 4
-            ub = tl.arange(0, UB)
-            for step in range(0, KCU, UB):
-                kc = (unit % kcp_n) * KCU + step + ub  # [UB] units along K
-                kl = kc < kc_n
-                dst = ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304  # each unit's byte offset
-                kp = kc[:, None] * 4 + j[None, :]  # code pair along K
-                ok = kl[:, None] & (kp < cols)
-                p0 = tl.load(cptr + (r0[None, :] * cols + kp), mask=ok & (r0 < n)[None, :], other=0)
-                p1 = tl.load(cptr + (r1[None, :] * cols + kp), mask=ok & (r1 < n)[None, :], other=0)
-                sk = kc[:, None] * 4 + sj[None, :]
-                if SWZ_B:  # 128x4 atoms, row-atom-major; inside one: (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
-                    soff = ((sr[None, :] // 128) * ((cols + 3) // 4) + sk // 4) * 512 + (sr[None, :] % 32) * 16 \
-                        + ((sr[None, :] // 32) % 4) * 4 + sk % 4
-                else:
-                    soff = sr[None, :] * cols + sk
-                sv = tl.load(sptr + soff, mask=kl[:, None] & (sr < n)[None, :] & (sk < cols), other=0)
-                out = packed.to(tl.pointer_type(tl.uint32)) + (dst // 4)[:, None] + word_at[None, :]
-                for c in tl.static_range(4):
-                    xs = (((p0 >> (8 * c)) & 255) | (((p1 >> (8 * c)) & 255) << 8)).to(tl.uint32)  # byte c of x
-                    ys = (((p0 >> (32 + 8 * c)) & 255) | (((p1 >> (32 + 8 * c)) & 255) << 8)).to(tl.uint32)
+            srl = sr
+            for u in range(KCU):
+                kc = (unit % kcp_n) * KCU + u
+                if kc < kc_n:
+                    dst = ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304  # the unit's byte offset
+                    kp = kc * 4 + j  # code pair along K
+                    ok = kp < k // 16
+                    p0 = tl.load(cptr + (r0 * cols + kp), mask=ok & (r0 < n), other=0) >> c
+                    p1 = tl.load(cptr + (r1 * cols + kp), mask=ok & (r1 < n), other=0) >> c
+                    xs = ((p0 & 255) | ((p1 & 255) << 8)).to(tl.uint32)  # byte c of x, hp = 0 | 1
+                    ys = (((p0 >> 32) & 255) | (((p1 >> 32) & 255) << 8)).to(tl.uint32)
                     x = (xs & 0x0F0F) | ((xs & 0xF0F0) << 12)  # nibbles to bytes (e, hp)
                     y = (ys & 0x0F0F) | ((ys & 0xF0F0) << 12)
                     word = ((x & 0x07070707) << 1) | ((x & 0x08080808) << 4) | ((y & 0x08080808) >> 3) \
                         | ((y & 0x07070707) << 4)
-                    tl.store(out + 4 * c, word, mask=kl[:, None])
-                tl.store(packed + dst[:, None] + 2048 + t[None, :], sv, mask=kl[:, None])
+                    tl.store(packed.to(tl.pointer_type(tl.uint32)) + dst // 4 + q, word)
+                    sk = kc * 4 + sj
+                    if SWZ_B:  # 128x4 atoms, row-atom-major; inside one: (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
+                        soff = ((srl // 128) * ((cols + 3) // 4) + sk // 4) * 512 + (srl % 32) * 16 \
+                            + ((srl // 32) % 4) * 4 + sk % 4
+                    else:
+                        soff = srl * cols + sk
+                    sv = tl.load(sptr + soff, mask=(sr < n) & (sk < cols), other=0)
+                    tl.store(packed + dst + 2048 + t, sv)
         elif pid < units + a_progs:  # ---- ROWS packed activation rows
             a_codes = small
             a_scales = small + tl.load(table + 9)
@@ -219,7 +215,6 @@ class Plan:
         if (n_pad + 128) * (k // 16 + 4) >= 1 << 31:  # the kernel's offsets inside one matrix are 32-bit
             raise ValueError(f"the gather takes weight matrices of fewer than 2^35 elements; one group's is {n} x {k}")
         self.groups, self.n, self.k, self.dual, self.rows, self.kcu = groups, n, k, dual, rows, kcu
-        self.batch = max(b for b in (1, 2, 4) if kcu % b == 0)  # units whose loads a program issues together
         self.warps = warps
         rb_n, self.kc_n, self.per = groups * n_pad // 64, k_pad // 64, nwg * blocks
         self.ctas = rb_n // (blocks if dual else self.per)
@@ -255,13 +250,12 @@ def launch_plan(plan: Plan, table: torch.Tensor, packed: torch.Tensor, small: to
     ``stream`` (a CUDA stream handle: torch's current stream)."""
     consts = plan.consts.get((swz_a, swz_b, post))
     if consts is None:
-        values = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu,
-                  plan.batch)
+        values = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu)
         consts = plan.consts[(swz_a, swz_b, post)] = dict(zip(CONSTS, values))
     _launch(plan.grid, stream, (table, packed, small), consts, plan.warps)
 
 
-CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU", "UB")  # the kernel's constexprs, in order
+CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")  # the kernel's constexprs, in order
 
 
 def _launch(grid: int, stream: int, args, consts: dict, warps: int) -> None:
