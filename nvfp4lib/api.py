@@ -115,9 +115,9 @@ def _oneshot(a, b, b2, backend, out_dtype, options):
             from .serving import oneshot, prepare_weights
 
             if options.get("config", "auto") == "auto" and a[0].data.is_cuda:
-                c = oneshot(a, b, b2, out_dtype=out_dtype)  # one gather launch, no weights object
+                c = oneshot(a, b, b2, out_dtype=out_dtype, split=True)  # one gather launch, no weights object
                 if c is not None:
-                    return list(c.split([x.data.shape[0] for x in a]))
+                    return c
             return prepare_weights(b, b2, backend=backend, out_dtype=out_dtype, config=options.get("config", "auto"),
                                    check_scales=False)(a)
         if options.get("config", "auto") == "auto":

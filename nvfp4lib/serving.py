@@ -483,18 +483,22 @@ def _oneshot_config(device, dual: bool, out_dtype, groups: int, n: int, k: int, 
     return cfg
 
 
-def oneshot(a, b, b2=None, *, out_dtype=torch.float16) -> torch.Tensor | None:
-    """C ``[T, N]`` (the groups' rows in order) of a one-shot cute-hopper call with new weights, or None where the
-    fast path does not apply (the caller then prepares the weights). ``a``, ``b``, ``b2``: validated NVFP4Tensor
-    lists sharing N and K (:func:`nvfp4lib.api.validate_operands`)."""
-    from .kernels.hopper_varlen.gather import group_table
+def oneshot(a, b, b2=None, *, out_dtype=torch.float16, split: bool = False):
+    """C ``[T, N]`` (the groups' rows in order; with ``split``, the list of per-group views of it) of a one-shot
+    cute-hopper call with new weights, or None where the fast path does not apply (the caller then prepares the
+    weights). ``a``, ``b``, ``b2``: validated NVFP4Tensor lists sharing N and K
+    (:func:`nvfp4lib.api.validate_operands`)."""
+    from .kernels.hopper_varlen.gather import F, group_table
 
     n, k = b[0].data.shape[0], b[0].data.shape[1] * 2
     table = group_table(a, b, b2)
     if table is None:
         return None
-    return oneshot_run(table, sum(x.data.shape[0] for x in a), len(b), n, k, b2 is not None, out_dtype,
-                       b[0].data.device)
+    sizes = table[2::F]  # each group's rows (the table's a_rows column)
+    c = oneshot_run(table, sum(sizes), len(b), n, k, b2 is not None, out_dtype, b[0].data.device)
+    if c is None or not split:
+        return c
+    return list(torch.split_with_sizes(c, sizes))
 
 
 def oneshot_run(table: list[int], rows: int, groups: int, n: int, k: int, dual: bool, out_dtype, device, *,

@@ -87,9 +87,10 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def gather(table, packed, small, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ_B: tl.constexpr,
+    def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ_B: tl.constexpr,
                G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr, KCU: tl.constexpr):
         pid = tl.program_id(0)
+        table = table_at.to(tl.pointer_type(tl.int64))  # device memory, or pinned host memory read in place
         n = tl.load(table + 0).to(tl.int32)
         k = tl.load(table + 1).to(tl.int32)
         n_pad = tl.load(table + 2).to(tl.int32)
@@ -240,19 +241,21 @@ def run(table: torch.Tensor, plan: Plan, *, swz_a: bool = False, swz_b: bool = F
     packed = torch.empty(plan.packed_shape, dtype=torch.uint8, device=dev)
     small = torch.empty(plan.small_bytes, dtype=torch.uint8, device=dev)
     stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0  # (0: Triton's interpreter)
-    launch_plan(plan, table, packed, small, stream, swz_a=swz_a, swz_b=swz_b, post=post)
+    launch_plan(plan, table.data_ptr(), packed, small, stream, swz_a=swz_a, swz_b=swz_b, post=post)
     return packed, small
 
 
-def launch_plan(plan: Plan, table: torch.Tensor, packed: torch.Tensor, small: torch.Tensor, stream: int, *,
+def launch_plan(plan: Plan, table_at: int, packed: torch.Tensor, small: torch.Tensor, stream: int, *,
                 swz_a: bool = False, swz_b: bool = False, post: float = 1.0) -> None:
     """Launch the gather into buffers the caller holds (``packed`` and ``small`` of at least the plan's sizes) on
-    ``stream`` (a CUDA stream handle: torch's current stream)."""
+    ``stream`` (a CUDA stream handle: torch's current stream). ``table_at``: the address of the table (the plan's
+    header, then the group rows): device memory, or pinned host memory, which the kernel reads in place (a
+    one-shot call's table: no copy to launch first; the caller keeps it unchanged until the kernel has run)."""
     consts = plan.consts.get((swz_a, swz_b, post))
     if consts is None:
         values = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu)
         consts = plan.consts[(swz_a, swz_b, post)] = dict(zip(CONSTS, values))
-    _launch(plan.grid, stream, (table, packed, small), consts, plan.warps)
+    _launch(plan.grid, stream, (packed, small, table_at), consts, plan.warps)
 
 
 CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")  # the kernel's constexprs, in order

@@ -22,7 +22,10 @@ from .gather import F, Plan, launch_plan, views
 from .runner import OUT_DTYPES, POST_SCALE, Scratch, compile_call, require_hopper
 
 _PLANS: dict = {}
-SLOTS = 4  # pinned tables in flight per stream (a slot is reused once the copy four calls back has run)
+SLOTS = 4  # pinned tables in flight per stream (a slot is reused once the gather four calls back has run)
+# Plans of at most this many gather programs read their table from pinned host memory in place (no host-to-device
+# copy before the launch); larger ones copy it first. Set from a one-machine A/B (see notebook 10).
+TABLE_ON_HOST_PROGRAMS = 1 << 30
 
 
 class _Buffers:
@@ -45,21 +48,27 @@ class _Buffers:
         self.events: list = [None] * SLOTS
         self.next = 0
 
-    def table(self, rows: list[int]) -> torch.Tensor:
-        """The call's table (header and group rows) on the device: written into the next pinned slot (once the copy
-        that last used it has run) and copied asynchronously on this buffer's stream."""
+    def table(self, rows: list[int], on_host: bool) -> int:
+        """The address of the call's table (header and group rows), written into the next pinned slot once the
+        gather that last read it has run: the slot itself (``on_host``: the kernel reads pinned memory in place) or
+        its device copy (copied asynchronously). :meth:`done` marks the slot in use until the launch has run."""
         i = self.next
         self.next = (i + 1) % SLOTS
         ev = self.events[i]
         if ev is None:
             ev = self.events[i] = torch.cuda.Event()
         else:
-            ev.synchronize()  # the copy from this slot SLOTS calls back (long done in a serving loop)
+            ev.synchronize()  # the gather SLOTS calls back (long done in a serving loop)
         self.host[i, : len(rows)] = rows
         src, dst = self.slots[i]
+        if on_host:
+            return src.data_ptr()
         dst.copy_(src, non_blocking=True)
-        ev.record(self.stream)
-        return dst
+        return dst.data_ptr()
+
+    def done(self) -> None:
+        """After the gather's launch: the last slot is free again once this stream has run it."""
+        self.events[(self.next - 1) % SLOTS].record(self.stream)
 
     def scratch(self, plan: Plan):
         """(small, its views (:func:`.gather.views`)) for the plan's row count."""
@@ -115,8 +124,9 @@ class OneShot:
         if buf is None:
             buf = self._buffers[stream] = _Buffers(plan, self.device, self.k_pad)
         small, (a_codes, a_scales, offsets, gs_a, gs_b) = buf.scratch(plan)
-        launch_plan(plan, buf.table(plan.header + table), buf.packed, small, stream, swz_a=swz_a, swz_b=swz_b,
-                    post=POST_SCALE)
+        launch_plan(plan, buf.table(plan.header + table, plan.grid <= TABLE_ON_HOST_PROGRAMS), buf.packed, small,
+                    stream, swz_a=swz_a, swz_b=swz_b, post=POST_SCALE)
+        buf.done()
         out = torch.empty((rows, self.n), dtype=self.out_dtype, device=self.device)
         if rows:
             self._call(a_codes, a_scales, buf.x16(rows), buf.weights, out, offsets, gs_a, gs_b)
