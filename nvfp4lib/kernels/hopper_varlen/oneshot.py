@@ -24,8 +24,11 @@ from .runner import OUT_DTYPES, POST_SCALE, Scratch, compile_call, require_hoppe
 _PLANS: dict = {}
 SLOTS = 4  # pinned tables in flight per stream (a slot is reused once the gather four calls back has run)
 # Plans of at most this many gather programs read their table from pinned host memory in place (no host-to-device
-# copy before the launch); larger ones copy it first. Set from a one-machine A/B (see notebook 10).
-TABLE_ON_HOST_PROGRAMS = 1 << 30
+# copy before the launch); larger ones copy it first. An A/B in one process on the H100 (2026-11-26, development
+# script, 4 alternating rounds of 30 calls): in place, the host time per call fell 9-23 us on all eight shapes, but
+# the GPU time of the large dual shapes rose ~21 us (S1-dual, S2-dual: 7-15k programs, each reading the table
+# over PCIe). The small shapes (S3, S4 and their duals: 500-2000 programs) are host-bound: they read it in place.
+TABLE_ON_HOST_PROGRAMS = 2048
 
 
 class _Buffers:
