@@ -3,8 +3,8 @@
 A one-shot call (new weights every call: ``nvfp4lib.grouped_gemm``, the study's harness) used to pay ~30 torch ops
 of host time (stacking the weights, concatenating the activations, stacking global scales, building offsets) before
 its two kernels. Here the host writes one small table — a header row of sizes, then one row of addresses per group
-(:data:`FIELDS`, the callers' tensors read in place) — copies it to the device, and one launch of the gather does, by
-program id:
+(:data:`FIELDS`, the callers' tensors read in place) — which the kernel reads by address (from pinned host memory in
+place, or from a device copy), and one launch of the gather does, by program id:
 
 - **weights** (programs ``0 .. units``): ``KCU`` 64-row × 64-K units of the packed weights each (the layout of
   :func:`nvfp4lib.kernels.hopper_rs.layout.prepack_weights`), from group g's own codes and scales, one output word
@@ -13,7 +13,10 @@ program id:
   method of ``python -m nvfp4lib gather-bench``, :mod:`nvfp4lib.gather_bench`):
   S1 154 µs against 200 µs for the earlier 64 × 256-byte tile permuted in registers (whose Nsight Compute profile
   showed L1 at 91% of its throughput and 144 registers, 19% occupancy), S2 82 vs 111, S1-dual 300 vs 390;
-  vectorising each row's four words (32-byte loads, 16-byte stores) was slower (163–320 µs on S1);
+  vectorising each row's four words (32-byte loads, 16-byte stores) was slower (163–320 µs on S1). At 2fe0d84 the
+  kernel fell from 145 registers (set by the activation-rows branch) to 64, and S1's weights from 153.7 to 122.2 µs
+  (S1-dual 299.8 to 238.2; recorded A/B in ``data/gather.jsonl``); one load per lane writing four words (77b4697)
+  was 14–27% slower;
 - **activation rows**: the groups' rows copied into one packed ``[T, K/2]`` codes and ``[T, K/16]`` scales pair
   (the prologue's input), row r of the packed form belonging to the group whose offsets bracket it;
 - **the small things** (last program): the offsets ``[G+1]`` (prefix sums of the groups' rows), A's global scales
@@ -21,8 +24,9 @@ program id:
 
 Scales are read row-major (``[rows, K/16]``, the NVFP4Tensor form) or, with ``SWZ_*``, in the 128×4 blocked layout
 of :func:`nvfp4lib.formats.swizzle_scales` (the harness's reordered scales, read without unswizzling). The kernel
-takes three pointers and compile-time flags only (sizes are in the header): after the first call it is launched
-through its compiled launcher directly (:mod:`..common.triton_launch`), skipping Triton's per-call argument binding.
+takes two pointers, the table's address and compile-time flags only (sizes are in the header): after the first call
+it is launched through its compiled launcher directly (:mod:`..common.triton_launch`), skipping Triton's per-call
+argument binding.
 """
 from __future__ import annotations
 

@@ -8,10 +8,11 @@ TVM-FFI call, :func:`.runner.compile_call`).
 On the H100's host every torch operation costs 5–10 µs, so a call makes as few as it can. A plan holds what does not
 depend on the call's data — the compiled kernels for (config, G, N, K_pad, out dtype) — and, per CUDA stream, the
 buffers the kernels write before the GEMM reads them (:class:`_Buffers`: the packed weights, the activation scratch,
-views of it per row count, and a small ring of pinned tables). Calls on one stream run in order, so each call may
-overwrite what the previous one's GEMM read; a call on another stream gets its own buffers. A call allocates only
-its output. One-shot calls cannot be captured in a CUDA graph (the captured table copy would read a ring slot that
-later calls overwrite): prepare the weights and capture ``w(a)`` instead.
+views of it per row count, the fp16 rows of the prologue, and a small ring of pinned tables, which small plans'
+gathers read in place and large plans copy to the device first: :data:`TABLE_ON_HOST_PROGRAMS`). Calls on one stream
+run in order, so each call may overwrite what the previous one's GEMM read; a call on another stream gets its own
+buffers. A call allocates only its output. One-shot calls cannot be captured in a CUDA graph (the captured launch
+would read a ring slot that later calls overwrite): prepare the weights and capture ``w(a)`` instead.
 """
 from __future__ import annotations
 
