@@ -92,3 +92,62 @@ def test_constexprs_out_of_signature_order_are_refused(monkeypatch):
     monkeypatch.setattr(tl, "_COMPILED", {})
     with pytest.raises(TypeError, match="signature order"):
         tl.launch(_FakeKernel(), (1,), (_cuda_arg(), 64), {"CB": 32, "R": 4}, stream=0)
+
+
+class CudaLauncher:
+    """Named as Triton 3.6's launcher: its ``__call__`` allocates scratch where the kernel needs it, then calls the C
+    ``launch`` with (grid, stream, function, cooperative, pdl, global scratch, profile scratch, metadata..., args)."""
+
+    launch_cooperative_grid, launch_pdl, profile_scratch_size = False, True, 0
+
+    def __init__(self, calls, scratch=0):
+        self.calls, self.global_scratch_size = calls, scratch
+
+    def launch(self, *a):
+        self.calls.append(("c", a))
+
+    def __call__(self, gx, gy, gz, stream, function, *args):
+        self.calls.append(("py", (gx, gy, gz, stream, function, *args)))
+
+
+class _FakeCompiledCuda:
+    function, packed_metadata = "fn", "meta"
+
+    def __init__(self, calls, scratch):
+        self.run = CudaLauncher(calls, scratch)
+
+
+class _FakeCudaKernel(_FakeKernel):
+    def __init__(self, scratch=0):
+        super().__init__()
+        self.scratch = scratch
+
+    def __getitem__(self, grid):
+        def go(*args, num_warps, **consts):
+            self.calls.append(("triton", grid, args, consts, num_warps))
+            return _FakeCompiledCuda(self.calls, self.scratch)
+        return go
+
+
+def test_a_cuda_launcher_without_scratch_is_called_at_its_c_function(monkeypatch):
+    """The direct call passes what ``CudaLauncher.__call__`` would (no scratch buffers); a launcher that needs
+    scratch, or ``DIRECT`` off, goes through ``__call__``."""
+    from types import SimpleNamespace
+
+    from nvfp4lib.kernels.common import triton_launch as tl
+
+    monkeypatch.setattr(tl, "_KNOBS", [SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)])
+    monkeypatch.setattr(tl, "_COMPILED", {})
+    k, x = _FakeCudaKernel(), _cuda_arg()
+    for _ in range(2):
+        tl.launch(k, (3,), (x, 64), {"R": 4, "CB": 32}, num_warps=8, stream=7)
+    assert [c[0] for c in k.calls] == ["triton", "c"]
+    assert k.calls[1][1] == (3, 1, 1, 7, "fn", False, True, None, None, "meta", None, None, None, x, 64, 4, 32)
+    monkeypatch.setattr(tl, "DIRECT", False)
+    tl.launch(k, (3,), (x, 64), {"R": 4, "CB": 32}, num_warps=8, stream=7)
+    assert k.calls[2] == ("py", (3, 1, 1, 7, "fn", "meta", None, None, None, x, 64, 4, 32))
+    monkeypatch.setattr(tl, "DIRECT", True)
+    s = _FakeCudaKernel(scratch=128)
+    for _ in range(2):
+        tl.launch(s, (3,), (x, 64), {"R": 4, "CB": 32}, num_warps=8, stream=7)
+    assert [c[0] for c in s.calls] == ["triton", "py"]
