@@ -138,7 +138,6 @@ def _kernel():
             t = tl.arange(0, 256)
             sr = (rb * 64 + 16 * (t // 64) + 8 * (t % 2) + (t // 8) % 8) % n_pad
             sj = (t // 2) % 4
-            srl = sr
             for u in range(KCU):
                 kc = (unit % kcp_n) * KCU + u
                 if kc < kc_n:
@@ -156,10 +155,10 @@ def _kernel():
                     tl.store(packed.to(tl.pointer_type(tl.uint32)) + dst // 4 + q, word)
                     sk = kc * 4 + sj
                     if SWZ_B:  # 128x4 atoms, row-atom-major; inside one: (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
-                        soff = ((srl // 128) * ((cols + 3) // 4) + sk // 4) * 512 + (srl % 32) * 16 \
-                            + ((srl // 32) % 4) * 4 + sk % 4
+                        soff = ((sr // 128) * ((cols + 3) // 4) + sk // 4) * 512 + (sr % 32) * 16 \
+                            + ((sr // 32) % 4) * 4 + sk % 4
                     else:
-                        soff = srl * cols + sk
+                        soff = sr * cols + sk
                     sv = tl.load(sptr + soff, mask=(sr < n) & (sk < cols), other=0)
                     tl.store(packed + dst + 2048 + t, sv)
         elif pid < units + a_progs:  # ---- ROWS packed activation rows
@@ -259,16 +258,11 @@ def launch_plan(plan: Plan, table_at: int, packed: torch.Tensor, small: torch.Te
     if consts is None:
         values = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu)
         consts = plan.consts[(swz_a, swz_b, post)] = dict(zip(CONSTS, values))
-    _launch(plan.grid, stream, (packed, small, table_at), consts, plan.warps)
+    # compiled on its first launch per flags, then through its compiled launcher (:mod:`..common.triton_launch`)
+    triton_launch(_kernel(), (plan.grid,), (packed, small, table_at), consts, plan.warps, stream)
 
 
 CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")  # the kernel's constexprs, in order
-
-
-def _launch(grid: int, stream: int, args, consts: dict, warps: int) -> None:
-    """The gather through :func:`..common.triton_launch.launch` (compiled on its first launch per flags, then through
-    its compiled launcher) on ``stream``."""
-    triton_launch(_kernel(), (grid,), args, consts, warps, stream)
 
 
 def launch(table: torch.Tensor, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int,

@@ -34,8 +34,8 @@ TABLE_ON_HOST_PROGRAMS = 2048
 
 class _Buffers:
     """One stream's buffers for one plan: packed weights (fixed size), the gather's ``small`` output (activation
-    codes and scales, offsets, global scales; doubled when a call has more rows), views of it per row count, and
-    ``SLOTS`` pinned host tables with their device copies."""
+    codes and scales, offsets, global scales; doubled when a call has more rows), views of it per row count, the
+    prologue's fp16 rows, and ``SLOTS`` pinned host tables with their device copies."""
 
     def __init__(self, plan: Plan, device, k_pad: int):
         self.stream = torch.cuda.current_stream(device)
