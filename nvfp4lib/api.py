@@ -108,16 +108,18 @@ def _oneshot(a, b, b2, backend, out_dtype, options):
     GPU ops, a cached config: nothing timed inside the call); otherwise the backend's own prepare. A runner whose
     config is "auto" would time its candidates inside this call: one-shot calls take the shape heuristic instead."""
     if backend == "cute-hopper":
-        a, b, b2 = validate_operands(a, b, b2, out_dtype)
+        if set(options) <= {"config"} and options.get("config", "auto") == "auto":
+            from .serving import oneshot
+
+            c = oneshot(a, b, b2, out_dtype=out_dtype, split=True)  # one pass over the operands, one gather launch
+            if c is not None:
+                return c
+        a, b, b2 = validate_operands(a, b, b2, out_dtype)  # (names what kept the operands off the one-shot path)
         shape = b[0].data.shape
         if all(t.data.shape == shape for t in b) and (b2 is None or all(t.data.shape == shape for t in b2)) \
                 and set(options) <= {"config"}:
-            from .serving import oneshot, prepare_weights
+            from .serving import prepare_weights
 
-            if options.get("config", "auto") == "auto" and a[0].data.is_cuda:
-                c = oneshot(a, b, b2, out_dtype=out_dtype, split=True)  # one gather launch, no weights object
-                if c is not None:
-                    return c
             return prepare_weights(b, b2, backend=backend, out_dtype=out_dtype, config=options.get("config", "auto"),
                                    check_scales=False)(a)
         if options.get("config", "auto") == "auto":

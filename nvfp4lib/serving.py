@@ -485,20 +485,29 @@ def _oneshot_config(device, dual: bool, out_dtype, groups: int, n: int, k: int, 
 
 def oneshot(a, b, b2=None, *, out_dtype=torch.float16, split: bool = False):
     """C ``[T, N]`` (the groups' rows in order; with ``split``, the list of per-group views of it) of a one-shot
-    cute-hopper call with new weights, or None where the fast path does not apply (the caller then prepares the
-    weights). ``a``, ``b``, ``b2``: validated NVFP4Tensor lists sharing N and K
-    (:func:`nvfp4lib.api.validate_operands`)."""
+    cute-hopper call with new weights, or None where the fast path does not apply: anything but lists of 2-D
+    NVFP4Tensors on one CUDA device, sharing N and K, readable in place
+    (:func:`.kernels.hopper_varlen.gather.group_table`, this call's only pass over the operands), with an output dtype
+    and N the kernel takes. The caller then checks the
+    operands (:func:`nvfp4lib.api.validate_operands`, which names what is wrong) and prepares the weights."""
     from .kernels.hopper_varlen.gather import F, group_table
 
-    n, k = b[0].data.shape[0], b[0].data.shape[1] * 2
+    if a is None:
+        return None
     table = group_table(a, b, b2)
     if table is None:
         return None
+    d = b[0].data
+    if d.get_device() < 0:
+        return None
     sizes = table[2::F]  # each group's rows (the table's a_rows column)
-    c = oneshot_run(table, sum(sizes), len(b), n, k, b2 is not None, out_dtype, b[0].data.device)
+    c = oneshot_run(table, sum(sizes), len(b), d.shape[0], 2 * d.shape[1], b2 is not None, out_dtype, d.device)
     if c is None or not split:
         return c
     return list(torch.split_with_sizes(c, sizes))
+
+
+_ONESHOTS: dict = {}  # (device, dual, out dtype, G, N, K, T) -> OneShot: one lookup per call
 
 
 def oneshot_run(table: list[int], rows: int, groups: int, n: int, k: int, dual: bool, out_dtype, device, *,
@@ -507,13 +516,19 @@ def oneshot_run(table: list[int], rows: int, groups: int, n: int, k: int, dual: 
     or the study's harness with its scales in the blocked layout: ``swizzled``): one gather launch (weights and
     activation rows packed from the callers' tensors in place, offsets, global scales), the prologue and the GEMM.
     None where the kernel cannot take it."""
-    from .kernels.hopper_varlen.oneshot import OneShot
-    from .kernels.hopper_varlen.runner import OUT_DTYPES
+    key = (device, dual, out_dtype, groups, n, k, rows)
+    shot = _ONESHOTS.get(key)
+    if shot is None:
+        from .kernels.hopper_varlen.oneshot import OneShot
+        from .kernels.hopper_varlen.runner import OUT_DTYPES
 
-    if out_dtype not in OUT_DTYPES or n % 8:
-        return None
-    cfg = _oneshot_config(device, dual, out_dtype, groups, n, k, rows)
-    return OneShot.get(cfg, groups, n, k, out_dtype, device).run(table, rows, swz_a=swizzled, swz_b=swizzled)
+        if out_dtype not in OUT_DTYPES or n % 8:
+            return None
+        cfg = _oneshot_config(device, dual, out_dtype, groups, n, k, rows)
+        if len(_ONESHOTS) > 4096:
+            _ONESHOTS.clear()
+        shot = _ONESHOTS[key] = OneShot.get(cfg, groups, n, k, out_dtype, device)
+    return shot.run(table, rows, swz_a=swizzled, swz_b=swizzled)
 
 
 @torch.library.custom_op("nvfp4lib::grouped_mm", mutates_args=())

@@ -181,3 +181,37 @@ def test_gather_plan_refuses_a_matrix_past_32_bit_offsets():
     with pytest.raises(ValueError, match="2\\^35"):
         Plan(1, 1 << 20, 1 << 15, 1 << 20, 1 << 15, 2, 1, False, 0)
     Plan(1, (1 << 19) - 128, 1 << 15, (1 << 19) - 128, 1 << 15, 2, 1, False, 0)
+
+
+def test_one_shot_table_takes_only_operands_it_can_read_in_place():
+    """The one-shot call's only pass over its operands (``group_table``) gives the rows in :data:`FIELDS` order for
+    operands it can read in place, and None for anything else, which then takes the checked path and its error."""
+    from nvfp4lib.kernels.hopper_varlen.gather import FIELDS, F, group_table
+
+    torch.manual_seed(0)
+    a = [quantize(torch.randn(m, 64)) for m in (3, 0)]
+    b = [quantize(torch.randn(16, 64)) for _ in range(2)]
+    b2 = [quantize(torch.randn(16, 64)) for _ in range(2)]
+    t = group_table(a, b, b2)
+    assert len(t) == 2 * F
+    row = dict(zip(FIELDS, t[F:2 * F]))
+    assert row == {"a_codes": a[1].data.data_ptr(), "a_scales": a[1].scales.data_ptr(), "a_rows": 0,
+                   "b_codes": b[1].data.data_ptr(), "b_scales": b[1].scales.data_ptr(),
+                   "b2_codes": b2[1].data.data_ptr(), "b2_scales": b2[1].scales.data_ptr(),
+                   "a_gs": a[1].global_scale.data_ptr(), "b_gs": b[1].global_scale.data_ptr(),
+                   "b2_gs": b2[1].global_scale.data_ptr()}
+    assert group_table(a, b)[2::F] == [3, 0]
+    assert group_table(a, b)[5:7] == group_table(a, b)[3:5]  # one matrix: b2's columns repeat b's
+    assert group_table(None, b)[:3] == [0, 0, 0]
+    wide = torch.zeros(3, 40, dtype=torch.uint8)
+    strided = NVFP4Tensor(wide[:, :32], a[0].scales, a[0].global_scale)
+    k_off = [quantize(torch.randn(3, 32)), a[1]]
+    refused = {"non-contiguous codes": ([strided, a[1]], b, None), "another K": (k_off, b, None),
+               "another N": (a, [b[0], quantize(torch.randn(8, 64))], None), "b2 of another N":
+               (a, b, [b2[0], quantize(torch.randn(8, 64))]), "fewer weights": (a, b[:1], None),
+               "not NVFP4Tensors": ([x.data for x in a], b, None), "a tensor, not a list": (a[0], b, None),
+               "no groups": ([], [], None)}
+    for name, (x, w, w2) in refused.items():
+        assert group_table(x, w, w2) is None, name
+    with pytest.raises(ValueError, match="K mismatch"):  # the checked path names it
+        nvfp4lib.grouped_gemm(k_off, b, backend="cute-hopper")

@@ -151,3 +151,36 @@ def test_a_cuda_launcher_without_scratch_is_called_at_its_c_function(monkeypatch
     for _ in range(2):
         tl.launch(s, (3,), (x, 64), {"R": 4, "CB": 32}, num_warps=8, stream=7)
     assert [c[0] for c in s.calls] == ["triton", "py"]
+
+
+def test_a_bound_launch_holds_the_arguments_in_signature_order(monkeypatch):
+    """``bound`` prepares a driver launch of a kernel compiled earlier: its parameters are the runtime arguments
+    (tensors by address) then Triton's two scratch pointers; it refuses what Triton passes otherwise (an integer 1, a
+    PDL or cooperative launch), a kernel never compiled, and a machine without libcuda."""
+    import ctypes
+    from types import SimpleNamespace
+
+    from nvfp4lib.kernels.common import driver
+    from nvfp4lib.kernels.common import triton_launch as tl
+
+    monkeypatch.setattr(tl, "_COMPILED", {})
+    monkeypatch.setattr(driver, "available", lambda: True)
+    k, x = _FakeKernel(), torch.empty(64, dtype=torch.uint8)
+    consts = {"R": 4, "CB": 32}
+    assert tl.bound(k, (3,), (x, 1 << 40), consts, 8) is None  # not compiled yet
+    ck = SimpleNamespace(metadata=SimpleNamespace(num_warps=8, shared=1024, num_ctas=1))
+    tl._COMPILED[tl._key(k, x.device, (x, 1 << 40), consts, 8)] = (ck, (None, 77, False, False))
+    launch = tl.bound(k, (3,), (x, 1 << 40), consts, 8)
+    assert launch._head == (77, 3, 1, 1, 256, 1, 1, 1024)
+    assert [ctypes.c_uint64.from_address(p).value for p in launch._pointers] == [x.data_ptr(), 1 << 40, 0, 0]
+    launch.set(1, 1 << 41)
+    assert ctypes.c_uint64.from_address(launch._pointers[1]).value == 1 << 41
+    assert tl.bound(k, (3,), (x, 1), consts, 8) is None  # Triton passes an integer 1 as a constant
+    assert tl.bound(k, (3, 2), (x, 1 << 40), consts, 8) is None  # 1-D grids only
+    tl._COMPILED[tl._key(k, x.device, (x, 1 << 40), consts, 8)] = (ck, (None, 77, False, True))
+    assert tl.bound(k, (3,), (x, 1 << 40), consts, 8) is None  # PDL
+    tl._COMPILED[tl._key(k, x.device, (x, 1 << 40), consts, 8)] = (ck, None)
+    assert tl.bound(k, (3,), (x, 1 << 40), consts, 8) is None  # not a CudaLauncher
+    monkeypatch.setattr(driver, "available", lambda: False)
+    tl._COMPILED[tl._key(k, x.device, (x, 1 << 40), consts, 8)] = (ck, (None, 77, False, False))
+    assert tl.bound(k, (3,), (x, 1 << 40), consts, 8) is None

@@ -89,6 +89,21 @@ def test_harness_with_copied_scales_takes_the_checked_path():
     assert relative_error([c[..., 0] for c in got], reference_grouped_gemm(inp.a, inp.b)) <= TOL
 
 
+def test_oneshot_from_a_new_thread():
+    """A one-shot call whose thread did no CUDA work before (its driver calls need the context current there)."""
+    import threading
+
+    inp = make_inputs(BENCHMARK[3], seed=9, mode="gaussian", device="cuda")
+    nvfp4lib.grouped_gemm(inp.a, inp.b, backend="cute-hopper")  # compiled and bound on this thread
+    torch.cuda.synchronize()
+    got = []
+    t = threading.Thread(target=lambda: got.append(nvfp4lib.grouped_gemm(inp.a, inp.b, backend="cute-hopper")))
+    t.start()
+    t.join()
+    torch.cuda.synchronize()
+    assert relative_error(got[0], reference_grouped_gemm(inp.a, inp.b)) <= TOL
+
+
 def test_oneshot_on_two_streams_keeps_each_streams_scratch():
     """Calls on two streams at once (each stream its own packed weights, rows, fp16 scratch and tables): both exact.
     A scratch shared between the streams would let one call's prologue overwrite the other's rows mid-GEMM."""

@@ -71,6 +71,32 @@ def test_list_form_is_exact_with_empty_groups(m, dual):
     assert relative_error(outs, ref) <= TOL
 
 
+def test_prepared_weights_on_two_streams_at_once():
+    """One set of prepared weights serving two streams at once, each with its own activations: both exact. The
+    prologue's fp16 rows are per stream; one buffer shared by both would let one call's prologue overwrite the other's
+    rows while its GEMM reads them."""
+    prob = BENCHMARK[2]
+    sets = [make_inputs(prob, seed=40 + s, mode="gaussian", device="cuda") for s in range(2)]
+    w = prepare_weights(sets[0].b)
+    refs = [reference_grouped_gemm(x.a, sets[0].b) for x in sets]
+    forms = [packed(x.a) for x in sets]
+    w(forms[0][0], forms[0][1], global_scale=forms[0][2])  # compiled before the race
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in sets]
+    outs = [[], []]
+    for _ in range(6):
+        for i, s in enumerate(streams):
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                ap, offsets, gs = forms[i]
+                outs[i].append(w(ap, offsets, global_scale=gs))
+    torch.cuda.synchronize()
+    for i, x in enumerate(sets):
+        bounds = forms[i][1].tolist()
+        for c in outs[i]:
+            assert relative_error([c[o: o + t.shape[0]] for o, t in zip(bounds[:-1], x.a)], refs[i]) <= TOL
+
+
 @pytest.mark.long_gpu
 @pytest.mark.parametrize("groups", [8, 64, 256])
 def test_graph_replays_any_split(groups):

@@ -21,7 +21,7 @@ import os
 
 import torch
 
-__all__ = ["launch", "hooked", "FAST"]
+__all__ = ["launch", "bound", "plain", "hooked", "FAST"]
 
 FAST = os.environ.get("NVFP4LIB_TRITON_FAST_LAUNCH", "1") != "0"
 DIRECT = True  # call the compiled launcher's C function directly where its shape is known (:func:`_direct`)
@@ -58,8 +58,7 @@ def launch(kernel, grid: tuple, args: tuple, consts: dict, num_warps: int = 4, s
         _KNOBS.append(knobs.runtime)
     rt = _KNOBS[0]
     dev = args[0].device
-    # (id: a JITFunction hashes its source on every call; the kernels launched here live as long as the process)
-    key = (id(kernel), dev, tuple(consts.items()), num_warps, tuple([_spec(a) for a in args]))
+    key = _key(kernel, dev, args, consts, num_warps)
     entry = _COMPILED.get(key)
     if entry is None or not FAST or dev.type != "cuda" or hooked(rt.launch_enter_hook) or hooked(rt.launch_exit_hook):
         names = tuple(getattr(kernel, "arg_names", ()))
@@ -80,6 +79,39 @@ def launch(kernel, grid: tuple, args: tuple, consts: dict, num_warps: int = 4, s
            *consts.values())
     else:
         ck.run(*grid, stream, ck.function, ck.packed_metadata, None, None, None, *args, *consts.values())
+
+
+def _key(kernel, dev, args, consts, num_warps):
+    # (id: a JITFunction hashes its source on every call; the kernels launched here live as long as the process)
+    return id(kernel), dev, tuple(consts.items()), num_warps, tuple([_spec(a) for a in args])
+
+
+def plain() -> bool:
+    """Whether launches may bypass Triton now: fast launches on and no launch hook set (a profiler's)."""
+    rt = _KNOBS[0] if _KNOBS else None
+    return FAST and rt is not None and not hooked(rt.launch_enter_hook) and not hooked(rt.launch_exit_hook)
+
+
+def bound(kernel, grid: tuple, args: tuple, consts: dict, num_warps: int = 4):
+    """A prepared driver launch (:class:`.driver.KernelLaunch`) of ``kernel`` as compiled for these arguments'
+    specialisation and ``consts`` by an earlier :func:`launch`: its parameters are ``args`` (tensors by address),
+    then Triton's two scratch pointers (null), for a caller that launches one kernel many times with mostly the same
+    arguments (it changes the others with ``set`` and checks :func:`plain` before each launch). None where that
+    kernel was not compiled yet, its launcher is not Triton 3.6's ``CudaLauncher`` without scratch, the launch is not
+    a plain 1-D one (cooperative, PDL, clusters) or libcuda cannot be loaded."""
+    from . import driver
+
+    if not all(isinstance(a, torch.Tensor) or (type(a) is int and a != 1) for a in args):
+        return None  # (Triton passes other types its own way, and an integer equal to 1 as a constant)
+    entry = _COMPILED.get(_key(kernel, args[0].device, args, consts, num_warps))
+    if entry is None or entry[1] is None or len(grid) != 1 or not driver.available():
+        return None
+    ck, (_, function, cooperative, pdl) = entry
+    meta = ck.metadata
+    if cooperative or pdl or getattr(meta, "num_ctas", 1) != 1:
+        return None
+    params = [a.data_ptr() if isinstance(a, torch.Tensor) else int(a) for a in args] + [0, 0]
+    return driver.KernelLaunch(function, grid[0], 32 * meta.num_warps, meta.shared, params)
 
 
 def _direct(ck):

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import torch
 
+from ...formats import NVFP4Tensor
+from ..common.triton_launch import bound
 from ..common.triton_launch import launch as triton_launch
 from ..hopper_rs.layout import UNIT_BYTES
 
@@ -48,30 +50,59 @@ _KERNEL = None
 
 def group_table(a, b, b2=None) -> list[int] | None:
     """The table's group rows (:data:`FIELDS`, ``F`` ints per group) for NVFP4Tensor lists: activations ``a`` (None:
-    weights alone, no activation rows) and weights ``b`` (and ``b2``, the dual's second matrix). None where a part
-    cannot be read in place (not contiguous, or weight codes not 8-byte aligned). (One-shot calls build this every
-    call: one pass, each address read once; an NVFP4Tensor's global scale is float32, checked when it is built.)"""
+    weights alone, no activation rows) and weights ``b`` (and ``b2``, the dual's second matrix), or None unless every
+    part can be read in place: lists of equal length of 2-D NVFP4Tensors on one device, the weights all of ``b[0]``'s
+    shape with N > 0, the activations of their K, every part contiguous and the weight codes 8-byte aligned.
+
+    Callers either checked the operands before (then None means "not readable in place") or take the checked path on
+    None, which names what is wrong. (A one-shot call builds this every call, as its only pass over the operands: on
+    the lent H100's host each tensor attribute read costs 0.13-0.2 µs; an NVFP4Tensor's parts share one device and its
+    global scale is float32, both checked when it is built.)"""
+    lists = (list, tuple)
+    if type(b) not in lists or not b or (a is not None and (type(a) not in lists or len(a) != len(b))) \
+            or (b2 is not None and (type(b2) not in lists or len(b2) != len(b))) or type(b[0]) is not NVFP4Tensor:
+        return None
+    shape = b[0].data.shape
+    if len(shape) != 2 or not shape[0]:
+        return None
+    kh, dev = shape[1], b[0].data.get_device()
     pad = [0] * (F - len(FIELDS))
     table = []
     for g, w in enumerate(b):
-        u = w if b2 is None else b2[g]
-        wd, ws, ud, us = w.data, w.scales, u.data, u.scales
-        if not (wd.is_contiguous() and ws.is_contiguous() and ud.is_contiguous() and us.is_contiguous()):
+        if type(w) is not NVFP4Tensor:
             return None
-        wp, up = wd.data_ptr(), ud.data_ptr()
-        if not codes_readable(wp, up):
+        wd, ws = w.data, w.scales
+        if wd.shape != shape or wd.get_device() != dev or not (wd.is_contiguous() and ws.is_contiguous()):
             return None
-        wg = w.global_scale.data_ptr()
+        wp, wg = wd.data_ptr(), w.global_scale.data_ptr()
+        if b2 is None:
+            wsp = ws.data_ptr()
+            up, ug = wp, wg
+            row = [wp, wsp, wp, wsp]
+        else:
+            u = b2[g]
+            if type(u) is not NVFP4Tensor:
+                return None
+            ud, us = u.data, u.scales
+            if ud.shape != shape or ud.get_device() != dev or not (ud.is_contiguous() and us.is_contiguous()):
+                return None
+            up = ud.data_ptr()
+            row = [wp, ws.data_ptr(), up, us.data_ptr()]
+            ug = u.global_scale.data_ptr()
+        if (wp | up) & 7:  # the gather reads weight codes as 8-byte pairs
+            return None
         if a is None:  # no rows; A's global-scale address only has to be readable
-            table += [0, 0, 0, wp, ws.data_ptr(), up, us.data_ptr(), wg, wg, u.global_scale.data_ptr()]
+            table += [0, 0, 0, *row, wg, wg, ug, *pad]
         else:
             x = a[g]
-            xd, xs = x.data, x.scales
-            if not (xd.is_contiguous() and xs.is_contiguous()):
+            if type(x) is not NVFP4Tensor:
                 return None
-            table += [xd.data_ptr(), xs.data_ptr(), xd.shape[0], wp, ws.data_ptr(), up, us.data_ptr(),
-                      x.global_scale.data_ptr(), wg, u.global_scale.data_ptr()]
-        table += pad
+            xd, xs = x.data, x.scales
+            xsh = xd.shape
+            if len(xsh) != 2 or xsh[1] != kh or xd.get_device() != dev or not (xd.is_contiguous()
+                                                                             and xs.is_contiguous()):
+                return None
+            table += [xd.data_ptr(), xs.data_ptr(), xsh[0], *row, x.global_scale.data_ptr(), wg, ug, *pad]
     return table
 
 
@@ -254,12 +285,25 @@ def launch_plan(plan: Plan, table_at: int, packed: torch.Tensor, small: torch.Te
     ``stream`` (a CUDA stream handle: torch's current stream). ``table_at``: the address of the table (the plan's
     header, then the group rows): device memory, or pinned host memory, which the kernel reads in place (a
     one-shot call's table: no copy to launch first; the caller keeps it unchanged until the kernel has run)."""
+    # compiled on its first launch per flags, then through its compiled launcher (:mod:`..common.triton_launch`)
+    triton_launch(_kernel(), (plan.grid,), (packed, small, table_at), _consts(plan, swz_a, swz_b, post), plan.warps,
+                  stream)
+
+
+def bind_plan(plan: Plan, table_at: int, packed: torch.Tensor, small: torch.Tensor, *, swz_a: bool = False,
+              swz_b: bool = False, post: float = 1.0):
+    """The gather of an earlier :func:`launch_plan` with these arguments as a prepared driver launch
+    (:func:`..common.triton_launch.bound`: parameter 2 is the table's address, which every table of a
+    16-byte-aligned ring shares the specialisation of), or None where it cannot be prepared."""
+    return bound(_kernel(), (plan.grid,), (packed, small, table_at), _consts(plan, swz_a, swz_b, post), plan.warps)
+
+
+def _consts(plan: Plan, swz_a: bool, swz_b: bool, post: float) -> dict:
     consts = plan.consts.get((swz_a, swz_b, post))
     if consts is None:
         values = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu)
         consts = plan.consts[(swz_a, swz_b, post)] = dict(zip(CONSTS, values))
-    # compiled on its first launch per flags, then through its compiled launcher (:mod:`..common.triton_launch`)
-    triton_launch(_kernel(), (plan.grid,), (packed, small, table_at), consts, plan.warps, stream)
+    return consts
 
 
 CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")  # the kernel's constexprs, in order

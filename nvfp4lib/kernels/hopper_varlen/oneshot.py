@@ -2,24 +2,32 @@
 
 ``OneShot.run(table, ...)`` takes the address table of :mod:`.gather` (one int64 row per group: the caller's
 activation and weight tensors, read in place), then launches the gather (weights packed, activation rows packed,
-offsets and global scales: one Triton launch), then the activation prologue and the device-scheduled GEMM (one
+offsets and global scales: one Triton kernel), then the activation prologue and the device-scheduled GEMM (one
 TVM-FFI call, :func:`.runner.compile_call`).
 
-On the H100's host every torch operation costs 5–10 µs, so a call makes as few as it can. A plan holds what does not
-depend on the call's data — the compiled kernels for (config, G, N, K_pad, out dtype) — and, per CUDA stream, the
-buffers the kernels write before the GEMM reads them (:class:`_Buffers`: the packed weights, the activation scratch,
-views of it per row count, the fp16 rows of the prologue, and a small ring of pinned tables, which small plans'
-gathers read in place and large plans copy to the device first: :data:`TABLE_ON_HOST_PROGRAMS`). Calls on one stream
-run in order, so each call may overwrite what the previous one's GEMM read; a call on another stream gets its own
-buffers. A call allocates only its output. One-shot calls cannot be captured in a CUDA graph (the captured launch
-would read a ring slot that later calls overwrite): prepare the weights and capture ``w(a)`` instead.
+On the H100's host every torch operation costs 5–10 µs, and for the large shapes the GPU waits for the steps before
+the gather, so a call makes as few as it can. A plan holds what does not depend on the call's data — the compiled
+kernels for (config, G, N, K_pad, out dtype) — and, per CUDA stream, the buffers the kernels write before the GEMM
+reads them (:class:`_Buffers`: the packed weights, the activation scratch, views of it per row count, and a small ring
+of pinned tables, which small plans' gathers read in place and large plans copy to the device first:
+:data:`TABLE_ON_HOST_PROGRAMS`); the fp16 rows of the prologue are per stream too (:class:`.runner.Scratch`). A
+:class:`_Lane` per (row count, stream) binds them, so that a call is: one ``struct.pack_into`` of the table, at most
+one driver copy, the gather as a prepared driver launch (:func:`.gather.bind_plan`, after its first launch through
+Triton), a driver event record, the output's allocation and the TVM-FFI call. Calls on one stream run in order, so
+each call may overwrite what the previous one's GEMM read; a call on another stream gets its own buffers. A call
+allocates only its output. One-shot calls cannot be captured in a CUDA graph (the captured launch would read a ring
+slot that later calls overwrite): prepare the weights and capture ``w(a)`` instead.
 """
 from __future__ import annotations
 
+import struct
+
 import torch
 
+from ..common import driver
+from ..common.triton_launch import plain
 from .config import NWG, ROW_BYTES, VarlenConfig
-from .gather import F, Plan, launch_plan, views
+from .gather import F, Plan, bind_plan, launch_plan, views
 from .runner import OUT_DTYPES, POST_SCALE, Scratch, compile_call, require_hopper
 
 _PLANS: dict = {}
@@ -32,47 +40,60 @@ SLOTS = 4  # pinned tables in flight per stream (a slot is reused once the gathe
 TABLE_ON_HOST_PROGRAMS = 2048
 
 
-class _Buffers:
-    """One stream's buffers for one plan: packed weights (fixed size), the gather's ``small`` output (activation
-    codes and scales, offsets, global scales; doubled when a call has more rows), views of it per row count, the
-    prologue's fp16 rows, and ``SLOTS`` pinned host tables with their device copies."""
+def _check(r: int, what: str, ctx: int, retry) -> None:
+    """A driver call's result: on a thread without the context (:data:`.driver.INVALID_CONTEXT`), make the context
+    current and call ``retry()`` once; raise on any other failure."""
+    if r == driver.INVALID_CONTEXT:
+        driver.ensure_context(ctx)
+        r = retry()
+    if r:
+        raise RuntimeError(f"one-shot call: {what} failed with CUresult {r}")
 
-    def __init__(self, plan: Plan, device, k_pad: int):
-        self.stream = torch.cuda.current_stream(device)
-        self.x16 = Scratch(k_pad, device)  # the prologue's fp16 rows (per stream, like everything the GEMM reads)
+
+class _Buffers:
+    """One stream's buffers for one plan shape: packed weights (fixed size), the gather's ``small`` output (activation
+    codes and scales, offsets, global scales; doubled when a call has more rows), views of it per row count, and
+    ``SLOTS`` pinned host tables with their device copies and driver events (:mod:`..common.driver`)."""
+
+    def __init__(self, plan: Plan, device, stream: int):
+        self.stream = stream
         self.packed = torch.empty(plan.packed_shape, dtype=torch.uint8, device=device)
         self.weights = self.packed.view(-1, ROW_BYTES)
         self.small = torch.empty(0, dtype=torch.uint8, device=device)
         self.views: dict = {}
         width = F * (plan.groups + 1)
-        pinned = torch.empty((SLOTS, width), dtype=torch.int64, pin_memory=True)
-        dev = torch.empty((SLOTS, width), dtype=torch.int64, device=device)
-        self.host = pinned.numpy()
-        self.slots = [(pinned[i], dev[i]) for i in range(SLOTS)]
-        self.events: list = [None] * SLOTS
+        self._pinned = torch.empty((SLOTS, width), dtype=torch.int64, pin_memory=True)
+        self._dev = torch.empty((SLOTS, width), dtype=torch.int64, device=device)
+        self._host = memoryview(self._pinned.numpy()).cast("B")  # written with one struct.pack_into per call
+        self._row = struct.Struct(f"<{width}q")
+        self.nbytes = 8 * width
+        self.ctx = driver.current_context()
+        self.events = driver.Events(SLOTS)
         self.next = 0
 
-    def table(self, rows: list[int], on_host: bool) -> int:
-        """The address of the call's table (header and group rows), written into the next pinned slot once the
-        gather that last read it has run: the slot itself (``on_host``: the kernel reads pinned memory in place) or
-        its device copy (copied asynchronously). :meth:`done` marks the slot in use until the launch has run."""
+    def table(self, header: list[int], rows: list[int], on_host: bool) -> int:
+        """The address of the call's table (``header``, then the group ``rows``), written into the next pinned slot
+        once the gather that last read it has run: the slot itself (``on_host``: the kernel reads pinned memory in
+        place) or its device copy (copied asynchronously). :meth:`done` marks the slot in use until the launch has
+        run."""
         i = self.next
         self.next = (i + 1) % SLOTS
-        ev = self.events[i]
-        if ev is None:
-            ev = self.events[i] = torch.cuda.Event()
-        else:
-            ev.synchronize()  # the gather SLOTS calls back (long done in a serving loop)
-        self.host[i, : len(rows)] = rows
-        src, dst = self.slots[i]
+        _check(self.events.wait(i), "waiting for a table slot", self.ctx, lambda: self.events.wait(i))
+        at = i * self.nbytes
+        self._row.pack_into(self._host, at, *header, *rows)
+        src = self._pinned.data_ptr() + at
         if on_host:
-            return src.data_ptr()
-        dst.copy_(src, non_blocking=True)
-        return dst.data_ptr()
+            return src
+        dst = self._dev.data_ptr() + at
+        _check(driver.copy_to_device(dst, src, self.nbytes, self.stream), "the table's copy", self.ctx,
+               lambda: driver.copy_to_device(dst, src, self.nbytes, self.stream))
+        return dst
 
     def done(self) -> None:
         """After the gather's launch: the last slot is free again once this stream has run it."""
-        self.events[(self.next - 1) % SLOTS].record(self.stream)
+        i = (self.next - 1) % SLOTS
+        stream = self.stream
+        _check(self.events.record(i, stream), "an event record", self.ctx, lambda: self.events.record(i, stream))
 
     def scratch(self, plan: Plan):
         """(small, its views (:func:`.gather.views`)) for the plan's row count."""
@@ -88,11 +109,46 @@ class _Buffers:
         return v
 
 
+class _Lane:
+    """Everything one (row count, stream, scale layout) needs per call: the plan, the stream's buffers and their views,
+    the fp16 rows, and the gather as a prepared driver launch after its first (Triton) launch."""
+
+    def __init__(self, shot: "OneShot", plan: Plan, buf: _Buffers, swz: tuple[bool, bool]):
+        self.shot, self.plan, self.buf, self.swz = shot, plan, buf, swz
+        self.small, self.views = buf.scratch(plan)
+        self.x16 = shot.x16(plan.rows)
+        self.on_host = plan.grid <= TABLE_ON_HOST_PROGRAMS
+        self.launch = None  # the prepared gather launch (its parameter 2: the table's address)
+
+    def __call__(self, table: list[int]) -> torch.Tensor:
+        plan, buf, shot = self.plan, self.buf, self.shot
+        at = buf.table(plan.header, table, self.on_host)
+        launch = self.launch
+        if launch is not None and plain():
+            launch.set(2, at)
+            r = launch(buf.stream)
+            if r:
+                raise RuntimeError(f"one-shot call: the gather's launch failed with CUresult {r}")
+        else:
+            swz_a, swz_b = self.swz
+            launch_plan(plan, at, buf.packed, self.small, buf.stream, swz_a=swz_a, swz_b=swz_b, post=POST_SCALE)
+            if launch is None:
+                self.launch = bind_plan(plan, at, buf.packed, self.small, swz_a=swz_a, swz_b=swz_b, post=POST_SCALE)
+        buf.done()
+        out = torch.empty((plan.rows, shot.n), dtype=shot.out_dtype, device=shot.device)
+        if plan.rows:
+            a_codes, a_scales, offsets, gs_a, gs_b = self.views
+            shot._call(a_codes, a_scales, self.x16, buf.weights, out, offsets, gs_a, gs_b)
+        return out
+
+
 class OneShot:
     """The compiled kernels and the per-stream buffers for one (config, G, N, K, out dtype) on one device."""
 
     def __init__(self, cfg: VarlenConfig, groups: int, n: int, k: int, out_dtype, device):
         require_hopper(device)
+        if not driver.available():
+            raise RuntimeError("one-shot calls need libcuda (the NVIDIA driver's library), which could not be loaded")
         self.cfg, self.groups, self.n, self.k, self.out_dtype, self.device = cfg, groups, n, k, out_dtype, device
         self.dual = cfg.dual
         self.n_pad = -(-n // cfg.tile_m) * cfg.tile_m
@@ -101,8 +157,10 @@ class OneShot:
         self._call = compile_call(cfg, groups, n, self.k_pad, OUT_DTYPES[out_dtype])
         dev = torch.device(device)
         self._index = dev.index if dev.index is not None else torch.cuda.current_device()
+        self.x16 = Scratch(self.k_pad, device)  # the prologue's fp16 rows, per stream like everything the GEMM reads
         self._plans: dict = {}  # rows -> gather plan (a serving loop repeats its row counts)
         self._buffers: dict = {}  # CUDA stream handle -> _Buffers
+        self._lanes: dict = {}  # (rows, stream handle, scale layouts) -> _Lane
 
     @classmethod
     def get(cls, cfg: VarlenConfig, groups: int, n: int, k: int, out_dtype, device) -> "OneShot":
@@ -114,27 +172,29 @@ class OneShot:
 
     def run(self, table: list[int], rows: int, *, swz_a: bool = False, swz_b: bool = False) -> torch.Tensor:
         """``table``: G·F ints (:data:`.gather.FIELDS` per group); ``rows``: T. Returns C ``[T, N]``."""
-        if torch.cuda.is_current_stream_capturing():
+        if torch._C._cuda_isCurrentStreamCapturing():
             raise RuntimeError("a one-shot call (new weights every call) cannot be captured in a CUDA graph: prepare "
                                "the weights once (nvfp4lib.prepare_weights) and capture w(a) instead")
+        stream = torch._C._cuda_getCurrentRawStream(self._index)  # (the handle: no Stream object per call)
+        lane = self._lanes.get((rows, stream, swz_a, swz_b))
+        if lane is None:
+            lane = self._lane(rows, stream, swz_a, swz_b)
+        return lane(table)
+
+    def _lane(self, rows: int, stream: int, swz_a: bool, swz_b: bool) -> _Lane:
         plan = self._plans.get(rows)
         if plan is None:
             if len(self._plans) > 256:
                 self._plans.clear()
             plan = self._plans[rows] = Plan(self.groups, self.n, self.k, self.n_pad, self.k_pad, NWG, self.blocks,
                                             self.dual, rows)
-        stream = torch._C._cuda_getCurrentRawStream(self._index)  # (the handle: no Stream object per call)
         buf = self._buffers.get(stream)
         if buf is None:
-            buf = self._buffers[stream] = _Buffers(plan, self.device, self.k_pad)
-        small, (a_codes, a_scales, offsets, gs_a, gs_b) = buf.scratch(plan)
-        launch_plan(plan, buf.table(plan.header + table, plan.grid <= TABLE_ON_HOST_PROGRAMS), buf.packed, small,
-                    stream, swz_a=swz_a, swz_b=swz_b, post=POST_SCALE)
-        buf.done()
-        out = torch.empty((rows, self.n), dtype=self.out_dtype, device=self.device)
-        if rows:
-            self._call(a_codes, a_scales, buf.x16(rows), buf.weights, out, offsets, gs_a, gs_b)
-        return out
+            buf = self._buffers[stream] = _Buffers(plan, self.device, stream)
+        if len(self._lanes) > 1024:
+            self._lanes.clear()
+        lane = self._lanes[(rows, stream, swz_a, swz_b)] = _Lane(self, plan, buf, (swz_a, swz_b))
+        return lane
 
 
 __all__ = ["OneShot", "F"]

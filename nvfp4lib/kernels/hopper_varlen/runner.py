@@ -86,23 +86,27 @@ class PackedWeights:
 
 
 class Scratch:
-    """The fp16 activation buffer ``[R >= rows, K_pad]``: one buffer reused by every call (an allocation costs as much
-    host time as a launch), doubled when a call has more rows. Calls on one stream are ordered, so reuse is safe;
-    outgrown buffers are kept for the owner's lifetime (a CUDA graph may have captured one; doubling bounds them to
-    the size of the largest)."""
+    """The fp16 activation buffer ``[R >= rows, K_pad]`` of the current CUDA stream: one buffer per stream, reused by
+    every call on it (an allocation costs as much host time as a launch), doubled when a call has more rows. Calls on
+    one stream are ordered, so reuse is safe; calls on two streams at once (one set of prepared weights serving two
+    streams) each get their own. Outgrown buffers are kept for the owner's lifetime (a CUDA graph may have captured
+    one; doubling bounds them to the size of the largest)."""
 
     def __init__(self, k_pad: int, device):
         self.k_pad, self.device = k_pad, device
-        self._x = None
+        dev = torch.device(device)
+        self._index = dev.index if dev.index is not None else torch.cuda.current_device()
+        self._x: dict = {}  # CUDA stream handle -> buffer
         self._old: list[torch.Tensor] = []
 
     def __call__(self, rows: int) -> torch.Tensor:
-        x = self._x
+        stream = torch._C._cuda_getCurrentRawStream(self._index)
+        x = self._x.get(stream)
         if x is None or x.shape[0] < rows:
             if x is not None:
                 self._old.append(x)
             size = max(rows, 128 if x is None else 2 * x.shape[0])
-            x = self._x = torch.empty((size, self.k_pad), dtype=torch.float16, device=self.device)
+            x = self._x[stream] = torch.empty((size, self.k_pad), dtype=torch.float16, device=self.device)
         return x
 
 
