@@ -487,40 +487,35 @@ def oneshot(a, b, b2=None, *, out_dtype=torch.float16, split: bool = False):
     """C ``[T, N]`` (the groups' rows in order; with ``split``, the list of per-group views of it) of a one-shot
     cute-hopper call with new weights, or None where the fast path does not apply: anything but lists of 2-D
     NVFP4Tensors on one CUDA device, sharing N and K, readable in place
-    (:func:`.kernels.hopper_varlen.gather.group_table`, this call's only pass over the operands, weights first: large
-    plans launch the gather's weights part before reading the activations), with an output dtype and N the kernel
-    takes. The caller then checks the
+    (:func:`.kernels.hopper_varlen.gather.group_table`, this call's only pass over the operands), with an output dtype
+    and N the kernel takes. The caller then checks the
     operands (:func:`nvfp4lib.api.validate_operands`, which names what is wrong) and prepares the weights."""
-    from .kernels.hopper_varlen.gather import weight_rows
+    from .kernels.hopper_varlen.gather import F, group_table
 
-    if type(a) not in (list, tuple):
+    if a is None:
         return None
-    table = weight_rows(b, b2)
+    table = group_table(a, b, b2)
     if table is None:
         return None
     d = b[0].data
-    dev = d.get_device()
-    if dev < 0:
+    if d.get_device() < 0:
         return None
-    n, kh = d.shape
-    try:
-        rows = sum([x.data.shape[0] for x in a])  # (the plan's size; each part is checked before it is read)
-    except (AttributeError, IndexError, TypeError):
-        return None
-    shot = _oneshot_for(d.device, b2 is not None, out_dtype, len(b), n, 2 * kh, rows)
-    got = None if shot is None else shot.run_parts(table, a, kh, dev, rows)
-    if got is None:
-        return None
-    c, sizes = got
-    return list(torch.split_with_sizes(c, sizes)) if split else c
+    sizes = table[2::F]  # each group's rows (the table's a_rows column)
+    c = oneshot_run(table, sum(sizes), len(b), d.shape[0], 2 * d.shape[1], b2 is not None, out_dtype, d.device)
+    if c is None or not split:
+        return c
+    return list(torch.split_with_sizes(c, sizes))
 
 
 _ONESHOTS: dict = {}  # (device, dual, out dtype, G, N, K, T) -> OneShot: one lookup per call
 
 
-def _oneshot_for(device, dual: bool, out_dtype, groups: int, n: int, k: int, rows: int):
-    """The compiled one-shot kernels for this call's shape (tuning cache or heuristic, never timed), or None where the
-    kernel cannot take it."""
+def oneshot_run(table: list[int], rows: int, groups: int, n: int, k: int, dual: bool, out_dtype, device, *,
+                swizzled: bool = False) -> torch.Tensor | None:
+    """The one-shot call from an address table (the group rows of :func:`.kernels.hopper_varlen.gather.group_table`,
+    or the study's harness with its scales in the blocked layout: ``swizzled``): one gather launch (weights and
+    activation rows packed from the callers' tensors in place, offsets, global scales), the prologue and the GEMM.
+    None where the kernel cannot take it."""
     key = (device, dual, out_dtype, groups, n, k, rows)
     shot = _ONESHOTS.get(key)
     if shot is None:
@@ -533,17 +528,7 @@ def _oneshot_for(device, dual: bool, out_dtype, groups: int, n: int, k: int, row
         if len(_ONESHOTS) > 4096:
             _ONESHOTS.clear()
         shot = _ONESHOTS[key] = OneShot.get(cfg, groups, n, k, out_dtype, device)
-    return shot
-
-
-def oneshot_run(table: list[int], rows: int, groups: int, n: int, k: int, dual: bool, out_dtype, device, *,
-                swizzled: bool = False) -> torch.Tensor | None:
-    """The one-shot call from a whole address table (the group rows of
-    :func:`.kernels.hopper_varlen.gather.group_table`, or the study's harness with its scales in the blocked layout:
-    ``swizzled``): one gather launch (weights and activation rows packed from the callers' tensors in place, offsets,
-    global scales), the prologue and the GEMM. None where the kernel cannot take it."""
-    shot = _oneshot_for(device, dual, out_dtype, groups, n, k, rows)
-    return None if shot is None else shot.run(table, rows, swz_a=swizzled, swz_b=swizzled)
+    return shot.run(table, rows, swz_a=swizzled, swz_b=swizzled)
 
 
 @torch.library.custom_op("nvfp4lib::grouped_mm", mutates_args=())

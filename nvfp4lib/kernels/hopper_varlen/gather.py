@@ -57,26 +57,15 @@ def group_table(a, b, b2=None) -> list[int] | None:
     Callers either checked the operands before (then None means "not readable in place") or take the checked path on
     None, which names what is wrong. (A one-shot call builds this every call, as its only pass over the operands: on
     the lent H100's host each tensor attribute read costs 0.13-0.2 µs; an NVFP4Tensor's parts share one device and its
-    global scale is float32, both checked when it is built.) In two passes, :func:`weight_rows` then
-    :func:`fill_activations`, which a one-shot call runs on either side of its first launch."""
-    table = weight_rows(b, b2)
-    if table is None or a is None:
-        return table
-    w = b[0].data
-    return table if fill_activations(table, a, w.shape[1], w.get_device()) is not None else None
-
-
-def weight_rows(b, b2=None) -> list[int] | None:
-    """The group rows with the weights' columns filled (A's: zero rows, A's global scale at a readable address), or
-    None (:func:`group_table`)."""
-    if type(b) not in (list, tuple) or not b or (b2 is not None and (type(b2) not in (list, tuple)
-                                                                      or len(b2) != len(b))) \
-            or type(b[0]) is not NVFP4Tensor:
+    global scale is float32, both checked when it is built.)"""
+    lists = (list, tuple)
+    if type(b) not in lists or not b or (a is not None and (type(a) not in lists or len(a) != len(b))) \
+            or (b2 is not None and (type(b2) not in lists or len(b2) != len(b))) or type(b[0]) is not NVFP4Tensor:
         return None
     shape = b[0].data.shape
     if len(shape) != 2 or not shape[0]:
         return None
-    dev = b[0].data.get_device()
+    kh, dev = shape[1], b[0].data.get_device()
     pad = [0] * (F - len(FIELDS))
     table = []
     for g, w in enumerate(b):
@@ -85,9 +74,11 @@ def weight_rows(b, b2=None) -> list[int] | None:
         wd, ws = w.data, w.scales
         if wd.shape != shape or wd.get_device() != dev or not (wd.is_contiguous() and ws.is_contiguous()):
             return None
-        wp, wsp, wg = wd.data_ptr(), ws.data_ptr(), w.global_scale.data_ptr()
+        wp, wg = wd.data_ptr(), w.global_scale.data_ptr()
         if b2 is None:
-            up, usp, ug = wp, wsp, wg
+            wsp = ws.data_ptr()
+            up, ug = wp, wg
+            row = [wp, wsp, wp, wsp]
         else:
             u = b2[g]
             if type(u) is not NVFP4Tensor:
@@ -95,33 +86,24 @@ def weight_rows(b, b2=None) -> list[int] | None:
             ud, us = u.data, u.scales
             if ud.shape != shape or ud.get_device() != dev or not (ud.is_contiguous() and us.is_contiguous()):
                 return None
-            up, usp, ug = ud.data_ptr(), us.data_ptr(), u.global_scale.data_ptr()
+            up = ud.data_ptr()
+            row = [wp, ws.data_ptr(), up, us.data_ptr()]
+            ug = u.global_scale.data_ptr()
         if (wp | up) & 7:  # the gather reads weight codes as 8-byte pairs
             return None
-        table += [0, 0, 0, wp, wsp, up, usp, wg, wg, ug, *pad]
+        if a is None:  # no rows; A's global-scale address only has to be readable
+            table += [0, 0, 0, *row, wg, wg, ug, *pad]
+        else:
+            x = a[g]
+            if type(x) is not NVFP4Tensor:
+                return None
+            xd, xs = x.data, x.scales
+            xsh = xd.shape
+            if len(xsh) != 2 or xsh[1] != kh or xd.get_device() != dev or not (xd.is_contiguous()
+                                                                             and xs.is_contiguous()):
+                return None
+            table += [xd.data_ptr(), xs.data_ptr(), xsh[0], *row, x.global_scale.data_ptr(), wg, ug, *pad]
     return table
-
-
-def fill_activations(table: list[int], a, kh: int, dev: int) -> list[int] | None:
-    """Fill the activations' columns of :func:`weight_rows`' ``table`` from ``a`` (one NVFP4Tensor per group, K/2 =
-    ``kh`` bytes, on device index ``dev``); returns the groups' row counts, or None (:func:`group_table`)."""
-    if type(a) not in (list, tuple) or len(a) * F != len(table):
-        return None
-    sizes = []
-    for g, x in enumerate(a):
-        if type(x) is not NVFP4Tensor:
-            return None
-        xd, xs = x.data, x.scales
-        xsh = xd.shape
-        if len(xsh) != 2 or xsh[1] != kh or xd.get_device() != dev or not (xd.is_contiguous() and xs.is_contiguous()):
-            return None
-        at = g * F
-        table[at] = xd.data_ptr()
-        table[at + 1] = xs.data_ptr()
-        table[at + 2] = m = xsh[0]
-        table[at + 7] = x.global_scale.data_ptr()
-        sizes.append(m)
-    return sizes
 
 
 def codes_readable(*addresses: int) -> bool:
@@ -141,8 +123,8 @@ def _kernel():
 
     @triton.jit
     def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ_B: tl.constexpr,
-               G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr, KCU: tl.constexpr,
-               PART: tl.constexpr):
+               G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr, KCU: tl.constexpr):
+        pid = tl.program_id(0)
         table = table_at.to(tl.pointer_type(tl.int64))  # device memory, or pinned host memory read in place
         n = tl.load(table + 0).to(tl.int32)
         k = tl.load(table + 1).to(tl.int32)
@@ -153,9 +135,6 @@ def _kernel():
         groups = tl.load(table + 6).to(tl.int32)
         units = tl.load(table + 7).to(tl.int32)
         a_progs = tl.load(table + 8).to(tl.int32)
-        pid = tl.program_id(0)
-        if PART == 2:  # the second of two launches (PARTS): the programs after the weights'
-            pid += units
         rows_t = table + 16  # group g's row at rows_t + 16 g
         # (sizes as int32: per-element offsets inside one group's matrix stay 32-bit, Plan checks they fit; fewer
         # registers per element than int64 offsets)
@@ -285,73 +264,60 @@ class Plan:
                        self.offsets_at, self.gs_b_at, self.gs_a_at] + [0] * (F - len(HEADER))
         self.grid = self.units + self.a_progs + 1
         self.packed_shape = (self.ctas, self.kc_n, self.per, UNIT_BYTES)  # the packed weights (rows do not matter)
-        self.consts: dict = {}  # (swz_a, swz_b, post, part) -> the launch's constexprs (launch_plan)
-
-    def programs(self, part: int = 0) -> int:
-        """The grid of one launch: every program (part 0), the weights' (1), or the others (2)."""
-        return self.grid if part == 0 else self.units if part == 1 else self.grid - self.units
+        self.consts: dict = {}  # (swz_a, swz_b, post) -> the launch's constexprs (launch_plan)
 
 
-def run(table: torch.Tensor, plan: Plan, *, swz_a: bool = False, swz_b: bool = False, post: float = 1.0,
-        parts: bool = False):
+def run(table: torch.Tensor, plan: Plan, *, swz_a: bool = False, swz_b: bool = False, post: float = 1.0):
     """Launch the gather for ``table`` (on the device: the plan's header, then ``[groups, F]`` int64 rows as
-    :data:`FIELDS`), in one launch or in its two (``parts``). Returns ``(packed [ctas, K_pad/64, per, 2304],
-    small)``: the scratch buffer holding the activation codes and scales, offsets and global scales at the plan's
-    ``*_at`` byte offsets."""
+    :data:`FIELDS`). Returns ``(packed [ctas, K_pad/64, per, 2304], small)``: the scratch buffer holding the
+    activation codes and scales, offsets and global scales at the plan's ``*_at`` byte offsets."""
     dev = table.device
     packed = torch.empty(plan.packed_shape, dtype=torch.uint8, device=dev)
     small = torch.empty(plan.small_bytes, dtype=torch.uint8, device=dev)
     stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0  # (0: Triton's interpreter)
-    for part in PARTS if parts else (0,):
-        launch_plan(plan, table.data_ptr(), packed, small, stream, swz_a=swz_a, swz_b=swz_b, post=post, part=part)
+    launch_plan(plan, table.data_ptr(), packed, small, stream, swz_a=swz_a, swz_b=swz_b, post=post)
     return packed, small
 
 
 def launch_plan(plan: Plan, table_at: int, packed: torch.Tensor, small: torch.Tensor, stream: int, *,
-                swz_a: bool = False, swz_b: bool = False, post: float = 1.0, part: int = 0) -> None:
+                swz_a: bool = False, swz_b: bool = False, post: float = 1.0) -> None:
     """Launch the gather into buffers the caller holds (``packed`` and ``small`` of at least the plan's sizes) on
     ``stream`` (a CUDA stream handle: torch's current stream). ``table_at``: the address of the table (the plan's
     header, then the group rows): device memory, or pinned host memory, which the kernel reads in place (a
-    one-shot call's table: no copy to launch first; the caller keeps it unchanged until the kernel has run).
-    ``part``: every program (0), or one of two launches (:data:`PARTS`)."""
+    one-shot call's table: no copy to launch first; the caller keeps it unchanged until the kernel has run)."""
     # compiled on its first launch per flags, then through its compiled launcher (:mod:`..common.triton_launch`)
-    triton_launch(_kernel(), (plan.programs(part),), (packed, small, table_at), _consts(plan, swz_a, swz_b, post, part),
-                  plan.warps, stream)
+    triton_launch(_kernel(), (plan.grid,), (packed, small, table_at), _consts(plan, swz_a, swz_b, post), plan.warps,
+                  stream)
 
 
 def bind_plan(plan: Plan, table_at: int, packed: torch.Tensor, small: torch.Tensor, *, swz_a: bool = False,
-              swz_b: bool = False, post: float = 1.0, part: int = 0):
+              swz_b: bool = False, post: float = 1.0):
     """The gather of an earlier :func:`launch_plan` with these arguments as a prepared driver launch
     (:func:`..common.triton_launch.bound`: parameter 2 is the table's address, which every table of a
     16-byte-aligned ring shares the specialisation of), or None where it cannot be prepared."""
-    return bound(_kernel(), (plan.programs(part),), (packed, small, table_at), _consts(plan, swz_a, swz_b, post, part),
-                 plan.warps)
+    return bound(_kernel(), (plan.grid,), (packed, small, table_at), _consts(plan, swz_a, swz_b, post), plan.warps)
 
 
-def _consts(plan: Plan, swz_a: bool, swz_b: bool, post: float, part: int = 0) -> dict:
-    consts = plan.consts.get((swz_a, swz_b, post, part))
+def _consts(plan: Plan, swz_a: bool, swz_b: bool, post: float) -> dict:
+    consts = plan.consts.get((swz_a, swz_b, post))
     if consts is None:
-        values = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu, part)
-        consts = plan.consts[(swz_a, swz_b, post, part)] = dict(zip(CONSTS, values))
+        values = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu)
+        consts = plan.consts[(swz_a, swz_b, post)] = dict(zip(CONSTS, values))
     return consts
 
 
-CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU", "PART")  # the constexprs, in order
-# A gather in two launches: 1 the weights' programs (they need the table's header and weight columns only), 2 the
-# activation rows' and the small things' (the activation columns too). A one-shot call launches part 1 before it
-# reads the activations (:meth:`.oneshot.OneShot.run_parts`).
-PARTS = (1, 2)
+CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")  # the kernel's constexprs, in order
 
 
 def launch(table: torch.Tensor, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int,
            dual: bool, rows: int, *, swz_a: bool = False, swz_b: bool = False, post: float = 1.0,
-           weights_only: bool = False, kcu: int = KCU, parts: bool = False):
+           weights_only: bool = False, kcu: int = KCU):
     """Build the plan, put its header before ``table``'s group rows and run; returns ``(packed, a_codes [T, K/2],
     a_scales [T, K/16], offsets [G+1], gs_a [G], gs_b [G, 2])`` (no activation rows with ``weights_only``).
     ``table``: the group rows ``[groups·F]`` int64 on the device (for callers that build them there)."""
     plan = Plan(groups, n, k, n_pad, k_pad, nwg, blocks, dual, 0 if weights_only else rows, kcu)
     full = torch.cat([torch.tensor(plan.header, dtype=torch.int64, device=table.device), table.reshape(-1)])
-    packed, small = run(full, plan, swz_a=swz_a, swz_b=swz_b, post=post, parts=parts)
+    packed, small = run(full, plan, swz_a=swz_a, swz_b=swz_b, post=post)
     return (packed, *views(small, plan))
 
 

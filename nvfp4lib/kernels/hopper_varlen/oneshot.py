@@ -27,7 +27,7 @@ import torch
 from ..common import driver
 from ..common.triton_launch import plain
 from .config import NWG, ROW_BYTES, VarlenConfig
-from .gather import F, Plan, bind_plan, fill_activations, launch_plan, views
+from .gather import F, Plan, bind_plan, launch_plan, views
 from .runner import OUT_DTYPES, POST_SCALE, Scratch, compile_call, require_hopper
 
 _PLANS: dict = {}
@@ -73,41 +73,27 @@ class _Buffers:
 
     def table(self, header: list[int], rows: list[int], on_host: bool) -> int:
         """The address of the call's table (``header``, then the group ``rows``), written into the next pinned slot
-        (:meth:`take`): the slot itself (``on_host``: the kernel reads pinned memory in place) or its device copy
-        (copied asynchronously). :meth:`done` marks the slot in use until the launch has run."""
-        i = self.take()
-        self.write(i, header, rows)
-        return self.pinned_at(i) if on_host else self.copy(i)
-
-    def take(self) -> int:
-        """The next slot, once the gather that last read it has run (long done in a serving loop)."""
+        once the gather that last read it has run: the slot itself (``on_host``: the kernel reads pinned memory in
+        place) or its device copy (copied asynchronously). :meth:`done` marks the slot in use until the launch has
+        run."""
         i = self.next
         self.next = (i + 1) % SLOTS
-        r = self.events.wait(i)
-        if r:
-            _check(r, "waiting for a table slot", self.ctx, lambda: self.events.wait(i))
-        return i
-
-    def write(self, i: int, header: list[int], rows: list[int]) -> None:
-        self._row.pack_into(self._host, i * self.nbytes, *header, *rows)
-
-    def pinned_at(self, i: int) -> int:
-        return self._pinned.data_ptr() + i * self.nbytes
-
-    def copy(self, i: int) -> int:
-        """Copy slot i to the device (asynchronously, on this stream); returns the copy's address."""
-        src, dst = self.pinned_at(i), self._dev.data_ptr() + i * self.nbytes
-        r = driver.copy_to_device(dst, src, self.nbytes, self.stream)
-        if r:
-            _check(r, "the table's copy", self.ctx, lambda: driver.copy_to_device(dst, src, self.nbytes, self.stream))
+        _check(self.events.wait(i), "waiting for a table slot", self.ctx, lambda: self.events.wait(i))
+        at = i * self.nbytes
+        self._row.pack_into(self._host, at, *header, *rows)
+        src = self._pinned.data_ptr() + at
+        if on_host:
+            return src
+        dst = self._dev.data_ptr() + at
+        _check(driver.copy_to_device(dst, src, self.nbytes, self.stream), "the table's copy", self.ctx,
+               lambda: driver.copy_to_device(dst, src, self.nbytes, self.stream))
         return dst
 
     def done(self) -> None:
-        """After the call's last gather launch: its slot is free again once this stream has run it."""
-        i, stream = (self.next - 1) % SLOTS, self.stream
-        r = self.events.record(i, stream)
-        if r:
-            _check(r, "an event record", self.ctx, lambda: self.events.record(i, stream))
+        """After the gather's launch: the last slot is free again once this stream has run it."""
+        i = (self.next - 1) % SLOTS
+        stream = self.stream
+        _check(self.events.record(i, stream), "an event record", self.ctx, lambda: self.events.record(i, stream))
 
     def scratch(self, plan: Plan):
         """(small, its views (:func:`.gather.views`)) for the plan's row count."""
@@ -125,66 +111,34 @@ class _Buffers:
 
 class _Lane:
     """Everything one (row count, stream, scale layout) needs per call: the plan, the stream's buffers and their views,
-    the fp16 rows, and the gather's launches (whole, or in two parts: :data:`.gather.PARTS`) as prepared driver
-    launches after their first (Triton) launch."""
+    the fp16 rows, and the gather as a prepared driver launch after its first (Triton) launch."""
 
     def __init__(self, shot: "OneShot", plan: Plan, buf: _Buffers, swz: tuple[bool, bool]):
         self.shot, self.plan, self.buf, self.swz = shot, plan, buf, swz
         self.small, self.views = buf.scratch(plan)
         self.x16 = shot.x16(plan.rows)
         self.on_host = plan.grid <= TABLE_ON_HOST_PROGRAMS
-        self.launches: dict = {}  # part -> the prepared gather launch (its parameter 2: the table's address) or None
+        self.launch = None  # the prepared gather launch (its parameter 2: the table's address)
 
     def __call__(self, table: list[int]) -> torch.Tensor:
-        """The call from a whole table: one gather launch."""
-        at = self.buf.table(self.plan.header, table, self.on_host)
-        self._gather(0, at)
-        self.buf.done()
-        return self._gemm()
-
-    def parts(self, table: list[int], a, kh: int, dev: int):
-        """The call from the weights' columns of the table (:func:`.gather.weight_rows`) and the activations ``a``:
-        (C, row counts), or None where ``a`` cannot be read in place. A plan whose table is copied to the device
-        launches the weights' programs before reading ``a`` (:data:`.gather.PARTS`): the GPU starts that much
-        earlier. The rows' programs then read the whole table from pinned memory in place (a few hundred programs)."""
-        if self.on_host:
-            sizes = fill_activations(table, a, kh, dev)
-            return None if sizes is None else (self(table), sizes)
-        buf, header = self.buf, self.plan.header
-        i = buf.take()
-        buf.write(i, header, table)
-        self._gather(1, buf.copy(i))
-        sizes = fill_activations(table, a, kh, dev)
-        if sizes is None:  # (the weights' programs only wrote this stream's packed weights)
-            buf.done()
-            return None
-        buf.write(i, header, table)  # the same bytes, plus the activations' columns
-        self._gather(2, buf.pinned_at(i))
-        buf.done()
-        return self._gemm(), sizes
-
-    def _gather(self, part: int, at: int) -> None:
-        buf = self.buf
-        launch = self.launches.get(part)
+        plan, buf, shot = self.plan, self.buf, self.shot
+        at = buf.table(plan.header, table, self.on_host)
+        launch = self.launch
         if launch is not None and plain():
             launch.set(2, at)
             r = launch(buf.stream)
             if r:
                 raise RuntimeError(f"one-shot call: the gather's launch failed with CUresult {r}")
-            return
-        swz_a, swz_b = self.swz
-        launch_plan(self.plan, at, buf.packed, self.small, buf.stream, swz_a=swz_a, swz_b=swz_b, post=POST_SCALE,
-                    part=part)
-        if part not in self.launches:
-            self.launches[part] = bind_plan(self.plan, at, buf.packed, self.small, swz_a=swz_a, swz_b=swz_b,
-                                            post=POST_SCALE, part=part)
-
-    def _gemm(self) -> torch.Tensor:
-        shot, rows = self.shot, self.plan.rows
-        out = torch.empty((rows, shot.n), dtype=shot.out_dtype, device=shot.device)
-        if rows:
+        else:
+            swz_a, swz_b = self.swz
+            launch_plan(plan, at, buf.packed, self.small, buf.stream, swz_a=swz_a, swz_b=swz_b, post=POST_SCALE)
+            if launch is None:
+                self.launch = bind_plan(plan, at, buf.packed, self.small, swz_a=swz_a, swz_b=swz_b, post=POST_SCALE)
+        buf.done()
+        out = torch.empty((plan.rows, shot.n), dtype=shot.out_dtype, device=shot.device)
+        if plan.rows:
             a_codes, a_scales, offsets, gs_a, gs_b = self.views
-            shot._call(a_codes, a_scales, self.x16, self.buf.weights, out, offsets, gs_a, gs_b)
+            shot._call(a_codes, a_scales, self.x16, buf.weights, out, offsets, gs_a, gs_b)
         return out
 
 
@@ -218,21 +172,14 @@ class OneShot:
 
     def run(self, table: list[int], rows: int, *, swz_a: bool = False, swz_b: bool = False) -> torch.Tensor:
         """``table``: G·F ints (:data:`.gather.FIELDS` per group); ``rows``: T. Returns C ``[T, N]``."""
-        return self._lane_now(rows, swz_a, swz_b)(table)
-
-    def run_parts(self, table: list[int], a, kh: int, dev: int, rows: int):
-        """``table``: the weights' columns (:func:`.gather.weight_rows`), ``a`` the activations (T rows in all, K/2 =
-        ``kh`` bytes, on device index ``dev``): (C ``[T, N]``, row counts), or None where ``a`` cannot be read in
-        place (:meth:`_Lane.parts`)."""
-        return self._lane_now(rows, False, False).parts(table, a, kh, dev)
-
-    def _lane_now(self, rows: int, swz_a: bool, swz_b: bool) -> "_Lane":
         if torch._C._cuda_isCurrentStreamCapturing():
             raise RuntimeError("a one-shot call (new weights every call) cannot be captured in a CUDA graph: prepare "
                                "the weights once (nvfp4lib.prepare_weights) and capture w(a) instead")
         stream = torch._C._cuda_getCurrentRawStream(self._index)  # (the handle: no Stream object per call)
         lane = self._lanes.get((rows, stream, swz_a, swz_b))
-        return lane if lane is not None else self._lane(rows, stream, swz_a, swz_b)
+        if lane is None:
+            lane = self._lane(rows, stream, swz_a, swz_b)
+        return lane(table)
 
     def _lane(self, rows: int, stream: int, swz_a: bool, swz_b: bool) -> _Lane:
         plan = self._plans.get(rows)
