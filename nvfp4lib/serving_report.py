@@ -183,6 +183,36 @@ def gather_ab(rows: pd.DataFrame, before: str, after: str, problems=None, kcu: i
     return out.reindex([(p, part) for p in order for part in ("weights", "weights+rows") if (p, part) in out.index])
 
 
+def calls_ab(rows: pd.DataFrame, before: str, after: str, call: str = "oneshot", problems=None) -> pd.DataFrame:
+    """One call form at two commits, measured alternately on one machine: the latest unbroken sequence of runs of
+    ``data/calls.jsonl`` that timed that form alone at either commit (a run of anything else ends a sequence: the
+    lent machines share one host name), per problem the median over its runs of each commit's per-call, host and
+    back-to-back times, and the per-call time after / before. Empty without such a sequence holding both commits."""
+    if rows is None or not len(rows):
+        return pd.DataFrame()
+    ok = rows[rows["status"] == "ok"]
+    runs = ok.groupby("run_id").agg(alone=("call", lambda c: set(c) == {call}), commit=("git_commit", "first"))
+    com = runs["commit"].astype(str)
+    runs["side"] = np.where(com.str.startswith(before), "before", np.where(com.str.startswith(after), "after", ""))
+    member = runs["alone"] & (runs["side"] != "")
+    runs["block"] = (~member).cumsum()  # (run ids sort by time)
+    full = [b for b, g in runs[member].groupby("block") if set(g["side"]) == {"before", "after"}]
+    if not full:
+        return pd.DataFrame()
+    runs = runs[member & (runs["block"] == full[-1])]
+    sel = ok[ok["run_id"].isin(runs.index)].assign(side=lambda r: r["run_id"].map(runs["side"]))
+    g = sel.groupby(["problem", "side"])
+    cols = {}
+    for value, name in (("per_call_us", "per call"), ("host_us", "host"), ("b2b_us", "back to back")):
+        t = g[value].median().unstack("side")
+        cols[f"{name} {before}"], cols[f"{name} {after}"] = t["before"], t["after"]
+    out = pd.DataFrame(cols)
+    out["per call after / before"] = out[f"per call {after}"] / out[f"per call {before}"]
+    out["runs"] = g["run_id"].nunique().unstack("side").min(axis=1)
+    order = _names(problems) if problems is not None else list(dict.fromkeys(sel["problem"]))
+    return out.reindex([p for p in order if p in out.index])
+
+
 def host_scheduled_reference(bench_rows: pd.DataFrame, problems) -> pd.DataFrame:
     """The host-scheduled kernel's CUDA-graph times (``data/bench.jsonl``, label ``cute-hopper[graph=True]``, kernel
     ``swap-AB register decode``): the latest run that timed every one of ``problems``, indexed by problem, with its

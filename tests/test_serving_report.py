@@ -109,3 +109,21 @@ def test_gather_ab_pairs_two_commits_by_median_over_runs():
     assert got["aaaaaaa us"] == 152.0 and got["bbbbbbb us"] == 122.0
     assert got["after / before"] == pytest.approx(122.0 / 152.0) and got["runs"] == 2 and bool(got["identical"])
     assert sr.gather_ab(rows, "aaaaaaa", "ddddddd").empty  # no rows of one side: nothing to compare
+
+
+def test_calls_ab_pairs_runs_of_one_form_by_commit():
+    def row(commit, run, call, us, host=50.0):
+        return {"problem": "S1", "call": call, "git_commit": commit, "run_id": run, "per_call_us": us,
+                "host_us": host, "b2b_us": us - 20, "status": "ok"}
+
+    rows = pd.DataFrame([row("bbbbbbb2", "r0", "oneshot", 999.0),  # an earlier sequence (another machine): ignored
+                         row("bbbbbbb2", "r0x", "oneshot", 9.0), row("bbbbbbb2", "r0x", "eager", 5.0),  # a full run
+                         row("aaaaaaa1", "r1", "oneshot", 320.0), row("bbbbbbb2", "r2", "oneshot", 290.0, 40.0),
+                         row("aaaaaaa1", "r3", "oneshot", 330.0), row("bbbbbbb2", "r4", "oneshot", 294.0, 44.0),
+                         row("bbbbbbb2", "r5", "oneshot", 10.0), row("bbbbbbb2", "r5", "eager", 5.0)])  # a full run
+    ab = sr.calls_ab(rows, "aaaaaaa", "bbbbbbb", "oneshot", [BENCHMARK[0]])
+    got = ab.loc["S1"]
+    assert got["per call aaaaaaa"] == 325.0 and got["per call bbbbbbb"] == 292.0 and got["host bbbbbbb"] == 42.0
+    assert got["back to back aaaaaaa"] == 305.0 and got["runs"] == 2
+    assert got["per call after / before"] == pytest.approx(292.0 / 325.0)
+    assert sr.calls_ab(rows, "aaaaaaa", "ddddddd").empty
