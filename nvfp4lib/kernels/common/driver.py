@@ -9,8 +9,10 @@ waited on here too (:class:`Events`: ``torch.cuda.Event`` costs 2-3 µs per reco
 
 Every function returns the driver's ``CUresult`` (0: success). :data:`INVALID_CONTEXT` means the calling thread has
 no current CUDA context (a thread whose first CUDA work this is): :func:`ensure_context` makes the context of an
-earlier call current, as Triton's launcher does before each launch. Where libcuda cannot be loaded, :func:`available`
-is False and callers take the torch path. Importing this module loads nothing.
+earlier call current, as Triton's launcher does before each launch. Where libcuda cannot be loaded (no NVIDIA driver,
+so no GPU path at all), :func:`available` is False: Triton launches stay on Triton's launcher
+(:func:`.triton_launch.bound` gives None) and one-shot calls refuse with a message. Importing this module loads
+nothing.
 """
 from __future__ import annotations
 
