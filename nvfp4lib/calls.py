@@ -22,6 +22,7 @@ alone (``b2b_flush_us``).
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -34,7 +35,7 @@ from .reference import reference_grouped_gemm, relative_error
 from .roofline import floor_us, measure_ceilings
 from .store import new_run_id, provenance
 
-__all__ = ["CALLS", "back_to_back", "bench_calls", "pack_rows", "time_both"]
+__all__ = ["CALLS", "back_to_back", "bench_calls", "host_probe", "pack_rows", "time_both"]
 
 CALLS = ("graph", "eager", "oneshot", "harness")
 TOL = 1e-3
@@ -103,6 +104,33 @@ def time_both(call, iters: int, flush: L2Flusher) -> dict:
     return {**_time(call, lambda i: None, iters, flush), **back_to_back(call, flush, iters)}
 
 
+def host_probe(reads: int = 200, samples: int = 21) -> dict:
+    """The host's speed in this run: the median µs of a fixed piece of Python (``reads`` pairs of tensor attribute
+    reads, as a call's checks do), with the GPU idle (``host_probe_idle_us``) and while a kernel keeps the GPU busy
+    (``host_probe_busy_us``: a timed call's host steps run during the L2 flush before it), and the host's 1-minute load
+    average. On the lent H100 and H200 hosts a one-shot call's Python steps took 2-3x as long with the GPU busy as
+    with it idle (development runs, 2026-11-26): these fields let a run's host-bound verdicts be read against it."""
+    t = torch.empty(1)
+
+    def work() -> float:
+        t0 = time.perf_counter()
+        for _ in range(reads):
+            t.data_ptr()
+            t.is_contiguous()
+        return (time.perf_counter() - t0) * 1e6
+
+    out = {"host_probe_idle_us": statistics.median(work() for _ in range(samples))}
+    if torch.cuda.is_available():
+        busy = []
+        for _ in range(samples):
+            torch.cuda._sleep(2_000_000)  # ~1 ms of GPU time, longer than the work
+            busy.append(work())
+            torch.cuda.synchronize()
+        out["host_probe_busy_us"] = statistics.median(busy)
+    out["host_load_1m"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return out
+
+
 def _check(outs, ref) -> float:
     torch.cuda.synchronize()
     return relative_error(outs, ref)
@@ -126,13 +154,14 @@ def bench_calls(problems: list[GroupedProblem], *, backend: str = "cute-hopper",
     if not torch.cuda.is_available():
         raise RuntimeError("bench_calls needs a CUDA GPU")
     run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
+    probe = host_probe()  # the host's state in this run: its speed decides the host-bound forms' verdicts
     rows = []
     for prob in problems:
         inputs = [make_inputs(prob, seed=seed + s, mode=mode, device="cuda") for s in range(sets)]
         refs = [reference_grouped_gemm(x.a, x.b, x.b2) for x in inputs]
         floor = floor_us(prob, ceil)
         nbytes = sum(prob.m) * prob.n[0] * 2
-        base = {"run_id": run_id, **{f"ceil_{k}": v for k, v in ceil.items()}, "problem": prob.name,
+        base = {"run_id": run_id, **{f"ceil_{k}": v for k, v in ceil.items()}, **probe, "problem": prob.name,
                 "groups": prob.groups, "m": list(prob.m), "n": list(prob.n), "k": list(prob.k), "dual": prob.dual,
                 "flops": prob.flops(), "nvfp4_bytes": prob.nvfp4_bytes(), "backend": backend, "seed": seed,
                 "input_mode": mode, "floor_us": floor, "kernel_family": "hopper_varlen" if backend == "cute-hopper"

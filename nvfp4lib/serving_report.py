@@ -71,8 +71,13 @@ def missing_calls(rows: pd.DataFrame, problems, calls=CALLS, backend: str = "cut
     return pd.DataFrame(out, columns=["problem", "call", "latest run", "status"])
 
 
+HOST_STATE = {"host_probe_idle_us": "host probe us (GPU idle)", "host_probe_busy_us": "host probe us (GPU busy)",
+              "host_load_1m": "host load 1 min"}  # calls.host_probe's fields (None in runs recorded before them)
+
+
 def runs_used(latest: pd.DataFrame) -> pd.DataFrame:
-    """One line per run that supplied rows of ``latest``: its commit, date, GPU, inputs, and what it supplied."""
+    """One line per run that supplied rows of ``latest``: its commit, date, GPU, inputs, what it supplied, and the
+    host's state in it (:func:`nvfp4lib.calls.host_probe`)."""
     if not len(latest):
         return pd.DataFrame()
     out = []
@@ -84,7 +89,8 @@ def runs_used(latest: pd.DataFrame) -> pd.DataFrame:
                     "gpu": first["gpu"], "inputs": first["input_mode"], "iters": int(first["iters"]),
                     "forms": ", ".join(c for c in CALLS if c in set(g["call"])),
                     "problems": ", ".join(dict.fromkeys(g["problem"])),
-                    "provenance amended": isinstance(amended, list) and len(amended) > 0})
+                    "provenance amended": isinstance(amended, list) and len(amended) > 0,
+                    **{name: first.get(key) for key, name in HOST_STATE.items()}})
     return pd.DataFrame(out).set_index("run_id")
 
 

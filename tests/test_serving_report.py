@@ -127,3 +127,18 @@ def test_calls_ab_pairs_runs_of_one_form_by_commit():
     assert got["back to back aaaaaaa"] == 305.0 and got["runs"] == 2
     assert got["per call after / before"] == pytest.approx(292.0 / 325.0)
     assert sr.calls_ab(rows, "aaaaaaa", "ddddddd").empty
+
+
+def test_runs_used_shows_the_hosts_state():
+    """A run's host state (calls.host_probe, measured once per run) sits beside its provenance; older runs show None.
+    On a machine without a GPU the probe times the idle case only."""
+    from nvfp4lib.calls import host_probe
+
+    probe = host_probe(reads=10, samples=3)
+    assert probe["host_probe_idle_us"] > 0 and "host_probe_busy_us" not in probe
+    rows = pd.DataFrame([{**_row(BENCHMARK[0], "eager", 40.0, run="r2"), **probe, "host_probe_busy_us": 99.0},
+                         _row(BENCHMARK[0], "graph", 30.0, run="r1")])
+    used = sr.runs_used(sr.latest_calls(rows, [BENCHMARK[0]]))
+    assert used.loc["r2", "host probe us (GPU busy)"] == 99.0
+    assert used.loc["r2", "host probe us (GPU idle)"] == probe["host_probe_idle_us"]
+    assert pd.isna(used.loc["r1", "host probe us (GPU busy)"])
