@@ -172,6 +172,9 @@ class OneShot:
 
     def run(self, table: list[int], rows: int, *, swz_a: bool = False, swz_b: bool = False) -> torch.Tensor:
         """``table``: G·F ints (:data:`.gather.FIELDS` per group); ``rows``: T. Returns C ``[T, N]``."""
+        if torch._C._cuda_getDevice() != self._index:  # the driver calls act on the current device's context
+            with torch.cuda.device(self._index):
+                return self.run(table, rows, swz_a=swz_a, swz_b=swz_b)
         if torch._C._cuda_isCurrentStreamCapturing():
             raise RuntimeError("a one-shot call (new weights every call) cannot be captured in a CUDA graph: prepare "
                                "the weights once (nvfp4lib.prepare_weights) and capture w(a) instead")
