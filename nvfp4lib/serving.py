@@ -488,8 +488,8 @@ def oneshot(a, b, b2=None, *, out_dtype=torch.float16, split: bool = False):
     cute-hopper call with new weights, or None where the fast path does not apply: anything but lists of 2-D
     NVFP4Tensors on one CUDA device, sharing N and K, readable in place
     (:func:`.kernels.hopper_varlen.gather.group_table`, this call's only pass over the operands), with an output dtype
-    and N the kernel takes. The caller then checks the
-    operands (:func:`nvfp4lib.api.validate_operands`, which names what is wrong) and prepares the weights."""
+    and N the kernel takes. The caller then checks the operands (:func:`nvfp4lib.api.validate_operands`, which names
+    what is wrong) and prepares the weights."""
     from .kernels.hopper_varlen.gather import F, group_table
 
     if a is None:

@@ -89,7 +89,7 @@ def group_table(a, b, b2=None) -> list[int] | None:
             up = ud.data_ptr()
             row = [wp, ws.data_ptr(), up, us.data_ptr()]
             ug = u.global_scale.data_ptr()
-        if (wp | up) & 7:  # the gather reads weight codes as 8-byte pairs
+        if not codes_readable(wp, up):
             return None
         if a is None:  # no rows; A's global-scale address only has to be readable
             table += [0, 0, 0, *row, wg, wg, ug, *pad]

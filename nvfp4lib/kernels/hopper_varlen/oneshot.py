@@ -28,7 +28,7 @@ from ..common import driver
 from ..common.triton_launch import plain
 from .config import NWG, ROW_BYTES, VarlenConfig
 from .gather import F, Plan, bind_plan, launch_plan, views
-from .runner import OUT_DTYPES, POST_SCALE, Scratch, compile_call, require_hopper
+from .runner import OUT_DTYPES, POST_SCALE, Scratch, compile_call, device_index, require_hopper
 
 _PLANS: dict = {}
 SLOTS = 4  # pinned tables in flight per stream (a slot is reused once the gather four calls back has run)
@@ -40,12 +40,13 @@ SLOTS = 4  # pinned tables in flight per stream (a slot is reused once the gathe
 TABLE_ON_HOST_PROGRAMS = 2048
 
 
-def _check(r: int, what: str, ctx: int, retry) -> None:
-    """A driver call's result: on a thread without the context (:data:`.driver.INVALID_CONTEXT`), make the context
-    current and call ``retry()`` once; raise on any other failure."""
+def _driver(ctx: int, what: str, call, *args) -> None:
+    """``call(*args)``, a driver call of :mod:`..common.driver`: on a thread without the context
+    (:data:`.driver.INVALID_CONTEXT`), make the context current and call it once more; raise on any other failure."""
+    r = call(*args)
     if r == driver.INVALID_CONTEXT:
         driver.ensure_context(ctx)
-        r = retry()
+        r = call(*args)
     if r:
         raise RuntimeError(f"one-shot call: {what} failed with CUresult {r}")
 
@@ -78,22 +79,19 @@ class _Buffers:
         run."""
         i = self.next
         self.next = (i + 1) % SLOTS
-        _check(self.events.wait(i), "waiting for a table slot", self.ctx, lambda: self.events.wait(i))
+        _driver(self.ctx, "waiting for a table slot", self.events.wait, i)
         at = i * self.nbytes
         self._row.pack_into(self._host, at, *header, *rows)
         src = self._pinned.data_ptr() + at
         if on_host:
             return src
         dst = self._dev.data_ptr() + at
-        _check(driver.copy_to_device(dst, src, self.nbytes, self.stream), "the table's copy", self.ctx,
-               lambda: driver.copy_to_device(dst, src, self.nbytes, self.stream))
+        _driver(self.ctx, "the table's copy", driver.copy_to_device, dst, src, self.nbytes, self.stream)
         return dst
 
     def done(self) -> None:
         """After the gather's launch: the last slot is free again once this stream has run it."""
-        i = (self.next - 1) % SLOTS
-        stream = self.stream
-        _check(self.events.record(i, stream), "an event record", self.ctx, lambda: self.events.record(i, stream))
+        _driver(self.ctx, "an event record", self.events.record, (self.next - 1) % SLOTS, self.stream)
 
     def scratch(self, plan: Plan):
         """(small, its views (:func:`.gather.views`)) for the plan's row count."""
@@ -155,8 +153,7 @@ class OneShot:
         self.k_pad = -(-k // cfg.tile_k) * cfg.tile_k
         self.blocks = cfg.tile_m * (2 if self.dual else 1) // (64 * NWG)
         self._call = compile_call(cfg, groups, n, self.k_pad, OUT_DTYPES[out_dtype])
-        dev = torch.device(device)
-        self._index = dev.index if dev.index is not None else torch.cuda.current_device()
+        self._index = device_index(device)
         self.x16 = Scratch(self.k_pad, device)  # the prologue's fp16 rows, per stream like everything the GEMM reads
         self._plans: dict = {}  # rows -> gather plan (a serving loop repeats its row counts)
         self._buffers: dict = {}  # CUDA stream handle -> _Buffers

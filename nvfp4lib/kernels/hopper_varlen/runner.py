@@ -85,6 +85,12 @@ class PackedWeights:
         return self.packed.numel() + self.gs_b.numel() * 4
 
 
+def device_index(device) -> int:
+    """The CUDA device index of ``device`` (a bare "cuda": the current device), for raw stream-handle lookups."""
+    dev = torch.device(device)
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
 class Scratch:
     """The fp16 activation buffer ``[R >= rows, K_pad]`` of the current CUDA stream: one buffer per stream, reused by
     every call on it (an allocation costs as much host time as a launch), doubled when a call has more rows. Calls on
@@ -94,8 +100,7 @@ class Scratch:
 
     def __init__(self, k_pad: int, device):
         self.k_pad, self.device = k_pad, device
-        dev = torch.device(device)
-        self._index = dev.index if dev.index is not None else torch.cuda.current_device()
+        self._index = device_index(device)
         self._x: dict = {}  # CUDA stream handle -> buffer
         self._old: list[torch.Tensor] = []
 
