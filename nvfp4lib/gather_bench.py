@@ -15,6 +15,7 @@ rows) before its GEMM. ``python -m nvfp4lib gather-bench`` times that launch alo
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 
 import torch
@@ -44,7 +45,8 @@ def _time(fn, iters: int, flush: L2Flusher) -> list[float]:
     return out
 
 
-def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, iters: int = 40, seed: int = 1,
+def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefetches=None, iters: int = 40,
+                 seed: int = 1,
                  ceilings: dict | None = None, progress=None) -> list[dict]:
     """Rows (problem × part × kcu × warps) with provenance; nothing is stored here."""
     from .kernels.common.sm90 import POST_SCALE
@@ -55,6 +57,7 @@ def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, iters
     from .serving import _oneshot_config
 
     kcus, warps = tuple(kcus or (G.KCU,)), tuple(warps or (G.WARPS,))
+    prefetches = tuple(prefetches or (G.PREFETCH,))
     run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
     prov = provenance()
     rows = []
@@ -74,22 +77,21 @@ def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, iters
         base = {"run_id": run_id, **{f"ceil_{key}": v for key, v in ceil.items()}, "problem": prob.name,
                 "dual": prob.dual, "groups": groups, "n": n, "k": k, "tokens": t, "config": cfg.name, **prov}
         for part, rows_in in (("weights", 0), ("weights+rows", t)):
-            for kcu in kcus:
-                for w in warps:
-                    row = {**base, "part": part, "kcu": kcu, "warps": w, "iters": iters}
-                    try:
-                        plan = G.Plan(groups, n, k, n_pad, k_pad, NWG, blocks, prob.dual, rows_in, kcu, w)
-                        row.update(_one(G, plan, table, x, want, iters, flush, POST_SCALE))
-                        moved = weight_bytes + row["packed_bytes"] + (2 * row_bytes if rows_in else 0)
-                        floor = moved / (ceil["copy_gbps"] * 1e3)
-                        row.update(bytes=moved, gbps=moved / row["median_us"] / 1e3, floor_us=floor,
-                                   ratio_to_floor=row["median_us"] / floor,
-                                   status="ok" if row["identical"] else "wrong: packed bytes differ")
-                    except Exception as e:  # noqa: BLE001 (recorded: a knob that fails is a finding)
-                        row["status"] = f"error: {type(e).__name__}: {str(e)[:300]}"
-                    rows.append(row)
-                    if progress:
-                        progress(row)
+            for kcu, w, pf in itertools.product(kcus, warps, prefetches):
+                row = {**base, "part": part, "kcu": kcu, "warps": w, "prefetch": pf, "iters": iters}
+                try:
+                    plan = G.Plan(groups, n, k, n_pad, k_pad, NWG, blocks, prob.dual, rows_in, kcu, w, pf)
+                    row.update(_one(G, plan, table, x, want, iters, flush, POST_SCALE))
+                    moved = weight_bytes + row["packed_bytes"] + (2 * row_bytes if rows_in else 0)
+                    floor = moved / (ceil["copy_gbps"] * 1e3)
+                    row.update(bytes=moved, gbps=moved / row["median_us"] / 1e3, floor_us=floor,
+                               ratio_to_floor=row["median_us"] / floor,
+                               status="ok" if row["identical"] else "wrong: packed bytes differ")
+                except Exception as e:  # noqa: BLE001 (recorded: a knob that fails is a finding)
+                    row["status"] = f"error: {type(e).__name__}: {str(e)[:300]}"
+                rows.append(row)
+                if progress:
+                    progress(row)
     return rows
 
 
@@ -107,10 +109,11 @@ def _one(G, plan, table, x, want, iters, flush, post):
 
 
 def _print_row(r: dict) -> None:
+    knobs = f"  {r['problem']:<9} {r['part']:<13} kcu={r['kcu']:<3} warps={r['warps']:<2} pf={r['prefetch']}"
     if r["status"] != "ok":
-        print(f"  {r['problem']:<9} {r['part']:<13} kcu={r['kcu']:<3} warps={r['warps']:<2} {r['status'][:90]}")
+        print(f"{knobs} {r['status'][:90]}")
         return
-    print(f"  {r['problem']:<9} {r['part']:<13} kcu={r['kcu']:<3} warps={r['warps']:<2} {r['median_us']:8.1f} us "
+    print(f"{knobs} {r['median_us']:8.1f} us "
           f"{r['gbps']:7.0f} GB/s  x floor {r['ratio_to_floor']:5.2f}", flush=True)
 
 
@@ -124,6 +127,8 @@ def add_command(sub, add_problems, problems, add_record_args, write) -> None:
     p.add_argument("--kcu", type=int, action="append", help="64x64 units per program (repeatable; default: the "
                                                             "shipped value)")
     p.add_argument("--warps", type=int, action="append", help="warps per program (repeatable)")
+    p.add_argument("--prefetch", type=int, action="append", choices=(0, 1),
+                   help="1: each unit's loads issued before the previous unit's stores (repeatable)")
     p.add_argument("--iters", type=int, default=40)
     add_record_args(p, GATHER, "gather")
 
@@ -131,7 +136,8 @@ def add_command(sub, add_problems, problems, add_record_args, write) -> None:
         if not torch.cuda.is_available():
             print("gather-bench needs a CUDA GPU (none here)")
             return 2
-        rows = bench_gather(problems(args), kcus=args.kcu, warps=args.warps, iters=args.iters,
+        rows = bench_gather(problems(args), kcus=args.kcu, warps=args.warps, prefetches=args.prefetch,
+                            iters=args.iters,
                             progress=_print_row)
         write(args, rows, GATHER.name)
         return 0 if all(r["status"] == "ok" for r in rows) else 1

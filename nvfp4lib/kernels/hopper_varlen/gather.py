@@ -44,6 +44,7 @@ F = 16  # int64 columns per row of the table (header and group rows)
 A_ROWS = 4  # activation rows per program (8 rows took the kernel to 114-145 registers: 3 programs per SM)
 A_BYTES = 256  # code bytes per inner step of an activation row
 KCU = 8  # 64-row x 64-K weight units per program (consecutive along K, one after the other)
+PREFETCH = 0  # 1: the next unit's loads issued before this unit's stores (two units' loads in flight)
 WARPS = 4  # warps per program
 _KERNEL = None
 
@@ -116,125 +117,10 @@ def codes_readable(*addresses: int) -> bool:
 
 def _kernel():
     global _KERNEL
-    if _KERNEL is not None:
-        return _KERNEL
-    import triton
-    import triton.language as tl
+    if _KERNEL is None:
+        from .gather_triton import gather
 
-    @triton.jit
-    def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ_B: tl.constexpr,
-               G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr, KCU: tl.constexpr):
-        pid = tl.program_id(0)
-        table = table_at.to(tl.pointer_type(tl.int64))  # device memory, or pinned host memory read in place
-        n = tl.load(table + 0).to(tl.int32)
-        k = tl.load(table + 1).to(tl.int32)
-        n_pad = tl.load(table + 2).to(tl.int32)
-        kc_n = tl.load(table + 3).to(tl.int32)
-        per = tl.load(table + 4).to(tl.int32)
-        blocks = tl.load(table + 5).to(tl.int32)
-        groups = tl.load(table + 6).to(tl.int32)
-        units = tl.load(table + 7).to(tl.int32)
-        a_progs = tl.load(table + 8).to(tl.int32)
-        rows_t = table + 16  # group g's row at rows_t + 16 g
-        # (sizes as int32: per-element offsets inside one group's matrix stay 32-bit, Plan checks they fit; fewer
-        # registers per element than int64 offsets)
-        g_idx = tl.arange(0, G_P2)
-        g_ok = g_idx < groups
-        cols = k // 16
-        if pid < units:  # ---- KCU consecutive 64-row x 64-K units of the packed weights (one 64-row block)
-            kcp_n = (kc_n + KCU - 1) // KCU
-            per_mat = units // (2 if DUAL else 1)
-            mat = pid // per_mat
-            unit = pid % per_mat
-            rb = unit // kcp_n
-            if DUAL:
-                cta = rb // blocks
-                slot = mat * blocks + rb % blocks
-            else:
-                cta = rb // per
-                slot = rb % per
-            base = rows_t + (rb * 64 // n_pad) * 16 + 3 + 2 * mat  # one group per block: n_pad is a multiple of 64
-            cptr = tl.load(base).to(tl.pointer_type(tl.uint64))  # codes read as 8-byte pairs (group_table: aligned)
-            sptr = tl.load(base + 1).to(tl.pointer_type(tl.uint8))
-            # one output word per element, no tile and no layout change: word (w, g, c, j) of a unit holds bytes
-            # (e, hp); byte (e, hp) packs nibble e of byte c of words 2j (x) and 2j + 1 (y) of source row
-            # 16w + 8(1-hp) + g, i.e. byte c of both halves of the row's code pair j
-            q = tl.arange(0, 512)
-            j = q % 4
-            c = ((q // 4) % 4 * 8).to(tl.uint64)
-            rw = rb * 64 + 16 * (q // 128) + (q // 16) % 8
-            r0 = (rw + 8) % n_pad  # hp = 0
-            r1 = rw % n_pad  # hp = 1
-            # scales: output byte (w, g, j, h) of a unit is scale column j of row 16w + 8h + g
-            t = tl.arange(0, 256)
-            sr = (rb * 64 + 16 * (t // 64) + 8 * (t % 2) + (t // 8) % 8) % n_pad
-            sj = (t // 2) % 4
-            for u in range(KCU):
-                kc = (unit % kcp_n) * KCU + u
-                if kc < kc_n:
-                    dst = ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304  # the unit's byte offset
-                    kp = kc * 4 + j  # code pair along K
-                    ok = kp < k // 16
-                    p0 = tl.load(cptr + (r0 * cols + kp), mask=ok & (r0 < n), other=0) >> c
-                    p1 = tl.load(cptr + (r1 * cols + kp), mask=ok & (r1 < n), other=0) >> c
-                    xs = ((p0 & 255) | ((p1 & 255) << 8)).to(tl.uint32)  # byte c of x, hp = 0 | 1
-                    ys = (((p0 >> 32) & 255) | (((p1 >> 32) & 255) << 8)).to(tl.uint32)
-                    x = (xs & 0x0F0F) | ((xs & 0xF0F0) << 12)  # nibbles to bytes (e, hp)
-                    y = (ys & 0x0F0F) | ((ys & 0xF0F0) << 12)
-                    word = ((x & 0x07070707) << 1) | ((x & 0x08080808) << 4) | ((y & 0x08080808) >> 3) \
-                        | ((y & 0x07070707) << 4)
-                    tl.store(packed.to(tl.pointer_type(tl.uint32)) + dst // 4 + q, word)
-                    sk = kc * 4 + sj
-                    if SWZ_B:  # 128x4 atoms, row-atom-major; inside one: (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
-                        soff = ((sr // 128) * ((cols + 3) // 4) + sk // 4) * 512 + (sr % 32) * 16 \
-                            + ((sr // 32) % 4) * 4 + sk % 4
-                    else:
-                        soff = sr * cols + sk
-                    sv = tl.load(sptr + soff, mask=(sr < n) & (sk < cols), other=0)
-                    tl.store(packed + dst + 2048 + t, sv)
-        elif pid < units + a_progs:  # ---- ROWS packed activation rows
-            a_codes = small
-            a_scales = small + tl.load(table + 9)
-            rows = tl.load(rows_t + g_idx * 16 + 2, mask=g_ok, other=0)
-            ends = tl.cumsum(rows, 0)
-            r = (pid - units) * ROWS + tl.arange(0, ROWS)
-            live = r < tl.sum(rows, 0)
-            g = tl.minimum(tl.sum((ends[None, :] <= r[:, None]).to(tl.int32), 1), groups - 1)
-            start = tl.sum(tl.where(g_idx[None, :] < g[:, None], rows[None, :], 0), 1)
-            local = (r - start).to(tl.int64)
-            cp = tl.load(rows_t + g * 16 + 0, mask=live, other=0).to(tl.pointer_type(tl.uint8))
-            sp = tl.load(rows_t + g * 16 + 1, mask=live, other=0).to(tl.pointer_type(tl.uint8))
-            half = k // 2
-            for b in range(0, half, BYTES):
-                cb = b + tl.arange(0, BYTES)
-                msk = live[:, None] & (cb[None, :] < half)
-                v = tl.load(cp[:, None] + local[:, None] * half + cb[None, :], mask=msk, other=0)
-                tl.store(a_codes + r.to(tl.int64)[:, None] * half + cb[None, :], v, mask=msk)
-            for b in range(0, cols, 64):
-                sc = b + tl.arange(0, 64)
-                msk = live[:, None] & (sc[None, :] < cols)
-                if SWZ_A:
-                    soff = ((local[:, None] // 128) * ((cols + 3) // 4) + sc[None, :] // 4) * 512 \
-                        + (local[:, None] % 32) * 16 + ((local[:, None] // 32) % 4) * 4 + sc[None, :] % 4
-                else:
-                    soff = local[:, None] * cols + sc[None, :]
-                v = tl.load(sp[:, None] + soff, mask=msk, other=0)
-                tl.store(a_scales + r.to(tl.int64)[:, None] * cols + sc[None, :], v, mask=msk)
-        else:  # ---- offsets, A's global scales, gs_b
-            offsets = (small + tl.load(table + 10)).to(tl.pointer_type(tl.int32))
-            gs_b = (small + tl.load(table + 11)).to(tl.pointer_type(tl.float32))
-            gs_a = (small + tl.load(table + 12)).to(tl.pointer_type(tl.float32))
-            rows = tl.load(rows_t + g_idx * 16 + 2, mask=g_ok, other=0)
-            tl.store(offsets + 1 + g_idx, tl.cumsum(rows, 0).to(tl.int32), mask=g_ok)
-            tl.store(offsets + g_idx, tl.zeros([G_P2], tl.int32), mask=g_idx == 0)
-            pa = tl.load(rows_t + g_idx * 16 + 7, mask=g_ok, other=0).to(tl.pointer_type(tl.float32))
-            pb = tl.load(rows_t + g_idx * 16 + 8, mask=g_ok, other=0).to(tl.pointer_type(tl.float32))
-            pb2 = tl.load(rows_t + g_idx * 16 + 9, mask=g_ok, other=0).to(tl.pointer_type(tl.float32))
-            tl.store(gs_a + g_idx, tl.load(pa, mask=g_ok, other=1.0), mask=g_ok)
-            tl.store(gs_b + 2 * g_idx, tl.load(pb, mask=g_ok, other=1.0) * POST, mask=g_ok)
-            tl.store(gs_b + 2 * g_idx + 1, tl.load(pb2, mask=g_ok, other=1.0) * POST, mask=g_ok)
-
-    _KERNEL = gather
+        _KERNEL = gather
     return _KERNEL
 
 
@@ -246,10 +132,11 @@ class Plan:
     """The sizes of one gather: the header row, the grid, and where each output lies in the one scratch buffer."""
 
     def __init__(self, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int, dual: bool,
-                 rows: int, kcu: int = KCU, warps: int = WARPS):
+                 rows: int, kcu: int = KCU, warps: int = WARPS, prefetch: int = PREFETCH):
         if (n_pad + 128) * (k // 16 + 4) >= 1 << 31:  # the kernel's offsets inside one matrix are 32-bit
             raise ValueError(f"the gather takes weight matrices of fewer than 2^35 elements; one group's is {n} x {k}")
         self.groups, self.n, self.k, self.dual, self.rows, self.kcu = groups, n, k, dual, rows, kcu
+        self.prefetch = prefetch
         self.warps = warps
         rb_n, self.kc_n, self.per = groups * n_pad // 64, k_pad // 64, nwg * blocks
         self.ctas = rb_n // (blocks if dual else self.per)
@@ -301,21 +188,24 @@ def bind_plan(plan: Plan, table_at: int, packed: torch.Tensor, small: torch.Tens
 def _consts(plan: Plan, swz_a: bool, swz_b: bool, post: float) -> dict:
     consts = plan.consts.get((swz_a, swz_b, post))
     if consts is None:
-        values = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu)
+        values = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu,
+                  plan.prefetch)
         consts = plan.consts[(swz_a, swz_b, post)] = dict(zip(CONSTS, values))
     return consts
 
 
-CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU")  # the kernel's constexprs, in order
+# the kernel's constexprs, in order
+CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU", "PREFETCH")
 
 
 def launch(table: torch.Tensor, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int,
            dual: bool, rows: int, *, swz_a: bool = False, swz_b: bool = False, post: float = 1.0,
-           weights_only: bool = False, kcu: int = KCU):
+           weights_only: bool = False, kcu: int = KCU, prefetch: int = PREFETCH):
     """Build the plan, put its header before ``table``'s group rows and run; returns ``(packed, a_codes [T, K/2],
     a_scales [T, K/16], offsets [G+1], gs_a [G], gs_b [G, 2])`` (no activation rows with ``weights_only``).
     ``table``: the group rows ``[groups·F]`` int64 on the device (for callers that build them there)."""
-    plan = Plan(groups, n, k, n_pad, k_pad, nwg, blocks, dual, 0 if weights_only else rows, kcu)
+    plan = Plan(groups, n, k, n_pad, k_pad, nwg, blocks, dual, 0 if weights_only else rows, kcu,
+                prefetch=prefetch)
     full = torch.cat([torch.tensor(plan.header, dtype=torch.int64, device=table.device), table.reshape(-1)])
     packed, small = run(full, plan, swz_a=swz_a, swz_b=swz_b, post=post)
     return (packed, *views(small, plan))
