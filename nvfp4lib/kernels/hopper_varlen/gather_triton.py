@@ -4,24 +4,20 @@ import triton.language as tl
 
 
 @triton.jit
-def _code_loads(cptr, kc, kc_end, j, r0, r1, n, cols):
-    # unit kc's code pairs: rows r0 and r1, pair j, nothing read past kc_end. (kc < kc_end is written as
-    # kc * 4 + j < kc_end * 4, j < 4: masks as blocks, as Triton's interpreter needs)
+def _unit_loads(cptr, sptr, kc, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B: tl.constexpr):
+    # unit kc's code pairs (rows r0 and r1, pair j; nothing read past kc_end) and scale bytes. (kc < kc_end is
+    # written as kc * 4 + j < kc_end * 4, j < 4: masks as blocks, as Triton's interpreter needs)
     kp = kc * 4 + j  # code pair along K
     ok = (kp < cols) & (kp < kc_end * 4)
     p0 = tl.load(cptr + (r0 * cols + kp), mask=ok & (r0 < n), other=0)
     p1 = tl.load(cptr + (r1 * cols + kp), mask=ok & (r1 < n), other=0)
-    return p0, p1
-
-
-@triton.jit
-def _scale_at(r, col, cols, SWZ_B: tl.constexpr):
-    # byte offset of scale (r, col): row-major [rows, cols], or (SWZ_B) 128x4 atoms, row-atom-major, inside one
-    # (r % 32) * 16 + (r // 32 % 4) * 4 + col % 4
-    if SWZ_B:
-        return ((r // 128) * ((cols + 3) // 4) + col // 4) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4 + col % 4
+    sk = kc * 4 + sj
+    if SWZ_B:  # 128x4 atoms, row-atom-major; inside one: (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
+        soff = ((sr // 128) * ((cols + 3) // 4) + sk // 4) * 512 + (sr % 32) * 16 + ((sr // 32) % 4) * 4 + sk % 4
     else:
-        return r * cols + col
+        soff = sr * cols + sk
+    sv = tl.load(sptr + soff, mask=(sr < n) & (sk < cols) & (sk < kc_end * 4), other=0)
+    return p0, p1, sv
 
 
 @triton.jit
@@ -59,6 +55,7 @@ def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ
             slot = rb % per
         base = rows_t + (rb * 64 // n_pad) * 16 + 3 + 2 * mat  # one group per block: n_pad is a multiple of 64
         cptr = tl.load(base).to(tl.pointer_type(tl.uint64))  # codes read as 8-byte pairs (group_table: aligned)
+        sptr = tl.load(base + 1).to(tl.pointer_type(tl.uint8))
         # one output word per element, no tile and no layout change: word (w, g, c, j) of a unit holds bytes
         # (e, hp); byte (e, hp) packs nibble e of byte c of words 2j (x) and 2j + 1 (y) of source row
         # 16w + 8(1-hp) + g, i.e. byte c of both halves of the row's code pair j
@@ -70,42 +67,17 @@ def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ
         rw = rb * 64 + 16 * (q // 128) + (q // 16) % 8
         r0 = (rw + 8) % n_pad  # hp = 0
         r1 = rw % n_pad  # hp = 1
-        kc0 = (unit % kcp_n) * KCU
-        kc_end = tl.minimum(kc0 + KCU, kc_n)
         # scales: output byte (w, g, j, h) of a unit is scale column j of row 16w + 8h + g
-        s_at = tl.load(base + 1)
-        sptr = s_at.to(tl.pointer_type(tl.uint8))
-        s_bytes = (s_at % 4 != 0) | (cols % 4 != 0)  # unaligned scales: a byte per lane, per unit (below)
-        if not s_bytes:  # all the program's units at once, 4 bytes of a row per load
-            # lane (w, g, u): the 4 bytes of unit u's columns in rows 16w + g (h = 0) and 16w + 8 + g (h = 1),
-            # interleaved into the 8 output bytes (w, g, 0..3, 0..1). A warp reads 4 rows' 32-byte runs (the
-            # per-unit byte loads read 8 rows' 4 bytes per warp: 8x the L1 wavefronts for the same bytes)
-            sl = tl.arange(0, 256)
-            su = sl % 8
-            sw = sl // 64
-            sg = (sl // 8) % 8
-            ra = (rb * 64 + 16 * sw + sg) % n_pad
-            rh = ra + 8
-            for kb in range(0, KCU, 8):
-                kc = kc0 + kb + su
-                ok = (kc < kc_end) & (kc * 4 < cols)
-                ua = tl.load((sptr + _scale_at(ra, kc * 4, cols, SWZ_B)).to(tl.pointer_type(tl.uint32)),
-                             mask=ok & (ra < n), other=0).to(tl.uint64)
-                uh = tl.load((sptr + _scale_at(rh, kc * 4, cols, SWZ_B)).to(tl.pointer_type(tl.uint32)),
-                             mask=ok & (rh < n), other=0).to(tl.uint64)
-                v = (ua & 0xFF) | ((uh & 0xFF) << 8) | ((ua & 0xFF00) << 8) | ((uh & 0xFF00) << 16) \
-                    | ((ua & 0xFF0000) << 16) | ((uh & 0xFF0000) << 24) | ((ua & 0xFF000000) << 24) \
-                    | ((uh & 0xFF000000) << 32)
-                dst = ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304 + 2048 + sw * 64 + sg * 8
-                tl.store((packed + dst).to(tl.pointer_type(tl.uint64)), v, mask=ok)
         t = tl.arange(0, 256)
         sr = (rb * 64 + 16 * (t // 64) + 8 * (t % 2) + (t // 8) % 8) % n_pad
         sj = (t // 2) % 4
-        p0, p1 = _code_loads(cptr, kc0, kc_end, j, r0, r1, n, cols)
+        kc0 = (unit % kcp_n) * KCU
+        kc_end = tl.minimum(kc0 + KCU, kc_n)
+        p0, p1, sv = _unit_loads(cptr, sptr, kc0, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B)
         for u in range(KCU):
             kc = kc0 + u
             if PREFETCH:  # the next unit's loads in flight while this one is decoded and stored
-                q0, q1 = _code_loads(cptr, kc + 1, kc_end, j, r0, r1, n, cols)
+                q0, q1, qs = _unit_loads(cptr, sptr, kc + 1, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B)
             dst = ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304  # the unit's byte offset
             if PRMT:  # bytes [c of row hp=0, c of row hp=1] twice, by one byte permute per half
                 xb = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
@@ -125,15 +97,11 @@ def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ
             word = ((x & 0x07070707) << 1) | ((x & 0x08080808) << 4) | ((y & 0x08080808) >> 3) \
                 | ((y & 0x07070707) << 4)
             tl.store(packed.to(tl.pointer_type(tl.uint32)) + dst // 4 + q, word, mask=kc * 4 + j < kc_end * 4)
-            if s_bytes:
-                sk = kc * 4 + sj
-                sv = tl.load(sptr + _scale_at(sr, sk, cols, SWZ_B), mask=(sr < n) & (sk < cols) & (sk < kc_end * 4),
-                             other=0)
-                tl.store(packed + dst + 2048 + t, sv, mask=sk < kc_end * 4)
+            tl.store(packed + dst + 2048 + t, sv, mask=kc * 4 + sj < kc_end * 4)
             if PREFETCH:
-                p0, p1 = q0, q1
+                p0, p1, sv = q0, q1, qs
             else:
-                p0, p1 = _code_loads(cptr, kc + 1, kc_end, j, r0, r1, n, cols)
+                p0, p1, sv = _unit_loads(cptr, sptr, kc + 1, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B)
     elif pid < units + a_progs:  # ---- ROWS packed activation rows
         a_codes = small
         a_scales = small + tl.load(table + 9)
