@@ -45,8 +45,8 @@ def _time(fn, iters: int, flush: L2Flusher) -> list[float]:
     return out
 
 
-def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefetches=None, prmts=None,
-                 iters: int = 40, seed: int = 1,
+def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefetches=None, iters: int = 40,
+                 seed: int = 1,
                  ceilings: dict | None = None, progress=None) -> list[dict]:
     """Rows (problem × part × kcu × warps) with provenance; nothing is stored here."""
     from .kernels.common.sm90 import POST_SCALE
@@ -57,7 +57,7 @@ def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefe
     from .serving import _oneshot_config
 
     kcus, warps = tuple(kcus or (G.KCU,)), tuple(warps or (G.WARPS,))
-    prefetches, prmts = tuple(prefetches or (G.PREFETCH,)), tuple(prmts or (G.PRMT,))
+    prefetches = tuple(prefetches or (G.PREFETCH,))
     run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
     prov = provenance()
     rows = []
@@ -77,10 +77,10 @@ def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefe
         base = {"run_id": run_id, **{f"ceil_{key}": v for key, v in ceil.items()}, "problem": prob.name,
                 "dual": prob.dual, "groups": groups, "n": n, "k": k, "tokens": t, "config": cfg.name, **prov}
         for part, rows_in in (("weights", 0), ("weights+rows", t)):
-            for kcu, w, pf, pm in itertools.product(kcus, warps, prefetches, prmts):
-                row = {**base, "part": part, "kcu": kcu, "warps": w, "prefetch": pf, "prmt": pm, "iters": iters}
+            for kcu, w, pf in itertools.product(kcus, warps, prefetches):
+                row = {**base, "part": part, "kcu": kcu, "warps": w, "prefetch": pf, "iters": iters}
                 try:
-                    plan = G.Plan(groups, n, k, n_pad, k_pad, NWG, blocks, prob.dual, rows_in, kcu, w, pf, pm)
+                    plan = G.Plan(groups, n, k, n_pad, k_pad, NWG, blocks, prob.dual, rows_in, kcu, w, pf)
                     row.update(_one(G, plan, table, x, want, iters, flush, POST_SCALE))
                     moved = weight_bytes + row["packed_bytes"] + (2 * row_bytes if rows_in else 0)
                     floor = moved / (ceil["copy_gbps"] * 1e3)
@@ -109,8 +109,7 @@ def _one(G, plan, table, x, want, iters, flush, post):
 
 
 def _print_row(r: dict) -> None:
-    knobs = (f"  {r['problem']:<9} {r['part']:<13} kcu={r['kcu']:<3} warps={r['warps']:<2} pf={r['prefetch']} "
-             f"pm={r['prmt']}")
+    knobs = f"  {r['problem']:<9} {r['part']:<13} kcu={r['kcu']:<3} warps={r['warps']:<2} pf={r['prefetch']}"
     if r["status"] != "ok":
         print(f"{knobs} {r['status'][:90]}")
         return
@@ -130,8 +129,6 @@ def add_command(sub, add_problems, problems, add_record_args, write) -> None:
     p.add_argument("--warps", type=int, action="append", help="warps per program (repeatable)")
     p.add_argument("--prefetch", type=int, action="append", choices=(0, 1),
                    help="1: each unit's loads issued before the previous unit's stores (repeatable)")
-    p.add_argument("--prmt", type=int, action="append", choices=(0, 1),
-                   help="1: each word's bytes picked by PTX byte permutes (repeatable)")
     p.add_argument("--iters", type=int, default=40)
     add_record_args(p, GATHER, "gather")
 
@@ -140,7 +137,7 @@ def add_command(sub, add_problems, problems, add_record_args, write) -> None:
             print("gather-bench needs a CUDA GPU (none here)")
             return 2
         rows = bench_gather(problems(args), kcus=args.kcu, warps=args.warps, prefetches=args.prefetch,
-                            prmts=args.prmt, iters=args.iters, progress=_print_row)
+                            iters=args.iters, progress=_print_row)
         write(args, rows, GATHER.name)
         return 0 if all(r["status"] == "ok" for r in rows) else 1
 

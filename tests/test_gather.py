@@ -1,6 +1,6 @@
 """The one-shot gather (one Triton launch: weights packed, activation rows packed, offsets and global scales) matches
 the torch forms bit for bit: Triton's interpreter on the CPU (skipped where Triton is missing; the GPU suite runs
-it compiled through the one-shot calls)."""
+it compiled through the one-shot calls, and runs this file compiled on the GPU)."""
 import os
 
 import pytest
@@ -31,9 +31,9 @@ def _pad(t, rows, cols):
 def test_gather_matches_torch(dual, tile_m, n, k, ms, swz, kcu, prefetch):
     torch.manual_seed(0)
     g = len(ms)
-    w = [quantize(torch.randn(n, k) * 3, global_scale=torch.tensor(0.5 + i)) for i in range(g)]
-    w2 = [quantize(torch.randn(n, k), global_scale=torch.tensor(2.0 + i)) for i in range(g)] if dual else None
-    a = [quantize(torch.randn(m, k), global_scale=torch.tensor(1.5 * (i + 1))) for i, m in enumerate(ms)]
+    w = [quantize(torch.randn(n, k) * 3, global_scale=torch.tensor(0.5 + i)).to(DEV) for i in range(g)]
+    w2 = [quantize(torch.randn(n, k), global_scale=torch.tensor(2.0 + i)).to(DEV) for i in range(g)] if dual else None
+    a = [quantize(torch.randn(m, k), global_scale=torch.tensor(1.5 * (i + 1))).to(DEV) for i, m in enumerate(ms)]
     keep = []
 
     def sc(t):
@@ -49,7 +49,7 @@ def test_gather_matches_torch(dual, tile_m, n, k, ms, swz, kcu, prefetch):
         row = [a[i].data.data_ptr(), sc(a[i]), ms[i], w[i].data.data_ptr(), sc(w[i]), b2.data.data_ptr(), sc(b2),
                a[i].global_scale.data_ptr(), w[i].global_scale.data_ptr(), b2.global_scale.data_ptr()]
         table += row + [0] * (F - len(row))
-    t = torch.tensor(table, dtype=torch.int64)
+    t = torch.tensor(table, dtype=torch.int64, device=DEV)
     n_pad, k_pad = -(-n // tile_m) * tile_m, -(-k // 128) * 128
     blocks = tile_m * (2 if dual else 1) // (64 * NWG)
     packed, codes, scales, offs, gs_a, gs_b = launch(t, g, n, k, n_pad, k_pad, NWG, blocks, dual, sum(ms),

@@ -44,8 +44,7 @@ F = 16  # int64 columns per row of the table (header and group rows)
 A_ROWS = 4  # activation rows per program (8 rows took the kernel to 114-145 registers: 3 programs per SM)
 A_BYTES = 256  # code bytes per inner step of an activation row
 KCU = 8  # 64-row x 64-K weight units per program (consecutive along K, one after the other)
-PREFETCH = 0  # 1: the next unit's loads issued before this unit's stores (two units' loads in flight)
-PRMT = 0  # 1: each word's bytes picked by PTX byte permutes (not on Triton's interpreter: CPU launches use 0)
+PREFETCH = 1  # 1: the next unit's loads issued before this unit's stores (two units' loads in flight)
 WARPS = 4  # warps per program
 _KERNEL = None
 
@@ -133,11 +132,11 @@ class Plan:
     """The sizes of one gather: the header row, the grid, and where each output lies in the one scratch buffer."""
 
     def __init__(self, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int, dual: bool,
-                 rows: int, kcu: int = KCU, warps: int = WARPS, prefetch: int = PREFETCH, prmt: int = PRMT):
+                 rows: int, kcu: int = KCU, warps: int = WARPS, prefetch: int = PREFETCH):
         if (n_pad + 128) * (k // 16 + 4) >= 1 << 31:  # the kernel's offsets inside one matrix are 32-bit
             raise ValueError(f"the gather takes weight matrices of fewer than 2^35 elements; one group's is {n} x {k}")
         self.groups, self.n, self.k, self.dual, self.rows, self.kcu = groups, n, k, dual, rows, kcu
-        self.prefetch, self.prmt = prefetch, prmt
+        self.prefetch = prefetch
         self.warps = warps
         rb_n, self.kc_n, self.per = groups * n_pad // 64, k_pad // 64, nwg * blocks
         self.ctas = rb_n // (blocks if dual else self.per)
@@ -152,7 +151,7 @@ class Plan:
                        self.offsets_at, self.gs_b_at, self.gs_a_at] + [0] * (F - len(HEADER))
         self.grid = self.units + self.a_progs + 1
         self.packed_shape = (self.ctas, self.kc_n, self.per, UNIT_BYTES)  # the packed weights (rows do not matter)
-        self.consts: dict = {}  # (swz_a, swz_b, post, cuda) -> the launch's constexprs (launch_plan)
+        self.consts: dict = {}  # (swz_a, swz_b, post) -> the launch's constexprs (launch_plan)
 
 
 def run(table: torch.Tensor, plan: Plan, *, swz_a: bool = False, swz_b: bool = False, post: float = 1.0):
@@ -174,8 +173,8 @@ def launch_plan(plan: Plan, table_at: int, packed: torch.Tensor, small: torch.Te
     header, then the group rows): device memory, or pinned host memory, which the kernel reads in place (a
     one-shot call's table: no copy to launch first; the caller keeps it unchanged until the kernel has run)."""
     # compiled on its first launch per flags, then through its compiled launcher (:mod:`..common.triton_launch`)
-    triton_launch(_kernel(), (plan.grid,), (packed, small, table_at), _consts(plan, swz_a, swz_b, post, packed.is_cuda),
-                  plan.warps, stream)
+    triton_launch(_kernel(), (plan.grid,), (packed, small, table_at), _consts(plan, swz_a, swz_b, post), plan.warps,
+                  stream)
 
 
 def bind_plan(plan: Plan, table_at: int, packed: torch.Tensor, small: torch.Tensor, *, swz_a: bool = False,
@@ -183,21 +182,21 @@ def bind_plan(plan: Plan, table_at: int, packed: torch.Tensor, small: torch.Tens
     """The gather of an earlier :func:`launch_plan` with these arguments as a prepared driver launch
     (:func:`..common.triton_launch.bound`: parameter 2 is the table's address, which every table of a
     16-byte-aligned ring shares the specialisation of), or None where it cannot be prepared."""
-    return bound(_kernel(), (plan.grid,), (packed, small, table_at), _consts(plan, swz_a, swz_b, post, True),
+    return bound(_kernel(), (plan.grid,), (packed, small, table_at), _consts(plan, swz_a, swz_b, post),
                  plan.warps)
 
 
-def _consts(plan: Plan, swz_a: bool, swz_b: bool, post: float, cuda: bool) -> dict:
-    consts = plan.consts.get((swz_a, swz_b, post, cuda))
+def _consts(plan: Plan, swz_a: bool, swz_b: bool, post: float) -> dict:
+    consts = plan.consts.get((swz_a, swz_b, post))
     if consts is None:
         values = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu,
-                  plan.prefetch, plan.prmt if cuda else 0)
-        consts = plan.consts[(swz_a, swz_b, post, cuda)] = dict(zip(CONSTS, values))
+                  plan.prefetch)
+        consts = plan.consts[(swz_a, swz_b, post)] = dict(zip(CONSTS, values))
     return consts
 
 
 # the kernel's constexprs, in order
-CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU", "PREFETCH", "PRMT")
+CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU", "PREFETCH")
 
 
 def launch(table: torch.Tensor, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int,

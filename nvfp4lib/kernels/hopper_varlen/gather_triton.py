@@ -23,7 +23,7 @@ def _unit_loads(cptr, sptr, kc, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B: tl.co
 @triton.jit
 def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ_B: tl.constexpr,
            G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr, KCU: tl.constexpr,
-           PREFETCH: tl.constexpr, PRMT: tl.constexpr):
+           PREFETCH: tl.constexpr):
     pid = tl.program_id(0)
     table = table_at.to(tl.pointer_type(tl.int64))  # device memory, or pinned host memory read in place
     n = tl.load(table + 0).to(tl.int32)
@@ -61,9 +61,7 @@ def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ
         # 16w + 8(1-hp) + g, i.e. byte c of both halves of the row's code pair j
         q = tl.arange(0, 512)
         j = q % 4
-        cb = ((q // 4) % 4).to(tl.uint32)
-        c = (cb * 8).to(tl.uint64)
-        sel = cb | ((cb + 4) << 4) | (cb << 8) | ((cb + 4) << 12)  # prmt: bytes c of a, c of b, c of a, c of b
+        c = ((q // 4) % 4 * 8).to(tl.uint64)
         rw = rb * 64 + 16 * (q // 128) + (q // 16) % 8
         r0 = (rw + 8) % n_pad  # hp = 0
         r1 = rw % n_pad  # hp = 1
@@ -79,21 +77,11 @@ def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ
             if PREFETCH:  # the next unit's loads in flight while this one is decoded and stored
                 q0, q1, qs = _unit_loads(cptr, sptr, kc + 1, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B)
             dst = ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304  # the unit's byte offset
-            if PRMT:  # bytes [c of row hp=0, c of row hp=1] twice, by one byte permute per half
-                xb = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
-                                               [p0.to(tl.uint32), p1.to(tl.uint32), sel], dtype=tl.uint32,
-                                               is_pure=True, pack=1)
-                yb = tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r",
-                                               [(p0 >> 32).to(tl.uint32), (p1 >> 32).to(tl.uint32), sel],
-                                               dtype=tl.uint32, is_pure=True, pack=1)
-                x = (xb & 0x0F0F) | ((xb >> 4) & 0x0F0F0000)  # nibbles to bytes (e, hp)
-                y = (yb & 0x0F0F) | ((yb >> 4) & 0x0F0F0000)
-            else:
-                b0, b1 = p0 >> c, p1 >> c
-                xs = ((b0 & 255) | ((b1 & 255) << 8)).to(tl.uint32)  # byte c of x, hp = 0 | 1
-                ys = (((b0 >> 32) & 255) | (((b1 >> 32) & 255) << 8)).to(tl.uint32)
-                x = (xs & 0x0F0F) | ((xs & 0xF0F0) << 12)  # nibbles to bytes (e, hp)
-                y = (ys & 0x0F0F) | ((ys & 0xF0F0) << 12)
+            b0, b1 = p0 >> c, p1 >> c
+            xs = ((b0 & 255) | ((b1 & 255) << 8)).to(tl.uint32)  # byte c of x, hp = 0 | 1
+            ys = (((b0 >> 32) & 255) | (((b1 >> 32) & 255) << 8)).to(tl.uint32)
+            x = (xs & 0x0F0F) | ((xs & 0xF0F0) << 12)  # nibbles to bytes (e, hp)
+            y = (ys & 0x0F0F) | ((ys & 0xF0F0) << 12)
             word = ((x & 0x07070707) << 1) | ((x & 0x08080808) << 4) | ((y & 0x08080808) >> 3) \
                 | ((y & 0x07070707) << 4)
             tl.store(packed.to(tl.pointer_type(tl.uint32)) + dst // 4 + q, word, mask=kc * 4 + j < kc_end * 4)
