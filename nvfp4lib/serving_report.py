@@ -19,7 +19,8 @@ from .roofline import add_floors
 from .store import HOPPER_KERNELS, dirty_state
 
 __all__ = ["CALLS", "latest_calls", "missing_calls", "runs_used", "calls_table", "host_scheduled_reference",
-           "weight_bytes", "predictions", "targets", "calls_figure", "gather_table", "gather_ab", "back_to_back"]
+           "weight_bytes", "predictions", "targets", "calls_figure", "gather_table", "gather_ab", "gather_variants",
+           "back_to_back"]
 
 # the kernel that scheduled its tiles on the host (prepare(a, b) built the tile table from each group's M): the
 # graph times the serving kernel must stay within 10% of
@@ -149,7 +150,7 @@ def gather_table(rows: pd.DataFrame, problems=None, commit: str | None = None) -
     every output was byte-identical to the torch prepack. Empty without rows."""
     if rows is None or not len(rows):
         return pd.DataFrame()
-    sel = rows[rows["status"] == "ok"]
+    sel = _shipped(rows[rows["status"] == "ok"])
     if commit is not None:
         sel = sel[sel["git_commit"].astype(str).str.startswith(commit)]
     if not len(sel):
@@ -165,13 +166,52 @@ def gather_table(rows: pd.DataFrame, problems=None, commit: str | None = None) -
     return t.reindex([p for p in order if p in t.index])
 
 
+KNOBS = ("prefetch", "prmt")  # gather-bench knobs that rows carry since db7e1a9 (absent before: that commit's code)
+
+
+def _shipped(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows that ran the gather as its commit shipped it: knob values equal to the package's defaults now, or
+    absent (rows from before the knob; ``prmt`` ended as a knob of one development commit, shipped off)."""
+    from .kernels.hopper_varlen import gather
+
+    shipped = {"prefetch": gather.PREFETCH, "prmt": 0}
+    keep = pd.Series(True, index=rows.index)
+    for knob in KNOBS:
+        if knob in rows:
+            keep &= rows[knob].isna() | (rows[knob] == shipped[knob])
+    return rows[keep]
+
+
+def gather_variants(rows: pd.DataFrame, commits, problems=None, part: str = "weights", kcu: int = 8,
+                    warps: int = 4) -> pd.DataFrame:
+    """The gather's GPU time (``part``, ``kcu``, ``warps``) in every run of ``data/gather.jsonl`` at any of
+    ``commits``, one column per (run, commit, knob setting): a knob A/B within one run compares on one machine,
+    columns of different runs compare across machines. Empty without such rows."""
+    if rows is None or not len(rows):
+        return pd.DataFrame()
+    sel = rows[(rows["status"] == "ok") & (rows["part"] == part) & (rows["kcu"] == kcu) & (rows["warps"] == warps)]
+    sel = sel[sel["git_commit"].astype(str).str[:7].isin([c[:7] for c in commits])]
+    if not len(sel):
+        return pd.DataFrame()
+    knobs = [k for k in KNOBS if k in sel]
+    label = sel["date"].astype(str).str[11:16] + " " + sel["git_commit"].astype(str).str[:7]
+    setting = pd.Series("", index=sel.index)
+    for knob in knobs:
+        setting = setting + np.where(sel[knob].notna(), f" {knob}=" + sel[knob].fillna(-1).astype(int).astype(str), "")
+    sel = sel.assign(run=label, setting=setting.str.strip().replace("", "as shipped"))
+    t = sel.pivot_table(index="problem", columns=["run_id", "run", "setting"], values="median_us", aggfunc="median")
+    t.columns = t.columns.droplevel(0)
+    order = _names(problems) if problems is not None else list(dict.fromkeys(sel["problem"]))
+    return t.reindex([p for p in order if p in t.index])
+
+
 def gather_ab(rows: pd.DataFrame, before: str, after: str, problems=None, kcu: int = 8, warps: int = 4) -> pd.DataFrame:
     """The gather at two commits measured on one machine (``data/gather.jsonl``, rows of both commits sharing a
     host and date): per problem and part, the median over runs of each commit's GPU time at (``kcu``, ``warps``),
     after / before, the ratio to the copy floor after, and whether every output of both was byte-identical."""
     if rows is None or not len(rows):
         return pd.DataFrame()
-    sel = rows[(rows["status"] == "ok") & (rows["kcu"] == kcu) & (rows["warps"] == warps)]
+    sel = _shipped(rows[(rows["status"] == "ok") & (rows["kcu"] == kcu) & (rows["warps"] == warps)])
     com = sel["git_commit"].astype(str)
     sel = sel.assign(side=np.where(com.str.startswith(before), "before", np.where(com.str.startswith(after), "after",
                                                                                     "")))

@@ -111,6 +111,32 @@ def test_gather_ab_pairs_two_commits_by_median_over_runs():
     assert sr.gather_ab(rows, "aaaaaaa", "ddddddd").empty  # no rows of one side: nothing to compare
 
 
+def test_gather_rows_of_other_knob_settings_are_kept_apart():
+    """Rows carrying knob values (since db7e1a9) count as the shipped gather only at the package's defaults; rows
+    from before the knobs count as their commit's code. ``gather_variants`` shows every setting of every run."""
+    from nvfp4lib.kernels.hopper_varlen.gather import PREFETCH
+
+    def row(commit, run, us, date, **knobs):
+        return {"problem": "S1", "part": "weights", "git_commit": commit, "run_id": run, "kcu": 8, "warps": 4,
+                "median_us": us, "ratio_to_floor": us / 90.0, "identical": True, "status": "ok", "date": date,
+                **knobs}
+
+    rows = pd.DataFrame([row("aaaaaaa1", "r1", 122.0, "2026-11-26T21:19:00"),
+                         row("bbbbbbb2", "r1", 117.0, "2026-11-26T21:19:00", prefetch=1 - PREFETCH),
+                         row("bbbbbbb2", "r1", 115.0, "2026-11-26T21:19:00", prefetch=PREFETCH),
+                         row("bbbbbbb2", "r1", 99.0, "2026-11-26T21:19:00", prefetch=PREFETCH, prmt=1),
+                         row("bbbbbbb2", "r2", 116.0, "2026-11-26T21:40:00", prefetch=PREFETCH)])
+    ab = sr.gather_ab(rows, "aaaaaaa", "bbbbbbb", [BENCHMARK[0]])
+    assert ab.loc[("S1", "weights"), "bbbbbbb us"] == 115.5  # r1's and r2's shipped rows only
+    assert sr.gather_table(rows, [BENCHMARK[0]]).loc["S1", "weights kcu=8 us"] == 116.0  # the latest run, shipped
+    v = sr.gather_variants(rows, ["aaaaaaa", "bbbbbbb"], [BENCHMARK[0]])
+    assert v.loc["S1", ("21:19 aaaaaaa", "as shipped")] == 122.0
+    assert v.loc["S1", ("21:19 bbbbbbb", f"prefetch={PREFETCH} prmt=1")] == 99.0
+    assert v.loc["S1", ("21:19 bbbbbbb", f"prefetch={1 - PREFETCH}")] == 117.0
+    assert v.loc["S1", ("21:40 bbbbbbb", f"prefetch={PREFETCH}")] == 116.0
+    assert sr.gather_variants(rows, ["ddddddd"]).empty
+
+
 def test_calls_ab_pairs_runs_of_one_form_by_commit():
     def row(commit, run, call, us, host=50.0):
         return {"problem": "S1", "call": call, "git_commit": commit, "run_id": run, "per_call_us": us,
