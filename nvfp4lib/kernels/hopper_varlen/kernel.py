@@ -34,6 +34,12 @@ from ..hopper_rs.ops import ACT_SMEM, ACT_THREADS, ops
 from .config import NWG, ROW_BYTES, VarlenConfig, validate
 
 _CLASSES = None
+# Up to this many groups each thread walks them to find its CTA's tile; above, every warp searches them with
+# shuffles. The warp search (0b14006) ran the large-token tiles 6-11% slower at G = 8 on the H100 (graph replay, two
+# alternating rounds on one card, 2026-11-26: S1 128.5-129.1 -> 136.7-146.9 us, S1-dual 224.3-227.0 -> 249.7-258.5,
+# S2-dual 138.0-138.5 -> 150.1-154.9); the loop costs ~G dependent steps before the first weight load, which the
+# search was written for (256 groups on a DeepSeek-like layer)
+LOOP_GROUPS = 32
 
 
 def kernel_classes():
@@ -118,11 +124,48 @@ def _build():
             when the split has fewer tiles than the grid.
 
             Group g owns rows ``lo_g .. hi_g`` with ``hi_g = min(T, max(0, offsets[0 .. g+1]))`` and ``lo_g =
-            hi_{g-1}`` (offsets clamped to [0, T] and made non-decreasing). Every warp finds the tile on its own, its
-            lanes each taking ``ceil(G / 32)`` consecutive groups: one round of loads, then a prefix maximum (the row
-            bounds) and a prefix sum (the tile counts) over the lanes by shuffles, and the one lane whose groups hold
-            tile ``bidx`` hands its values to the others. A loop over the groups in one thread took ~G dependent
-            steps before any weight load, at every CTA (256 on a DeepSeek-like layer)."""
+            hi_{g-1}`` (offsets clamped to [0, T] and made non-decreasing). Up to :data:`LOOP_GROUPS` groups each
+            thread walks them (:meth:`_find_by_loop`); above, every warp searches them at once
+            (:meth:`_find_by_warp`)."""
+            if cutlass.const_expr(self.groups <= LOOP_GROUPS):
+                group, lo_sel, m_sel, ntt_sel, local = self._find_by_loop(mOffsets, rows)
+            else:
+                group, lo_sel, m_sel, ntt_sel, local = self._find_by_warp(mOffsets, rows)
+            nblk = local // cutlass.max(ntt_sel, 1)
+            tt = local - nblk * ntt_sel
+            size = ((m_sel + ntt_sel - 1) // cutlass.max(ntt_sel, 1) + self.step - 1) // self.step * self.step
+            m0 = tt * size
+            tokens = cutlass.min(size, m_sel - m0)
+            if ntt_sel == 0:
+                tokens = cutlass.Int32(0)
+            return group, lo_sel + m0, tokens, nblk * self.cfg.tile_m
+
+        @cute.jit
+        def _find_by_loop(self, mOffsets, rows):
+            """(group, its first row, its rows, its token tiles, this CTA's tile index within the group's tiles):
+            one thread walks the groups, ~G dependent steps before the first weight load."""
+            bidx, _, _ = cute.arch.block_idx()
+            acc = cutlass.Int32(0)
+            group, lo_sel, m_sel, ntt_sel, local = (cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0),
+                                                    cutlass.Int32(0), cutlass.Int32(0))
+            lo = cutlass.min(cutlass.max(cutlass.Int32(mOffsets[0]), 0), rows)
+            for g in cutlass.range(self.groups, unroll=min(self.groups, 16)):
+                hi = cutlass.min(cutlass.max(cutlass.Int32(mOffsets[g + 1]), lo), rows)
+                m = hi - lo
+                ntt = (m + self.bt - 1) // self.bt
+                cnt = ntt * self.n_blocks
+                if bidx >= acc and bidx < acc + cnt:
+                    group, lo_sel, m_sel, ntt_sel, local = g, lo, m, ntt, bidx - acc
+                acc = acc + cnt
+                lo = hi
+            return group, lo_sel, m_sel, ntt_sel, local
+
+        @cute.jit
+        def _find_by_warp(self, mOffsets, rows):
+            """What :meth:`_find_by_loop` finds, by every warp on its own: its lanes each take ``ceil(G / 32)``
+            consecutive groups, one round of loads, then a prefix maximum (the row bounds) and a prefix sum (the
+            tile counts) over the lanes by shuffles, and the one lane whose groups hold tile ``bidx`` hands its values
+            to the others."""
             bidx, _, _ = cute.arch.block_idx()
             lane = cute.arch.lane_idx()
             per = self.per_lane
@@ -156,14 +199,7 @@ def _build():
             # one lane at most found the tile; the others hold zeros (every value is >= 0): a maximum broadcasts it
             group, lo_sel, m_sel, ntt_sel, local = (cute.arch.warp_reduction_max(x)
                                                     for x in (group, lo_sel, m_sel, ntt_sel, local))
-            nblk = local // cutlass.max(ntt_sel, 1)
-            tt = local - nblk * ntt_sel
-            size = ((m_sel + ntt_sel - 1) // cutlass.max(ntt_sel, 1) + self.step - 1) // self.step * self.step
-            m0 = tt * size
-            tokens = cutlass.min(size, m_sel - m0)
-            if ntt_sel == 0:
-                tokens = cutlass.Int32(0)
-            return group, lo_sel + m0, tokens, nblk * self.cfg.tile_m
+            return group, lo_sel, m_sel, ntt_sel, local
 
         @cute.jit
         def _lanes_before(self, x, lane, first, use_max: cutlass.Constexpr):
