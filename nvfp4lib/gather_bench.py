@@ -46,9 +46,8 @@ def _time(fn, iters: int, flush: L2Flusher) -> list[float]:
 
 
 def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefetches=None, iters: int = 40,
-                 seed: int = 1,
-                 ceilings: dict | None = None, progress=None) -> list[dict]:
-    """Rows (problem × part × kcu × warps) with provenance; nothing is stored here."""
+                 seed: int = 1, ceilings: dict | None = None, progress=None) -> list[dict]:
+    """Rows (problem × part × kcu × warps × prefetch) with provenance; nothing is stored here."""
     from .kernels.common.sm90 import POST_SCALE
     from .kernels.hopper_rs.layout import prepack_weights
     from .kernels.hopper_varlen import gather as G

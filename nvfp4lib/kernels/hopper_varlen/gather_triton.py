@@ -12,12 +12,18 @@ def _unit_loads(cptr, sptr, kc, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B: tl.co
     p0 = tl.load(cptr + (r0 * cols + kp), mask=ok & (r0 < n), other=0)
     p1 = tl.load(cptr + (r1 * cols + kp), mask=ok & (r1 < n), other=0)
     sk = kc * 4 + sj
-    if SWZ_B:  # 128x4 atoms, row-atom-major; inside one: (r % 32) * 16 + (r // 32 % 4) * 4 + c % 4
-        soff = ((sr // 128) * ((cols + 3) // 4) + sk // 4) * 512 + (sr % 32) * 16 + ((sr // 32) % 4) * 4 + sk % 4
-    else:
-        soff = sr * cols + sk
-    sv = tl.load(sptr + soff, mask=(sr < n) & (sk < cols) & (sk < kc_end * 4), other=0)
+    sv = tl.load(sptr + _scale_at(sr, sk, cols, SWZ_B), mask=(sr < n) & (sk < cols) & (sk < kc_end * 4), other=0)
     return p0, p1, sv
+
+
+@triton.jit
+def _scale_at(r, col, cols, SWZ: tl.constexpr):
+    # byte offset of scale (r, col) of a [rows, cols] scale matrix: row-major, or (SWZ) the 128x4 blocked layout of
+    # formats.swizzle_scales: atoms row-atom-major, inside one (r % 32) * 16 + (r // 32 % 4) * 4 + col % 4
+    if SWZ:
+        return ((r // 128) * ((cols + 3) // 4) + col // 4) * 512 + (r % 32) * 16 + ((r // 32) % 4) * 4 + col % 4
+    else:
+        return r * cols + col
 
 
 @triton.jit
@@ -111,12 +117,7 @@ def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ
         for b in range(0, cols, 64):
             sc = b + tl.arange(0, 64)
             msk = live[:, None] & (sc[None, :] < cols)
-            if SWZ_A:
-                soff = ((local[:, None] // 128) * ((cols + 3) // 4) + sc[None, :] // 4) * 512 \
-                    + (local[:, None] % 32) * 16 + ((local[:, None] // 32) % 4) * 4 + sc[None, :] % 4
-            else:
-                soff = local[:, None] * cols + sc[None, :]
-            v = tl.load(sp[:, None] + soff, mask=msk, other=0)
+            v = tl.load(sp[:, None] + _scale_at(local[:, None], sc[None, :], cols, SWZ_A), mask=msk, other=0)
             tl.store(a_scales + r.to(tl.int64)[:, None] * cols + sc[None, :], v, mask=msk)
     else:  # ---- offsets, A's global scales, gs_b
         offsets = (small + tl.load(table + 10)).to(tl.pointer_type(tl.int32))
