@@ -76,17 +76,24 @@ def cmd_bench(args) -> int:
 
 def cmd_calls(args) -> int:
     """The four ways of calling the serving path (graph, eager, oneshot, harness), side by side (GPU)."""
-    from .calls import bench_calls
+    from .calls import ROUNDS, bench_calls, median_round
 
-    probs = _problems(args)
+    probs, rounds = _problems(args), ROUNDS if args.rounds is None else args.rounds
     rows = bench_calls(probs, calls=tuple(args.call or ("graph", "eager", "oneshot", "harness")), seed=args.seed,
-                       mode=args.mode, iters=args.iters, progress=lambda r: print(
-                           f"  {r['problem']:<10} {r['call']:<8} {r['status'][:60]}", flush=True))
-    print(f"\n{'problem':<10} {'call':<8} {'config':<32} {'GPU us':>8} {'host us':>8} {'per call':>9} {'b2b us':>8} "
-          f"{'floor':>7} {'x floor':>8}  status")
+                       mode=args.mode, iters=args.iters, rounds=rounds, progress=lambda r: print(
+                           f"  round {r['round']} {r['problem']:<10} {r['call']:<8} {r['status'][:60]}", flush=True))
+    spread: dict = {}
     for r in rows:
+        if "per_call_us" in r:
+            spread.setdefault((r["problem"], r["call"]), []).append(r["per_call_us"])
+    print(f"\nthe median of {rounds} rounds (per call: the rounds' range)")
+    print(f"{'problem':<10} {'call':<8} {'config':<32} {'GPU us':>8} {'host us':>8} {'per call':>9} {'range':>13} "
+          f"{'b2b us':>8} {'floor':>7} {'x floor':>8}  status")
+    for r in median_round(rows):
+        s = spread.get((r["problem"], r["call"]))
+        rng = f"{min(s):.0f}-{max(s):.0f}" if s else "-"
         print(f"{r['problem']:<10} {r['call']:<8} {r.get('config', ''):<32} {_fmt(r.get('median_us', '-'), '8.1f'):>8} "
-              f"{_fmt(r.get('host_us', '-'), '8.1f'):>8} {_fmt(r.get('per_call_us', '-'), '9.1f'):>9} "
+              f"{_fmt(r.get('host_us', '-'), '8.1f'):>8} {_fmt(r.get('per_call_us', '-'), '9.1f'):>9} {rng:>13} "
               f"{_fmt(r.get('b2b_us', '-'), '8.1f'):>8} "
               f"{r['floor_us']:7.1f} {_fmt(r.get('ratio_to_floor', '-'), '8.2f'):>8}  {r['status'][:40]}")
     _write(args, rows, "calls.jsonl")
@@ -293,6 +300,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1111)
     p.add_argument("--mode", default="gaussian", choices=["uniform", "gaussian", "heavy"])
     p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--rounds", type=int, help="sweeps over all problems and forms (default: calls.ROUNDS); each form "
+                   "is judged by its median round")
     _add_record_args(p, CALLS, "calls")
     p.set_defaults(fn=cmd_calls)
 

@@ -19,6 +19,9 @@ the flush before the start event takes to run, ``median_us`` also holds part of 
 which back-to-back calls overlap with the previous call's GPU work. ``b2b_us`` measures those: the wall time per
 iteration of ``iters`` iterations of (flush, call) with one synchronisation at the end, less that of the flushes
 alone (``b2b_flush_us``).
+
+A run sweeps all problems and forms ``rounds`` times (:data:`ROUNDS`), one row per round: a form is judged by its
+median round (:func:`median_round`), so that one slow stretch of the host does not decide a host-bound verdict.
 """
 from __future__ import annotations
 
@@ -35,9 +38,10 @@ from .reference import reference_grouped_gemm, relative_error
 from .roofline import floor_us, measure_ceilings
 from .store import new_run_id, provenance
 
-__all__ = ["CALLS", "back_to_back", "bench_calls", "host_probe", "pack_rows", "time_both"]
+__all__ = ["CALLS", "ROUNDS", "back_to_back", "bench_calls", "host_probe", "median_round", "pack_rows", "time_both"]
 
 CALLS = ("graph", "eager", "oneshot", "harness")
+ROUNDS = 3  # sweeps over all problems and forms per run (bench_calls)
 TOL = 1e-3
 
 
@@ -145,47 +149,70 @@ def _split(c: torch.Tensor, a) -> list[torch.Tensor]:
 
 
 def bench_calls(problems: list[GroupedProblem], *, backend: str = "cute-hopper", calls=CALLS, seed: int = 1111,
-                mode: str = "gaussian", iters: int = 30, sets: int = 4, ceilings: dict | None = None,
-                progress=print) -> list[dict]:
-    """Rows (one per problem and call form) with provenance; nothing is stored here."""
+                mode: str = "gaussian", iters: int = 30, rounds: int = ROUNDS, sets: int = 4,
+                ceilings: dict | None = None, progress=print) -> list[dict]:
+    """Rows (one per round, problem and call form) with provenance; nothing is stored here.
+
+    Every problem is set up once (inputs, references, prepared weights); then ``rounds`` sweeps over all problems and
+    forms, each row carrying its ``round``. The host-bound forms' times follow the host's state, which on the lent
+    machines drifts over seconds (the same eager call's host time 30 µs in one sweep, 92 µs in the next, one process,
+    2026-11-26): sweeps spread each form over the run, and :mod:`nvfp4lib.serving_report` judges each form by its
+    median round."""
     from . import api, compat
     from .serving import prepare_weights
 
     if not torch.cuda.is_available():
         raise RuntimeError("bench_calls needs a CUDA GPU")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
     probe = host_probe()  # the host's state in this run: its speed decides the host-bound forms' verdicts
-    rows = []
+    setups = []
     for prob in problems:
         inputs = [make_inputs(prob, seed=seed + s, mode=mode, device="cuda") for s in range(sets)]
         refs = [reference_grouped_gemm(x.a, x.b, x.b2) for x in inputs]
         floor = floor_us(prob, ceil)
-        nbytes = sum(prob.m) * prob.n[0] * 2
         base = {"run_id": run_id, **{f"ceil_{k}": v for k, v in ceil.items()}, **probe, "problem": prob.name,
                 "groups": prob.groups, "m": list(prob.m), "n": list(prob.n), "k": list(prob.k), "dual": prob.dual,
                 "flops": prob.flops(), "nvfp4_bytes": prob.nvfp4_bytes(), "backend": backend, "seed": seed,
                 "input_mode": mode, "floor_us": floor, "kernel_family": "hopper_varlen" if backend == "cute-hopper"
-                else backend}
+                else backend, "rounds": rounds}
         w = prepare_weights(inputs[0].b, inputs[0].b2, backend=backend)
-        acts = []
-        for x in inputs:  # the same weights with each set's activations (the reference of set 0's weights)
-            acts.append(pack_rows(x.a))
-        ref_w = [reference_grouped_gemm(x.a, inputs[0].b, inputs[0].b2) for x in inputs]
-        for call in calls:
-            row = {**base, "call": call, "config": w.config_for(sum(prob.m))}
-            try:
-                row.update(_one(call, prob, w, inputs, acts, refs, ref_w, nbytes, iters, flush, api, compat))
-            except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:
-                row["status"] = f"error: {type(e).__name__}: {str(e)[:400]}"
-            if "median_us" in row:
-                row.update({"tflops": prob.flops() / row["per_call_us"] * 1e-6,
-                            "gbps": prob.nvfp4_bytes() / row["per_call_us"] * 1e-3,
-                            "ratio_to_floor": row["per_call_us"] / floor})
-            rows.append(row)
-            if progress:
-                progress(row)
+        acts = [pack_rows(x.a) for x in inputs]  # the same weights with each set's activations
+        ref_w = [reference_grouped_gemm(x.a, inputs[0].b, inputs[0].b2) for x in inputs]  # (set 0's weights)
+        setups.append((prob, base, w, inputs, acts, refs, ref_w, floor))
+    rows = []
+    for rnd in range(rounds):
+        for prob, base, w, inputs, acts, refs, ref_w, floor in setups:
+            nbytes = sum(prob.m) * prob.n[0] * 2
+            for call in calls:
+                row = {**base, "round": rnd, "call": call, "config": w.config_for(sum(prob.m))}
+                try:
+                    row.update(_one(call, prob, w, inputs, acts, refs, ref_w, nbytes, iters, flush, api, compat))
+                except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:
+                    row["status"] = f"error: {type(e).__name__}: {str(e)[:400]}"
+                if "median_us" in row:
+                    row.update({"tflops": prob.flops() / row["per_call_us"] * 1e-6,
+                                "gbps": prob.nvfp4_bytes() / row["per_call_us"] * 1e-3,
+                                "ratio_to_floor": row["per_call_us"] / floor})
+                rows.append(row)
+                if progress:
+                    progress(row)
     prov = provenance()
     return [{**prov, **r} for r in rows]
+
+
+def median_round(rows: list[dict]) -> list[dict]:
+    """Of each (problem, call form), the row of the median round by ``per_call_us`` (the lower middle one of an even
+    count; rows without a time as they are, one per form), in first-seen order: what a run's table prints."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["problem"], r["call"]), []).append(r)
+    out = []
+    for g in groups.values():
+        timed = sorted((r for r in g if "per_call_us" in r), key=lambda r: r["per_call_us"])
+        out.append(timed[(len(timed) - 1) // 2] if timed else g[-1])
+    return out
 
 
 def _one(call, prob, w, inputs, acts, refs, ref_w, nbytes, iters, flush, api, compat) -> dict:

@@ -33,17 +33,30 @@ def _names(problems) -> list[str]:
 
 
 def latest_calls(rows: pd.DataFrame, problems=None, backend: str = "cute-hopper") -> pd.DataFrame:
-    """The latest row with status ok of each (problem, call form) of ``backend`` (latest: the largest run_id, which
-    starts with the run's UTC time), with both floors and both ratios of ``per_call_us``: ``x_floor_measured``,
+    """Of each (problem, call form) of ``backend``: the latest run with an ok row (latest: the largest run_id, which
+    starts with the run's UTC time), and of its ok rows (one per round, :func:`nvfp4lib.calls.bench_calls`) the one of
+    the median ``per_call_us`` (the lower middle one of an even count), with ``rounds_ok``, ``rounds_not_ok`` (rounds
+    of that run whose row is not ok: a wrong result in any round shows here), ``per_call_min_us`` and
+    ``per_call_max_us`` over its ok rounds, both floors and both ratios of ``per_call_us``: ``x_floor_measured``,
     ``x_floor_datasheet``. Ordered by ``problems`` (all problems present, if None), then by call form."""
     if rows is None or not len(rows):
         return pd.DataFrame()
-    sel = rows[(rows["status"] == "ok") & (rows["backend"] == backend)]
+    mine = rows[rows["backend"] == backend]
     if problems is not None:
-        sel = sel[sel["problem"].isin(_names(problems))]
+        mine = mine[mine["problem"].isin(_names(problems))]
+    sel = mine[mine["status"] == "ok"]
     if not len(sel):
         return pd.DataFrame()
-    sel = sel.sort_values("run_id").groupby(["problem", "call"], sort=False).tail(1)
+    keys = ["problem", "call"]
+    sel = sel[sel["run_id"] == sel.groupby(keys)["run_id"].transform("max")]
+    sel = sel.sort_values(keys + ["per_call_us"], kind="stable")
+    by = sel.groupby(keys, sort=False)["per_call_us"]
+    sel = sel.assign(rounds_ok=by.transform("size"), per_call_min_us=by.transform("min"),
+                     per_call_max_us=by.transform("max"))
+    sel = sel[sel.groupby(keys, sort=False).cumcount() == (sel["rounds_ok"] - 1) // 2]
+    not_ok = mine[mine["status"] != "ok"].groupby(keys + ["run_id"]).size()
+    sel = sel.assign(rounds_not_ok=[int(not_ok.get((p, c, r), 0)) for p, c, r in
+                                    zip(sel["problem"], sel["call"], sel["run_id"])])
     out = add_floors(sel)
     # add_floors divides the GPU time; a host-bound call costs its host time: the targets are on per_call_us
     out["x_floor_measured"] = out["per_call_us"] / out["floor_measured_us"]
@@ -88,6 +101,7 @@ def runs_used(latest: pd.DataFrame) -> pd.DataFrame:
         out.append({"run_id": run, "git_commit": str(first["git_commit"])[:7],
                     "dirty tree": dirty_state(first.get("git_dirty")), "date": str(first["date"])[:16],
                     "gpu": first["gpu"], "inputs": first["input_mode"], "iters": int(first["iters"]),
+                    "rounds": int(first["rounds"]) if pd.notna(first.get("rounds", np.nan)) else 1,
                     "forms": ", ".join(c for c in CALLS if c in set(g["call"])),
                     "problems": ", ".join(dict.fromkeys(g["problem"])),
                     "provenance amended": isinstance(amended, list) and len(amended) > 0,
@@ -96,8 +110,9 @@ def runs_used(latest: pd.DataFrame) -> pd.DataFrame:
 
 
 def history(rows: pd.DataFrame, problems, backend: str = "cute-hopper", clean_only: bool = True) -> pd.DataFrame:
-    """Per-call time (µs) of every (problem, call form), one column per recorded run (``commit date``, oldest first):
-    how each change moved each form. ``clean_only`` drops runs of a dirty tree."""
+    """Per-call time (µs) of every (problem, call form), one column per recorded run (``commit date``, oldest first;
+    a run of several rounds: its median round): how each change moved each form. ``clean_only`` drops runs of a dirty
+    tree."""
     if rows is None or not len(rows):
         return pd.DataFrame()
     sel = rows[(rows["status"] == "ok") & (rows["backend"] == backend) & rows["problem"].isin(_names(problems))]
@@ -105,6 +120,10 @@ def history(rows: pd.DataFrame, problems, backend: str = "cute-hopper", clean_on
         sel = sel[~sel["git_dirty"].fillna(False).astype(bool)]
     if not len(sel):
         return pd.DataFrame()
+    # a run's rounds: the median round's time (the lower middle one of an even count), as latest_calls picks it
+    sel = sel.groupby(["run_id", "problem", "call"], as_index=False, sort=False).agg(
+        per_call_us=("per_call_us", lambda x: sorted(x)[(len(x) - 1) // 2]), git_commit=("git_commit", "first"),
+        date=("date", "first"))
     sel = sel.assign(run=sel["git_commit"].astype(str).str[:7] + " " + sel["date"].astype(str).str[:10])
     t = sel.sort_values("run_id").pivot_table(index=["problem", "call"], columns="run", values="per_call_us",
                                               aggfunc="last", sort=False)
@@ -113,15 +132,17 @@ def history(rows: pd.DataFrame, problems, backend: str = "cute-hopper", clean_on
 
 
 def calls_table(latest: pd.DataFrame) -> pd.DataFrame:
-    """``latest`` as a table indexed by (problem, call): per-call, GPU and host time, both floors and both ratios,
-    and the run, commit and input mode each row came from."""
+    """``latest`` as a table indexed by (problem, call): per-call time (the median round) and the rounds' range, GPU
+    and host time, both floors and both ratios, and the run, commit and input mode each row came from."""
     if not len(latest):
         return pd.DataFrame()
     t = latest.set_index(["problem", "call"])
     t = t.assign(**{"host-bound": t["host_us"] > t["median_us"], "commit": t["git_commit"].str[:7]})
     if "b2b_us" not in t:  # rows recorded before back-to-back timing existed
         t = t.assign(b2b_us=np.nan)
-    cols = {"per_call_us": "per call us", "median_us": "GPU us", "host_us": "host us", "host-bound": "host-bound",
+    cols = {"per_call_us": "per call us", "per_call_min_us": "rounds' min us", "per_call_max_us": "rounds' max us",
+            "rounds_ok": "rounds", "rounds_not_ok": "rounds not ok", "median_us": "GPU us", "host_us": "host us",
+            "host-bound": "host-bound",
             "b2b_us": "back-to-back us",
             "floor_measured_us": "measured floor us", "x_floor_measured": "x measured floor",
             "floor_datasheet_us": "datasheet floor us", "x_floor_datasheet": "x datasheet floor",

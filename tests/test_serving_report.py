@@ -168,3 +168,28 @@ def test_runs_used_shows_the_hosts_state():
     assert used.loc["r2", "host probe us (GPU busy)"] == 99.0
     assert used.loc["r2", "host probe us (GPU idle)"] == probe["host_probe_idle_us"]
     assert pd.isna(used.loc["r1", "host probe us (GPU busy)"])
+
+
+def test_a_run_of_rounds_is_judged_by_its_median_round():
+    s4 = BENCHMARK[3]
+    run = "20261126T000000Z-r"
+    rows = [{**_row(s4, "eager", t, run=run), "round": i, "rounds": 4} for i, t in enumerate((40.0, 25.0, 90.0, 30.0))]
+    rows.append({**_row(s4, "eager", 1.0, run=run, status="wrong: rel_err 1"), "round": 4, "rounds": 5})
+    rows.append({**_row(s4, "eager", 10.0, run="20261125T000000Z-old"), "git_commit": "0ld0ld0ld",
+                 "date": "2026-11-25"})  # an older run, left out
+    latest = sr.latest_calls(pd.DataFrame(rows), [s4])
+    r = latest.iloc[0]
+    assert len(latest) == 1 and r["per_call_us"] == 30.0  # of 25, 30, 40, 90: the lower middle one
+    assert (r["rounds_ok"], r["rounds_not_ok"], r["per_call_min_us"], r["per_call_max_us"]) == (4, 1, 25.0, 90.0)
+    assert sr.calls_table(latest).loc[("S4", "eager"), "rounds not ok"] == 1
+    h = sr.history(pd.DataFrame(rows), [s4])
+    assert h.loc[("S4", "eager")].tolist() == [10.0, 30.0]
+
+
+def test_median_round_picks_the_middle_row_per_form():
+    from nvfp4lib.calls import median_round
+
+    rows = [{"problem": "S4", "call": "eager", "per_call_us": t, "round": i} for i, t in enumerate((50.0, 20.0, 30.0))]
+    rows += [{"problem": "S4", "call": "harness", "status": "skipped"}]
+    got = median_round(rows)
+    assert [(r["call"], r.get("round")) for r in got] == [("eager", 2), ("harness", None)]
