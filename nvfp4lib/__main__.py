@@ -82,16 +82,11 @@ def cmd_calls(args) -> int:
     rows = bench_calls(probs, calls=tuple(args.call or ("graph", "eager", "oneshot", "harness")), seed=args.seed,
                        mode=args.mode, iters=args.iters, rounds=rounds, progress=lambda r: print(
                            f"  round {r['round']} {r['problem']:<10} {r['call']:<8} {r['status'][:60]}", flush=True))
-    spread: dict = {}
-    for r in rows:
-        if "per_call_us" in r:
-            spread.setdefault((r["problem"], r["call"]), []).append(r["per_call_us"])
     print(f"\nthe median of {rounds} rounds (per call: the rounds' range)")
     print(f"{'problem':<10} {'call':<8} {'config':<32} {'GPU us':>8} {'host us':>8} {'per call':>9} {'range':>13} "
           f"{'b2b us':>8} {'floor':>7} {'x floor':>8}  status")
     for r in median_round(rows):
-        s = spread.get((r["problem"], r["call"]))
-        rng = f"{min(s):.0f}-{max(s):.0f}" if s else "-"
+        rng = f"{r['per_call_min_us']:.0f}-{r['per_call_max_us']:.0f}" if "per_call_min_us" in r else "-"
         print(f"{r['problem']:<10} {r['call']:<8} {r.get('config', ''):<32} {_fmt(r.get('median_us', '-'), '8.1f'):>8} "
               f"{_fmt(r.get('host_us', '-'), '8.1f'):>8} {_fmt(r.get('per_call_us', '-'), '9.1f'):>9} {rng:>13} "
               f"{_fmt(r.get('b2b_us', '-'), '8.1f'):>8} "

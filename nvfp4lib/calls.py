@@ -204,14 +204,16 @@ def bench_calls(problems: list[GroupedProblem], *, backend: str = "cute-hopper",
 
 def median_round(rows: list[dict]) -> list[dict]:
     """Of each (problem, call form), the row of the median round by ``per_call_us`` (the lower middle one of an even
-    count; rows without a time as they are, one per form), in first-seen order: what a run's table prints."""
+    count) with the rounds' ``per_call_min_us`` and ``per_call_max_us`` (rows without a time as they are, one per
+    form), in first-seen order: what a run's table prints."""
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["problem"], r["call"]), []).append(r)
     out = []
     for g in groups.values():
         timed = sorted((r for r in g if "per_call_us" in r), key=lambda r: r["per_call_us"])
-        out.append(timed[(len(timed) - 1) // 2] if timed else g[-1])
+        out.append({**timed[(len(timed) - 1) // 2], "per_call_min_us": timed[0]["per_call_us"],
+                    "per_call_max_us": timed[-1]["per_call_us"]} if timed else g[-1])
     return out
 
 

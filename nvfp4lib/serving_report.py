@@ -48,12 +48,7 @@ def latest_calls(rows: pd.DataFrame, problems=None, backend: str = "cute-hopper"
     if not len(sel):
         return pd.DataFrame()
     keys = ["problem", "call"]
-    sel = sel[sel["run_id"] == sel.groupby(keys)["run_id"].transform("max")]
-    sel = sel.sort_values(keys + ["per_call_us"], kind="stable")
-    by = sel.groupby(keys, sort=False)["per_call_us"]
-    sel = sel.assign(rounds_ok=by.transform("size"), per_call_min_us=by.transform("min"),
-                     per_call_max_us=by.transform("max"))
-    sel = sel[sel.groupby(keys, sort=False).cumcount() == (sel["rounds_ok"] - 1) // 2]
+    sel = _median_rounds(sel[sel["run_id"] == sel.groupby(keys)["run_id"].transform("max")], keys)
     not_ok = mine[mine["status"] != "ok"].groupby(keys + ["run_id"]).size()
     sel = sel.assign(rounds_not_ok=[int(not_ok.get((p, c, r), 0)) for p, c, r in
                                     zip(sel["problem"], sel["call"], sel["run_id"])])
@@ -65,6 +60,17 @@ def latest_calls(rows: pd.DataFrame, problems=None, backend: str = "cute-hopper"
     out["_p"] = out["problem"].map({p: i for i, p in enumerate(order)})
     out["_c"] = out["call"].map({c: i for i, c in enumerate(CALLS)}).fillna(len(CALLS))
     return out.sort_values(["_p", "_c"]).drop(columns=["_p", "_c"]).reset_index(drop=True)
+
+
+def _median_rounds(sel: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per group of ``keys``, the row of the median ``per_call_us`` (the lower middle one of an even count, as
+    :func:`nvfp4lib.calls.median_round` picks it), with ``rounds_ok`` (the group's rows), ``per_call_min_us`` and
+    ``per_call_max_us``."""
+    sel = sel.sort_values(keys + ["per_call_us"], kind="stable")
+    by = sel.groupby(keys, sort=False)["per_call_us"]
+    sel = sel.assign(rounds_ok=by.transform("size"), per_call_min_us=by.transform("min"),
+                     per_call_max_us=by.transform("max"))
+    return sel[sel.groupby(keys, sort=False).cumcount() == (sel["rounds_ok"] - 1) // 2]
 
 
 def missing_calls(rows: pd.DataFrame, problems, calls=CALLS, backend: str = "cute-hopper") -> pd.DataFrame:
@@ -120,10 +126,7 @@ def history(rows: pd.DataFrame, problems, backend: str = "cute-hopper", clean_on
         sel = sel[~sel["git_dirty"].fillna(False).astype(bool)]
     if not len(sel):
         return pd.DataFrame()
-    # a run's rounds: the median round's time (the lower middle one of an even count), as latest_calls picks it
-    sel = sel.groupby(["run_id", "problem", "call"], as_index=False, sort=False).agg(
-        per_call_us=("per_call_us", lambda x: sorted(x)[(len(x) - 1) // 2]), git_commit=("git_commit", "first"),
-        date=("date", "first"))
+    sel = _median_rounds(sel, ["run_id", "problem", "call"])  # a run of several rounds: its median round
     sel = sel.assign(run=sel["git_commit"].astype(str).str[:7] + " " + sel["date"].astype(str).str[:10])
     t = sel.sort_values("run_id").pivot_table(index=["problem", "call"], columns="run", values="per_call_us",
                                               aggfunc="last", sort=False)

@@ -193,3 +193,4 @@ def test_median_round_picks_the_middle_row_per_form():
     rows += [{"problem": "S4", "call": "harness", "status": "skipped"}]
     got = median_round(rows)
     assert [(r["call"], r.get("round")) for r in got] == [("eager", 2), ("harness", None)]
+    assert (got[0]["per_call_min_us"], got[0]["per_call_max_us"]) == (20.0, 50.0)
