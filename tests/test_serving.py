@@ -125,9 +125,12 @@ def test_every_config_compiles_for_sm90a(name, monkeypatch):
 
 
 @pytest.mark.slow
-def test_nvfp4_call_is_one_host_function_of_both_kernels(monkeypatch):
-    """What a runner launches for NVFP4 activations: the prologue and the GEMM compiled into one TVM-FFI function
-    (one host entry per call), the GEMM the same kernel as compiled alone."""
+@pytest.mark.parametrize("fused", [True, False])
+def test_nvfp4_call_is_one_host_function(monkeypatch, fused):
+    """What a runner launches for NVFP4 activations, from one TVM-FFI function (one host entry per call): by default
+    one kernel, the GEMM whose first CTAs decode the activations (tickets, a release per slice, an acquire spin before
+    the activation loads, the last CTA's reset); with ``fused=False`` the prologue kernel and the GEMM (programmatic
+    dependent launch). The GEMM's wgmma are those of the GEMM compiled alone either way."""
     pytest.importorskip("cutlass")
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     from nvfp4lib.kernels.common.compiling import compile_offline
@@ -136,13 +139,21 @@ def test_nvfp4_call_is_one_host_function_of_both_kernels(monkeypatch):
 
     cfg = CONFIGS["vl_m128_t16_k128_s8_e"]
     _, gemm_cls, call_cls = kernel_classes()
-    art = compile_offline(call_cls(gemm_cls(cfg, 8, 2048, 1024)), *call_arguments(cfg, 8, 2048, 1024),
+    art = compile_offline(call_cls(gemm_cls(cfg, 8, 2048, 1024), fused), *call_arguments(cfg, 8, 2048, 1024),
                           arch="sm_90a", ptxas=False, extra_options=TVM_FFI)
     alone = compile_report(cfg, groups=8, n=2048, k_pad=1024, ptxas=False)
-    assert art.ptx.count(".entry") == 2
-    assert "ActivationDecodeSm90" in art.ptx and "GroupedVarlenGemmSm90" in art.ptx
     assert art.instructions["wgmma.mma_async"] == alone["gemm"]["wgmma.mma_async"]
-    assert "griddepcontrol.wait" in art.ptx and "griddepcontrol.launch_dependents" in art.ptx
+    if fused:
+        assert art.ptx.count(".entry") == 1 and "kernel_fused" in art.ptx
+        assert "ActivationDecodeSm90" not in art.ptx and "griddepcontrol" not in art.ptx
+        for op in ("atom.relaxed.gpu.global.add.u32", "red.release.gpu.global.add.u32", "ld.acquire.gpu.global.u32",
+                   "fence.proxy.async.global", "atom.acq_rel.gpu.global.add.u32"):
+            assert op in art.ptx, op
+    else:
+        assert art.ptx.count(".entry") == 2
+        assert "ActivationDecodeSm90" in art.ptx and "GroupedVarlenGemmSm90" in art.ptx
+        assert "griddepcontrol.wait" in art.ptx and "griddepcontrol.launch_dependents" in art.ptx
+        assert "ld.acquire.gpu" not in art.ptx
 
 
 @pytest.mark.slow

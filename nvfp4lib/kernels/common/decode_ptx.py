@@ -75,6 +75,8 @@ CONVERT16_PTX = "\n".join([
     "}",
 ])
 
+CONVERT16_GLOBAL_PTX = CONVERT16_PTX.replace("st.shared.", "st.global.")  # the same, outputs in global memory
+
 
 def emulate_decode(word: int, scale_byte: int) -> list[float]:
     """The decode's arithmetic on one 32-bit word of codes, emulated on the CPU: its 8 fp16 operands."""

@@ -86,6 +86,7 @@ def _build():
             @cute.struct
             class SharedStorage:
                 load_bars: cute.struct.MemRange[i64, self.stages * 2]
+                ticket: cute.struct.MemRange[i64, 1]  # (the fused prologue's CTA ticket; within sw's alignment)
                 sw: cute.struct.Align[cute.struct.MemRange[u8, cute.cosize(sw_layout)], 1024]
                 sx: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(sx_layout)], 1024]
 
@@ -117,8 +118,8 @@ def _build():
         @cute.jit
         def _mainloop(self, nv: int, storage, load_pipe, loads, sXv, mC, scales, row0, tokens, n0, n_valid, k_tiles):
             """Both warpgroups decode their weights into registers and run wgmma against the ring; warp 0 also
-            issues the loads: the first stages' weights before waiting for the prologue (the previous kernel, with
-            bf16 activations), then their activations. ``k_tiles``: an int, or the tile table's run-time count;
+            issues the loads: the first stages' weights before waiting for the activations (:meth:`_await_x`),
+            then their activations. ``k_tiles``: an int, or the tile table's run-time count;
             ``scales``: the subclass's :meth:`_alpha` arguments, read after the loop."""
             tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs = self._mma_setup(nv, sXv)
             sw_base = storage.sw.data_ptr().toint()
@@ -131,7 +132,7 @@ def _build():
                     load_pipe.producer_acquire(prod)
                     self._issue_w(load_pipe, prod, loads)
                     prod.advance()
-            cute.arch.griddepcontrol_wait()
+            self._await_x()
             if warp_idx == 0:
                 early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
                 for _ in cutlass.range(first, unroll=1):
@@ -162,6 +163,12 @@ def _build():
                 cons.advance()
             warpgroup.wait_group(0)
             self._epilogue(nv, accs, tCcC, storage, mC, self._alpha(*scales), row0, tokens, n0, n_valid, wg, t)
+
+        @cute.jit
+        def _await_x(self):
+            """Before the first activation load: wait for the kernel that writes the activations (programmatic
+            dependent launch; with bf16 activations there is none and the wait returns at once)."""
+            cute.arch.griddepcontrol_wait()
 
         @cute.jit
         def _mma_setup(self, nv: int, sXv):

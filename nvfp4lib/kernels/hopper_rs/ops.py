@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ..common.decode_ptx import _DECODE_REGS, CONVERT16_PTX, _convert_store_ptx
+from ..common.decode_ptx import _DECODE_REGS, CONVERT16_GLOBAL_PTX, CONVERT16_PTX, _convert_store_ptx
 from .layout import RS_DECODE_PTX
 
 # activation prologue: one thread decodes 16 codes (8 bytes + 1 scale byte) into 32 bytes of fp16 in global memory
@@ -234,6 +234,12 @@ def _build() -> SimpleNamespace:
              + [cutlass.Int32(d).ir_value(loc=loc, ip=ip) for d in (dst0, dst1)], "r,r,r,r,r", True)
 
     @dsl_user_op
+    def store_act16_global(words, dst, *, loc=None, ip=None):
+        """:func:`store_act16` to global memory: the two 16-byte halves at ``dst`` and ``dst + 16``."""
+        _asm(CONVERT16_GLOBAL_PTX, 0, [cutlass.Uint32(w).ir_value(loc=loc, ip=ip) for w in words]
+             + _i64((dst, dst + 16), loc, ip), "r,r,r,l,l", True)
+
+    @dsl_user_op
     def load_f32(addr, *, loc=None, ip=None):
         return cutlass.Float32(llvm.inline_asm(cutlass.Float32.mlir_type, _i64((addr,), loc, ip),
                                                "ld.global.nc.f32 $0, [$1];", "=f,l", has_side_effects=True,
@@ -249,9 +255,50 @@ def _build() -> SimpleNamespace:
     def zero32(dst, *, loc=None, ip=None):
         _asm(ZERO32_PTX, 0, _i64((dst, dst + 16), loc, ip), "l,l", True)
 
+    # the fused prologue's counters (hopper_varlen, :data:`COUNTERS`): u32 words in global memory
+    @dsl_user_op
+    def take_ticket(count, slot, *, loc=None, ip=None):
+        """The next ticket of the counter at global ``count`` (atomic add of 1, the old value), stored to the shared
+        word ``slot`` for the CTA."""
+        _asm("{\n.reg .u32 v;\natom.relaxed.gpu.global.add.u32 v, [$0], 1;\nst.shared.u32 [$1], v;\n}", 0,
+             [cutlass.Int64(count).ir_value(loc=loc, ip=ip), cutlass.Int32(slot).ir_value(loc=loc, ip=ip)], "l,r",
+             True)
+
+    @dsl_user_op
+    def load_shared_u32(addr, *, loc=None, ip=None):
+        return cutlass.Int32(_asm("ld.shared.u32 $0, [$1];", 1, [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)],
+                                  "=r,r", True)[0])
+
+    @dsl_user_op
+    def fence_async_global(*, loc=None, ip=None):
+        """Order this thread's earlier generic-proxy global writes before later async-proxy (TMA) accesses."""
+        _asm("fence.proxy.async.global;", 0, [], "", True)
+
+    @dsl_user_op
+    def release_add(addr, *, loc=None, ip=None):
+        """Add 1 to the u32 at global ``addr`` with release semantics at GPU scope (after a fence.acq_rel.gpu)."""
+        _asm("{\nfence.acq_rel.gpu;\nred.release.gpu.global.add.u32 [$0], 1;\n}", 0, _i64((addr,), loc, ip), "l",
+             True)
+
+    @dsl_user_op
+    def load_acquire(addr, *, loc=None, ip=None):
+        return cutlass.Int32(_asm("ld.acquire.gpu.global.u32 $0, [$1];", 1, _i64((addr,), loc, ip), "=r,l", True)[0])
+
+    @dsl_user_op
+    def leave_grid(count, grid, *, loc=None, ip=None):
+        """Count this CTA out (the u32 at ``count + 8``); the grid's last CTA sets the three counters at ``count`` back
+        to zero for the next launch on the stream."""
+        _asm("{\n.reg .u32 o, z;\n.reg .pred p;\nmov.u32 z, 0;\natom.acq_rel.gpu.global.add.u32 o, [$0+8], 1;\n"
+             "setp.eq.u32 p, o, $1;\n@p st.relaxed.gpu.global.v2.u32 [$0], {z, z};\n"
+             "@p st.relaxed.gpu.global.u32 [$0+8], z;\n}", 0,
+             [cutlass.Int64(count).ir_value(loc=loc, ip=ip), cutlass.Int32(grid - 1).ir_value(loc=loc, ip=ip)],
+             "l,r", True)
+
     return SimpleNamespace(
         zero32=zero32, _asm=_asm, load_unit=load_unit, decode_unit=decode_unit, copy16=copy16,
         cp_async8=cp_async8,
         cp_async_arrive=cp_async_arrive, load_raw16=load_raw16, stamp_to=stamp_to, _silu_mul=_silu_mul,
         _i64=_i64, decode_act16=decode_act16, load_row=load_row, alpha_row=alpha_row, load_act16=load_act16,
-        store_act16=store_act16, load_f32=load_f32, decode_unit_a16=decode_unit_a16)
+        store_act16=store_act16, load_f32=load_f32, decode_unit_a16=decode_unit_a16, take_ticket=take_ticket,
+        load_shared_u32=load_shared_u32, fence_async_global=fence_async_global, release_add=release_add,
+        load_acquire=load_acquire, leave_grid=leave_grid, store_act16_global=store_act16_global)

@@ -40,6 +40,14 @@ _CLASSES = None
 # S2-dual 138.0-138.5 -> 150.1-154.9); the loop costs ~G dependent steps before the first weight load, which the
 # search was written for (256 groups on a DeepSeek-like layer)
 LOOP_GROUPS = 32
+# The NVFP4-activation call as one kernel: the GEMM's first CTAs do the prologue's work (:meth:`kernel_fused`) instead
+# of a prologue kernel before it. Prediction (2026-11-27, before the run): -4 to -6 us of host time per eager call (one
+# launch of ~5.6 us less, H100 host profile of the two-kernel call), GPU time within +-2 us.
+FUSED_PROLOGUE = False
+# CTAs of the fused call that decode a slice of the activations: one per SM of an H100 SXM (fewer SMs only delays
+# the last slices' CTAs; the wait stays safe)
+PROLOGUE_CTAS = 132
+SLICE_BATCH = 4  # 16-code chunks a thread of a slice loads before it stores them
 
 
 def kernel_classes():
@@ -57,6 +65,19 @@ def _build():
 
     o = ops()
     decode_act16, zero32 = o.decode_act16, o.zero32
+
+    @cute.jit
+    def decode_chunk(mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, i, per_row, chunks):
+        """Chunk ``i`` of the activations (row ``i // per_row``, 16 codes) to fp16 in ``mX``; the chunks past the row's
+        codes (``chunks`` per row) to zeros."""
+        r = i // per_row
+        c = i - r * per_row
+        dst = (mX.iterator + r * mX.stride[0] + 16 * c).toint()
+        if c < chunks:
+            decode_act16((mCodes.iterator + r * mCodes.stride[0] + 8 * c).toint(),
+                         (mScales.iterator + r * mScales.stride[0] + c).toint(), dst)
+        else:
+            zero32(dst)  # a zero operand: the weights' padding is zero too, but 0 × NaN is not
 
     class ActivationDecodeSm90:
         """``mCodes`` uint8 [T, K/2], ``mScales`` E4M3 bytes [T, K/16] (row-major, the caller's tensors), ``mX``
@@ -76,16 +97,8 @@ def _build():
             bidx, _, _ = cute.arch.block_idx()
             i = bidx * ACT_THREADS + tidx
             per_row = cute.size(mX, mode=[1]) // 16  # 16-code chunks of a padded row
-            chunks = cute.size(mScales, mode=[1])  # those that hold codes
             if i < cute.size(mCodes, mode=[0]) * per_row:
-                r = i // per_row
-                c = i - r * per_row
-                dst = (mX.iterator + r * mX.stride[0] + 16 * c).toint()
-                if c < chunks:
-                    decode_act16((mCodes.iterator + r * mCodes.stride[0] + 8 * c).toint(),
-                                 (mScales.iterator + r * mScales.stride[0] + c).toint(), dst)
-                else:
-                    zero32(dst)  # a zero operand: the weights' padding is zero too, but 0 × NaN is not
+                decode_chunk(mCodes, mScales, mX, i, per_row, cute.size(mScales, mode=[1]))
 
     class GroupedVarlenGemmSm90(tile_class()):
         """Swap-AB: weights (register A, decoded per thread) × tokens (smem B, fp16; bf16 with ``act="bf16"``) -> Cᵀ
@@ -94,6 +107,7 @@ def _build():
 
         def __init__(self, cfg: VarlenConfig, groups: int, n: int, k_pad: int):
             self.cfg = validate(cfg)
+            self._fused = None  # (set while the fused kernel is traced: its ticket, slice count, operands)
             self.groups, self.n, self.k_tiles = groups, n, k_pad // cfg.tile_k
             self.n_blocks = -(-n // cfg.tile_m)
             self.bt, self.step = cfg.tile_n, cfg.step
@@ -119,7 +133,7 @@ def _build():
                 grid=(tiles_max, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=True)
 
         @cute.jit
-        def _schedule(self, mOffsets, rows):
+        def _schedule(self, mOffsets, rows, tile):
             """This CTA's tile: (group, first token row, tokens, first weight row of the group's N) or tokens <= 0
             when the split has fewer tiles than the grid.
 
@@ -128,9 +142,9 @@ def _build():
             thread walks them (:meth:`_find_by_loop`); above, every warp searches them at once
             (:meth:`_find_by_warp`)."""
             if cutlass.const_expr(self.groups <= LOOP_GROUPS):
-                group, lo_sel, m_sel, ntt_sel, local = self._find_by_loop(mOffsets, rows)
+                group, lo_sel, m_sel, ntt_sel, local = self._find_by_loop(mOffsets, rows, tile)
             else:
-                group, lo_sel, m_sel, ntt_sel, local = self._find_by_warp(mOffsets, rows)
+                group, lo_sel, m_sel, ntt_sel, local = self._find_by_warp(mOffsets, rows, tile)
             nblk = local // cutlass.max(ntt_sel, 1)
             tt = local - nblk * ntt_sel
             size = ((m_sel + ntt_sel - 1) // cutlass.max(ntt_sel, 1) + self.step - 1) // self.step * self.step
@@ -141,10 +155,10 @@ def _build():
             return group, lo_sel + m0, tokens, nblk * self.cfg.tile_m
 
         @cute.jit
-        def _find_by_loop(self, mOffsets, rows):
+        def _find_by_loop(self, mOffsets, rows, bidx):
             """(group, its first row, its rows, its token tiles, this CTA's tile index within the group's tiles):
-            one thread walks the groups, ~G dependent steps before the first weight load."""
-            bidx, _, _ = cute.arch.block_idx()
+            one thread walks the groups, ~G dependent steps before the first weight load. ``bidx``: the tile
+            index (the CTA's block index, or its ticket in the fused call)."""
             acc = cutlass.Int32(0)
             group, lo_sel, m_sel, ntt_sel, local = (cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0),
                                                     cutlass.Int32(0), cutlass.Int32(0))
@@ -161,12 +175,11 @@ def _build():
             return group, lo_sel, m_sel, ntt_sel, local
 
         @cute.jit
-        def _find_by_warp(self, mOffsets, rows):
+        def _find_by_warp(self, mOffsets, rows, bidx):
             """What :meth:`_find_by_loop` finds, by every warp on its own: its lanes each take ``ceil(G / 32)``
             consecutive groups, one round of loads, then a prefix maximum (the row bounds) and a prefix sum (the
             tile counts) over the lanes by shuffles, and the one lane whose groups hold tile ``bidx`` hands its values
             to the others."""
-            bidx, _, _ = cute.arch.block_idx()
             lane = cute.arch.lane_idx()
             per = self.per_lane
             base = cutlass.max(cutlass.Int32(mOffsets[0]), 0)
@@ -225,18 +238,111 @@ def _build():
         def kernel(self, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom, tX: cute.Tensor,
                    mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor, sw_layout: cute.Layout,
                    sx_layout: cute.ComposedLayout):
-            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            group, tok_row0, tokens, n0 = self._schedule(mOffsets, cute.size(mC, mode=[0]))
+            self._fused = None
+            bidx, _, _ = cute.arch.block_idx()
+            group, tok_row0, tokens, n0 = self._schedule(mOffsets, cute.size(mC, mode=[0]), bidx)
             if tokens > 0:
-                if warp_idx == 0:
-                    cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
-                    cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
                 storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-                variant = (tokens + self.step - 1) // self.step - 1
-                for v in cutlass.range_constexpr(len(self.variants)):
-                    if variant == v:
-                        self._tile(self.variants[v], storage, tma_w, tW, tma_x, tX, mC, (mGsA, mGsB, group),
-                                   tok_row0, tokens, n0, sw_layout, sx_layout)
+                self._run_tile(storage, tma_w, tW, tma_x, tX, mC, mGsA, mGsB, group, tok_row0, tokens, n0,
+                               sw_layout, sx_layout)
+
+        @cute.jit
+        def _run_tile(self, storage, tma_w, tW, tma_x, tX, mC, mGsA, mGsB, group, tok_row0, tokens, n0, sw_layout,
+                      sx_layout):
+            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            if warp_idx == 0:
+                cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
+                cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
+            variant = (tokens + self.step - 1) // self.step - 1
+            for v in cutlass.range_constexpr(len(self.variants)):
+                if variant == v:
+                    self._tile(self.variants[v], storage, tma_w, tW, tma_x, tX, mC, (mGsA, mGsB, group),
+                               tok_row0, tokens, n0, sw_layout, sx_layout)
+
+        # -- the fused call: the prologue's work done by the GEMM's first CTAs (FUSED_PROLOGUE) ---------------------
+        @cute.jit
+        def call_fused(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor,
+                       mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
+                       mCount: cute.Tensor, stream):
+            sx_layout, sw_layout, tma_w, tW, tma_x, tX = self._operands(mW, mX)
+            rows = cute.size(mC, mode=[0])
+            tiles_max = cutlass.min(rows, (rows + self.groups * (self.bt - 1)) // self.bt) * self.n_blocks
+            self.kernel_fused(tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, sw_layout, sx_layout, mCodes, mScales,
+                              mX, mCount, cutlass.min(tiles_max, PROLOGUE_CTAS)).launch(
+                grid=(tiles_max, 1, 1), block=(self.threads, 1, 1), stream=stream)
+
+        @cute.kernel
+        def kernel_fused(self, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom, tX: cute.Tensor,
+                         mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
+                         sw_layout: cute.Layout, sx_layout: cute.ComposedLayout, mCodes: cute.Tensor,
+                         mScales: cute.Tensor, mX: cute.Tensor, mCount: cute.Tensor, n_pro: cutlass.Int32):
+            """:meth:`kernel` with the prologue inside. A CTA's tile is its ticket (the order in which CTAs started,
+            from ``mCount[0]``), not its block index; tickets below ``n_pro`` also decode a strided slice of the
+            activations into ``mX`` and count it done (``mCount[1]``). A CTA loads activations only once all
+            ``n_pro`` slices are done: every slice belongs to a CTA that started before it and waits for nothing, so
+            the wait always ends. The grid's last CTA to leave (``mCount[2]``) sets the counters back to zero."""
+            tidx, _, _ = cute.arch.thread_idx()
+            count = mCount.iterator.toint()
+            storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+            slot = storage.ticket.data_ptr().toint()
+            if tidx == 0:
+                o.take_ticket(count, slot)
+            cute.arch.sync_threads()
+            ticket = o.load_shared_u32(slot)
+            self._fused = (ticket, n_pro, mCodes, mScales, mX, count)
+            group, tok_row0, tokens, n0 = self._schedule(mOffsets, cute.size(mC, mode=[0]), ticket)
+            if tokens > 0:
+                self._run_tile(storage, tma_w, tW, tma_x, tX, mC, mGsA, mGsB, group, tok_row0, tokens, n0,
+                               sw_layout, sx_layout)
+            else:
+                self._prologue_slice()
+            cute.arch.sync_threads()
+            if tidx == 0:
+                o.leave_grid(count, cute.arch.grid_dim()[0])
+
+        @cute.jit
+        def _prologue_slice(self):
+            """Tickets below ``n_pro``: chunks ``ticket·threads + tid``, strided by ``n_pro·threads``, decoded into
+            ``mX``; then (all of this CTA's threads done) one release of the done counter."""
+            ticket, n_pro, mCodes, mScales, mX, count = self._fused
+            if ticket < n_pro:
+                tidx, _, _ = cute.arch.thread_idx()
+                per_row = cute.size(mX, mode=[1]) // 16
+                chunks = cute.size(mScales, mode=[1])
+                work = cute.size(mCodes, mode=[0]) * per_row
+                stride = n_pro * self.threads
+                for i0 in cutlass.range(ticket * self.threads + tidx, work, SLICE_BATCH * stride, unroll=1):
+                    loaded = []  # a batch's loads first, then its stores: SLICE_BATCH loads in flight per thread
+                    for j in cutlass.range_constexpr(SLICE_BATCH):
+                        i = i0 + j * stride
+                        r = i // per_row
+                        c = i - r * per_row
+                        words = o.load_act16((mCodes.iterator + r * mCodes.stride[0] + 8 * c).toint(),
+                                             (mScales.iterator + r * mScales.stride[0] + c).toint(),
+                                             cutlass.Int32((c < chunks) & (i < work)))  # zeros past the codes
+                        loaded.append((i, (mX.iterator + r * mX.stride[0] + 16 * c).toint(), words))
+                    for i, dst, words in loaded:
+                        if i < work:
+                            o.store_act16_global(words, dst)
+                o.fence_async_global()
+                cute.arch.sync_threads()
+                if tidx == 0:
+                    o.release_add(count + 4)
+
+        @cute.jit
+        def _await_x(self):
+            """The plain GEMM waits for the prologue kernel (programmatic dependent launch); the fused one does its
+            slice, then warp 0 (which loads the activations) waits until every slice is done."""
+            if cutlass.const_expr(self._fused is None):
+                cute.arch.griddepcontrol_wait()
+            else:
+                self._prologue_slice()
+                n_pro, count = self._fused[1], self._fused[5]
+                if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+                    done = o.load_acquire(count + 4)
+                    while done < n_pro:
+                        done = o.load_acquire(count + 4)
+                    o.fence_async_global()
 
         @cute.jit
         def _tile(self, nv: int, storage, tma_w, tW, tma_x, tX, mC, scales, tok_row0, tokens, n0, sw_layout, sx_layout):
@@ -282,13 +388,18 @@ def _build():
         Predicted -6 to -12 us of host time per call; measured -0.3 to -0.9 us (H100 host profile, 2026-11-26):
         the entry is cheap, each kernel launch inside it costs ~4 us."""
 
-        def __init__(self, gemm: GroupedVarlenGemmSm90):
+        def __init__(self, gemm: GroupedVarlenGemmSm90, fused: bool | None = None):
             self.prologue, self.gemm = ActivationDecodeSm90(), gemm
+            self.fused = FUSED_PROLOGUE if fused is None else fused
 
         @cute.jit
         def __call__(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor,
-                     mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor, stream):
-            self.prologue(mCodes, mScales, mX, stream)
-            self.gemm(mW, mX, mC, mOffsets, mGsA, mGsB, stream)
+                     mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
+                     mCount: cute.Tensor, stream):
+            if cutlass.const_expr(self.fused):
+                self.gemm.call_fused(mCodes, mScales, mX, mW, mC, mOffsets, mGsA, mGsB, mCount, stream)
+            else:
+                self.prologue(mCodes, mScales, mX, stream)
+                self.gemm(mW, mX, mC, mOffsets, mGsA, mGsB, stream)
 
     return ActivationDecodeSm90, GroupedVarlenGemmSm90, DecodeThenGemmSm90

@@ -114,7 +114,7 @@ class _Lane:
     def __init__(self, shot: "OneShot", plan: Plan, buf: _Buffers, swz: tuple[bool, bool]):
         self.shot, self.plan, self.buf, self.swz = shot, plan, buf, swz
         self.small, self.views = buf.scratch(plan)
-        self.x16 = shot.x16(plan.rows)
+        self.x16, self.count = shot.x16(plan.rows)
         self.on_host = plan.grid <= TABLE_ON_HOST_PROGRAMS
         self.launch = None  # the prepared gather launch (its parameter 2: the table's address)
 
@@ -136,7 +136,7 @@ class _Lane:
         out = torch.empty((plan.rows, shot.n), dtype=shot.out_dtype, device=shot.device)
         if plan.rows:
             a_codes, a_scales, offsets, gs_a, gs_b = self.views
-            shot._call(a_codes, a_scales, self.x16, buf.weights, out, offsets, gs_a, gs_b)
+            shot._call(a_codes, a_scales, self.x16, buf.weights, out, offsets, gs_a, gs_b, self.count)
         return out
 
 

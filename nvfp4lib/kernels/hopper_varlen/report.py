@@ -48,11 +48,14 @@ def gemm_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype
 
 
 def call_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype: str = "Float16"):
-    """The fused call's arguments (:class:`~.kernel.DecodeThenGemmSm90`): codes, scales, x16 (one tensor, written by
-    the prologue and read by the GEMM), weights, C, offsets, gs_a, gs_b, stream."""
+    """The call's arguments (:class:`~.kernel.DecodeThenGemmSm90`): codes, scales, x16 (one tensor, written by the
+    prologue and read by the GEMM), weights, C, offsets, gs_a, gs_b, the fused call's counters (int32 [4], zeros
+    between calls; :class:`~.runner.Scratch`), stream."""
+    import cutlass
+
     codes, scales, x16, _ = prologue_arguments()
     w, _, c, offsets, gs_a, gs_b, stream = gemm_arguments(cfg, groups, n, k_pad, out_dtype)
-    return codes, scales, x16, w, c, offsets, gs_a, gs_b, stream
+    return codes, scales, x16, w, c, offsets, gs_a, gs_b, _fake(cutlass.Int32, (4,), 16), stream
 
 
 def compile_report(cfg: VarlenConfig, groups: int = 8, n: int = 4096, k_pad: int = 7168,

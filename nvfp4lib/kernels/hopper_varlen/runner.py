@@ -44,9 +44,14 @@ def compile_gemm(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
 
 def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str):
     """The prologue and the GEMM of an NVFP4-activation call as one host function
-    (``fn(codes, scales, x16, weights, C, offsets, gs_a, gs_b)``), compiled once per shape."""
+    (``fn(codes, scales, x16, weights, C, offsets, gs_a, gs_b, counters)``; one kernel, or two with
+    :data:`.kernel.FUSED_PROLOGUE` off), compiled once per shape."""
+    from . import kernel
+
     _, gemm_cls, call_cls = kernel_classes()
-    return _compile(("call", cfg, groups, n, k_pad, out_name), lambda: call_cls(gemm_cls(cfg, groups, n, k_pad)),
+    fused = kernel.FUSED_PROLOGUE
+    return _compile(("call", cfg, groups, n, k_pad, out_name, fused),
+                    lambda: call_cls(gemm_cls(cfg, groups, n, k_pad), fused),
                     lambda: call_arguments(cfg, groups, n, k_pad, out_name))
 
 
@@ -92,27 +97,32 @@ def device_index(device) -> int:
 
 
 class Scratch:
-    """The fp16 activation buffer ``[R >= rows, K_pad]`` of the current CUDA stream: one buffer per stream, reused by
-    every call on it (an allocation costs as much host time as a launch), doubled when a call has more rows. Calls on
-    one stream are ordered, so reuse is safe; calls on two streams at once (one set of prepared weights serving two
-    streams) each get their own. Outgrown buffers are kept for the owner's lifetime (a CUDA graph may have captured
-    one; doubling bounds them to the size of the largest)."""
+    """What a call's kernels share on the current CUDA stream: the fp16 activation buffer ``[R >= rows, K_pad]`` and the
+    fused call's counters (int32 [4], zeros between calls: :meth:`.kernel.GroupedVarlenGemmSm90.kernel_fused`). One
+    pair per stream, reused by every call on it (an allocation costs as much host time as a launch), the buffer doubled
+    when a call has more rows. Calls on one stream are ordered, so reuse is safe; calls on two streams at once (one set
+    of prepared weights serving two streams) each get their own. Outgrown buffers are kept for the owner's lifetime (a
+    CUDA graph may have captured one; doubling bounds them to the size of the largest)."""
 
     def __init__(self, k_pad: int, device):
         self.k_pad, self.device = k_pad, device
         self._index = device_index(device)
-        self._x: dict = {}  # CUDA stream handle -> buffer
+        self._x: dict = {}  # CUDA stream handle -> (buffer, counters)
         self._old: list[torch.Tensor] = []
 
-    def __call__(self, rows: int) -> torch.Tensor:
+    def __call__(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x16, counters) for a call of ``rows`` rows on the current stream."""
         stream = torch._C._cuda_getCurrentRawStream(self._index)
-        x = self._x.get(stream)
-        if x is None or x.shape[0] < rows:
-            if x is not None:
-                self._old.append(x)
-            size = max(rows, 128 if x is None else 2 * x.shape[0])
-            x = self._x[stream] = torch.empty((size, self.k_pad), dtype=torch.float16, device=self.device)
-        return x
+        pair = self._x.get(stream)
+        if pair is None or pair[0].shape[0] < rows:
+            if pair is None:
+                size, count = 128, torch.zeros(4, dtype=torch.int32, device=self.device)
+            else:
+                self._old.append(pair[0])
+                size, count = 2 * pair[0].shape[0], pair[1]
+            pair = self._x[stream] = (torch.empty((max(rows, size), self.k_pad), dtype=torch.float16,
+                                                  device=self.device), count)
+        return pair
 
 
 def stack_uniform(w: list[NVFP4Tensor], n_pad: int, k_pad: int):
@@ -179,5 +189,6 @@ class VarlenRunner:
             out = torch.empty((rows, w.n), dtype=self.out_dtype, device=w.device)
         if rows == 0:
             return out
-        self._call(codes, scales, w.x16(rows), w.packed, out, offsets, gs_a, w.gs_b)
+        x16, count = w.x16(rows)
+        self._call(codes, scales, x16, w.packed, out, offsets, gs_a, w.gs_b, count)
         return out
