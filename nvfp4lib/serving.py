@@ -438,7 +438,9 @@ class _CuteHopperImpl:
             if self.tune and not self.fixed and m_bucket(rows, self.weights.groups) not in self._choice:
                 if not torch.cuda.is_current_stream_capturing():
                     self._tune(run, rows)
-            self._last = (rows, self.runner(self.config_for(rows)))
+            run = self.runner(self.config_for(rows))
+            run.check_rows(rows)
+            self._last = (rows, run)
         return self._last[1]
 
     def __call__(self, codes, scales, gs_a, offsets, out=None):

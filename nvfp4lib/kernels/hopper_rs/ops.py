@@ -255,14 +255,21 @@ def _build() -> SimpleNamespace:
     def zero32(dst, *, loc=None, ip=None):
         _asm(ZERO32_PTX, 0, _i64((dst, dst + 16), loc, ip), "l,l", True)
 
-    # the fused prologue's counters (hopper_varlen, :data:`COUNTERS`): u32 words in global memory
+    # the fused prologue's counters (hopper_varlen kernel_fused): u32 words in global memory at ``count``: word 0 the
+    # call's epoch (bits 20..31) and tickets taken (bits 0..19), words 1 and 2 the done slices of even and odd epochs
     @dsl_user_op
-    def take_ticket(count, slot, *, loc=None, ip=None):
-        """The next ticket of the counter at global ``count`` (atomic add of 1, the old value), stored to the shared
-        word ``slot`` for the CTA."""
-        _asm("{\n.reg .u32 v;\natom.relaxed.gpu.global.add.u32 v, [$0], 1;\nst.shared.u32 [$1], v;\n}", 0,
-             [cutlass.Int64(count).ir_value(loc=loc, ip=ip), cutlass.Int32(slot).ir_value(loc=loc, ip=ip)], "l,r",
-             True)
+    def take_ticket(count, slot, grid, *, loc=None, ip=None):
+        """Take the next ticket of word 0 at global ``count`` (the old word: epoch and ticket) and store it to the
+        shared word ``slot``. The grid's last ticket moves word 0 to the next epoch with no tickets taken and zeroes
+        the next epoch's done word (the previous call's, which no CTA of this call reads)."""
+        _asm("{\n.reg .u32 v, t, z;\n.reg .u64 a;\n.reg .pred p;\n"
+             "atom.relaxed.gpu.global.add.u32 v, [$0], 1;\nst.shared.u32 [$1], v;\n"
+             "and.b32 t, v, 0xFFFFF;\nsetp.eq.u32 p, t, $2;\n@p red.relaxed.gpu.global.add.u32 [$0], $3;\n"
+             "shr.u32 t, v, 20;\nand.b32 t, t, 1;\nxor.b32 t, t, 1;\nmul.wide.u32 a, t, 4;\nadd.u64 a, a, $0;\n"
+             "mov.u32 z, 0;\n@p st.relaxed.gpu.global.u32 [a+4], z;\n}", 0,
+             [cutlass.Int64(count).ir_value(loc=loc, ip=ip), cutlass.Int32(slot).ir_value(loc=loc, ip=ip),
+              cutlass.Int32(grid - 1).ir_value(loc=loc, ip=ip),
+              cutlass.Int32((1 << 20) - grid).ir_value(loc=loc, ip=ip)], "l,r,r,r", True)
 
     @dsl_user_op
     def load_shared_u32(addr, *, loc=None, ip=None):
@@ -284,16 +291,6 @@ def _build() -> SimpleNamespace:
     def load_acquire(addr, *, loc=None, ip=None):
         return cutlass.Int32(_asm("ld.acquire.gpu.global.u32 $0, [$1];", 1, _i64((addr,), loc, ip), "=r,l", True)[0])
 
-    @dsl_user_op
-    def leave_grid(count, grid, *, loc=None, ip=None):
-        """Count this CTA out (the u32 at ``count + 8``); the grid's last CTA sets the three counters at ``count`` back
-        to zero for the next launch on the stream."""
-        _asm("{\n.reg .u32 o, z;\n.reg .pred p;\nmov.u32 z, 0;\natom.acq_rel.gpu.global.add.u32 o, [$0+8], 1;\n"
-             "setp.eq.u32 p, o, $1;\n@p st.relaxed.gpu.global.v2.u32 [$0], {z, z};\n"
-             "@p st.relaxed.gpu.global.u32 [$0+8], z;\n}", 0,
-             [cutlass.Int64(count).ir_value(loc=loc, ip=ip), cutlass.Int32(grid - 1).ir_value(loc=loc, ip=ip)],
-             "l,r", True)
-
     return SimpleNamespace(
         zero32=zero32, _asm=_asm, load_unit=load_unit, decode_unit=decode_unit, copy16=copy16,
         cp_async8=cp_async8,
@@ -301,4 +298,4 @@ def _build() -> SimpleNamespace:
         _i64=_i64, decode_act16=decode_act16, load_row=load_row, alpha_row=alpha_row, load_act16=load_act16,
         store_act16=store_act16, load_f32=load_f32, decode_unit_a16=decode_unit_a16, take_ticket=take_ticket,
         load_shared_u32=load_shared_u32, fence_async_global=fence_async_global, release_add=release_add,
-        load_acquire=load_acquire, leave_grid=leave_grid, store_act16_global=store_act16_global)
+        load_acquire=load_acquire, store_act16_global=store_act16_global)

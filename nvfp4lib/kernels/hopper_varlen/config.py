@@ -167,3 +167,14 @@ def max_token_tiles(rows: int, groups: int, tile_n: int) -> int:
     """The most token tiles any split of ``rows`` rows over ``groups`` groups can need (each non-empty group of m
     rows needs ceil(m / tile_n)): the grid is sized for it, CTAs past the split's tiles exit at once."""
     return min(rows, (rows + groups * (tile_n - 1)) // tile_n)
+
+
+MAX_FUSED_CTAS = (1 << 20) - 1  # CTAs of one fused call (:meth:`.kernel.GroupedVarlenGemmSm90.kernel_fused`: its ticket field)
+
+
+def check_grid(cfg: VarlenConfig, rows: int, groups: int, n: int) -> None:
+    """Raise ValueError where a call of ``rows`` rows would launch more CTAs than the fused call counts."""
+    ctas = max_token_tiles(rows, groups, cfg.tile_n) * -(-n // cfg.tile_m)
+    if ctas > MAX_FUSED_CTAS:
+        raise ValueError(f"{rows} rows over {groups} groups need up to {ctas} CTAs of config {cfg.name}; one call "
+                         f"launches at most {MAX_FUSED_CTAS}: split the rows over several calls")

@@ -47,7 +47,7 @@ FUSED_PROLOGUE = False
 # CTAs of the fused call that decode a slice of the activations: one per SM of an H100 SXM (fewer SMs only delays
 # the last slices' CTAs; the wait stays safe)
 PROLOGUE_CTAS = 132
-SLICE_BATCH = 4  # 16-code chunks a thread of a slice loads before it stores them
+SLICE_BATCH = 8  # 16-code chunks a thread of a slice loads before it stores them
 
 
 def kernel_classes():
@@ -276,35 +276,42 @@ def _build():
                          mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
                          sw_layout: cute.Layout, sx_layout: cute.ComposedLayout, mCodes: cute.Tensor,
                          mScales: cute.Tensor, mX: cute.Tensor, mCount: cute.Tensor, n_pro: cutlass.Int32):
-            """:meth:`kernel` with the prologue inside. A CTA's tile is its ticket (the order in which CTAs started,
-            from ``mCount[0]``), not its block index; tickets below ``n_pro`` also decode a strided slice of the
-            activations into ``mX`` and count it done (``mCount[1]``). A CTA loads activations only once all
-            ``n_pro`` slices are done: every slice belongs to a CTA that started before it and waits for nothing, so
-            the wait always ends. The grid's last CTA to leave (``mCount[2]``) sets the counters back to zero."""
+            """:meth:`kernel` with the prologue inside. Each CTA takes a ticket (the order in which CTAs started:
+            ``mCount[0]``, :func:`~..hopper_rs.ops` ``take_ticket``); tickets below ``n_pro`` decode a strided slice
+            of the activations into ``mX`` and count it done (the epoch's done word). A CTA loads activations only once
+            all ``n_pro`` slices are done: every slice belongs to a CTA that started before it and waits for nothing
+            first, so the wait always ends. The tile is still the block index: the first weight loads go out before
+            the ticket is read. The grid's last ticket prepares the counters for the next call on the stream (the
+            next epoch), so no CTA counts itself out at the end."""
             tidx, _, _ = cute.arch.thread_idx()
             count = mCount.iterator.toint()
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
             slot = storage.ticket.data_ptr().toint()
             if tidx == 0:
-                o.take_ticket(count, slot)
-            cute.arch.sync_threads()
-            ticket = o.load_shared_u32(slot)
-            self._fused = (ticket, n_pro, mCodes, mScales, mX, count)
-            group, tok_row0, tokens, n0 = self._schedule(mOffsets, cute.size(mC, mode=[0]), ticket)
+                o.take_ticket(count, slot, cute.arch.grid_dim()[0])
+            self._fused = (slot, n_pro, mCodes, mScales, mX, count)
+            bidx, _, _ = cute.arch.block_idx()
+            group, tok_row0, tokens, n0 = self._schedule(mOffsets, cute.size(mC, mode=[0]), bidx)
             if tokens > 0:
                 self._run_tile(storage, tma_w, tW, tma_x, tX, mC, mGsA, mGsB, group, tok_row0, tokens, n0,
-                               sw_layout, sx_layout)
+                               sw_layout, sx_layout)  # (its pipeline set-up syncs the CTA before the ticket is read)
             else:
+                cute.arch.sync_threads()
                 self._prologue_slice()
-            cute.arch.sync_threads()
-            if tidx == 0:
-                o.leave_grid(count, cute.arch.grid_dim()[0])
+
+        @cute.jit
+        def _ticket(self):
+            """(this CTA's ticket, the address of its epoch's done word), once the CTA has synced after the take."""
+            slot, count = self._fused[0], self._fused[5]
+            word = o.load_shared_u32(slot)
+            return word & 0xFFFFF, count + 4 + 4 * cutlass.Int64((word >> 20) & 1)
 
         @cute.jit
         def _prologue_slice(self):
             """Tickets below ``n_pro``: chunks ``ticket·threads + tid``, strided by ``n_pro·threads``, decoded into
-            ``mX``; then (all of this CTA's threads done) one release of the done counter."""
-            ticket, n_pro, mCodes, mScales, mX, count = self._fused
+            ``mX``; then (all of this CTA's threads done) one release of the epoch's done word."""
+            _, n_pro, mCodes, mScales, mX, _ = self._fused
+            ticket, done = self._ticket()
             if ticket < n_pro:
                 tidx, _, _ = cute.arch.thread_idx()
                 per_row = cute.size(mX, mode=[1]) // 16
@@ -327,7 +334,7 @@ def _build():
                 o.fence_async_global()
                 cute.arch.sync_threads()
                 if tidx == 0:
-                    o.release_add(count + 4)
+                    o.release_add(done)
 
         @cute.jit
         def _await_x(self):
@@ -337,11 +344,11 @@ def _build():
                 cute.arch.griddepcontrol_wait()
             else:
                 self._prologue_slice()
-                n_pro, count = self._fused[1], self._fused[5]
                 if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
-                    done = o.load_acquire(count + 4)
-                    while done < n_pro:
-                        done = o.load_acquire(count + 4)
+                    _, done = self._ticket()
+                    n = o.load_acquire(done)
+                    while n < self._fused[1]:
+                        n = o.load_acquire(done)
                     o.fence_async_global()
 
         @cute.jit

@@ -26,7 +26,7 @@ import torch
 
 from ..common import driver
 from ..common.triton_launch import plain
-from .config import NWG, ROW_BYTES, VarlenConfig
+from .config import NWG, ROW_BYTES, VarlenConfig, check_grid
 from .gather import F, Plan, bind_plan, launch_plan, views
 from .runner import OUT_DTYPES, POST_SCALE, Scratch, compile_call, device_index, require_hopper
 
@@ -184,6 +184,7 @@ class OneShot:
     def _lane(self, rows: int, stream: int, swz_a: bool, swz_b: bool) -> _Lane:
         plan = self._plans.get(rows)
         if plan is None:
+            check_grid(self.cfg, rows, self.groups, self.n)
             if len(self._plans) > 256:
                 self._plans.clear()
             plan = self._plans[rows] = Plan(self.groups, self.n, self.k, self.n_pad, self.k_pad, NWG, self.blocks,

@@ -15,7 +15,7 @@ from ..common.packing import check_scales_finite
 from ..common.sm90 import POST_SCALE
 from ..common.sm90 import _require_hopper as require_hopper
 from ..hopper_rs.layout import prepack_weights
-from .config import NWG, ROW_BYTES, VarlenConfig, validate
+from .config import NWG, ROW_BYTES, VarlenConfig, check_grid, validate
 from .gather import group_table, launch
 from .kernel import kernel_classes
 from .report import TVM_FFI, call_arguments, gemm_arguments
@@ -162,6 +162,10 @@ class VarlenRunner:
             self._gs_unread = w.gs_b.view(-1)  # the kernel's gs_a argument, not read for bf16 activations
         else:  # the prologue and the GEMM, from one host function
             self._gemm, self._call = None, compile_call(cfg, g, n, kp, out_name)
+
+    def check_rows(self, rows: int) -> None:
+        """Raise ValueError where ``rows`` rows need more CTAs than one call launches (:func:`.config.check_grid`)."""
+        check_grid(self.cfg, rows, self.w.groups, self.w.n)
 
     def call_a16(self, x: torch.Tensor, offsets: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """``x`` bf16 [T, K] (contiguous, 16-byte aligned), ``offsets`` int32 [G+1], ``out`` [T, N] or None; all on
