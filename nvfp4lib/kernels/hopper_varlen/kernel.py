@@ -276,75 +276,80 @@ def _build():
                          mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
                          sw_layout: cute.Layout, sx_layout: cute.ComposedLayout, mCodes: cute.Tensor,
                          mScales: cute.Tensor, mX: cute.Tensor, mCount: cute.Tensor, n_pro: cutlass.Int32):
-            """:meth:`kernel` with the prologue inside. Each CTA takes a ticket (the order in which CTAs started:
-            ``mCount[0]``, :func:`~..hopper_rs.ops` ``take_ticket``); tickets below ``n_pro`` decode a strided slice
-            of the activations into ``mX`` and count it done (the epoch's done word). A CTA loads activations only once
-            all ``n_pro`` slices are done: every slice belongs to a CTA that started before it and waits for nothing
-            first, so the wait always ends. The tile is still the block index: the first weight loads go out before
-            the ticket is read. The grid's last ticket prepares the counters for the next call on the stream (the
-            next epoch), so no CTA counts itself out at the end."""
-            tidx, _, _ = cute.arch.thread_idx()
-            count = mCount.iterator.toint()
+            """:meth:`kernel` with the prologue inside (:meth:`_prologue_slice`, :meth:`_await_x`). The tile is the
+            block index, as in :meth:`kernel`; warps 1.. of each CTA take a ticket (the order in which CTAs started);
+            tickets below ``n_pro`` decode a strided slice of the activations into ``mX`` and count it done. Warp 0
+            loads the activations once all ``n_pro`` slices are done: every slice belongs to a CTA that started
+            before and whose slice waits for nothing, so the wait always ends. The grid's last ticket prepares the
+            counters for the next call on the stream (the next epoch), so no CTA counts itself out at the end."""
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-            slot = storage.ticket.data_ptr().toint()
-            if tidx == 0:
-                o.take_ticket(count, slot, cute.arch.grid_dim()[0])
-            self._fused = (slot, n_pro, mCodes, mScales, mX, count)
+            self._fused = (storage.ticket.data_ptr().toint(), n_pro, mCodes, mScales, mX, mCount.iterator.toint())
             bidx, _, _ = cute.arch.block_idx()
             group, tok_row0, tokens, n0 = self._schedule(mOffsets, cute.size(mC, mode=[0]), bidx)
             if tokens > 0:
                 self._run_tile(storage, tma_w, tW, tma_x, tX, mC, mGsA, mGsB, group, tok_row0, tokens, n0,
-                               sw_layout, sx_layout)  # (its pipeline set-up syncs the CTA before the ticket is read)
+                               sw_layout, sx_layout)
             else:
-                cute.arch.sync_threads()
-                self._prologue_slice()
+                self._prologue_slice(False)
 
         @cute.jit
         def _ticket(self):
-            """(this CTA's ticket, the address of its epoch's done word), once the CTA has synced after the take."""
+            """(this CTA's ticket, the address of its epoch's done word), after the ticket's barrier."""
             slot, count = self._fused[0], self._fused[5]
             word = o.load_shared_u32(slot)
             return word & 0xFFFFF, count + 4 + 4 * cutlass.Int64((word >> 20) & 1)
 
         @cute.jit
-        def _prologue_slice(self):
-            """Tickets below ``n_pro``: chunks ``ticket·threads + tid``, strided by ``n_pro·threads``, decoded into
-            ``mX``; then (all of this CTA's threads done) one release of the epoch's done word."""
-            _, n_pro, mCodes, mScales, mX, _ = self._fused
-            ticket, done = self._ticket()
-            if ticket < n_pro:
-                tidx, _, _ = cute.arch.thread_idx()
-                per_row = cute.size(mX, mode=[1]) // 16
-                chunks = cute.size(mScales, mode=[1])
-                work = cute.size(mCodes, mode=[0]) * per_row
-                stride = n_pro * self.threads
-                for i0 in cutlass.range(ticket * self.threads + tidx, work, SLICE_BATCH * stride, unroll=1):
-                    loaded = []  # a batch's loads first, then its stores: SLICE_BATCH loads in flight per thread
-                    for j in cutlass.range_constexpr(SLICE_BATCH):
-                        i = i0 + j * stride
-                        r = i // per_row
-                        c = i - r * per_row
-                        words = o.load_act16((mCodes.iterator + r * mCodes.stride[0] + 8 * c).toint(),
-                                             (mScales.iterator + r * mScales.stride[0] + c).toint(),
-                                             cutlass.Int32((c < chunks) & (i < work)))  # zeros past the codes
-                        loaded.append((i, (mX.iterator + r * mX.stride[0] + 16 * c).toint(), words))
-                    for i, dst, words in loaded:
-                        if i < work:
-                            o.store_act16_global(words, dst)
-                o.fence_async_global()
-                cute.arch.sync_threads()
-                if tidx == 0:
-                    o.release_add(done)
+        def _prologue_slice(self, tell_warp0: cutlass.Constexpr):
+            """Warps 1..: thread 32 takes the CTA's ticket (``tell_warp0``: warp 1 then arrives at barrier 3, where
+            warp 0 waits for it, :meth:`_await_x`); tickets below
+            ``n_pro`` decode chunks ``ticket·S + t`` strided by ``n_pro·S`` (S = the slice threads) into ``mX``, then
+            one release of the epoch's done word once all of them are done."""
+            _, n_pro, mCodes, mScales, mX, count = self._fused
+            tidx, _, _ = cute.arch.thread_idx()
+            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) > 0:
+                nt = self.threads - 32
+                if tidx == 32:
+                    o.take_ticket(count, self._fused[0], cute.arch.grid_dim()[0])
+                cute.arch.barrier(barrier_id=2, number_of_threads=nt)
+                if cutlass.const_expr(tell_warp0):
+                    if tidx < 64:
+                        cute.arch.barrier_arrive(barrier_id=3, number_of_threads=64)
+                ticket, done = self._ticket()
+                if ticket < n_pro:
+                    per_row = cute.size(mX, mode=[1]) // 16
+                    chunks = cute.size(mScales, mode=[1])
+                    work = cute.size(mCodes, mode=[0]) * per_row
+                    stride = n_pro * nt
+                    for i0 in cutlass.range(ticket * nt + tidx - 32, work, SLICE_BATCH * stride, unroll=1):
+                        loaded = []  # a batch's loads first, then its stores: SLICE_BATCH loads in flight
+                        for j in cutlass.range_constexpr(SLICE_BATCH):
+                            i = i0 + j * stride
+                            r = i // per_row
+                            c = i - r * per_row
+                            words = o.load_act16((mCodes.iterator + r * mCodes.stride[0] + 8 * c).toint(),
+                                                 (mScales.iterator + r * mScales.stride[0] + c).toint(),
+                                                 cutlass.Int32((c < chunks) & (i < work)))  # zeros past the codes
+                            loaded.append((i, (mX.iterator + r * mX.stride[0] + 16 * c).toint(), words))
+                        for i, dst, words in loaded:
+                            if i < work:
+                                o.store_act16_global(words, dst)
+                    o.fence_async_global()
+                    cute.arch.barrier(barrier_id=2, number_of_threads=nt)
+                    if tidx == 32:
+                        o.release_add(done)
 
         @cute.jit
         def _await_x(self):
-            """The plain GEMM waits for the prologue kernel (programmatic dependent launch); the fused one does its
-            slice, then warp 0 (which loads the activations) waits until every slice is done."""
+            """The plain GEMM waits for the prologue kernel (programmatic dependent launch). In the fused one warps
+            1.. do their slice (:meth:`_prologue_slice`) and warp 0, which loads the activations, waits for the
+            CTA's ticket (barrier 3), then until every slice of its epoch is done."""
             if cutlass.const_expr(self._fused is None):
                 cute.arch.griddepcontrol_wait()
             else:
-                self._prologue_slice()
+                self._prologue_slice(True)
                 if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+                    cute.arch.barrier(barrier_id=3, number_of_threads=64)
                     _, done = self._ticket()
                     n = o.load_acquire(done)
                     while n < self._fused[1]:
