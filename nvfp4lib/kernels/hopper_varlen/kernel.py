@@ -47,6 +47,9 @@ FUSED_PROLOGUE = False
 # CTAs of the fused call that decode a slice of the activations: one per SM of an H100 SXM (fewer SMs only delays
 # the last slices' CTAs; the wait stays safe)
 PROLOGUE_CTAS = 132
+# where a fused CTA decodes its slice: before its tile's pipeline set-up (True), or in the mainloop after the first
+# weight loads are issued (False: inlined into every tile-width variant)
+SLICE_FIRST = True
 SLICE_BATCH = 8  # 16-code chunks a thread of a slice loads before it stores them
 
 
@@ -253,6 +256,8 @@ def _build():
             if warp_idx == 0:
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
+            if cutlass.const_expr(self._fused is not None and SLICE_FIRST):
+                self._prologue_slice(True)  # once, before the variants' mainloops (not inlined into each)
             variant = (tokens + self.step - 1) // self.step - 1
             for v in cutlass.range_constexpr(len(self.variants)):
                 if variant == v:
@@ -347,7 +352,8 @@ def _build():
             if cutlass.const_expr(self._fused is None):
                 cute.arch.griddepcontrol_wait()
             else:
-                self._prologue_slice(True)
+                if cutlass.const_expr(not SLICE_FIRST):
+                    self._prologue_slice(True)
                 if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
                     cute.arch.barrier(barrier_id=3, number_of_threads=64)
                     _, done = self._ticket()
