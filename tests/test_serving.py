@@ -128,9 +128,9 @@ def test_every_config_compiles_for_sm90a(name, monkeypatch):
 @pytest.mark.parametrize("fused", [True, False])
 def test_nvfp4_call_is_one_host_function(monkeypatch, fused):
     """What a runner launches for NVFP4 activations, from one TVM-FFI function (one host entry per call): by default
-    one kernel, the GEMM whose first CTAs decode the activations (tickets, a release per slice, an acquire spin before
-    the activation loads, the last ticket's move to the next epoch); with ``fused=False`` the prologue kernel and the GEMM (programmatic
-    dependent launch). The GEMM's wgmma are those of the GEMM compiled alone either way."""
+    the prologue kernel and the GEMM (programmatic dependent launch); with ``fused`` (FUSED_PROLOGUE) one kernel, the
+    GEMM whose first CTAs decode the activations (tickets, a release per slice, an acquire spin before the activation
+    loads, the last ticket's move to the next epoch). The GEMM's wgmma are those of the GEMM compiled alone."""
     pytest.importorskip("cutlass")
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     from nvfp4lib.kernels.common.compiling import compile_offline
@@ -146,8 +146,8 @@ def test_nvfp4_call_is_one_host_function(monkeypatch, fused):
     if fused:
         assert art.ptx.count(".entry") == 1 and "kernel_fused" in art.ptx
         assert "ActivationDecodeSm90" not in art.ptx and "griddepcontrol" not in art.ptx
-        for op in ("atom.relaxed.gpu.global.add.u32", "red.relaxed.gpu.global.add.u32", "red.release.gpu.global.add.u32",
-                   "ld.acquire.gpu.global.u32", "fence.proxy.async.global"):
+        for op in ("atom.relaxed.gpu.global.add.u32", "red.relaxed.gpu.global.add.u32",
+                   "red.release.gpu.global.add.u32", "ld.acquire.gpu.global.u32", "fence.proxy.async.global"):
             assert op in art.ptx, op
     else:
         assert art.ptx.count(".entry") == 2
@@ -233,3 +233,15 @@ def test_one_shot_table_takes_only_operands_it_can_read_in_place():
         assert group_table(x, w, w2) is None, name
     with pytest.raises(ValueError, match="K mismatch"):  # the checked path names it
         nvfp4lib.grouped_gemm(k_off, b, backend="cute-hopper")
+
+
+def test_check_grid_refuses_calls_past_the_ticket_field():
+    """A call whose worst split needs more CTAs than the fused kernel's ticket field counts gets a clear error before
+    any launch; the shapes of the study are far below it."""
+    from nvfp4lib.kernels.hopper_varlen.config import MAX_FUSED_CTAS, check_grid
+
+    cfg = CONFIGS["vl_m128_t16_k128_s8_e"]
+    check_grid(cfg, 4096, 8, 7168)
+    rows = (MAX_FUSED_CTAS // (7168 // cfg.tile_m) + 1) * cfg.tile_n
+    with pytest.raises(ValueError, match="split the rows"):
+        check_grid(cfg, rows, 8, 7168)

@@ -169,7 +169,7 @@ def max_token_tiles(rows: int, groups: int, tile_n: int) -> int:
     return min(rows, (rows + groups * (tile_n - 1)) // tile_n)
 
 
-MAX_FUSED_CTAS = (1 << 20) - 1  # CTAs of one fused call (:meth:`.kernel.GroupedVarlenGemmSm90.kernel_fused`: its ticket field)
+MAX_FUSED_CTAS = (1 << 20) - 1  # CTAs of one call (the fused kernel's ticket field: kernel_fused)
 
 
 def check_grid(cfg: VarlenConfig, rows: int, groups: int, n: int) -> None:

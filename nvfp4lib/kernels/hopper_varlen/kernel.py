@@ -41,15 +41,15 @@ _CLASSES = None
 # search was written for (256 groups on a DeepSeek-like layer)
 LOOP_GROUPS = 32
 # The NVFP4-activation call as one kernel: the GEMM's first CTAs do the prologue's work (:meth:`kernel_fused`) instead
-# of a prologue kernel before it. Prediction (2026-11-27, before the run): -4 to -6 us of host time per eager call (one
-# launch of ~5.6 us less, H100 host profile of the two-kernel call), GPU time within +-2 us.
+# of a prologue kernel before it. Prediction (2026-11-27, before the run): -4 to -6 us of host time per eager call
+# (one launch of ~5.6 us less, H100 host profile of the two-kernel call), GPU time within +-2 us. Outcome (H100, one
+# process, alternating rounds, development A/B): host -3 to -6 us per eager call (held); GPU +0.9 (S1), +2.6 (S2),
+# +1.4 us (S4) in graph replays (the slices delay the first weight loads, which the prologue kernel's PDL launch
+# overlapped). Off by default: it helps host-bound eager calls and costs every graph replay; exact and memcheck-clean.
 FUSED_PROLOGUE = False
 # CTAs of the fused call that decode a slice of the activations: one per SM of an H100 SXM (fewer SMs only delays
 # the last slices' CTAs; the wait stays safe)
 PROLOGUE_CTAS = 132
-# where a fused CTA decodes its slice: before its tile's pipeline set-up (True), or in the mainloop after the first
-# weight loads are issued (False: inlined into every tile-width variant)
-SLICE_FIRST = True
 SLICE_BATCH = 8  # 16-code chunks a thread of a slice loads before it stores them
 
 
@@ -256,8 +256,10 @@ def _build():
             if warp_idx == 0:
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
-            if cutlass.const_expr(self._fused is not None and SLICE_FIRST):
-                self._prologue_slice(True)  # once, before the variants' mainloops (not inlined into each)
+            if cutlass.const_expr(self._fused is not None):
+                # once, before the tile-width variants: inlined into each variant's mainloop (after its first weight
+                # loads) it ran S1 and S2 5-8 us slower (H100 graph replays, 2026-11-27), with the same registers
+                self._prologue_slice(True)
             variant = (tokens + self.step - 1) // self.step - 1
             for v in cutlass.range_constexpr(len(self.variants)):
                 if variant == v:
@@ -346,14 +348,12 @@ def _build():
 
         @cute.jit
         def _await_x(self):
-            """The plain GEMM waits for the prologue kernel (programmatic dependent launch). In the fused one warps
-            1.. do their slice (:meth:`_prologue_slice`) and warp 0, which loads the activations, waits for the
-            CTA's ticket (barrier 3), then until every slice of its epoch is done."""
+            """The plain GEMM waits for the prologue kernel (programmatic dependent launch). In the fused one (the
+            slices decoded in :meth:`_run_tile`) warp 0, which loads the activations, waits for the CTA's ticket
+            (barrier 3), then until every slice of its epoch is done."""
             if cutlass.const_expr(self._fused is None):
                 cute.arch.griddepcontrol_wait()
             else:
-                if cutlass.const_expr(not SLICE_FIRST):
-                    self._prologue_slice(True)
                 if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
                     cute.arch.barrier(barrier_id=3, number_of_threads=64)
                     _, done = self._ticket()

@@ -50,7 +50,7 @@ def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
 
     _, gemm_cls, call_cls = kernel_classes()
     fused = kernel.FUSED_PROLOGUE
-    return _compile(("call", cfg, groups, n, k_pad, out_name, fused, fused and kernel.SLICE_FIRST),
+    return _compile(("call", cfg, groups, n, k_pad, out_name, fused),
                     lambda: call_cls(gemm_cls(cfg, groups, n, k_pad), fused),
                     lambda: call_arguments(cfg, groups, n, k_pad, out_name))
 
