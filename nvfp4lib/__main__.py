@@ -79,6 +79,10 @@ def cmd_calls(args) -> int:
     from .calls import ROUNDS, bench_calls, median_round
 
     probs, rounds = _problems(args), ROUNDS if args.rounds is None else args.rounds
+    if args.fused_prologue is not None:
+        from .kernels.hopper_varlen import kernel
+
+        kernel.FUSED_PROLOGUE = args.fused_prologue == "on"
     rows = bench_calls(probs, calls=tuple(args.call or ("graph", "eager", "oneshot", "harness")), seed=args.seed,
                        mode=args.mode, iters=args.iters, rounds=rounds, progress=lambda r: print(
                            f"  round {r['round']} {r['problem']:<10} {r['call']:<8} {r['status'][:60]}", flush=True))
@@ -297,6 +301,8 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--rounds", type=int, help="sweeps over all problems and forms (default: calls.ROUNDS); each form "
                    "is judged by its median round")
+    p.add_argument("--fused-prologue", choices=["on", "off"], help="the NVFP4 call as one kernel or two (default: "
+                   "as shipped, kernels.hopper_varlen.kernel.FUSED_PROLOGUE); rows carry the setting")
     _add_record_args(p, CALLS, "calls")
     p.set_defaults(fn=cmd_calls)
 

@@ -166,6 +166,11 @@ def bench_calls(problems: list[GroupedProblem], *, backend: str = "cute-hopper",
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
+    knobs = {}
+    if backend == "cute-hopper":  # the kernel knobs a call form's times depend on (serving_report.CALL_KNOBS)
+        from .kernels.hopper_varlen import kernel
+
+        knobs["fused_prologue"] = int(kernel.FUSED_PROLOGUE)
     probe = host_probe()  # the host's state in this run: its speed decides the host-bound forms' verdicts
     setups = []
     for prob in problems:
@@ -176,7 +181,7 @@ def bench_calls(problems: list[GroupedProblem], *, backend: str = "cute-hopper",
                 "groups": prob.groups, "m": list(prob.m), "n": list(prob.n), "k": list(prob.k), "dual": prob.dual,
                 "flops": prob.flops(), "nvfp4_bytes": prob.nvfp4_bytes(), "backend": backend, "seed": seed,
                 "input_mode": mode, "floor_us": floor, "kernel_family": "hopper_varlen" if backend == "cute-hopper"
-                else backend, "rounds": rounds}
+                else backend, "rounds": rounds, **knobs}
         w = prepare_weights(inputs[0].b, inputs[0].b2, backend=backend)
         acts = [pack_rows(x.a) for x in inputs]  # the same weights with each set's activations
         ref_w = [reference_grouped_gemm(x.a, inputs[0].b, inputs[0].b2) for x in inputs]  # (set 0's weights)

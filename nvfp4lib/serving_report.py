@@ -41,7 +41,7 @@ def latest_calls(rows: pd.DataFrame, problems=None, backend: str = "cute-hopper"
     ``x_floor_datasheet``. Ordered by ``problems`` (all problems present, if None), then by call form."""
     if rows is None or not len(rows):
         return pd.DataFrame()
-    mine = rows[rows["backend"] == backend]
+    mine = shipped_calls(rows[rows["backend"] == backend])
     if problems is not None:
         mine = mine[mine["problem"].isin(_names(problems))]
     sel = mine[mine["status"] == "ok"]
@@ -60,6 +60,48 @@ def latest_calls(rows: pd.DataFrame, problems=None, backend: str = "cute-hopper"
     out["_p"] = out["problem"].map({p: i for i, p in enumerate(order)})
     out["_c"] = out["call"].map({c: i for i, c in enumerate(CALLS)}).fillna(len(CALLS))
     return out.sort_values(["_p", "_c"]).drop(columns=["_p", "_c"]).reset_index(drop=True)
+
+
+CALL_KNOBS = ("fused_prologue",)  # kernel knobs that calls rows carry (absent in rows before 2026-11-27: as shipped)
+
+
+def shipped_calls(rows: pd.DataFrame) -> pd.DataFrame:
+    """The calls rows that ran the kernel as the package ships it now: each of :data:`CALL_KNOBS` equal to its
+    default, or absent (rows from before the knob). A knob's A/B runs (:func:`knob_ab`) stay out of the headline."""
+    from .kernels.hopper_varlen import kernel
+
+    shipped = {"fused_prologue": int(kernel.FUSED_PROLOGUE)}
+    keep = pd.Series(True, index=rows.index)
+    for knob in CALL_KNOBS:
+        if knob in rows:
+            keep &= rows[knob].isna() | (rows[knob] == shipped[knob])
+    return rows[keep]
+
+
+def knob_ab(rows: pd.DataFrame, knob: str = "fused_prologue", problems=None, backend: str = "cute-hopper"):
+    """A calls knob's A/B: of the latest commit with ok rows of both settings of ``knob``, per (problem, call) the
+    median over all its rounds and runs of each setting's per-call, GPU and host time, and on - off. Runs of both
+    settings alternate on one machine when recorded by one command (see notebook 10). Empty without such rows."""
+    if rows is None or not len(rows) or knob not in rows:
+        return pd.DataFrame()
+    sel = rows[(rows["status"] == "ok") & (rows["backend"] == backend) & rows[knob].notna()]
+    if problems is not None:
+        sel = sel[sel["problem"].isin(_names(problems))]
+    both = sel.groupby("git_commit")[knob].nunique()
+    both = both[both == 2]
+    if not len(both):
+        return pd.DataFrame()
+    last = sel[sel["git_commit"].isin(both.index)].sort_values("run_id")["git_commit"].iloc[-1]
+    sel = sel[sel["git_commit"] == last]
+    t = sel.pivot_table(index=["problem", "call"], columns=knob, values=["per_call_us", "median_us", "host_us"],
+                        aggfunc="median", sort=False)
+    out = pd.DataFrame({"commit": str(last)[:7], "runs": sel.groupby(["problem", "call"])["run_id"].nunique()})
+    for col, name in (("per_call_us", "per call"), ("median_us", "GPU"), ("host_us", "host")):
+        out[f"{name} off"], out[f"{name} on"] = t[(col, 0)], t[(col, 1)]
+        out[f"{name} on - off"] = t[(col, 1)] - t[(col, 0)]
+    order = [(p, c) for p in (_names(problems) if problems is not None else dict.fromkeys(sel["problem"]))
+             for c in CALLS if (p, c) in out.index]
+    return out.reindex(order)
 
 
 def _median_rounds(sel: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -121,7 +163,8 @@ def history(rows: pd.DataFrame, problems, backend: str = "cute-hopper", clean_on
     tree."""
     if rows is None or not len(rows):
         return pd.DataFrame()
-    sel = rows[(rows["status"] == "ok") & (rows["backend"] == backend) & rows["problem"].isin(_names(problems))]
+    sel = shipped_calls(rows[(rows["status"] == "ok") & (rows["backend"] == backend)
+                             & rows["problem"].isin(_names(problems))])
     if clean_only and "git_dirty" in sel:
         sel = sel[~sel["git_dirty"].fillna(False).astype(bool)]
     if not len(sel):

@@ -194,3 +194,24 @@ def test_median_round_picks_the_middle_row_per_form():
     got = median_round(rows)
     assert [(r["call"], r.get("round")) for r in got] == [("eager", 2), ("harness", None)]
     assert (got[0]["per_call_min_us"], got[0]["per_call_max_us"]) == (20.0, 50.0)
+
+
+def test_knob_runs_stay_out_of_the_headline_and_form_an_ab():
+    """Rows run with a calls knob off its shipped default (fused_prologue) are left out of latest_calls and history;
+    knob_ab pairs both settings of the latest commit that ran both, per (problem, call), medians over runs."""
+    s4 = BENCHMARK[3]
+    off1 = {**_row(s4, "eager", 20.0, run="20261127T000000Z-a", host_us=30.0), "fused_prologue": 0}
+    on1 = {**_row(s4, "eager", 21.0, run="20261127T000100Z-b", host_us=26.0), "fused_prologue": 1}
+    off2 = {**_row(s4, "eager", 20.0, run="20261127T000200Z-c", host_us=32.0), "fused_prologue": 0}
+    on2 = {**_row(s4, "eager", 21.0, run="20261127T000300Z-d", host_us=28.0), "fused_prologue": 1}
+    before = {**_row(s4, "graph", 18.0, run="20261126T000000Z-z")}  # from before the knob: as shipped
+    rows = pd.DataFrame([off1, on1, off2, on2, before])
+    latest = sr.latest_calls(rows, [s4])
+    assert latest.set_index("call").loc["eager", "run_id"] == "20261127T000200Z-c"  # the latest shipped run
+    assert "graph" in set(latest["call"])
+    assert list(sr.history(rows, [s4]).columns) == ["abc1234 2026-11-25"]
+    ab = sr.knob_ab(rows, "fused_prologue", [s4])
+    r = ab.loc[("S4", "eager")]
+    assert r["runs"] == 4 and r["host off"] == 31.0 and r["host on"] == 27.0 and r["host on - off"] == -4.0
+    assert r["per call on - off"] == pytest.approx(27.0 - 31.0)
+    assert sr.knob_ab(rows[rows["fused_prologue"] != 1], "fused_prologue").empty  # one setting: no A/B
