@@ -67,14 +67,16 @@ CALL_KNOBS = ("fused_prologue",)  # kernel knobs that calls rows carry (absent i
 
 def shipped_calls(rows: pd.DataFrame) -> pd.DataFrame:
     """The calls rows that ran the kernel as the package ships it now: each of :data:`CALL_KNOBS` equal to its
-    default, or absent (rows from before the knob). A knob's A/B runs (:func:`knob_ab`) stay out of the headline."""
+    default, or absent (rows from before the knob). A knob's A/B (every run of a commit whose runs set the knob both
+    ways, the shipped side too: short alternating runs, :func:`knob_ab`) stays out of the headline."""
     from .kernels.hopper_varlen import kernel
 
     shipped = {"fused_prologue": int(kernel.FUSED_PROLOGUE)}
     keep = pd.Series(True, index=rows.index)
     for knob in CALL_KNOBS:
         if knob in rows:
-            keep &= rows[knob].isna() | (rows[knob] == shipped[knob])
+            ab = rows.groupby("git_commit")[knob].transform("nunique") > 1
+            keep &= (rows[knob].isna() | (rows[knob] == shipped[knob])) & ~ab
     return rows[keep]
 
 

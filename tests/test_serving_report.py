@@ -197,18 +197,21 @@ def test_median_round_picks_the_middle_row_per_form():
 
 
 def test_knob_runs_stay_out_of_the_headline_and_form_an_ab():
-    """Rows run with a calls knob off its shipped default (fused_prologue) are left out of latest_calls and history;
-    knob_ab pairs both settings of the latest commit that ran both, per (problem, call), medians over runs."""
+    """A knob's A/B (the runs of a commit that set a calls knob both ways: fused_prologue) is left out of latest_calls
+    and history, its shipped side too; knob_ab pairs both settings of the latest commit that ran both, per (problem,
+    call), medians over runs. Runs of the shipped setting alone count as usual."""
     s4 = BENCHMARK[3]
-    off1 = {**_row(s4, "eager", 20.0, run="20261127T000000Z-a", host_us=30.0), "fused_prologue": 0}
-    on1 = {**_row(s4, "eager", 21.0, run="20261127T000100Z-b", host_us=26.0), "fused_prologue": 1}
-    off2 = {**_row(s4, "eager", 20.0, run="20261127T000200Z-c", host_us=32.0), "fused_prologue": 0}
-    on2 = {**_row(s4, "eager", 21.0, run="20261127T000300Z-d", host_us=28.0), "fused_prologue": 1}
+    ab = {"git_commit": "fedcba98", "date": "2026-11-27T00:00:00+00:00"}
+    off1 = {**_row(s4, "eager", 20.0, run="20261127T000000Z-a", host_us=30.0), "fused_prologue": 0, **ab}
+    on1 = {**_row(s4, "eager", 21.0, run="20261127T000100Z-b", host_us=26.0), "fused_prologue": 1, **ab}
+    off2 = {**_row(s4, "eager", 20.0, run="20261127T000200Z-c", host_us=32.0), "fused_prologue": 0, **ab}
+    on2 = {**_row(s4, "eager", 21.0, run="20261127T000300Z-d", host_us=28.0), "fused_prologue": 1, **ab}
+    full = {**_row(s4, "eager", 19.0, run="20261126T000000Z-y", host_us=25.0), "fused_prologue": 0}
     before = {**_row(s4, "graph", 18.0, run="20261126T000000Z-z")}  # from before the knob: as shipped
-    rows = pd.DataFrame([off1, on1, off2, on2, before])
-    latest = sr.latest_calls(rows, [s4])
-    assert latest.set_index("call").loc["eager", "run_id"] == "20261127T000200Z-c"  # the latest shipped run
-    assert "graph" in set(latest["call"])
+    rows = pd.DataFrame([off1, on1, off2, on2, full, before])
+    latest = sr.latest_calls(rows, [s4]).set_index("call")
+    assert latest.loc["eager", "run_id"] == "20261126T000000Z-y"  # not the later A/B's shipped side
+    assert latest.loc["graph", "run_id"] == "20261126T000000Z-z"
     assert list(sr.history(rows, [s4]).columns) == ["abc1234 2026-11-25"]
     ab = sr.knob_ab(rows, "fused_prologue", [s4])
     r = ab.loc[("S4", "eager")]
