@@ -130,6 +130,55 @@ def test_graph_replays_any_split(groups):
         assert err <= TOL, f"replay {it}: split {offs.tolist()}: {err}"
 
 
+@pytest.mark.parametrize("dual", [False, True])
+def test_fused_call_is_exact_call_after_call(monkeypatch, dual):
+    """The call as one kernel (FUSED_PROLOGUE, off by default): its counters carry over from call to call on a stream
+    (an epoch per call, no reset), so many calls in a row with a new row count each (the list form, empty groups
+    included), two streams at once, and graph replays of random splits must all be exact."""
+    from nvfp4lib.kernels.hopper_varlen import kernel
+
+    monkeypatch.setattr(kernel, "FUSED_PROLOGUE", True)
+    gen = torch.Generator().manual_seed(11)
+    base = GroupedProblem.uniform_nk("f", (64, 0, 200, 37), 512, 1024)
+    base = base.with_dual() if dual else base
+    inp = make_inputs(base, seed=11, mode="gaussian", device="cuda")
+    w = prepare_weights(inp.b, inp.b2)
+    for it in range(8):
+        m = [int(v) * int(torch.rand(1, generator=gen) > 0.25) for v in torch.randint(0, 300, (4,), generator=gen)]
+        prob = GroupedProblem.uniform_nk("f", tuple(m), 512, 1024)
+        a = make_inputs(prob.with_dual() if dual else prob, seed=100 + it, mode="gaussian", device="cuda").a
+        err = relative_error(w(a), reference_grouped_gemm(a, inp.b, inp.b2))
+        assert err <= TOL, f"call {it}, rows {m}: {err}"
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    ap, offsets, gs = packed(inp.a)
+    outs = []
+    for _ in range(4):
+        for s in streams:
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                outs.append(w(ap, offsets, global_scale=gs))
+    torch.cuda.synchronize()
+    ref = reference_grouped_gemm(inp.a, inp.b, inp.b2)
+    bounds = offsets.tolist()
+    for c in outs:
+        assert relative_error([c[o: o + t.shape[0]] for o, t in zip(bounds[:-1], inp.a)], ref) <= TOL
+    rows = ap.shape[0]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        c = w(ap, offsets, global_scale=gs[:1].clone())
+    for it in range(10):
+        cuts = torch.sort(torch.randint(0, rows + 1, (3,), generator=gen)).values
+        offs = torch.cat([torch.tensor([0]), cuts, torch.tensor([rows])]).to(torch.int32)
+        offsets.copy_(offs)
+        c.fill_(float("nan"))
+        g.replay()
+        parts = [NVFP4Tensor(ap.data[lo:hi], ap.scales[lo:hi], inp.a[0].global_scale)
+                 for lo, hi in zip(offs[:-1].tolist(), offs[1:].tolist())]
+        err = relative_error([c[lo:hi] for lo, hi in zip(offs[:-1].tolist(), offs[1:].tolist())],
+                             reference_grouped_gemm(parts, inp.b, inp.b2))
+        assert err <= TOL, f"replay {it}: split {offs.tolist()}: {err}"
+
+
 def test_torch_compile_and_opcheck():
     inp = make_inputs(BENCHMARK[3], seed=5, mode="gaussian", device="cuda")
     w = prepare_weights(inp.b, None)
