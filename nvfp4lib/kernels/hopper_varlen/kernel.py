@@ -21,6 +21,11 @@ Two kernels per call, the second with programmatic dependent launch, launched fr
 Nothing here depends on the host knowing the split: the same launch is captured once in a CUDA graph and replayed
 for any offsets.
 
+With :data:`FUSED_PROLOGUE` (off by default) the call is one kernel (:meth:`GroupedVarlenGemmSm90.kernel_fused`): the
+GEMM's first CTAs, by the order they start, decode the activations in slices, and each CTA's loading warp waits on a
+per-stream counter until all slices are done; one launch less per call, some GPU time more per call (the measured
+trade beside the knob).
+
 With ``act="bf16"`` (W4A16) there is no prologue: the GEMM's B operand is the caller's bf16 activations ``[T, K]``
 (TMA-loaded as they are; columns past K and rows past T arrive as zeros), the weights decode to bf16 value × scale ×
 2^-14 (:data:`~..hopper_rs.ops.A16_DECODE_PTX`), wgmma runs bf16 × bf16 -> fp32, and the epilogue multiplies by the
