@@ -314,9 +314,9 @@ def _build():
         @cute.jit
         def _prologue_slice(self, tell_warp0: cutlass.Constexpr):
             """Warps 1..: thread 32 takes the CTA's ticket (``tell_warp0``: warp 1 then arrives at barrier 3, where
-            warp 0 waits for it, :meth:`_await_x`); tickets below
-            ``n_pro`` decode chunks ``ticket·S + t`` strided by ``n_pro·S`` (S = the slice threads) into ``mX``, then
-            one release of the epoch's done word once all of them are done."""
+            warp 0 waits for it, :meth:`_await_x`); tickets below ``n_pro`` decode chunks ``ticket·S + t`` strided by
+            ``n_pro·S`` (S = the slice threads) into ``mX``, then one release of the epoch's done word once all of
+            them are done."""
             _, n_pro, mCodes, mScales, mX, count = self._fused
             tidx, _, _ = cute.arch.thread_idx()
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) > 0:
