@@ -50,7 +50,7 @@ def gemm_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype
 def call_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype: str = "Float16"):
     """The call's arguments (:class:`~.kernel.DecodeThenGemmSm90`): codes, scales, x16 (one tensor, written by the
     prologue and read by the GEMM), weights, C, offsets, gs_a, gs_b, the fused call's counters (int32 [4], zeros
-    between calls; :class:`~.runner.Scratch`), stream."""
+    at first; :class:`~.runner.Scratch`), stream."""
     import cutlass
 
     codes, scales, x16, _ = prologue_arguments()

@@ -98,11 +98,12 @@ def device_index(device) -> int:
 
 class Scratch:
     """What a call's kernels share on the current CUDA stream: the fp16 activation buffer ``[R >= rows, K_pad]`` and the
-    fused call's counters (int32 [4], zeros between calls: :meth:`.kernel.GroupedVarlenGemmSm90.kernel_fused`). One
-    pair per stream, reused by every call on it (an allocation costs as much host time as a launch), the buffer doubled
-    when a call has more rows. Calls on one stream are ordered, so reuse is safe; calls on two streams at once (one set
-    of prepared weights serving two streams) each get their own. Outgrown buffers are kept for the owner's lifetime (a
-    CUDA graph may have captured one; doubling bounds them to the size of the largest)."""
+    fused call's counters (int32 [4]: its epoch and tickets, two done words; zeros at first, then carried from call to
+    call, :meth:`.kernel.GroupedVarlenGemmSm90.kernel_fused`). One pair per stream, reused by every call on it (an
+    allocation costs as much host time as a launch), the buffer doubled when a call has more rows. Calls on one
+    stream are ordered, so reuse is safe; calls on two streams at once (one set of prepared weights serving two
+    streams) each get their own. Outgrown buffers are kept for the owner's lifetime (a CUDA graph may have captured
+    one; doubling bounds them to the size of the largest)."""
 
     def __init__(self, k_pad: int, device):
         self.k_pad, self.device = k_pad, device
