@@ -68,14 +68,19 @@ DECODE16_PTX = "\n".join([
 # outputs). A load placed after a shared store cannot be hoisted above it by ptxas (it may alias), so the
 # chunked form pays the shared-memory latency once per 16 codes; the batched form once per sub-block.
 LOAD16_PTX = "{\nld.shared.v2.b32 {$0, $1}, [$3];\nld.shared.u8 $2, [$4];\n}"
-CONVERT16_PTX = "\n".join([
-    "{", _DECODE_REGS, ".reg .b16 sp;",
-    "mov.b32 w0, $0;", "mov.b32 w1, $1;", "mov.b32 s, $2;",
-    _convert_store_ptx("$3", "$4"),
-    "}",
-])
 
-CONVERT16_GLOBAL_PTX = CONVERT16_PTX.replace("st.shared.", "st.global.")  # the same, outputs in global memory
+
+def _convert16_ptx(space: str) -> str:
+    return "\n".join([
+        "{", _DECODE_REGS, ".reg .b16 sp;",
+        "mov.b32 w0, $0;", "mov.b32 w1, $1;", "mov.b32 s, $2;",
+        _convert_store_ptx("$3", "$4", space=space),
+        "}",
+    ])
+
+
+CONVERT16_PTX = _convert16_ptx("shared")
+CONVERT16_GLOBAL_PTX = _convert16_ptx("global")  # the same, outputs in global memory (the fused call's slices)
 
 
 def emulate_decode(word: int, scale_byte: int) -> list[float]:

@@ -76,15 +76,22 @@ def _build():
     decode_act16, zero32 = o.decode_act16, o.zero32
 
     @cute.jit
-    def decode_chunk(mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, i, per_row, chunks):
-        """Chunk ``i`` of the activations (row ``i // per_row``, 16 codes) to fp16 in ``mX``; the chunks past the row's
-        codes (``chunks`` per row) to zeros."""
+    def chunk_at(mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, i, per_row):
+        """Chunk ``i`` of the activations (row ``i // per_row``, 16 codes): (its column ``c`` among the row's
+        ``per_row`` chunks, the addresses of its 8 code bytes, of its scale byte, and of its 16 fp16 in ``mX``)."""
         r = i // per_row
         c = i - r * per_row
-        dst = (mX.iterator + r * mX.stride[0] + 16 * c).toint()
+        return (c, (mCodes.iterator + r * mCodes.stride[0] + 8 * c).toint(),
+                (mScales.iterator + r * mScales.stride[0] + c).toint(),
+                (mX.iterator + r * mX.stride[0] + 16 * c).toint())
+
+    @cute.jit
+    def decode_chunk(mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, i, per_row, chunks):
+        """Chunk ``i`` of the activations to fp16 in ``mX``; the chunks past the row's codes (``chunks`` per row) to
+        zeros."""
+        c, src, sf, dst = chunk_at(mCodes, mScales, mX, i, per_row)
         if c < chunks:
-            decode_act16((mCodes.iterator + r * mCodes.stride[0] + 8 * c).toint(),
-                         (mScales.iterator + r * mScales.stride[0] + c).toint(), dst)
+            decode_act16(src, sf, dst)
         else:
             zero32(dst)  # a zero operand: the weights' padding is zero too, but 0 × NaN is not
 
@@ -136,10 +143,16 @@ def _build():
         def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mC: cute.Tensor, mOffsets: cute.Tensor,
                      mGsA: cute.Tensor, mGsB: cute.Tensor, stream):
             sx_layout, sw_layout, tma_w, tW, tma_x, tX = self._operands(mW, mX)
-            rows = cute.size(mC, mode=[0])  # T (x16 may have more rows: stale, finite, never stored)
-            tiles_max = cutlass.min(rows, (rows + self.groups * (self.bt - 1)) // self.bt) * self.n_blocks
+            tiles_max = self._grid(mC)
             self.kernel(tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, sw_layout, sx_layout).launch(
                 grid=(tiles_max, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=True)
+
+        @cute.jit
+        def _grid(self, mC):
+            """CTAs of a launch: the tiles of the worst split of C's T rows (:func:`~.config.max_token_tiles`) times
+            the weight blocks (x16 may have more rows than T: stale, finite, never stored)."""
+            rows = cute.size(mC, mode=[0])
+            return cutlass.min(rows, (rows + self.groups * (self.bt - 1)) // self.bt) * self.n_blocks
 
         @cute.jit
         def _schedule(self, mOffsets, rows, tile):
@@ -278,8 +291,7 @@ def _build():
                        mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
                        mCount: cute.Tensor, stream):
             sx_layout, sw_layout, tma_w, tW, tma_x, tX = self._operands(mW, mX)
-            rows = cute.size(mC, mode=[0])
-            tiles_max = cutlass.min(rows, (rows + self.groups * (self.bt - 1)) // self.bt) * self.n_blocks
+            tiles_max = self._grid(mC)
             self.kernel_fused(tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, sw_layout, sx_layout, mCodes, mScales,
                               mX, mCount, cutlass.min(tiles_max, PROLOGUE_CTAS)).launch(
                 grid=(tiles_max, 1, 1), block=(self.threads, 1, 1), stream=stream)
@@ -338,12 +350,9 @@ def _build():
                         loaded = []  # a batch's loads first, then its stores: SLICE_BATCH loads in flight
                         for j in cutlass.range_constexpr(SLICE_BATCH):
                             i = i0 + j * stride
-                            r = i // per_row
-                            c = i - r * per_row
-                            words = o.load_act16((mCodes.iterator + r * mCodes.stride[0] + 8 * c).toint(),
-                                                 (mScales.iterator + r * mScales.stride[0] + c).toint(),
-                                                 cutlass.Int32((c < chunks) & (i < work)))  # zeros past the codes
-                            loaded.append((i, (mX.iterator + r * mX.stride[0] + 16 * c).toint(), words))
+                            c, src, sf, dst = chunk_at(mCodes, mScales, mX, i, per_row)
+                            valid = cutlass.Int32((c < chunks) & (i < work))  # zeros past the codes
+                            loaded.append((i, dst, o.load_act16(src, sf, valid)))
                         for i, dst, words in loaded:
                             if i < work:
                                 o.store_act16_global(words, dst)
