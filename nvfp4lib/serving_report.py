@@ -71,12 +71,20 @@ def shipped_calls(rows: pd.DataFrame) -> pd.DataFrame:
     ways, the shipped side too: short alternating runs, :func:`knob_ab`) stays out of the headline."""
     from .kernels.hopper_varlen import kernel
 
-    shipped = {"fused_prologue": int(kernel.FUSED_PROLOGUE)}
     keep = pd.Series(True, index=rows.index)
     for knob in CALL_KNOBS:
         if knob in rows:
-            ab = rows.groupby("git_commit")[knob].transform("nunique") > 1
-            keep &= (rows[knob].isna() | (rows[knob] == shipped[knob])) & ~ab
+            keep &= rows.groupby("git_commit")[knob].transform("nunique") <= 1
+    return _at_defaults(rows[keep], {"fused_prologue": int(kernel.FUSED_PROLOGUE)})
+
+
+def _at_defaults(rows: pd.DataFrame, defaults: dict) -> pd.DataFrame:
+    """The rows whose knobs (the keys of ``defaults``, where ``rows`` has them) equal the default value or are
+    absent (rows recorded before the knob existed)."""
+    keep = pd.Series(True, index=rows.index)
+    for knob, value in defaults.items():
+        if knob in rows:
+            keep &= rows[knob].isna() | (rows[knob] == value)
     return rows[keep]
 
 
@@ -243,12 +251,7 @@ def _shipped(rows: pd.DataFrame) -> pd.DataFrame:
     absent (rows from before the knob; ``prmt`` ended as a knob of one development commit, shipped off)."""
     from .kernels.hopper_varlen import gather
 
-    shipped = {"prefetch": gather.PREFETCH, "prmt": 0}
-    keep = pd.Series(True, index=rows.index)
-    for knob in KNOBS:
-        if knob in rows:
-            keep &= rows[knob].isna() | (rows[knob] == shipped[knob])
-    return rows[keep]
+    return _at_defaults(rows, {"prefetch": gather.PREFETCH, "prmt": 0})
 
 
 def gather_variants(rows: pd.DataFrame, commits, problems=None, part: str = "weights", kcu: int = 8,
