@@ -222,6 +222,20 @@ class NVFP4Tensor:
             if not (gv > 0.0 and gv != float("inf")):  # also rejects NaN
                 raise ValueError(f"NVFP4Tensor.global_scale must be finite and > 0, got {gv}")
 
+    def addresses(self) -> tuple:
+        """``(data shape, device index, both parts contiguous, data address, scales address, global scale address)``,
+        read on the first call and kept on the tensor (a one-shot call reads these of every operand: 7 attribute
+        reads of ~0.2 µs each on the H100's host, ~25 µs for S1's 16 operands). Like the shapes checked when the tensor
+        is built, they stay valid while the parts keep their storage and strides: their values may change in place
+        (``copy_``), their metadata may not (``set_``, ``resize_``, ``t_``, ``.data =`` on a part)."""
+        a = self.__dict__.get("_addresses")
+        if a is None:
+            d, s = self.data, self.scales
+            a = (d.shape, d.get_device(), d.is_contiguous() and s.is_contiguous(), d.data_ptr(), s.data_ptr(),
+                 self.global_scale.data_ptr())
+            object.__setattr__(self, "_addresses", a)
+        return a
+
     @property
     def K(self) -> int:
         return 2 * self.data.shape[-1]

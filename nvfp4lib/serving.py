@@ -499,17 +499,25 @@ def oneshot(a, b, b2=None, *, out_dtype=torch.float16, split: bool = False):
     table = group_table(a, b, b2)
     if table is None:
         return None
-    d = b[0].data
-    if d.get_device() < 0:
+    shape, index = b[0].addresses()[:2]
+    if index < 0:
         return None
     sizes = table[2::F]  # each group's rows (the table's a_rows column)
-    c = oneshot_run(table, sum(sizes), len(b), d.shape[0], 2 * d.shape[1], b2 is not None, out_dtype, d.device)
+    c = oneshot_run(table, sum(sizes), len(b), shape[0], 2 * shape[1], b2 is not None, out_dtype, _cuda(index))
     if c is None or not split:
         return c
     return list(torch.split_with_sizes(c, sizes))
 
 
 _ONESHOTS: dict = {}  # (device, dual, out dtype, G, N, K, T) -> OneShot: one lookup per call
+_DEVICES: dict = {}  # CUDA device index -> torch.device (built once, not per call)
+
+
+def _cuda(index: int) -> torch.device:
+    d = _DEVICES.get(index)
+    if d is None:
+        d = _DEVICES[index] = torch.device("cuda", index)
+    return d
 
 
 def oneshot_run(table: list[int], rows: int, groups: int, n: int, k: int, dual: bool, out_dtype, device, *,

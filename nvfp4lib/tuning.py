@@ -90,7 +90,10 @@ def forget_memory() -> None:
 # A miss's choice, from the H100 run of 2026-11-25 (device-scheduled kernel, S1-S4 and the dual forms, graph replay):
 # up to 128 rows per group the 256-token tile with 32-token steps was fastest or within 2% (S1 129.5 vs 141.0 us for
 # 96-token tiles, S2 70.4 vs 69.2, S1-dual 228.9 vs 242.4, S2-dual 138.1 vs 137.4); from 256 rows per group the
-# 128-token tiles (S3 33.5 us, S4 18.6, S3-dual 50.7, S4-dual 26.9).
+# 128-token tiles (S3 33.5 us, S4 18.6, S3-dual 50.7, S4-dual 26.9). At 256 rows per group, three stages: the
+# prediction (0.3 us faster on one-wave shapes, as the host-scheduled kernel's were) against `nvfp4lib tune` on the
+# H100 on 2026-11-27 (S4 17.7 us with 3 stages, 18.1 with 4, 18.4 with 5; S3 33.6, 33.8, 40.5); above 256 rows per
+# group (several waves) four stages stay, as no run has compared them there.
 # Decode (MoE layers, 1-16 rows per expert), from the H100 sweep of 2026-11-26 (every candidate of both GEMMs of the
 # DeepSeek-, Qwen3- and Mixtral-like layers at T = 1, 8, 64, uniform routing, both activation types, each checked
 # against an fp32 reference): up to 4 rows per group the 16-token tiles with 8 stages were fastest or within 3% in 28
@@ -101,6 +104,8 @@ PREFERENCE = (
     (4, ("vl_m128_t16_k128_s8_e", "vl_dual_m64_t16_k128_s8_e")),
     (16, ("vl_m128_t32_k128_s6_e", "vl_dual_m64_t32_k128_s6_e")),
     (128, ("vl_m128_t256_k128_s3_v32_e", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m128_t128_k128_s3")),
+    (256, ("vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s4_e", "vl_dual_m128_t128_k128_s3",
+           "vl_dual_m64_t96_k128_s3_e")),
     (1 << 30, ("vl_m128_t128_k128_s4_e", "vl_m128_t128_k128_s3_e", "vl_dual_m128_t128_k128_s3",
                "vl_dual_m64_t96_k128_s3_e")),
 )

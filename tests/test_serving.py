@@ -76,7 +76,8 @@ def test_tuning_cache_on_disk(tmp_path, monkeypatch):
     assert tuning.m_bucket(1024, 8) == 128 and tuning.m_bucket(0, 8) == 1 and tuning.m_bucket(129, 1) == 256
     single = [n for n, c in CONFIGS.items() if not c.dual]
     assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e"
-    assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s4_e"
+    assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s3_e"  # S3, S4: one wave
+    assert tuning.heuristic(False, 512, single) == "vl_m128_t128_k128_s4_e"
     # decode tiers (a few rows per expert); a layout without decode tiles falls through to the next tier
     assert tuning.heuristic(False, 1, single) == "vl_m128_t16_k128_s8_e"
     assert tuning.heuristic(False, 16, single) == "vl_m128_t32_k128_s6_e"
@@ -212,6 +213,7 @@ def test_one_shot_table_takes_only_operands_it_can_read_in_place():
     b2 = [quantize(torch.randn(16, 64)) for _ in range(2)]
     t = group_table(a, b, b2)
     assert len(t) == 2 * F
+    assert b[1].addresses() is b[1].addresses()  # read once per tensor, then kept
     row = dict(zip(FIELDS, t[F:2 * F]))
     assert row == {"a_codes": a[1].data.data_ptr(), "a_scales": a[1].scales.data_ptr(), "a_rows": 0,
                    "b_codes": b[1].data.data_ptr(), "b_scales": b[1].scales.data_ptr(),
