@@ -96,10 +96,12 @@ def group_table(a, b, b2=None) -> list[int] | None:
             x = a[g]
             if type(x) is not NVFP4Tensor:
                 return None
-            xsh, xdev, xok, xp, xsp, xg = x.addresses()
-            if len(xsh) != 2 or xsh[1] != kh or xdev != dev or not xok:
+            xd, xs = x.data, x.scales  # (read every call: activations are new tensors every step)
+            xsh = xd.shape
+            if len(xsh) != 2 or xsh[1] != kh or xd.get_device() != dev or not (xd.is_contiguous()
+                                                                             and xs.is_contiguous()):
                 return None
-            table += [xp, xsp, xsh[0], *row, xg, wg, ug, *pad]
+            table += [xd.data_ptr(), xs.data_ptr(), xsh[0], *row, x.global_scale.data_ptr(), wg, ug, *pad]
     return table
 
 
