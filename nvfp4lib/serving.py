@@ -93,6 +93,8 @@ class PreparedWeights:
         self.groups, self.n, self.k = len(b), int(b[0].shape[0]), int(b[0].shape[1])
         self.dual, self.out_dtype, self.backend = b2 is not None, out_dtype, backend
         self.device = b[0].data.device
+        # an int compare per call (tensor.device builds an object each read); -1 (CPU, meta) compares devices
+        self._index = b[0].data.get_device()
         self._checked = (None, None)  # the offsets and global_scale tensors last checked (w(a_packed, offsets))
         if backend == "reference":
             self.impl = _ReferenceImpl(b, b2, out_dtype)
@@ -171,7 +173,7 @@ class PreparedWeights:
             raise TypeError(f"offsets must be int32, got {offsets.dtype}")
         if offsets.dim() != 1 or offsets.shape[0] != self.groups + 1:
             raise ValueError(f"offsets must have shape [G+1] = [{self.groups + 1}], got {tuple(offsets.shape)}")
-        if offsets.device != self.device:
+        if offsets.get_device() != self._index or (self._index < 0 and offsets.device != self.device):
             raise ValueError(f"offsets are on {offsets.device} but the weights are on {self.device}: keep them on the "
                              "device (no host round trip per call)")
         if global_scale is None:
@@ -182,7 +184,7 @@ class PreparedWeights:
                     1, self.groups):
                 raise TypeError(f"global_scale must be a float32 tensor of shape [1] or [G] = [{self.groups}], got "
                                 f"{getattr(gs, 'dtype', type(gs).__name__)} {tuple(getattr(gs, 'shape', ()))}")
-            if gs.device != self.device:
+            if gs.get_device() != self._index or (self._index < 0 and gs.device != self.device):
                 raise ValueError(f"global_scale is on device {gs.device} but the weights are on device {self.device}")
             if not compiling:
                 self._checked = (offsets, global_scale)
@@ -212,7 +214,7 @@ class PreparedWeights:
         codes, scales = t.data, t.scales
         if codes.shape[1] * 2 != self.k:
             raise ValueError(f"{what} has K={codes.shape[1] * 2} but the weights have K={self.k}")
-        if codes.device != self.device:
+        if codes.get_device() != self._index or (self._index < 0 and codes.device != self.device):
             raise ValueError(f"{what} is on device {codes.device} but the weights are on device {self.device}")
         if not (codes.is_contiguous() and scales.is_contiguous()) and (
                 codes.stride(-1) != 1 or codes.stride(0) % 8 or scales.stride(-1) != 1) or (
@@ -444,7 +446,9 @@ class _CuteHopperImpl:
         return self._last[1]
 
     def __call__(self, codes, scales, gs_a, offsets, out=None):
-        run = self._runner_for(codes.shape[0], lambda c: self.runner(c)(codes, scales, gs_a, offsets))
+        rows, (last, run) = codes.shape[0], self._last
+        if rows != last:  # (a serving loop repeats its row count: no closure, no lookup per call)
+            run = self._runner_for(rows, lambda c: self.runner(c)(codes, scales, gs_a, offsets))
         return run(codes, scales, gs_a, offsets, out)
 
     def a16(self, x, offsets, out=None):
