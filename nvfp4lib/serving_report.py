@@ -20,7 +20,7 @@ from .store import HOPPER_KERNELS, dirty_state
 
 __all__ = ["CALLS", "latest_calls", "missing_calls", "runs_used", "calls_table", "host_scheduled_reference",
            "weight_bytes", "predictions", "targets", "calls_figure", "gather_table", "gather_ab", "gather_variants",
-           "back_to_back"]
+           "back_to_back", "verdicts_by_run"]
 
 # the kernel that scheduled its tiles on the host (prepare(a, b) built the tile table from each group's M): the
 # graph times the serving kernel must stay within 10% of
@@ -405,6 +405,35 @@ def targets(latest: pd.DataFrame, problems, reference: pd.DataFrame | None = Non
         if p.b200_baseline_us is not None and not p.dual:  # the baseline was measured on the single GEMMs
             add(p.name, "harness < B200 baseline", harness, float(p.b200_baseline_us), strict=True)
     return pd.DataFrame(out).set_index(["problem", "target"])
+
+
+def verdicts_by_run(rows: pd.DataFrame, problems, reference: pd.DataFrame | None = None,
+                    backend: str = "cute-hopper") -> pd.DataFrame:
+    """Per recorded run that timed the graph, eager and one-shot forms of every problem (as shipped, clean tree): how
+    many of :func:`targets` held, per target, beside the host's state in that run: the Python probe
+    (:func:`nvfp4lib.calls.host_probe`) and the median host µs of the run's graph replays and eager calls, which
+    follow the speed of the host's launch path (driver calls), which the probe does not time."""
+    if rows is None or not len(rows):
+        return pd.DataFrame()
+    names = _names(problems)
+    sel = shipped_calls(rows[(rows["status"] == "ok") & (rows["backend"] == backend) & rows["problem"].isin(names)])
+    if "git_dirty" in sel:
+        sel = sel[~sel["git_dirty"].fillna(False).astype(bool)]
+    out = []
+    for run, g in sel.groupby("run_id", sort=True):
+        if set(g["problem"]) != set(names) or not {"graph", "eager", "oneshot"} <= set(g["call"]):
+            continue
+        t = targets(latest_calls(g, problems, backend), problems, reference).reset_index()
+        t = t[t["verdict"] != "no data"]
+        rec = {"run": run, "commit": str(g["git_commit"].iloc[0])[:7], "date": str(g["date"].iloc[0])[:16],
+               "rounds": int(g["round"].nunique()) if "round" in g and g["round"].notna().any() else 1}
+        for kind, v in t.groupby(t["target"].str.split().str[0], sort=False)["verdict"]:
+            rec[kind] = f"{int((v == 'holds').sum())} of {len(v)}"
+        rec["host probe us"] = g["host_probe_idle_us"].iloc[0] if "host_probe_idle_us" in g else np.nan
+        for call in ("graph", "eager"):
+            rec[f"{call} host us"] = float(g.loc[g["call"] == call, "host_us"].median())
+        out.append(rec)
+    return pd.DataFrame(out).set_index("run") if out else pd.DataFrame()
 
 
 COLORS = {"graph": "C0", "eager": "C1", "oneshot": "C2", "harness": "C3"}

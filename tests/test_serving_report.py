@@ -218,3 +218,22 @@ def test_knob_runs_stay_out_of_the_headline_and_form_an_ab():
     assert r["runs"] == 4 and r["host off"] == 31.0 and r["host on"] == 27.0 and r["host on - off"] == -4.0
     assert r["per call on - off"] == pytest.approx(27.0 - 31.0)
     assert sr.knob_ab(rows[rows["fused_prologue"] != 1], "fused_prologue").empty  # one setting: no A/B
+
+
+def test_verdicts_by_run_counts_each_full_runs_targets_beside_its_host():
+    """One line per run that timed graph, eager and oneshot on every problem: the targets that held, and the host
+    time of its graph replays and eager calls (a partial run is left out)."""
+    s4 = BENCHMARK[3]
+
+    def run(name, eager, eager_host):
+        return [_row(s4, "graph", 18.0, run=name, host_us=4.0), _row(s4, "eager", eager, run=name, host_us=eager_host),
+                _row(s4, "oneshot", 60.0, run=name, host_us=50.0)]
+
+    rows = pd.DataFrame(run("20261125T000000Z-a", 16.0, 25.0) + run("20261125T010000Z-b", 16.0, 45.0)
+                        + [_row(s4, "graph", 18.0, run="20261125T020000Z-c")])
+    v = sr.verdicts_by_run(rows, [s4])
+    assert list(v.index) == ["20261125T000000Z-a", "20261125T010000Z-b"]
+    assert list(v["eager"]) == ["1 of 1", "0 of 1"]  # 25 <= 1.1 * 18 + 10 = 29.8 < 45
+    assert list(v["oneshot"]) == ["1 of 1", "1 of 1"]  # 60 <= 2 * 45 + 20 (the slow host's eager raises the limit)
+    assert list(v["eager host us"]) == [25.0, 45.0] and list(v["graph host us"]) == [4.0, 4.0]
+    assert "graph" not in v  # no host-scheduled reference given: no graph target
