@@ -224,10 +224,11 @@ class NVFP4Tensor:
 
     def addresses(self) -> tuple:
         """``(data shape, device index, both parts contiguous, data address, scales address, global scale address)``,
-        read on the first call and kept on the tensor (a one-shot call reads these of every operand: 7 attribute
-        reads of ~0.2 µs each on the H100's host, ~25 µs for S1's 16 operands). Like the shapes checked when the tensor
-        is built, they stay valid while the parts keep their storage and strides: their values may change in place
-        (``copy_``), their metadata may not (``set_``, ``resize_``, ``t_``, ``.data =`` on a part)."""
+        read on the first call and kept on the tensor. A one-shot call reads these of its weights (7 attribute reads of
+        ~0.2 µs each on the H100's host per tensor, every call, before it kept them); a model builds its weights once.
+        Like the shapes checked when the tensor is built, they stay valid while the parts keep their storage and
+        strides: their values may change in place (``copy_``), their metadata may not (``set_``, ``resize_``, ``t_``,
+        ``.data =`` on a part)."""
         a = self.__dict__.get("_addresses")
         if a is None:
             d, s = self.data, self.scales
