@@ -237,6 +237,12 @@ class NVFP4Tensor:
             object.__setattr__(self, "_addresses", a)
         return a
 
+    def __getstate__(self) -> dict:
+        # copies and pickles hold other tensors (deepcopy, pickle) or may outlive these: they read their own addresses
+        state = dict(self.__dict__)
+        state.pop("_addresses", None)
+        return state
+
     @property
     def K(self) -> int:
         return 2 * self.data.shape[-1]

@@ -664,3 +664,22 @@ def test_layout_errors():
         scales_cute_view(torch.zeros(512), 5, 3, L=2)
     with pytest.raises(ValueError, match="rows, cols"):
         swizzle_scales(torch.zeros(4))
+
+
+def test_addresses_are_read_once_and_not_carried_into_copies():
+    """NVFP4Tensor.addresses() is kept on the tensor (a one-shot call reads its weights' every call); a deep copy or a
+    saved and loaded tensor holds other storage and reads its own."""
+    import copy
+    import io
+
+    x = quantize(torch.randn(4, 32))
+    a = x.addresses()
+    assert a is x.addresses()
+    assert a == (x.data.shape, -1, True, x.data.data_ptr(), x.scales.data_ptr(), x.global_scale.data_ptr())
+    buf = io.BytesIO()
+    torch.save(x, buf)
+    buf.seek(0)
+    for other in (copy.deepcopy(x), torch.load(buf, weights_only=False)):
+        assert other.addresses()[3:] == (other.data.data_ptr(), other.scales.data_ptr(),
+                                         other.global_scale.data_ptr())
+        assert other.addresses()[3] != a[3]
