@@ -247,3 +247,29 @@ def test_check_grid_refuses_calls_past_the_ticket_field():
     rows = (MAX_FUSED_CTAS // (7168 // cfg.tile_m) + 1) * cfg.tile_n
     with pytest.raises(ValueError, match="split the rows"):
         check_grid(cfg, rows, 8, 7168)
+
+
+@pytest.mark.parametrize("slots,every", [(64, 16), (4, 1), (8, 4)])
+def test_one_shot_table_ring_never_overwrites_a_table_in_use(slots, every):
+    """Simulated in stream order: waiting on a block's event means every call up to the one that recorded it has run.
+    A call may write a slot only once the slot's previous call has run; the driver calls are two per block."""
+    from nvfp4lib.kernels.hopper_varlen.oneshot import _Ring
+
+    ring = _Ring(slots, every)
+    recorded_at: dict[int, int] = {}  # block -> the call whose event it holds
+    ran_up_to, last_user, driver_calls = -1, {}, 0
+    for call in range(10 * slots + 3):
+        slot, wait = ring.take()
+        if wait is not None:
+            driver_calls += 1
+            ran_up_to = max(ran_up_to, recorded_at.get(wait, -1))
+        if slot in last_user:
+            assert last_user[slot] <= ran_up_to, (call, slot)
+        last_user[slot] = call
+        block = ring.records()
+        if block is not None:
+            driver_calls += 1
+            recorded_at[block] = call
+    assert driver_calls <= 2 * -(-(10 * slots + 3) // every)
+    with pytest.raises(ValueError, match="two blocks"):
+        _Ring(16, 16)

@@ -8,12 +8,13 @@ TVM-FFI call, :func:`.runner.compile_call`).
 On the H100's host every torch operation costs 5–10 µs, and for the large shapes the GPU waits for the steps before
 the gather, so a call makes as few as it can. A plan holds what does not depend on the call's data — the compiled
 kernels for (config, G, N, K_pad, out dtype) — and, per CUDA stream, the buffers the kernels write before the GEMM
-reads them (:class:`_Buffers`: the packed weights, the activation scratch, views of it per row count, and a small ring
-of pinned tables, which small plans' gathers read in place and large plans copy to the device first:
+reads them (:class:`_Buffers`: the packed weights, the activation scratch, views of it per row count, and a ring of
+pinned tables (:data:`SLOTS`), which small plans' gathers read in place and large plans copy to the device first:
 :data:`TABLE_ON_HOST_PROGRAMS`); the fp16 rows of the prologue are per stream too (:class:`.runner.Scratch`). A
 :class:`_Lane` per (row count, stream) binds them, so that a call is: one ``struct.pack_into`` of the table, at most
 one driver copy, the gather as a prepared driver launch (:func:`.gather.bind_plan`, after its first launch through
-Triton), a driver event record, the output's allocation and the TVM-FFI call. Calls on one stream run in order, so
+Triton), the output's allocation and the TVM-FFI call (one call in :data:`EVENT_EVERY` also waits for and
+records a driver event). Calls on one stream run in order, so
 each call may overwrite what the previous one's GEMM read; a call on another stream gets its own buffers. A call
 allocates only its output. One-shot calls cannot be captured in a CUDA graph (the captured launch would read a ring
 slot that later calls overwrite): prepare the weights and capture ``w(a)`` instead.
@@ -31,7 +32,12 @@ from .gather import F, Plan, bind_plan, launch_plan, views
 from .runner import OUT_DTYPES, POST_SCALE, Scratch, compile_call, device_index, require_hopper
 
 _PLANS: dict = {}
-SLOTS = 4  # pinned tables in flight per stream (a slot is reused once the gather four calls back has run)
+# Pinned tables per stream, reused in blocks of EVENT_EVERY: the call that starts a block records a driver event after
+# its gather's launch, and first waits for the event of the block after it, recorded SLOTS - EVENT_EVERY calls
+# earlier (stream order: every gather up to that call has run, the last use of this block's slots included). Two
+# driver calls per EVENT_EVERY calls instead of two per call (SLOTS = 4, EVENT_EVERY = 1 before 2026-11-27).
+SLOTS = 64
+EVENT_EVERY = 16
 # Plans of at most this many gather programs read their table from pinned host memory in place (no host-to-device
 # copy before the launch); larger ones copy it first. An A/B in one process on the H100 (2026-11-26, development
 # script, 4 alternating rounds of 30 calls): in place, the host time per call fell 9-23 us on all eight shapes, but
@@ -51,10 +57,33 @@ def _driver(ctx: int, what: str, call, *args) -> None:
         raise RuntimeError(f"one-shot call: {what} failed with CUresult {r}")
 
 
+class _Ring:
+    """The bookkeeping of a ring of ``slots`` tables reused in blocks of ``every`` (:data:`SLOTS`): which slot a call
+    writes, which block's event it waits for first, and which it records after its launch (no driver calls here)."""
+
+    def __init__(self, slots: int, every: int):
+        if every < 1 or slots % every or slots < 2 * every:
+            raise ValueError(f"one-shot tables: {slots} slots must be a multiple of {every} per event, at least two "
+                             "blocks")
+        self.slots, self.every, self.blocks, self.next = slots, every, slots // every, 0
+
+    def take(self) -> tuple[int, int | None]:
+        """(the slot, the block whose event to wait for first, or None)."""
+        i = self.next
+        self.next = (i + 1) % self.slots
+        return i, ((i // self.every + 1) % self.blocks if i % self.every == 0 else None)
+
+    def records(self) -> int | None:
+        """The block whose event the call that took the last slot records after its launch, or None."""
+        i = (self.next - 1) % self.slots
+        return i // self.every if i % self.every == 0 else None
+
+
 class _Buffers:
     """One stream's buffers for one plan shape: packed weights (fixed size), the gather's ``small`` output (activation
     codes and scales, offsets, global scales; doubled when a call has more rows), views of it per row count, and
-    ``SLOTS`` pinned host tables with their device copies and driver events (:mod:`..common.driver`)."""
+    ``SLOTS`` pinned host tables with their device copies, and a driver event per block of ``EVENT_EVERY`` slots
+    (:mod:`..common.driver`)."""
 
     def __init__(self, plan: Plan, device, stream: int):
         self.stream = stream
@@ -63,23 +92,24 @@ class _Buffers:
         self.small = torch.empty(0, dtype=torch.uint8, device=device)
         self.views: dict = {}
         width = F * (plan.groups + 1)
+        self.ring = _Ring(SLOTS, EVENT_EVERY)
         self._pinned = torch.empty((SLOTS, width), dtype=torch.int64, pin_memory=True)
         self._dev = torch.empty((SLOTS, width), dtype=torch.int64, device=device)
         self._host = memoryview(self._pinned.numpy()).cast("B")  # written with one struct.pack_into per call
         self._row = struct.Struct(f"<{width}q")
         self.nbytes = 8 * width
         self.ctx = driver.current_context()
-        self.events = driver.Events(SLOTS)
-        self.next = 0
+        self.events = driver.Events(self.ring.blocks)
 
     def table(self, header: list[int], rows: list[int], on_host: bool) -> int:
         """The address of the call's table (``header``, then the group ``rows``), written into the next pinned slot
         once the gather that last read it has run: the slot itself (``on_host``: the kernel reads pinned memory in
-        place) or its device copy (copied asynchronously). :meth:`done` marks the slot in use until the launch has
-        run."""
-        i = self.next
-        self.next = (i + 1) % SLOTS
-        _driver(self.ctx, "waiting for a table slot", self.events.wait, i)
+        place) or its device copy (copied asynchronously). A call that starts a block of slots first waits for the
+        event of the next block (recorded ``slots - every`` calls earlier, after that call's gather); :meth:`done`
+        records this block's event after the launch."""
+        i, wait = self.ring.take()
+        if wait is not None:
+            _driver(self.ctx, "waiting for a block of table slots", self.events.wait, wait)
         at = i * self.nbytes
         self._row.pack_into(self._host, at, *header, *rows)
         src = self._pinned.data_ptr() + at
@@ -90,8 +120,10 @@ class _Buffers:
         return dst
 
     def done(self) -> None:
-        """After the gather's launch: the last slot is free again once this stream has run it."""
-        _driver(self.ctx, "an event record", self.events.record, (self.next - 1) % SLOTS, self.stream)
+        """After the gather's launch: the call that started a block records the block's event."""
+        block = self.ring.records()
+        if block is not None:
+            _driver(self.ctx, "an event record", self.events.record, block, self.stream)
 
     def scratch(self, plan: Plan):
         """(small, its views (:func:`.gather.views`)) for the plan's row count."""
