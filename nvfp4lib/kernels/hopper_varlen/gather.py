@@ -56,10 +56,11 @@ def group_table(a, b, b2=None) -> list[int] | None:
     shape with N > 0, the activations of their K, every part contiguous and the weight codes 8-byte aligned.
 
     Callers either checked the operands before (then None means "not readable in place") or take the checked path on
-    None, which names what is wrong. (A one-shot call builds this every call, as its only pass over the operands. Each
-    operand's shape, device, contiguity and addresses come from :meth:`NVFP4Tensor.addresses`, read once per tensor:
-    on the lent H100's host each tensor attribute read costs 0.13-0.2 µs, and reading them every call kept the GPU
-    idle before the gather on the eight-group shapes. An NVFP4Tensor's parts share one device and its global scale is
+    None, which names what is wrong. (A one-shot call builds this every call, as its only pass over the operands. The
+    weights' shape, device, contiguity and addresses come from :meth:`NVFP4Tensor.addresses`, read once per tensor;
+    the activations' are read every call, since a serving loop's activations are new tensors each step. On the lent
+    H100's host each tensor attribute read costs 0.13-0.2 µs, and reading every operand's every call kept the GPU idle
+    before the gather on the eight-group shapes. An NVFP4Tensor's parts share one device and its global scale is
     float32, both checked when it is built.)"""
     lists = (list, tuple)
     if type(b) not in lists or not b or (a is not None and (type(a) not in lists or len(a) != len(b))) \
