@@ -93,8 +93,7 @@ class PreparedWeights:
         self.groups, self.n, self.k = len(b), int(b[0].shape[0]), int(b[0].shape[1])
         self.dual, self.out_dtype, self.backend = b2 is not None, out_dtype, backend
         self.device = b[0].data.device
-        # an int compare per call (tensor.device builds an object each read); -1 (CPU, meta) compares devices
-        self._index = b[0].data.get_device()
+        self._index = b[0].data.get_device()  # (_elsewhere)
         self._checked = (None, None)  # the offsets and global_scale tensors last checked (w(a_packed, offsets))
         if backend == "reference":
             self.impl = _ReferenceImpl(b, b2, out_dtype)
@@ -173,7 +172,7 @@ class PreparedWeights:
             raise TypeError(f"offsets must be int32, got {offsets.dtype}")
         if offsets.dim() != 1 or offsets.shape[0] != self.groups + 1:
             raise ValueError(f"offsets must have shape [G+1] = [{self.groups + 1}], got {tuple(offsets.shape)}")
-        if offsets.get_device() != self._index or (self._index < 0 and offsets.device != self.device):
+        if self._elsewhere(offsets):
             raise ValueError(f"offsets are on {offsets.device} but the weights are on {self.device}: keep them on the "
                              "device (no host round trip per call)")
         if global_scale is None:
@@ -184,7 +183,7 @@ class PreparedWeights:
                     1, self.groups):
                 raise TypeError(f"global_scale must be a float32 tensor of shape [1] or [G] = [{self.groups}], got "
                                 f"{getattr(gs, 'dtype', type(gs).__name__)} {tuple(getattr(gs, 'shape', ()))}")
-            if gs.get_device() != self._index or (self._index < 0 and gs.device != self.device):
+            if self._elsewhere(gs):
                 raise ValueError(f"global_scale is on device {gs.device} but the weights are on device {self.device}")
             if not compiling:
                 self._checked = (offsets, global_scale)
@@ -208,13 +207,18 @@ class PreparedWeights:
             return torch.ops.nvfp4lib.grouped_mm(codes, scales, gs, offsets, self.handle)
         return self.impl(codes, scales, gs, offsets, out)
 
+    def _elsewhere(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is not on the weights' device: an int compare (``tensor.device`` builds an object on each
+        read); index -1 (CPU, meta) compares the devices."""
+        return t.get_device() != self._index or (self._index < 0 and t.device != self.device)
+
     def _check_activation(self, t: NVFP4Tensor, what: str, compiling: bool) -> None:
         # every check costs host time on each call: only what the kernel needs and cannot see for itself
         # (``compiling``: torch.compiler.is_compiling(), asked once per call by the caller)
         codes, scales = t.data, t.scales
         if codes.shape[1] * 2 != self.k:
             raise ValueError(f"{what} has K={codes.shape[1] * 2} but the weights have K={self.k}")
-        if codes.get_device() != self._index or (self._index < 0 and codes.device != self.device):
+        if self._elsewhere(codes):
             raise ValueError(f"{what} is on device {codes.device} but the weights are on device {self.device}")
         if not (codes.is_contiguous() and scales.is_contiguous()) and (
                 codes.stride(-1) != 1 or codes.stride(0) % 8 or scales.stride(-1) != 1) or (

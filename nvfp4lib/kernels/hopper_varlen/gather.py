@@ -89,7 +89,7 @@ def group_table(a, b, b2=None) -> list[int] | None:
             if ush != shape or udev != dev or not uok:
                 return None
             row = [wp, wsp, up, usp]
-        if (wp | up) & 7:  # the gather reads codes as 8-byte pairs (codes_readable)
+        if not codes_readable(wp, up):
             return None
         if a is None:  # no rows; A's global-scale address only has to be readable
             table += [0, 0, 0, *row, wg, wg, ug, *pad]
