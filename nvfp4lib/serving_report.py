@@ -78,6 +78,16 @@ def shipped_calls(rows: pd.DataFrame) -> pd.DataFrame:
     return _at_defaults(rows[keep], {"fused_prologue": int(kernel.FUSED_PROLOGUE)})
 
 
+def _ok_shipped(rows: pd.DataFrame, problems, backend: str, clean_only: bool = True) -> pd.DataFrame:
+    """The ok rows of ``backend`` on ``problems`` that ran the kernel as shipped (:func:`shipped_calls`), without the
+    runs of a dirty tree (``clean_only``)."""
+    sel = shipped_calls(rows[(rows["status"] == "ok") & (rows["backend"] == backend)
+                             & rows["problem"].isin(_names(problems))])
+    if clean_only and "git_dirty" in sel:
+        sel = sel[~sel["git_dirty"].fillna(False).astype(bool)]
+    return sel
+
+
 def _at_defaults(rows: pd.DataFrame, defaults: dict) -> pd.DataFrame:
     """The rows whose knobs (the keys of ``defaults``, where ``rows`` has them) equal the default value or are
     absent (rows recorded before the knob existed)."""
@@ -173,10 +183,7 @@ def history(rows: pd.DataFrame, problems, backend: str = "cute-hopper", clean_on
     tree."""
     if rows is None or not len(rows):
         return pd.DataFrame()
-    sel = shipped_calls(rows[(rows["status"] == "ok") & (rows["backend"] == backend)
-                             & rows["problem"].isin(_names(problems))])
-    if clean_only and "git_dirty" in sel:
-        sel = sel[~sel["git_dirty"].fillna(False).astype(bool)]
+    sel = _ok_shipped(rows, problems, backend, clean_only)
     if not len(sel):
         return pd.DataFrame()
     sel = _median_rounds(sel, ["run_id", "problem", "call"])  # a run of several rounds: its median round
@@ -416,9 +423,7 @@ def verdicts_by_run(rows: pd.DataFrame, problems, reference: pd.DataFrame | None
     if rows is None or not len(rows):
         return pd.DataFrame()
     names = _names(problems)
-    sel = shipped_calls(rows[(rows["status"] == "ok") & (rows["backend"] == backend) & rows["problem"].isin(names)])
-    if "git_dirty" in sel:
-        sel = sel[~sel["git_dirty"].fillna(False).astype(bool)]
+    sel = _ok_shipped(rows, problems, backend)
     out = []
     for run, g in sel.groupby("run_id", sort=True):
         if set(g["problem"]) != set(names) or not {"graph", "eager", "oneshot"} <= set(g["call"]):
