@@ -51,7 +51,7 @@ LOOP_GROUPS = 32
 # process, alternating rounds, development A/B): host -3 to -6 us per eager call (held); GPU +0.9 (S1), +2.6 (S2),
 # +1.4 us (S4) in graph replays (the slices delay the first weight loads, which the prologue kernel's PDL launch
 # overlapped). Off by default: it helps host-bound eager calls and costs every graph replay. Exact on every shape in
-# those runs; memcheck: 0 errors on two earlier forms of it (e7bb3ce, db11cf9), not run on this one.
+# those runs; memcheck: 0 errors on two earlier forms of it (e7bb3ce, db11cf9) and on this one (852c996).
 FUSED_PROLOGUE = False
 # CTAs of the fused call that decode a slice of the activations: one per SM of an H100 SXM (fewer SMs only delays
 # the last slices' CTAs; the wait stays safe)
