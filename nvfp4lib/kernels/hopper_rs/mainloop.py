@@ -105,7 +105,7 @@ def _build():
                 consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * NWG),
                 tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
             cute.arch.mbarrier_init_fence()
-            self._ring_ready()
+            cute.arch.sync_threads()
             sW = storage.sw.get_tensor(sw_layout)
             sX = storage.sx.get_tensor(sx_layout.outer, swizzle=sx_layout.inner)
             full = sx_layout.outer
@@ -114,12 +114,6 @@ def _build():
                                  stride=(full.stride[0], full.stride[1], full.stride[2])),
                 swizzle=sx_layout.inner)
             return load_pipe, sW, sX, sXv
-
-        @cute.jit
-        def _ring_ready(self):
-            """After warp 0 initialised the ring's barriers: every warp waits until they are (a subclass may let warp
-            0 go on alone)."""
-            cute.arch.sync_threads()
 
         @cute.jit
         def _mainloop(self, nv: int, storage, load_pipe, loads, sXv, mC, scales, row0, tokens, n0, n_valid, k_tiles):

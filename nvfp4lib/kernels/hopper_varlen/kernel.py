@@ -57,9 +57,6 @@ FUSED_PROLOGUE = False
 # the last slices' CTAs; the wait stays safe)
 PROLOGUE_CTAS = 132
 SLICE_BATCH = 8  # 16-code chunks a thread of a slice loads before it stores them
-# Named barriers of a CTA: 0 sync_threads, 1 the epilogue's, 2 the slice threads', 3 warp 1 telling warp 0 the
-# ticket is taken, RING_BARRIER the ring's barriers initialised (the fused call, :meth:`_ring_ready`)
-RING_BARRIER = 4
 
 
 def kernel_classes():
@@ -363,20 +360,6 @@ def _build():
                     cute.arch.barrier(barrier_id=2, number_of_threads=nt)
                     if tidx == 32:
                         o.release_add(done)
-
-        @cute.jit
-        def _ring_ready(self):
-            """In the fused call warps 1.. may still be decoding their slice when warp 0 has initialised the ring's
-            barriers: warp 0 only arrives (:data:`RING_BARRIER`) and goes on to its first weight loads, the others
-            wait there once their slice is done. (A CTA-wide sync here held the first weight loads back until the
-            slice was decoded; the prologue kernel's PDL launch overlapped them.)"""
-            if cutlass.const_expr(self._fused is None):
-                cute.arch.sync_threads()
-            else:
-                if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
-                    cute.arch.barrier_arrive(barrier_id=RING_BARRIER, number_of_threads=self.threads)
-                else:
-                    cute.arch.barrier(barrier_id=RING_BARRIER, number_of_threads=self.threads)
 
         @cute.jit
         def _await_x(self):
