@@ -144,7 +144,7 @@ class PreparedWeights:
         for m in rows:
             offs.append(offs[-1] + m)
         codes = torch.cat([t.data for t in a])
-        scales = torch.cat([t.scales for t in a]).view(torch.uint8)
+        scales = torch.cat([t.scales for t in a])
         gs = torch.stack([t.global_scale.to(torch.float32) for t in a])
         offsets = torch.tensor(offs, dtype=torch.int32).to(self.device, non_blocking=True)
         out = self._run(codes, scales, gs, offsets, None, compiling)
@@ -162,7 +162,7 @@ class PreparedWeights:
             gs = global_scale  # a serving loop passes the same buffers: checked on the first call
         else:
             gs = self._check_buffers(a, offsets, global_scale, compiling)
-        return self._run(a.data, a.scales.view(torch.uint8), gs, offsets, self._check_out(a, out), compiling)
+        return self._run(a.data, a.scales, gs, offsets, self._check_out(a, out), compiling)
 
     def _check_buffers(self, a, offsets, global_scale, compiling: bool):
         """Check the call's offsets and global scale; return the global scale as the kernel takes it ([1] or [G])."""
@@ -552,8 +552,9 @@ def oneshot_run(table: list[int], rows: int, groups: int, n: int, k: int, dual: 
 @torch.library.custom_op("nvfp4lib::grouped_mm", mutates_args=())
 def grouped_mm(codes: torch.Tensor, scales: torch.Tensor, global_scale: torch.Tensor, offsets: torch.Tensor,
                handle: int) -> torch.Tensor:
-    """C [T, N] of the prepared weights ``handle`` for packed activations (codes uint8 [T, K/2], E4M3 scale bytes as
-    uint8 [T, K/16], A's global scale float32 [1] or [G]) and int32 group offsets [G+1]."""
+    """C [T, N] of the prepared weights ``handle`` for packed activations (codes uint8 [T, K/2], E4M3 scales
+    [T, K/16] as float8_e4m3fn or their bytes as uint8, A's global scale float32 [1] or [G]) and int32 group offsets
+    [G+1]."""
     impl = _REGISTRY.get(handle)
     if impl is None:
         raise RuntimeError(f"nvfp4lib::grouped_mm: prepared weights {handle} no longer exist")

@@ -23,13 +23,14 @@ def env_stream():
 
 
 def prologue_arguments():
-    """(codes [T, K/2] u8, scales [T, K/16] (E4M3 bytes as u8), x16 [T, K_pad] f16)."""
+    """(codes [T, K/2] u8, scales [T, K/16] E4M3 (the NVFP4Tensor's own dtype: a call passes them without a view),
+    x16 [T, K_pad] f16)."""
     import cutlass
     import cutlass.cute as cute
 
     rows, half_k, sk, k_pad = cute.sym_int(), cute.sym_int(divisibility=8), cute.sym_int(), cute.sym_int(
         divisibility=128)
-    return (_fake(cutlass.Uint8, (rows, half_k), 8), _fake(cutlass.Uint8, (rows, sk), 1),
+    return (_fake(cutlass.Uint8, (rows, half_k), 8), _fake(cutlass.Float8E4M3FN, (rows, sk), 1),
             _fake(cutlass.Float16, (cute.sym_int(), k_pad)), env_stream())
 
 
