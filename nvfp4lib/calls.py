@@ -167,10 +167,10 @@ def bench_calls(problems: list[GroupedProblem], *, backend: str = "cute-hopper",
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
     knobs = {}
-    if backend == "cute-hopper":  # the kernel knobs a call form's times depend on (serving_report.CALL_KNOBS)
+    if backend == "cute-hopper":  # the kernel knobs a call form's times depend on
         from .kernels.hopper_varlen import kernel
 
-        knobs["fused_prologue"] = int(kernel.FUSED_PROLOGUE)
+        knobs = kernel.call_knobs()
     probe = host_probe()  # the host's state in this run: its speed decides the host-bound forms' verdicts
     setups = []
     for prob in problems:

@@ -62,20 +62,19 @@ def latest_calls(rows: pd.DataFrame, problems=None, backend: str = "cute-hopper"
     return out.sort_values(["_p", "_c"]).drop(columns=["_p", "_c"]).reset_index(drop=True)
 
 
-CALL_KNOBS = ("fused_prologue",)  # kernel knobs that calls rows carry (absent in rows before 2026-11-27: as shipped)
-
-
 def shipped_calls(rows: pd.DataFrame) -> pd.DataFrame:
-    """The calls rows that ran the kernel as the package ships it now: each of :data:`CALL_KNOBS` equal to its
-    default, or absent (rows from before the knob). A knob's A/B (every run of a commit whose runs set the knob both
+    """The calls rows that ran the kernel as the package ships it now: each knob of
+    :func:`.kernels.hopper_varlen.kernel.call_knobs` equal to its default, or absent (rows from before the knob, which
+    came in on 2026-11-27). A knob's A/B (every run of a commit whose runs set the knob both
     ways, the shipped side too: short alternating runs, :func:`knob_ab`) stays out of the headline."""
     from .kernels.hopper_varlen import kernel
 
+    defaults = kernel.call_knobs()
     keep = pd.Series(True, index=rows.index)
-    for knob in CALL_KNOBS:
+    for knob in defaults:
         if knob in rows:
             keep &= rows.groupby("git_commit")[knob].transform("nunique") <= 1
-    return _at_defaults(rows[keep], {"fused_prologue": int(kernel.FUSED_PROLOGUE)})
+    return _at_defaults(rows[keep], defaults)
 
 
 def _ok_shipped(rows: pd.DataFrame, problems, backend: str, clean_only: bool = True) -> pd.DataFrame:

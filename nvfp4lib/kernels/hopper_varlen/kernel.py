@@ -53,6 +53,14 @@ LOOP_GROUPS = 32
 # overlapped). Off by default: it helps host-bound eager calls and costs every graph replay. Exact on every shape in
 # those runs; memcheck: 0 errors on two earlier forms of it (e7bb3ce, db11cf9) and on this one (852c996).
 FUSED_PROLOGUE = False
+
+
+def call_knobs() -> dict:
+    """The knobs an NVFP4 call's times depend on, as set now: what calls rows carry (:func:`nvfp4lib.calls.bench_calls`)
+    and what the report keeps rows at (:func:`nvfp4lib.serving_report.shipped_calls`)."""
+    return {"fused_prologue": int(FUSED_PROLOGUE)}
+
+
 # CTAs of the fused call that decode a slice of the activations: one per SM of an H100 SXM (fewer SMs only delays
 # the last slices' CTAs; the wait stays safe)
 PROLOGUE_CTAS = 132

@@ -29,7 +29,7 @@ from ..common import driver
 from ..common.triton_launch import plain
 from .config import NWG, ROW_BYTES, VarlenConfig, check_grid
 from .gather import F, Plan, bind_plan, launch_plan, views
-from .runner import OUT_DTYPES, POST_SCALE, Scratch, compile_call, device_index, require_hopper
+from .runner import E4M3, OUT_DTYPES, POST_SCALE, Scratch, compile_call, device_index, require_hopper
 
 _PLANS: dict = {}
 # Pinned tables per stream, reused in blocks of EVENT_EVERY: the call that starts a block records a driver event after
@@ -147,7 +147,7 @@ class _Lane:
         self.shot, self.plan, self.buf, self.swz = shot, plan, buf, swz
         self.small, views = buf.scratch(plan)
         a_codes, a_scales, *rest = views
-        self.views = (a_codes, a_scales.view(torch.float8_e4m3fn), *rest)  # (the compiled call takes E4M3 scales)
+        self.views = (a_codes, a_scales.view(E4M3), *rest)  # (the compiled call takes E4M3 scales)
         self.x16, self.count = shot.x16(plan.rows)
         self.on_host = plan.grid <= TABLE_ON_HOST_PROGRAMS
         self.launch = None  # the prepared gather launch (its parameter 2: the table's address)
