@@ -4,16 +4,38 @@ import triton.language as tl
 
 
 @triton.jit
-def _unit_loads(cptr, sptr, kc, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B: tl.constexpr):
-    # unit kc's code pairs (rows r0 and r1, pair j; nothing read past kc_end) and scale bytes. (kc < kc_end is
-    # written as kc * 4 + j < kc_end * 4, j < 4: masks as blocks, as Triton's interpreter needs)
+def _unit_loads(cptr, sptr, kc, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B: tl.constexpr, SCALES: tl.constexpr):
+    # unit kc's code pairs (rows r0 and r1, pair j; nothing read past kc_end) and (SCALES) its scale bytes.
+    # (kc < kc_end is written as kc * 4 + j < kc_end * 4, j < 4: masks as blocks, as Triton's interpreter needs)
     kp = kc * 4 + j  # code pair along K
     ok = (kp < cols) & (kp < kc_end * 4)
     p0 = tl.load(cptr + (r0 * cols + kp), mask=ok & (r0 < n), other=0)
     p1 = tl.load(cptr + (r1 * cols + kp), mask=ok & (r1 < n), other=0)
-    sk = kc * 4 + sj
-    sv = tl.load(sptr + _scale_at(sr, sk, cols, SWZ_B), mask=(sr < n) & (sk < cols) & (sk < kc_end * 4), other=0)
+    if SCALES:
+        sk = kc * 4 + sj
+        sv = tl.load(sptr + _scale_at(sr, sk, cols, SWZ_B), mask=(sr < n) & (sk < cols) & (sk < kc_end * 4),
+                     other=0)
+    else:
+        sv = 0
     return p0, p1, sv
+
+
+@triton.jit
+def _program_scales(sptr, packed, rb, kc0, kc_end, n, n_pad, cols, unit0, per, SWZ_B: tl.constexpr,
+                    KCU: tl.constexpr):
+    # the scale bytes of all KCU units of a program, each source byte loaded once: the rows' KCU * 4 consecutive
+    # columns (one sector per row for KCU = 8, against one per row and unit), moved to output byte order
+    # (w, g, j, h) per unit (:func:`gather`) by a permute, stored as KCU rows of 256 bytes
+    w = tl.arange(0, 4)[:, None, None, None]
+    h = tl.arange(0, 2)[None, :, None, None]
+    g = tl.arange(0, 8)[None, None, :, None]
+    sr = (rb * 64 + 16 * w + 8 * h + g) % n_pad
+    col = kc0 * 4 + tl.arange(0, KCU * 4)[None, None, None, :]  # (one axis: a warp's lanes along a row)
+    v = tl.load(sptr + _scale_at(sr, col, cols, SWZ_B), mask=(sr < n) & (col < cols) & (col < kc_end * 4), other=0)
+    v = tl.reshape(tl.permute(tl.reshape(v, [4, 2, 8, KCU, 4]), (3, 0, 2, 4, 1)), [KCU, 256])
+    uu = tl.arange(0, KCU)[:, None]
+    dst = (unit0 + uu * per).to(tl.int64) * 2304 + 2048 + tl.arange(0, 256)[None, :]
+    tl.store(packed + dst, v, mask=(tl.zeros_like(dst) + kc0 + uu) < kc_end)
 
 
 @triton.jit
@@ -29,7 +51,7 @@ def _scale_at(r, col, cols, SWZ: tl.constexpr):
 @triton.jit
 def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ_B: tl.constexpr,
            G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr, KCU: tl.constexpr,
-           PREFETCH: tl.constexpr):
+           PREFETCH: tl.constexpr, ONCE: tl.constexpr):
     pid = tl.program_id(0)
     table = table_at.to(tl.pointer_type(tl.int64))  # device memory, or pinned host memory read in place
     n = tl.load(table + 0).to(tl.int32)
@@ -65,10 +87,17 @@ def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ
         # one output word per element, no tile and no layout change: word (w, g, c, j) of a unit holds bytes
         # (e, hp); byte (e, hp) packs nibble e of byte c of words 2j (x) and 2j + 1 (y) of source row
         # 16w + 8(1-hp) + g, i.e. byte c of both halves of the row's code pair j
-        q = tl.arange(0, 512)
-        j = q % 4
-        c = ((q // 4) % 4 * 8).to(tl.uint64)
-        rw = rb * 64 + 16 * (q // 128) + (q // 16) % 8
+        if ONCE:  # the unit as [32 row pairs (w, g), 4 bytes c, 4 pairs j]: each code pair loaded by one lane
+            wg = tl.arange(0, 32)[:, None]
+            j = tl.arange(0, 4)[None, :]
+            c = (tl.arange(0, 4) * 8).to(tl.uint64)[None, :, None]
+            q = wg * 16 + tl.arange(0, 16)[None, :]
+            rw = rb * 64 + 16 * (wg // 8) + wg % 8
+        else:
+            q = tl.arange(0, 512)
+            j = q % 4
+            c = ((q // 4) % 4 * 8).to(tl.uint64)
+            rw = rb * 64 + 16 * (q // 128) + (q // 16) % 8
         r0 = (rw + 8) % n_pad  # hp = 0
         r1 = rw % n_pad  # hp = 1
         # scales: output byte (w, g, j, h) of a unit is scale column j of row 16w + 8h + g
@@ -77,25 +106,36 @@ def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ
         sj = (t // 2) % 4
         kc0 = (unit % kcp_n) * KCU
         kc_end = tl.minimum(kc0 + KCU, kc_n)
-        p0, p1, sv = _unit_loads(cptr, sptr, kc0, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B)
+        if ONCE:  # scales first, once per program
+            _program_scales(sptr, packed, rb, kc0, kc_end, n, n_pad, cols, (cta * kc_n + kc0) * per + slot, per,
+                            SWZ_B, KCU)
+        p0, p1, sv = _unit_loads(cptr, sptr, kc0, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B, not ONCE)
         for u in range(KCU):
             kc = kc0 + u
             if PREFETCH:  # the next unit's loads in flight while this one is decoded and stored
-                q0, q1, qs = _unit_loads(cptr, sptr, kc + 1, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B)
-            dst = ((cta * kc_n + kc) * per + slot).to(tl.int64) * 2304  # the unit's byte offset
-            b0, b1 = p0 >> c, p1 >> c
+                q0, q1, qs = _unit_loads(cptr, sptr, kc + 1, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B, not ONCE)
+            unit_at = ((cta * kc_n + kc) * per + slot).to(tl.int64)  # the unit's index (2304 bytes each)
+            if ONCE:
+                b0, b1 = p0[:, None, :] >> c, p1[:, None, :] >> c
+            else:
+                b0, b1 = p0 >> c, p1 >> c
             xs = ((b0 & 255) | ((b1 & 255) << 8)).to(tl.uint32)  # byte c of x, hp = 0 | 1
             ys = (((b0 >> 32) & 255) | (((b1 >> 32) & 255) << 8)).to(tl.uint32)
             x = (xs & 0x0F0F) | ((xs & 0xF0F0) << 12)  # nibbles to bytes (e, hp)
             y = (ys & 0x0F0F) | ((ys & 0xF0F0) << 12)
             word = ((x & 0x07070707) << 1) | ((x & 0x08080808) << 4) | ((y & 0x08080808) >> 3) \
                 | ((y & 0x07070707) << 4)
-            tl.store(packed.to(tl.pointer_type(tl.uint32)) + dst // 4 + q, word, mask=kc * 4 + j < kc_end * 4)
-            tl.store(packed + dst + 2048 + t, sv, mask=kc * 4 + sj < kc_end * 4)
+            if ONCE:  # [32, 4 c, 4 j] to the store's [32, 16] (Triton: through shared memory); one mask value
+                word = tl.reshape(word, [32, 16])  # per unit: 16-byte stores
+                ok = tl.zeros_like(q) + kc < kc_end
+            else:
+                ok = kc * 4 + j < kc_end * 4
+                tl.store(packed + unit_at * 2304 + 2048 + t, sv, mask=kc * 4 + sj < kc_end * 4)
+            tl.store(packed.to(tl.pointer_type(tl.uint32)) + (unit_at * 576 + q), word, mask=ok)
             if PREFETCH:
                 p0, p1, sv = q0, q1, qs
             else:
-                p0, p1, sv = _unit_loads(cptr, sptr, kc + 1, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B)
+                p0, p1, sv = _unit_loads(cptr, sptr, kc + 1, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B, not ONCE)
     elif pid < units + a_progs:  # ---- ROWS packed activation rows
         a_codes = small
         a_scales = small + tl.load(table + 9)
