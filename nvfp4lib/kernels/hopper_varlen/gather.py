@@ -132,7 +132,8 @@ class Plan:
     """The sizes of one gather: the header row, the grid, and where each output lies in the one scratch buffer."""
 
     def __init__(self, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int, dual: bool,
-                 rows: int, kcu: int = KCU, warps: int = WARPS, prefetch: int = PREFETCH, once: int = ONCE):
+                 rows: int, kcu: int = KCU, warps: int = WARPS, prefetch: int = PREFETCH, once: int | None = None):
+        once = ONCE if once is None else once  # (read at the call: a development A/B may set ONCE)
         if (n_pad + 128) * (k // 16 + 4) >= 1 << 31:  # the kernel's offsets inside one matrix are 32-bit
             raise ValueError(f"the gather takes weight matrices of fewer than 2^35 elements; one group's is {n} x {k}")
         if once and kcu & (kcu - 1):
@@ -204,7 +205,7 @@ CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU", "PRE
 
 def launch(table: torch.Tensor, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int,
            dual: bool, rows: int, *, swz_a: bool = False, swz_b: bool = False, post: float = 1.0,
-           weights_only: bool = False, kcu: int = KCU, prefetch: int = PREFETCH, once: int = ONCE):
+           weights_only: bool = False, kcu: int = KCU, prefetch: int = PREFETCH, once: int | None = None):
     """Build the plan, put its header before ``table``'s group rows and run; returns ``(packed, a_codes [T, K/2],
     a_scales [T, K/16], offsets [G+1], gs_a [G], gs_b [G, 2])`` (no activation rows with ``weights_only``).
     ``table``: the group rows ``[groups·F]`` int64 on the device (for callers that build them there)."""
