@@ -21,23 +21,6 @@ def _sm90():
         pytest.skip("needs sm_90")
 
 
-@pytest.fixture(params=["default", "split"])
-def split_units(request, monkeypatch):
-    """The shipped threshold, or every gather in two launches (weights first; :data:`SPLIT_UNITS` = 0)."""
-    from nvfp4lib.kernels.hopper_varlen import oneshot as one
-
-    def clear():
-        for shot in one._PLANS.values():
-            shot._lanes.clear()
-
-    if request.param == "split":
-        monkeypatch.setattr(one, "SPLIT_UNITS", 0)
-    clear()
-    yield request.param
-    monkeypatch.undo()
-    clear()
-
-
 def _poison(nbytes: int) -> None:
     junk = torch.full((nbytes // 2 + 1024,), float("nan"), dtype=torch.float16, device="cuda")
     del junk
@@ -58,7 +41,7 @@ def test_oneshot_functions_are_exact(prob, mode):
 
 
 @pytest.mark.parametrize("m", [[0, 40, 0], [1, 0, 300], [0, 0, 0]])
-def test_oneshot_empty_groups_and_ragged_k(m, split_units):
+def test_oneshot_empty_groups_and_ragged_k(m):
     prob = GroupedProblem("e", tuple(m), (264,) * 3, (2880,) * 3)
     inp = make_inputs(prob, seed=7, mode="gaussian", device="cuda")
     out = nvfp4lib.grouped_gemm(inp.a, inp.b, backend="cute-hopper")
@@ -67,7 +50,7 @@ def test_oneshot_empty_groups_and_ragged_k(m, split_units):
         assert relative_error(out, reference_grouped_gemm(inp.a, inp.b)) <= TOL
 
 
-def test_oneshot_fallback_for_non_contiguous_codes(split_units):
+def test_oneshot_fallback_for_non_contiguous_codes():
     inp = make_inputs(BENCHMARK[3], seed=3, mode="gaussian", device="cuda")
     a0 = inp.a[0]
     wide = torch.zeros((a0.data.shape[0], a0.data.shape[1] + 8), dtype=torch.uint8, device="cuda")
@@ -88,7 +71,7 @@ def test_oneshot_new_weights_every_call():
 
 
 @pytest.mark.parametrize("prob", BENCHMARK, ids=lambda p: p.name)
-def test_harness_reads_the_task_tensors_in_place(prob, split_units):
+def test_harness_reads_the_task_tensors_in_place(prob):
     inp = make_inputs(prob, seed=9, mode="uniform", device="cuda")
     data = compat.study_tuple(inp)
     assert compat._fast_group(data) is not None
@@ -121,7 +104,7 @@ def test_oneshot_from_a_new_thread():
     assert relative_error(got[0], reference_grouped_gemm(inp.a, inp.b)) <= TOL
 
 
-def test_oneshot_on_two_streams_keeps_each_streams_scratch(split_units):
+def test_oneshot_on_two_streams_keeps_each_streams_scratch():
     """Calls on two streams at once (each stream its own packed weights, rows, fp16 scratch and tables): both exact.
     A scratch shared between the streams would let one call's prologue overwrite the other's rows mid-GEMM."""
     prob = BENCHMARK[2]
