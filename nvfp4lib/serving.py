@@ -499,38 +499,19 @@ def oneshot(a, b, b2=None, *, out_dtype=torch.float16, split: bool = False):
     NVFP4Tensors on one CUDA device, sharing N and K, readable in place
     (:func:`.kernels.hopper_varlen.gather.group_table`, this call's only pass over the operands), with an output dtype
     and N the kernel takes. The caller then checks the operands (:func:`nvfp4lib.api.validate_operands`, which names
-    what is wrong) and prepares the weights.
-
-    Where the weights take more gather programs than :data:`.kernels.hopper_varlen.oneshot.SPLIT_UNITS` (estimated
-    from G, N and K), the call reads only the activations' row counts before the weights' gather is launched, and
-    their addresses after (:meth:`.kernels.hopper_varlen.oneshot.OneShot.run` with ``fill``)."""
-    from .kernels.hopper_varlen import oneshot as one
-    from .kernels.hopper_varlen.gather import KCU, F, weight_table, with_activations
+    what is wrong) and prepares the weights."""
+    from .kernels.hopper_varlen.gather import F, group_table
 
     if a is None:
         return None
-    table = weight_table(b, b2)
+    table = group_table(a, b, b2)
     if table is None:
         return None
     shape, index = b[0].addresses()[:2]
     if index < 0:
         return None
-    n, kh, dual = shape[0], shape[1], b2 is not None
-    if (2 if dual else 1) * len(b) * -(-n // 64) * -(-kh // (32 * KCU)) > one.SPLIT_UNITS:
-        if type(a) not in (list, tuple) or len(a) != len(b):
-            return None
-        try:
-            sizes = [x.data.shape[0] for x in a]
-        except (AttributeError, IndexError):  # (not NVFP4Tensors of rows: with_activations would say None)
-            return None
-        c = oneshot_run(table, sum(sizes), len(b), n, 2 * kh, dual, out_dtype, _cuda(index),
-                        fill=lambda t: with_activations(t, a, kh, index))
-    else:
-        table = with_activations(table, a, kh, index)
-        if table is None:
-            return None
-        sizes = table[2::F]  # each group's rows (the table's a_rows column)
-        c = oneshot_run(table, sum(sizes), len(b), n, 2 * kh, dual, out_dtype, _cuda(index))
+    sizes = table[2::F]  # each group's rows (the table's a_rows column)
+    c = oneshot_run(table, sum(sizes), len(b), shape[0], 2 * shape[1], b2 is not None, out_dtype, _cuda(index))
     if c is None or not split:
         return c
     return list(torch.split_with_sizes(c, sizes))
@@ -548,12 +529,11 @@ def _cuda(index: int) -> torch.device:
 
 
 def oneshot_run(table: list[int], rows: int, groups: int, n: int, k: int, dual: bool, out_dtype, device, *,
-                swizzled: bool = False, fill=None) -> torch.Tensor | None:
+                swizzled: bool = False) -> torch.Tensor | None:
     """The one-shot call from an address table (the group rows of :func:`.kernels.hopper_varlen.gather.group_table`,
-    or the study's harness with its scales in the blocked layout: ``swizzled``): the gather (weights and activation
-    rows packed from the callers' tensors in place, offsets, global scales; one launch, or two for large weights),
-    the prologue and the GEMM. ``fill``: ``table`` holds the weight columns alone and ``fill(table)`` gives the whole
-    table (:meth:`.kernels.hopper_varlen.oneshot.OneShot.run`). None where the kernel cannot take it."""
+    or the study's harness with its scales in the blocked layout: ``swizzled``): one gather launch (weights and
+    activation rows packed from the callers' tensors in place, offsets, global scales), the prologue and the GEMM.
+    None where the kernel cannot take it."""
     key = (device, dual, out_dtype, groups, n, k, rows)
     shot = _ONESHOTS.get(key)
     if shot is None:
@@ -566,7 +546,7 @@ def oneshot_run(table: list[int], rows: int, groups: int, n: int, k: int, dual: 
         if len(_ONESHOTS) > 4096:
             _ONESHOTS.clear()
         shot = _ONESHOTS[key] = OneShot.get(cfg, groups, n, k, out_dtype, device)
-    return shot.run(table, rows, swz_a=swizzled, swz_b=swizzled, fill=fill)
+    return shot.run(table, rows, swz_a=swizzled, swz_b=swizzled)
 
 
 @torch.library.custom_op("nvfp4lib::grouped_mm", mutates_args=())

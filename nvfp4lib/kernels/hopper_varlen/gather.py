@@ -55,7 +55,6 @@ def group_table(a, b, b2=None) -> list[int] | None:
     weights alone, no activation rows) and weights ``b`` (and ``b2``, the dual's second matrix), or None unless every
     part can be read in place: lists of equal length of 2-D NVFP4Tensors on one device, the weights all of ``b[0]``'s
     shape with N > 0, the activations of their K, every part contiguous and the weight codes 8-byte aligned.
-    :func:`weight_table`, then :func:`with_activations`.
 
     Callers either checked the operands before (then None means "not readable in place") or take the checked path on
     None, which names what is wrong. (A one-shot call builds this every call, as its only pass over the operands. The
@@ -64,23 +63,14 @@ def group_table(a, b, b2=None) -> list[int] | None:
     H100's host each tensor attribute read costs 0.13-0.2 µs, and reading every operand's every call kept the GPU idle
     before the gather on the eight-group shapes. An NVFP4Tensor's parts share one device and its global scale is
     float32, both checked when it is built.)"""
-    table = weight_table(b, b2)
-    if table is None or a is None:
-        return table
-    shape, dev = b[0].addresses()[:2]
-    return with_activations(table, a, shape[1], dev)
-
-
-def weight_table(b, b2=None) -> list[int] | None:
-    """:func:`group_table` without activations: the weight columns filled, the activation columns zero but A's
-    global-scale address (the weights', readable), or None where the weights cannot be read in place."""
     lists = (list, tuple)
-    if type(b) not in lists or not b or (b2 is not None and (type(b2) not in lists or len(b2) != len(b))) \
-            or type(b[0]) is not NVFP4Tensor:
+    if type(b) not in lists or not b or (a is not None and (type(a) not in lists or len(a) != len(b))) \
+            or (b2 is not None and (type(b2) not in lists or len(b2) != len(b))) or type(b[0]) is not NVFP4Tensor:
         return None
     shape, dev = b[0].addresses()[:2]
     if len(shape) != 2 or not shape[0]:
         return None
+    kh = shape[1]
     pad = [0] * (F - len(FIELDS))
     table = []
     for g, w in enumerate(b):
@@ -90,7 +80,8 @@ def weight_table(b, b2=None) -> list[int] | None:
         if wsh != shape or wdev != dev or not wok:
             return None
         if b2 is None:
-            up, usp, ug = wp, wsp, wg
+            up, ug = wp, wg
+            row = [wp, wsp, wp, wsp]
         else:
             u = b2[g]
             if type(u) is not NVFP4Tensor:
@@ -98,28 +89,22 @@ def weight_table(b, b2=None) -> list[int] | None:
             ush, udev, uok, up, usp, ug = u.addresses()
             if ush != shape or udev != dev or not uok:
                 return None
+            row = [wp, wsp, up, usp]
         if not codes_readable(wp, up):
             return None
-        table += [0, 0, 0, wp, wsp, up, usp, wg, wg, ug, *pad]
+        if a is None:  # no rows; A's global-scale address only has to be readable
+            table += [0, 0, 0, *row, wg, wg, ug, *pad]
+        else:
+            x = a[g]
+            if type(x) is not NVFP4Tensor:
+                return None
+            xd, xs = x.data, x.scales  # (read every call: activations are new tensors every step)
+            xsh = xd.shape
+            if len(xsh) != 2 or xsh[1] != kh or xd.get_device() != dev or not (xd.is_contiguous()
+                                                                             and xs.is_contiguous()):
+                return None
+            table += [xd.data_ptr(), xs.data_ptr(), xsh[0], *row, x.global_scale.data_ptr(), wg, ug, *pad]
     return table
-
-
-def with_activations(table: list[int], a, kh: int, dev: int) -> list[int] | None:
-    """:func:`weight_table`'s ``table`` with the activation columns of ``a`` written in (a list of 2-D NVFP4Tensors
-    of ``kh`` code bytes per row on device ``dev``, contiguous, one per group), or None where they cannot be read in
-    place (then ``table`` may be part-written). (Read every call: activations are new tensors every step.)"""
-    if type(a) not in (list, tuple) or len(a) * F != len(table):
-        return None
-    t = table
-    for i, x in zip(range(0, len(t), F), a):
-        if type(x) is not NVFP4Tensor:
-            return None
-        xd, xs = x.data, x.scales
-        xsh = xd.shape
-        if len(xsh) != 2 or xsh[1] != kh or xd.get_device() != dev or not (xd.is_contiguous() and xs.is_contiguous()):
-            return None
-        t[i], t[i + 1], t[i + 2], t[i + 7] = xd.data_ptr(), xs.data_ptr(), xsh[0], x.global_scale.data_ptr()
-    return t
 
 
 def codes_readable(*addresses: int) -> bool:
@@ -172,15 +157,6 @@ class Plan:
         self.packed_shape = (self.ctas, self.kc_n, self.per, UNIT_BYTES)  # the packed weights (rows do not matter)
         self.consts: dict = {}  # (swz_a, swz_b, post) -> the launch's constexprs (launch_plan)
 
-    def halves(self) -> tuple[tuple[list[int], int], tuple[list[int], int]]:
-        """The gather as two launches, (header, grid) each: the weights alone (no activation rows, no last program),
-        then the activation rows and the last program (no weights). The kernel takes its program ranges from the
-        header, so one compiled kernel runs all three forms."""
-        weights, rows = list(self.header), list(self.header)
-        weights[HEADER.index("a_progs")] = 0
-        rows[HEADER.index("units")] = 0
-        return (weights, self.units), (rows, self.a_progs + 1)
-
 
 def run(table: torch.Tensor, plan: Plan, *, swz_a: bool = False, swz_b: bool = False, post: float = 1.0):
     """Launch the gather for ``table`` (on the device: the plan's header, then ``[groups, F]`` int64 rows as
@@ -195,23 +171,22 @@ def run(table: torch.Tensor, plan: Plan, *, swz_a: bool = False, swz_b: bool = F
 
 
 def launch_plan(plan: Plan, table_at: int, packed: torch.Tensor, small: torch.Tensor, stream: int, *,
-                swz_a: bool = False, swz_b: bool = False, post: float = 1.0, grid: int | None = None) -> None:
+                swz_a: bool = False, swz_b: bool = False, post: float = 1.0) -> None:
     """Launch the gather into buffers the caller holds (``packed`` and ``small`` of at least the plan's sizes) on
     ``stream`` (a CUDA stream handle: torch's current stream). ``table_at``: the address of the table (the plan's
     header, then the group rows): device memory, or pinned host memory, which the kernel reads in place (a
-    one-shot call's table: no copy to launch first; the caller keeps it unchanged until the kernel has run).
-    ``grid``: the programs (default the plan's; :meth:`Plan.halves` gives those of its two-launch form)."""
+    one-shot call's table: no copy to launch first; the caller keeps it unchanged until the kernel has run)."""
     # compiled on its first launch per flags, then through its compiled launcher (:mod:`..common.triton_launch`)
-    triton_launch(_kernel(), (grid or plan.grid,), (packed, small, table_at), _consts(plan, swz_a, swz_b, post),
-                  plan.warps, stream)
+    triton_launch(_kernel(), (plan.grid,), (packed, small, table_at), _consts(plan, swz_a, swz_b, post), plan.warps,
+                  stream)
 
 
 def bind_plan(plan: Plan, table_at: int, packed: torch.Tensor, small: torch.Tensor, *, swz_a: bool = False,
-              swz_b: bool = False, post: float = 1.0, grid: int | None = None):
+              swz_b: bool = False, post: float = 1.0):
     """The gather of an earlier :func:`launch_plan` with these arguments as a prepared driver launch
     (:func:`..common.triton_launch.bound`: parameter 2 is the table's address, which every table of a
     16-byte-aligned ring shares the specialisation of), or None where it cannot be prepared."""
-    return bound(_kernel(), (grid or plan.grid,), (packed, small, table_at), _consts(plan, swz_a, swz_b, post),
+    return bound(_kernel(), (plan.grid,), (packed, small, table_at), _consts(plan, swz_a, swz_b, post),
                  plan.warps)
 
 

@@ -44,9 +44,6 @@ EVENT_EVERY = 16
 # the GPU time of the large dual shapes rose ~21 us (S1-dual, S2-dual: 7-15k programs, each reading the table
 # over PCIe). The small shapes (S3, S4 and their duals: 500-2000 programs) are host-bound: they read it in place.
 TABLE_ON_HOST_PROGRAMS = 2048
-# Plans of more weight programs than this gather in two launches, the weights first: a one-shot call launches them
-# before it reads its activations, so that the GPU starts on the longest part while the host builds the rest.
-SPLIT_UNITS = 2048
 
 
 def _driver(ctx: int, what: str, call, *args) -> None:
@@ -144,9 +141,7 @@ class _Buffers:
 
 class _Lane:
     """Everything one (row count, stream, scale layout) needs per call: the plan, the stream's buffers and their views,
-    the fp16 rows, and the gather's launches, prepared driver launches after their first (Triton) launch: one, or two
-    where the plan has more than :data:`SPLIT_UNITS` weight programs (:meth:`.gather.Plan.halves`: the weights first,
-    which :meth:`start` launches before the caller has read its activations; then the rows)."""
+    the fp16 rows, and the gather as a prepared driver launch after its first (Triton) launch."""
 
     def __init__(self, shot: "OneShot", plan: Plan, buf: _Buffers, swz: tuple[bool, bool]):
         self.shot, self.plan, self.buf, self.swz = shot, plan, buf, swz
@@ -154,18 +149,13 @@ class _Lane:
         a_codes, a_scales, *rest = views
         self.views = (a_codes, a_scales.view(E4M3), *rest)  # (the compiled call takes E4M3 scales)
         self.x16, self.count = shot.x16(plan.rows)
-        if plan.units > SPLIT_UNITS and plan.rows:
-            self.parts = list(plan.halves())
-        else:
-            self.parts = [(plan.header, plan.grid)]
-        # per launch: [header, grid, table read in place, prepared launch (its parameter 2: the table's address)]
-        self.parts = [[h, grid, grid <= TABLE_ON_HOST_PROGRAMS, None] for h, grid in self.parts]
-        self.started = False
+        self.on_host = plan.grid <= TABLE_ON_HOST_PROGRAMS
+        self.launch = None  # the prepared gather launch (its parameter 2: the table's address)
 
-    def _launch(self, part: list, table: list[int]) -> None:
-        header, grid, on_host, launch = part
-        buf = self.buf
-        at = buf.table(header, table, on_host)
+    def __call__(self, table: list[int]) -> torch.Tensor:
+        plan, buf, shot = self.plan, self.buf, self.shot
+        at = buf.table(plan.header, table, self.on_host)
+        launch = self.launch
         if launch is not None and plain():
             launch.set(2, at)
             r = launch(buf.stream)
@@ -173,31 +163,15 @@ class _Lane:
                 raise RuntimeError(f"one-shot call: the gather's launch failed with CUresult {r}")
         else:
             swz_a, swz_b = self.swz
-            launch_plan(self.plan, at, buf.packed, self.small, buf.stream, swz_a=swz_a, swz_b=swz_b, post=POST_SCALE,
-                        grid=grid)
+            launch_plan(plan, at, buf.packed, self.small, buf.stream, swz_a=swz_a, swz_b=swz_b, post=POST_SCALE)
             if launch is None:
-                part[3] = bind_plan(self.plan, at, buf.packed, self.small, swz_a=swz_a, swz_b=swz_b, post=POST_SCALE,
-                                    grid=grid)
+                self.launch = bind_plan(plan, at, buf.packed, self.small, swz_a=swz_a, swz_b=swz_b, post=POST_SCALE)
         buf.done()
-
-    def start(self, table: list[int]) -> None:
-        """Launch the weights' half of a two-launch gather (``table``: at least the weight columns); nothing for a
-        one-launch plan. The call (:meth:`__call__`) that follows launches the rest."""
-        if len(self.parts) == 2:
-            self._launch(self.parts[0], table)
-            self.started = True
-
-    def __call__(self, table: list[int]) -> torch.Tensor:
-        plan, shot, parts = self.plan, self.shot, self.parts
-        if len(parts) == 2 and not self.started:
-            self._launch(parts[0], table)
-        self.started = False
-        self._launch(parts[-1], table)
         # (sizes as arguments, not a tuple: .runner's note at OUT_DTYPES)
         out = torch.empty(plan.rows, shot.n, dtype=shot.out_dtype, device=shot.device)
         if plan.rows:
             a_codes, a_scales, offsets, gs_a, gs_b = self.views
-            shot._call(a_codes, a_scales, self.x16, self.buf.weights, out, offsets, gs_a, gs_b, self.count)
+            shot._call(a_codes, a_scales, self.x16, buf.weights, out, offsets, gs_a, gs_b, self.count)
         return out
 
 
@@ -228,15 +202,11 @@ class OneShot:
             plan = _PLANS[key] = cls(cfg, groups, n, k, out_dtype, device)
         return plan
 
-    def run(self, table: list[int], rows: int, *, swz_a: bool = False, swz_b: bool = False,
-            fill=None) -> torch.Tensor | None:
-        """``table``: G·F ints (:data:`.gather.FIELDS` per group); ``rows``: T. Returns C ``[T, N]``. With ``fill``,
-        ``table`` holds the weight columns alone (:func:`.gather.weight_table`): a two-launch plan launches the
-        weights' half first, then ``fill(table)`` gives the whole table (None: not readable in place; the call stops
-        there and returns None)."""
+    def run(self, table: list[int], rows: int, *, swz_a: bool = False, swz_b: bool = False) -> torch.Tensor:
+        """``table``: G·F ints (:data:`.gather.FIELDS` per group); ``rows``: T. Returns C ``[T, N]``."""
         if torch._C._cuda_getDevice() != self._index:  # the driver calls act on the current device's context
             with torch.cuda.device(self._index):
-                return self.run(table, rows, swz_a=swz_a, swz_b=swz_b, fill=fill)
+                return self.run(table, rows, swz_a=swz_a, swz_b=swz_b)
         if torch._C._cuda_isCurrentStreamCapturing():
             raise RuntimeError("a one-shot call (new weights every call) cannot be captured in a CUDA graph: prepare "
                                "the weights once (nvfp4lib.prepare_weights) and capture w(a) instead")
@@ -244,12 +214,6 @@ class OneShot:
         lane = self._lanes.get((rows, stream, swz_a, swz_b))
         if lane is None:
             lane = self._lane(rows, stream, swz_a, swz_b)
-        if fill is not None:
-            lane.start(table)
-            table = fill(table)
-            if table is None:
-                lane.started = False  # (its weights' half ran into this stream's own buffers; the next call redoes it)
-                return None
         return lane(table)
 
     def _lane(self, rows: int, stream: int, swz_a: bool, swz_b: bool) -> _Lane:
