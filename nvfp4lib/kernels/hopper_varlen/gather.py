@@ -16,7 +16,12 @@ place, or from a device copy), and one launch of the gather does, by program id:
   vectorising each row's four words (32-byte loads, 16-byte stores) was slower (163–320 µs on S1). At 2fe0d84 the
   kernel fell from 145 registers (set by the activation-rows branch) to 64, and S1's weights from 153.7 to 122.2 µs
   (S1-dual 299.8 to 238.2; recorded A/B in ``data/gather.jsonl``); one load per lane writing four words (77b4697)
-  was 14–27% slower;
+  was 14–27% slower. The one-load form (``ONCE = 1``, the default since 2026-11-27): each code pair is loaded by one
+  lane and Triton moves the unit to the storing lanes through shared memory, and a program loads the scales of all
+  its units at once, a warp along one row's columns. Nsight Compute had the earlier form L1-bound, four lanes loading
+  each pair; cutting the load sectors ~4× was predicted to take S1's weights from ~115 to ~100 µs. Measured
+  (development run, one H100, same process): S1 114.3 → 111.0 µs, S1-dual 223.4 → 216.9, S2 63.5 → 61.4, S3-dual
+  34.2 → 31.5, the other four shapes within 0.3 µs; 8 warps or 4 or 16 units per program were slower;
 - **activation rows**: the groups' rows copied into one packed ``[T, K/2]`` codes and ``[T, K/16]`` scales pair
   (the prologue's input), row r of the packed form belonging to the group whose offsets bracket it;
 - **the small things** (last program): the offsets ``[G+1]`` (prefix sums of the groups' rows), A's global scales
@@ -45,7 +50,7 @@ A_ROWS = 4  # activation rows per program (8 rows took the kernel to 114-145 reg
 A_BYTES = 256  # code bytes per inner step of an activation row
 KCU = 8  # 64-row x 64-K weight units per program (consecutive along K, one after the other)
 PREFETCH = 1  # 1: the next unit's loads issued before this unit's stores (two units' loads in flight)
-ONCE = 0  # 1: each code pair loaded by one lane, the unit passed to the store's lanes through shared memory
+ONCE = 1  # 1: each code pair loaded by one lane, the unit passed to the store's lanes through shared memory
 WARPS = 4  # warps per program
 _KERNEL = None
 
