@@ -46,8 +46,10 @@ def _time(fn, iters: int, flush: L2Flusher) -> list[float]:
 
 
 def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefetches=None, onces=None,
-                 iters: int = 40, seed: int = 1, ceilings: dict | None = None, progress=None) -> list[dict]:
-    """Rows (problem × part × kcu × warps × prefetch × once) with provenance; nothing is stored here."""
+                 rows_firsts=None, iters: int = 40, seed: int = 1, ceilings: dict | None = None,
+                 progress=None) -> list[dict]:
+    """Rows (problem × part × kcu × warps × prefetch × once × rows_first) with provenance; nothing is stored
+    here."""
     from .kernels.common.sm90 import POST_SCALE
     from .kernels.hopper_rs.layout import prepack_weights
     from .kernels.hopper_varlen import gather as G
@@ -57,6 +59,7 @@ def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefe
 
     kcus, warps = tuple(kcus or (G.KCU,)), tuple(warps or (G.WARPS,))
     prefetches, onces = tuple(prefetches or (G.PREFETCH,)), tuple(onces or (G.ONCE,))
+    rows_firsts = tuple(rows_firsts or (G.ROWS_FIRST,))
     run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
     prov = provenance()
     rows = []
@@ -76,10 +79,11 @@ def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefe
         base = {"run_id": run_id, **{f"ceil_{key}": v for key, v in ceil.items()}, "problem": prob.name,
                 "dual": prob.dual, "groups": groups, "n": n, "k": k, "tokens": t, "config": cfg.name, **prov}
         for part, rows_in in (("weights", 0), ("weights+rows", t)):
-            for kcu, w, pf, once in itertools.product(kcus, warps, prefetches, onces):
-                row = {**base, "part": part, "kcu": kcu, "warps": w, "prefetch": pf, "once": once, "iters": iters}
+            for kcu, w, pf, once, rf in itertools.product(kcus, warps, prefetches, onces, rows_firsts):
+                row = {**base, "part": part, "kcu": kcu, "warps": w, "prefetch": pf, "once": once, "rows_first": rf,
+                       "iters": iters}
                 try:
-                    plan = G.Plan(groups, n, k, n_pad, k_pad, NWG, blocks, prob.dual, rows_in, kcu, w, pf, once)
+                    plan = G.Plan(groups, n, k, n_pad, k_pad, NWG, blocks, prob.dual, rows_in, kcu, w, pf, once, rf)
                     row.update(_one(G, plan, table, x, want, iters, flush, POST_SCALE))
                     moved = weight_bytes + row["packed_bytes"] + (2 * row_bytes if rows_in else 0)
                     floor = moved / (ceil["copy_gbps"] * 1e3)
@@ -109,7 +113,7 @@ def _one(G, plan, table, x, want, iters, flush, post):
 
 def _print_row(r: dict) -> None:
     knobs = (f"  {r['problem']:<9} {r['part']:<13} kcu={r['kcu']:<3} warps={r['warps']:<2} pf={r['prefetch']} "
-             f"once={r.get('once', 0)}")
+             f"once={r.get('once', 0)} rf={r.get('rows_first', 0)}")
     if r["status"] != "ok":
         print(f"{knobs} {r['status'][:90]}")
         return
@@ -132,6 +136,8 @@ def add_command(sub, add_problems, problems, add_record_args, write) -> None:
     p.add_argument("--once", type=int, action="append", choices=(0, 1),
                    help="1: each code pair loaded by one lane, moved to the storing lanes through shared memory "
                         "(repeatable)")
+    p.add_argument("--rows-first", type=int, action="append", choices=(0, 1),
+                   help="1: the activation rows' programs before the weights' (repeatable)")
     p.add_argument("--iters", type=int, default=40)
     add_record_args(p, GATHER, "gather")
 
@@ -140,7 +146,7 @@ def add_command(sub, add_problems, problems, add_record_args, write) -> None:
             print("gather-bench needs a CUDA GPU (none here)")
             return 2
         rows = bench_gather(problems(args), kcus=args.kcu, warps=args.warps, prefetches=args.prefetch,
-                            onces=args.once, iters=args.iters, progress=_print_row)
+                            onces=args.once, rows_firsts=args.rows_first, iters=args.iters, progress=_print_row)
         write(args, rows, GATHER.name)
         return 0 if all(r["status"] == "ok" for r in rows) else 1
 

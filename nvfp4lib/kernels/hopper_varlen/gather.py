@@ -51,6 +51,7 @@ A_BYTES = 256  # code bytes per inner step of an activation row
 KCU = 8  # 64-row x 64-K weight units per program (consecutive along K, one after the other)
 PREFETCH = 1  # 1: the next unit's loads issued before this unit's stores (two units' loads in flight)
 ONCE = 1  # 1: each code pair loaded by one lane, the unit passed to the store's lanes through shared memory
+ROWS_FIRST = 1  # 1: the activation rows' programs (and the last one's small things) before the weights'
 WARPS = 4  # warps per program
 _KERNEL = None
 
@@ -137,8 +138,10 @@ class Plan:
     """The sizes of one gather: the header row, the grid, and where each output lies in the one scratch buffer."""
 
     def __init__(self, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int, dual: bool,
-                 rows: int, kcu: int = KCU, warps: int = WARPS, prefetch: int = PREFETCH, once: int | None = None):
-        once = ONCE if once is None else once  # (read at the call: a development A/B may set ONCE)
+                 rows: int, kcu: int = KCU, warps: int = WARPS, prefetch: int = PREFETCH, once: int | None = None,
+                 rows_first: int | None = None):
+        once = ONCE if once is None else once  # (read at the call: a development A/B may set ONCE, ROWS_FIRST)
+        self.rows_first = ROWS_FIRST if rows_first is None else rows_first
         if (n_pad + 128) * (k // 16 + 4) >= 1 << 31:  # the kernel's offsets inside one matrix are 32-bit
             raise ValueError(f"the gather takes weight matrices of fewer than 2^35 elements; one group's is {n} x {k}")
         if once and kcu & (kcu - 1):
@@ -199,23 +202,24 @@ def _consts(plan: Plan, swz_a: bool, swz_b: bool, post: float) -> dict:
     consts = plan.consts.get((swz_a, swz_b, post))
     if consts is None:
         values = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu,
-                  plan.prefetch, plan.once)
+                  plan.prefetch, plan.once, plan.rows_first)
         consts = plan.consts[(swz_a, swz_b, post)] = dict(zip(CONSTS, values))
     return consts
 
 
 # the kernel's constexprs, in order
-CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU", "PREFETCH", "ONCE")
+CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU", "PREFETCH", "ONCE", "ROWS_FIRST")
 
 
 def launch(table: torch.Tensor, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int,
            dual: bool, rows: int, *, swz_a: bool = False, swz_b: bool = False, post: float = 1.0,
-           weights_only: bool = False, kcu: int = KCU, prefetch: int = PREFETCH, once: int | None = None):
+           weights_only: bool = False, kcu: int = KCU, prefetch: int = PREFETCH, once: int | None = None,
+           rows_first: int | None = None):
     """Build the plan, put its header before ``table``'s group rows and run; returns ``(packed, a_codes [T, K/2],
     a_scales [T, K/16], offsets [G+1], gs_a [G], gs_b [G, 2])`` (no activation rows with ``weights_only``).
     ``table``: the group rows ``[groups·F]`` int64 on the device (for callers that build them there)."""
     plan = Plan(groups, n, k, n_pad, k_pad, nwg, blocks, dual, 0 if weights_only else rows, kcu,
-                prefetch=prefetch, once=once)
+                prefetch=prefetch, once=once, rows_first=rows_first)
     full = torch.cat([torch.tensor(plan.header, dtype=torch.int64, device=table.device), table.reshape(-1)])
     packed, small = run(full, plan, swz_a=swz_a, swz_b=swz_b, post=post)
     return (packed, *views(small, plan))

@@ -51,7 +51,7 @@ def _scale_at(r, col, cols, SWZ: tl.constexpr):
 @triton.jit
 def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ_B: tl.constexpr,
            G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr, KCU: tl.constexpr,
-           PREFETCH: tl.constexpr, ONCE: tl.constexpr):
+           PREFETCH: tl.constexpr, ONCE: tl.constexpr, ROWS_FIRST: tl.constexpr):
     pid = tl.program_id(0)
     table = table_at.to(tl.pointer_type(tl.int64))  # device memory, or pinned host memory read in place
     n = tl.load(table + 0).to(tl.int32)
@@ -69,11 +69,19 @@ def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ
     g_idx = tl.arange(0, G_P2)
     g_ok = g_idx < groups
     cols = k // 16
-    if pid < units:  # ---- KCU consecutive 64-row x 64-K units of the packed weights (one 64-row block)
+    # programs: the weights' units, then the activation rows, then the small things; or (ROWS_FIRST) the rows, the
+    # small things, then the weights (the rows' programs then start in the first wave, not after the weights' last)
+    if ROWS_FIRST:
+        rpid = pid
+        wpid = pid - a_progs - 1
+    else:
+        wpid = pid
+        rpid = pid - units
+    if (wpid >= 0) & (wpid < units):  # ---- KCU consecutive 64-row x 64-K units of the packed weights (one block)
         kcp_n = (kc_n + KCU - 1) // KCU
         per_mat = units // (2 if DUAL else 1)
-        mat = pid // per_mat
-        unit = pid % per_mat
+        mat = wpid // per_mat
+        unit = wpid % per_mat
         rb = unit // kcp_n
         if DUAL:
             cta = rb // blocks
@@ -136,12 +144,12 @@ def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ
                 p0, p1, sv = q0, q1, qs
             else:
                 p0, p1, sv = _unit_loads(cptr, sptr, kc + 1, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B, not ONCE)
-    elif pid < units + a_progs:  # ---- ROWS packed activation rows
+    elif (rpid >= 0) & (rpid < a_progs):  # ---- ROWS packed activation rows
         a_codes = small
         a_scales = small + tl.load(table + 9)
         rows = tl.load(rows_t + g_idx * 16 + 2, mask=g_ok, other=0)
         ends = tl.cumsum(rows, 0)
-        r = (pid - units) * ROWS + tl.arange(0, ROWS)
+        r = rpid * ROWS + tl.arange(0, ROWS)
         live = r < tl.sum(rows, 0)
         g = tl.minimum(tl.sum((ends[None, :] <= r[:, None]).to(tl.int32), 1), groups - 1)
         start = tl.sum(tl.where(g_idx[None, :] < g[:, None], rows[None, :], 0), 1)
