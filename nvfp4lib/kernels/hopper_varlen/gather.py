@@ -51,7 +51,11 @@ A_BYTES = 256  # code bytes per inner step of an activation row
 KCU = 8  # 64-row x 64-K weight units per program (consecutive along K, one after the other)
 PREFETCH = 1  # 1: the next unit's loads issued before this unit's stores (two units' loads in flight)
 ONCE = 1  # 1: each code pair loaded by one lane, the unit passed to the store's lanes through shared memory
-ROWS_FIRST = 1  # 1: the activation rows' programs (and the last one's small things) before the weights'
+# 1: the activation rows' programs and the small things' before the weights', so that they run in the first wave and
+# not as a tail after the weights' last (each rows program copies 4 rows in 256-byte steps: long, little traffic).
+# H100, development A/B in one process (2026-11-27): S1 weights + rows 120.2 -> 114.8 us, S1-dual 226.7 -> 219.3,
+# S2 and S4-dual within 0.4 us; one-shot calls back to back S1 257.4 -> 250.6, S1-dual 457.9 -> 448.6
+ROWS_FIRST = 1
 WARPS = 4  # warps per program
 _KERNEL = None
 
