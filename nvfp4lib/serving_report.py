@@ -249,7 +249,9 @@ def gather_table(rows: pd.DataFrame, problems=None, commit: str | None = None) -
     return t.reindex([p for p in order if p in t.index])
 
 
-KNOBS = ("prefetch", "prmt")  # gather-bench knobs that rows carry since db7e1a9 (absent before: that commit's code)
+# gather-bench knobs that rows carry since db7e1a9 (absent before: that commit's code); once and rows_first since
+# a963b7f and 404e20a
+KNOBS = ("prefetch", "prmt", "once", "rows_first")
 
 
 def _shipped(rows: pd.DataFrame) -> pd.DataFrame:
@@ -257,7 +259,8 @@ def _shipped(rows: pd.DataFrame) -> pd.DataFrame:
     absent (rows from before the knob; ``prmt`` ended as a knob of one development commit, shipped off)."""
     from .kernels.hopper_varlen import gather
 
-    return _at_defaults(rows, {"prefetch": gather.PREFETCH, "prmt": 0})
+    return _at_defaults(rows, {"prefetch": gather.PREFETCH, "prmt": 0, "once": gather.ONCE,
+                               "rows_first": gather.ROWS_FIRST})
 
 
 def gather_variants(rows: pd.DataFrame, commits, problems=None, part: str = "weights", kcu: int = 8,
