@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from .formats import NVFP4Tensor, dequantize
+from .kernels.hopper_varlen.gather import F as _F  # (the one-shot call's table: no import per call, ~1 µs)
+from .kernels.hopper_varlen.gather import group_table as _group_table
 from .tuning import heuristic, lookup, m_bucket, problem_key
 
 __all__ = ["prepare_weights", "PreparedWeights", "check_offsets", "SERVING_BACKENDS", "ACTIVATIONS"]
@@ -500,17 +502,15 @@ def oneshot(a, b, b2=None, *, out_dtype=torch.float16, split: bool = False):
     (:func:`.kernels.hopper_varlen.gather.group_table`, this call's only pass over the operands), with an output dtype
     and N the kernel takes. The caller then checks the operands (:func:`nvfp4lib.api.validate_operands`, which names
     what is wrong) and prepares the weights."""
-    from .kernels.hopper_varlen.gather import F, group_table
-
     if a is None:
         return None
-    table = group_table(a, b, b2)
+    table = _group_table(a, b, b2)
     if table is None:
         return None
     shape, index = b[0].addresses()[:2]
     if index < 0:
         return None
-    sizes = table[2::F]  # each group's rows (the table's a_rows column)
+    sizes = table[2::_F]  # each group's rows (the table's a_rows column)
     c = oneshot_run(table, sum(sizes), len(b), shape[0], 2 * shape[1], b2 is not None, out_dtype, _cuda(index))
     if c is None or not split:
         return c

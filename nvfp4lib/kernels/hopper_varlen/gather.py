@@ -46,6 +46,7 @@ FIELDS = ("a_codes", "a_scales", "a_rows", "b_codes", "b_scales", "b2_codes", "b
 HEADER = ("n", "k", "n_pad", "kc_n", "per", "blocks", "groups", "units", "a_progs", "scales_at", "offsets_at",
           "gs_b_at", "gs_a_at")
 F = 16  # int64 columns per row of the table (header and group rows)
+_PAD = (0,) * (F - len(FIELDS))
 A_ROWS = 4  # activation rows per program (8 rows took the kernel to 114-145 registers: 3 programs per SM)
 A_BYTES = 256  # code bytes per inner step of an activation row
 KCU = 8  # 64-row x 64-K weight units per program (consecutive along K, one after the other)
@@ -81,29 +82,27 @@ def group_table(a, b, b2=None) -> list[int] | None:
     if len(shape) != 2 or not shape[0]:
         return None
     kh = shape[1]
-    pad = [0] * (F - len(FIELDS))
     table = []
+    add = table.extend  # (one tuple per group, no per-group lists or helper calls: ~13% of this on the CPU)
     for g, w in enumerate(b):
         if type(w) is not NVFP4Tensor:
             return None
         wsh, wdev, wok, wp, wsp, wg = w.addresses()
-        if wsh != shape or wdev != dev or not wok:
+        if wsh is not shape and wsh != shape or wdev != dev or not wok:
             return None
         if b2 is None:
-            up, ug = wp, wg
-            row = [wp, wsp, wp, wsp]
+            up, usp, ug = wp, wsp, wg
         else:
             u = b2[g]
             if type(u) is not NVFP4Tensor:
                 return None
             ush, udev, uok, up, usp, ug = u.addresses()
-            if ush != shape or udev != dev or not uok:
+            if ush is not shape and ush != shape or udev != dev or not uok:
                 return None
-            row = [wp, wsp, up, usp]
-        if not codes_readable(wp, up):
+        if (wp | up) & 7:  # (codes_readable)
             return None
         if a is None:  # no rows; A's global-scale address only has to be readable
-            table += [0, 0, 0, *row, wg, wg, ug, *pad]
+            add((0, 0, 0, wp, wsp, up, usp, wg, wg, ug, *_PAD))
         else:
             x = a[g]
             if type(x) is not NVFP4Tensor:
@@ -113,7 +112,7 @@ def group_table(a, b, b2=None) -> list[int] | None:
             if len(xsh) != 2 or xsh[1] != kh or xd.get_device() != dev or not (xd.is_contiguous()
                                                                              and xs.is_contiguous()):
                 return None
-            table += [xd.data_ptr(), xs.data_ptr(), xsh[0], *row, x.global_scale.data_ptr(), wg, ug, *pad]
+            add((xd.data_ptr(), xs.data_ptr(), xsh[0], wp, wsp, up, usp, x.global_scale.data_ptr(), wg, ug, *_PAD))
     return table
 
 
