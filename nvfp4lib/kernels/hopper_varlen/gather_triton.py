@@ -92,7 +92,7 @@ def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ
         base = rows_t + (rb * 64 // n_pad) * 16 + 3 + 2 * mat  # one group per block: n_pad is a multiple of 64
         cptr = tl.load(base).to(tl.pointer_type(tl.uint64))  # codes read as 8-byte pairs (group_table: aligned)
         sptr = tl.load(base + 1).to(tl.pointer_type(tl.uint8))
-        # one output word per element, no tile and no layout change: word (w, g, c, j) of a unit holds bytes
+        # one output word per element: word (w, g, c, j) of a unit holds bytes
         # (e, hp); byte (e, hp) packs nibble e of byte c of words 2j (x) and 2j + 1 (y) of source row
         # 16w + 8(1-hp) + g, i.e. byte c of both halves of the row's code pair j
         if ONCE:  # the unit as [32 row pairs (w, g), 4 bytes c, 4 pairs j]: each code pair loaded by one lane
@@ -108,7 +108,8 @@ def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ
             rw = rb * 64 + 16 * (q // 128) + (q // 16) % 8
         r0 = (rw + 8) % n_pad  # hp = 0
         r1 = rw % n_pad  # hp = 1
-        # scales: output byte (w, g, j, h) of a unit is scale column j of row 16w + 8h + g
+        # scales (loaded per unit unless ONCE): output byte (w, g, j, h) of a unit is scale column j of row
+        # 16w + 8h + g
         t = tl.arange(0, 256)
         sr = (rb * 64 + 16 * (t // 64) + 8 * (t % 2) + (t // 8) % 8) % n_pad
         sj = (t // 2) % 4
