@@ -5,6 +5,7 @@ import torch
 
 from .backends import Runner, get_backend
 from .formats import NVFP4Tensor
+from .serving import oneshot as _serving_oneshot  # (here, not per call: ~1 µs)
 
 __all__ = ["grouped_gemm", "grouped_dual_gemm_silu", "prepare", "validate_operands"]
 
@@ -103,24 +104,13 @@ def prepare(a, b, b2=None, *, backend: str = "reference", out_dtype=torch.float1
     return graphed(runner) if graph else runner
 
 
-_SERVING: list = []  # nvfp4lib.serving.oneshot, imported on the first one-shot call (not per call: ~1 µs)
-
-
-def _serving_oneshot():
-    if not _SERVING:
-        from .serving import oneshot
-
-        _SERVING.append(oneshot)
-    return _SERVING[0]
-
-
 def _oneshot(a, b, b2, backend, out_dtype, options):
     """A one-call product: with cute-hopper and groups sharing N and K, the serving path (weights packed in a few
     GPU ops, a cached config: nothing timed inside the call); otherwise the backend's own prepare. A runner whose
     config is "auto" would time its candidates inside this call: one-shot calls take the shape heuristic instead."""
     if backend == "cute-hopper":
         if not options or (len(options) == 1 and options.get("config") == "auto"):
-            c = _serving_oneshot()(a, b, b2, out_dtype=out_dtype, split=True)  # one pass over the operands
+            c = _serving_oneshot(a, b, b2, out_dtype=out_dtype, split=True)  # one pass over the operands
             if c is not None:
                 return c
         a, b, b2 = validate_operands(a, b, b2, out_dtype)  # (names what kept the operands off the one-shot path)

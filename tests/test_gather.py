@@ -3,13 +3,14 @@ the torch forms bit for bit: Triton's interpreter on the CPU (skipped where Trit
 it compiled through the one-shot calls, and runs this file compiled on the GPU)."""
 import os
 
+import numpy as np
 import pytest
 import torch
 
 triton = pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1", allow_module_level=True)
-if not torch.cuda.is_available() and tuple(int(v) for v in __import__("numpy").__version__.split(".")[:2]) >= (2, 4):
+if not torch.cuda.is_available() and tuple(int(v) for v in np.__version__.split(".")[:2]) >= (2, 4):
     # (Triton 3.6's interpreter turns a scalar load into a 1-element array, which NumPy 2.4 refuses as a loop bound)
     pytest.skip("Triton's interpreter here needs numpy < 2.4", allow_module_level=True)
 

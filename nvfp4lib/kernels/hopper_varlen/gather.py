@@ -99,7 +99,7 @@ def group_table(a, b, b2=None) -> list[int] | None:
             ush, udev, uok, up, usp, ug = u.addresses()
             if ush is not shape and ush != shape or udev != dev or not uok:
                 return None
-        if (wp | up) & 7:  # (codes_readable)
+        if (wp | up) & 7:  # the gather reads codes as 8-byte pairs (codes_readable)
             return None
         if a is None:  # no rows; A's global-scale address only has to be readable
             add((0, 0, 0, wp, wsp, up, usp, wg, wg, ug, *_PAD))
@@ -144,14 +144,14 @@ class Plan:
                  rows: int, kcu: int = KCU, warps: int = WARPS, prefetch: int = PREFETCH, once: int | None = None,
                  rows_first: int | None = None):
         once = ONCE if once is None else once  # (read at the call: a development A/B may set ONCE, ROWS_FIRST)
-        self.rows_first = ROWS_FIRST if rows_first is None else rows_first
+        rows_first = ROWS_FIRST if rows_first is None else rows_first
         if (n_pad + 128) * (k // 16 + 4) >= 1 << 31:  # the kernel's offsets inside one matrix are 32-bit
             raise ValueError(f"the gather takes weight matrices of fewer than 2^35 elements; one group's is {n} x {k}")
         if once and kcu & (kcu - 1):
             raise ValueError(f"the gather's one-load form (once=1) takes a power of two of units per program, not "
                              f"{kcu}")
         self.groups, self.n, self.k, self.dual, self.rows, self.kcu = groups, n, k, dual, rows, kcu
-        self.prefetch, self.once = prefetch, once
+        self.prefetch, self.once, self.rows_first = prefetch, once, rows_first
         self.warps = warps
         rb_n, self.kc_n, self.per = groups * n_pad // 64, k_pad // 64, nwg * blocks
         self.ctas = rb_n // (blocks if dual else self.per)
