@@ -46,10 +46,10 @@ def _time(fn, iters: int, flush: L2Flusher) -> list[float]:
 
 
 def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefetches=None, onces=None,
-                 rows_firsts=None, iters: int = 40, seed: int = 1, ceilings: dict | None = None,
+                 rows_firsts=None, wholes=None, iters: int = 40, seed: int = 1, ceilings: dict | None = None,
                  progress=None) -> list[dict]:
-    """Rows (problem × part × kcu × warps × prefetch × once × rows_first) with provenance; nothing is stored
-    here."""
+    """Rows (problem × part × kcu × warps × prefetch × once × rows_first × whole) with provenance; nothing is
+    stored here."""
     from .kernels.common.sm90 import POST_SCALE
     from .kernels.hopper_rs.layout import prepack_weights
     from .kernels.hopper_varlen import gather as G
@@ -59,7 +59,7 @@ def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefe
 
     kcus, warps = tuple(kcus or (G.KCU,)), tuple(warps or (G.WARPS,))
     prefetches, onces = tuple(prefetches or (G.PREFETCH,)), tuple(onces or (G.ONCE,))
-    rows_firsts = tuple(rows_firsts or (G.ROWS_FIRST,))
+    rows_firsts, wholes = tuple(rows_firsts or (G.ROWS_FIRST,)), tuple(wholes or (G.WHOLE,))
     run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
     prov = provenance()
     rows = []
@@ -79,11 +79,12 @@ def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefe
         base = {"run_id": run_id, **{f"ceil_{key}": v for key, v in ceil.items()}, "problem": prob.name,
                 "dual": prob.dual, "groups": groups, "n": n, "k": k, "tokens": t, "config": cfg.name, **prov}
         for part, rows_in in (("weights", 0), ("weights+rows", t)):
-            for kcu, w, pf, once, rf in itertools.product(kcus, warps, prefetches, onces, rows_firsts):
+            for kcu, w, pf, once, rf, wh in itertools.product(kcus, warps, prefetches, onces, rows_firsts, wholes):
                 row = {**base, "part": part, "kcu": kcu, "warps": w, "prefetch": pf, "once": once, "rows_first": rf,
-                       "iters": iters}
+                       "whole": wh, "iters": iters}
                 try:
-                    plan = G.Plan(groups, n, k, n_pad, k_pad, NWG, blocks, prob.dual, rows_in, kcu, w, pf, once, rf)
+                    plan = G.Plan(groups, n, k, n_pad, k_pad, NWG, blocks, prob.dual, rows_in, kcu, w, pf, once, rf,
+                                  wh)
                     row.update(_one(G, plan, table, x, want, iters, flush, POST_SCALE))
                     moved = weight_bytes + row["packed_bytes"] + (2 * row_bytes if rows_in else 0)
                     floor = moved / (ceil["copy_gbps"] * 1e3)
@@ -113,7 +114,7 @@ def _one(G, plan, table, x, want, iters, flush, post):
 
 def _print_row(r: dict) -> None:
     knobs = (f"  {r['problem']:<9} {r['part']:<13} kcu={r['kcu']:<3} warps={r['warps']:<2} pf={r['prefetch']} "
-             f"once={r.get('once', 0)} rf={r.get('rows_first', 0)}")
+             f"once={r.get('once', 0)} rf={r.get('rows_first', 0)} whole={r.get('whole', 0)}")
     if r["status"] != "ok":
         print(f"{knobs} {r['status'][:90]}")
         return
@@ -138,6 +139,8 @@ def add_command(sub, add_problems, problems, add_record_args, write) -> None:
                         "(repeatable)")
     p.add_argument("--rows-first", type=int, action="append", choices=(0, 1),
                    help="1: the activation rows' programs before the weights' (repeatable)")
+    p.add_argument("--whole", type=int, action="append", choices=(0, 1),
+                   help="1 (with --once 1): a program's units loaded at once, no loop over them (repeatable)")
     p.add_argument("--iters", type=int, default=40)
     add_record_args(p, GATHER, "gather")
 
@@ -146,7 +149,8 @@ def add_command(sub, add_problems, problems, add_record_args, write) -> None:
             print("gather-bench needs a CUDA GPU (none here)")
             return 2
         rows = bench_gather(problems(args), kcus=args.kcu, warps=args.warps, prefetches=args.prefetch,
-                            onces=args.once, rows_firsts=args.rows_first, iters=args.iters, progress=_print_row)
+                            onces=args.once, rows_firsts=args.rows_first, wholes=args.whole, iters=args.iters,
+                            progress=_print_row)
         write(args, rows, GATHER.name)
         return 0 if all(r["status"] == "ok" for r in rows) else 1
 

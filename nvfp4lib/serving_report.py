@@ -250,8 +250,8 @@ def gather_table(rows: pd.DataFrame, problems=None, commit: str | None = None) -
 
 
 # gather-bench knobs that rows carry since db7e1a9 (absent before: that commit's code); once and rows_first since
-# a963b7f and 404e20a
-KNOBS = ("prefetch", "prmt", "once", "rows_first")
+# a963b7f and 404e20a, whole since its commit
+KNOBS = ("prefetch", "prmt", "once", "rows_first", "whole")
 
 
 def _shipped(rows: pd.DataFrame) -> pd.DataFrame:
@@ -260,7 +260,7 @@ def _shipped(rows: pd.DataFrame) -> pd.DataFrame:
     from .kernels.hopper_varlen import gather
 
     return _at_defaults(rows, {"prefetch": gather.PREFETCH, "prmt": 0, "once": gather.ONCE,
-                               "rows_first": gather.ROWS_FIRST})
+                               "rows_first": gather.ROWS_FIRST, "whole": gather.WHOLE})
 
 
 def gather_variants(rows: pd.DataFrame, commits, problems=None, part: str = "weights", kcu: int = 8,

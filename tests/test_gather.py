@@ -31,9 +31,10 @@ def _pad(t, rows, cols):
 @pytest.mark.parametrize("dual,tile_m,n,k,ms", [(False, 128, 192, 160, [5, 0, 37]), (True, 64, 64, 128, [3, 9]),
                                                 (True, 128, 136, 96, [0, 1])])
 @pytest.mark.parametrize("swz", [False, True])
-@pytest.mark.parametrize("kcu,prefetch,once,rows_first", [(1, 0, 0, 0), (6, 0, 0, 1), (8, 0, 0, 0), (1, 1, 0, 0),
-                                                          (3, 1, 0, 0), (1, 0, 1, 1), (2, 1, 1, 0), (8, 1, 1, 1)])
-def test_gather_matches_torch(dual, tile_m, n, k, ms, swz, kcu, prefetch, once, rows_first):
+@pytest.mark.parametrize("kcu,prefetch,once,rows_first,whole", [
+    (1, 0, 0, 0, 0), (6, 0, 0, 1, 0), (8, 0, 0, 0, 0), (1, 1, 0, 0, 0), (3, 1, 0, 0, 0), (1, 0, 1, 1, 0),
+    (2, 1, 1, 0, 0), (8, 1, 1, 1, 0), (1, 1, 1, 1, 1), (2, 1, 1, 0, 1), (8, 1, 1, 1, 1)])
+def test_gather_matches_torch(dual, tile_m, n, k, ms, swz, kcu, prefetch, once, rows_first, whole):
     torch.manual_seed(0)
     g = len(ms)
     w = [quantize(torch.randn(n, k) * 3, global_scale=torch.tensor(0.5 + i)).to(DEV) for i in range(g)]
@@ -59,7 +60,8 @@ def test_gather_matches_torch(dual, tile_m, n, k, ms, swz, kcu, prefetch, once, 
     blocks = tile_m * (2 if dual else 1) // (64 * NWG)
     packed, codes, scales, offs, gs_a, gs_b = launch(t, g, n, k, n_pad, k_pad, NWG, blocks, dual, sum(ms),
                                                      swz_a=swz, swz_b=swz, post=2.0 ** 14, kcu=kcu,
-                                                     prefetch=prefetch, once=once, rows_first=rows_first)
+                                                     prefetch=prefetch, once=once, rows_first=rows_first,
+                                                     whole=whole)
     mats = []
     for ws in [w] + ([w2] if dual else []):
         mats.append((torch.cat([_pad(x.data, n_pad, k_pad // 2) for x in ws]),

@@ -57,6 +57,9 @@ ONCE = 1  # 1: each code pair loaded by one lane, the unit passed to the store's
 # H100, development A/B in one process (2026-11-27): S1 weights + rows 120.2 -> 114.8 us, S1-dual 226.7 -> 219.3,
 # S2 and S4-dual within 0.4 us; one-shot calls back to back S1 257.4 -> 250.6, S1-dual 457.9 -> 448.6
 ROWS_FIRST = 1
+# 1 (with ONCE): a program loads its KCU units' codes at once, each row's KCU * 32 bytes in one request, and stores
+# them after (no loop): 0, one unit after the other (32 bytes per row per request)
+WHOLE = 0
 WARPS = 4  # warps per program
 _KERNEL = None
 
@@ -142,16 +145,20 @@ class Plan:
 
     def __init__(self, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int, dual: bool,
                  rows: int, kcu: int = KCU, warps: int = WARPS, prefetch: int = PREFETCH, once: int | None = None,
-                 rows_first: int | None = None):
-        once = ONCE if once is None else once  # (read at the call: a development A/B may set ONCE, ROWS_FIRST)
+                 rows_first: int | None = None, whole: int | None = None):
+        # (the knobs' module defaults read at the call: a development A/B may set ONCE, ROWS_FIRST, WHOLE)
+        once = ONCE if once is None else once
         rows_first = ROWS_FIRST if rows_first is None else rows_first
+        whole = WHOLE if whole is None else whole
         if (n_pad + 128) * (k // 16 + 4) >= 1 << 31:  # the kernel's offsets inside one matrix are 32-bit
             raise ValueError(f"the gather takes weight matrices of fewer than 2^35 elements; one group's is {n} x {k}")
         if once and kcu & (kcu - 1):
             raise ValueError(f"the gather's one-load form (once=1) takes a power of two of units per program, not "
                              f"{kcu}")
+        if whole and not once:
+            raise ValueError("the gather's whole-program loads (whole=1) need its one-load form (once=1)")
         self.groups, self.n, self.k, self.dual, self.rows, self.kcu = groups, n, k, dual, rows, kcu
-        self.prefetch, self.once, self.rows_first = prefetch, once, rows_first
+        self.prefetch, self.once, self.rows_first, self.whole = prefetch, once, rows_first, whole
         self.warps = warps
         rb_n, self.kc_n, self.per = groups * n_pad // 64, k_pad // 64, nwg * blocks
         self.ctas = rb_n // (blocks if dual else self.per)
@@ -205,24 +212,25 @@ def _consts(plan: Plan, swz_a: bool, swz_b: bool, post: float) -> dict:
     consts = plan.consts.get((swz_a, swz_b, post))
     if consts is None:
         values = (plan.dual, swz_a, swz_b, max(16, _next_pow2(plan.groups)), post, A_ROWS, A_BYTES, plan.kcu,
-                  plan.prefetch, plan.once, plan.rows_first)
+                  plan.prefetch, plan.once, plan.rows_first, plan.whole)
         consts = plan.consts[(swz_a, swz_b, post)] = dict(zip(CONSTS, values))
     return consts
 
 
 # the kernel's constexprs, in order
-CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU", "PREFETCH", "ONCE", "ROWS_FIRST")
+CONSTS = ("DUAL", "SWZ_A", "SWZ_B", "G_P2", "POST", "ROWS", "BYTES", "KCU", "PREFETCH", "ONCE", "ROWS_FIRST",
+          "WHOLE")
 
 
 def launch(table: torch.Tensor, groups: int, n: int, k: int, n_pad: int, k_pad: int, nwg: int, blocks: int,
            dual: bool, rows: int, *, swz_a: bool = False, swz_b: bool = False, post: float = 1.0,
            weights_only: bool = False, kcu: int = KCU, prefetch: int = PREFETCH, once: int | None = None,
-           rows_first: int | None = None):
+           rows_first: int | None = None, whole: int | None = None):
     """Build the plan, put its header before ``table``'s group rows and run; returns ``(packed, a_codes [T, K/2],
     a_scales [T, K/16], offsets [G+1], gs_a [G], gs_b [G, 2])`` (no activation rows with ``weights_only``).
     ``table``: the group rows ``[groups·F]`` int64 on the device (for callers that build them there)."""
     plan = Plan(groups, n, k, n_pad, k_pad, nwg, blocks, dual, 0 if weights_only else rows, kcu,
-                prefetch=prefetch, once=once, rows_first=rows_first)
+                prefetch=prefetch, once=once, rows_first=rows_first, whole=whole)
     full = torch.cat([torch.tensor(plan.header, dtype=torch.int64, device=table.device), table.reshape(-1)])
     packed, small = run(full, plan, swz_a=swz_a, swz_b=swz_b, post=post)
     return (packed, *views(small, plan))

@@ -39,6 +39,17 @@ def _program_scales(sptr, packed, rb, kc0, kc_end, n, n_pad, cols, unit0, per, S
 
 
 @triton.jit
+def _words(b0, b1):
+    # the output words of source code pairs shifted right by 8c (byte c of each half in the low byte of each half;
+    # b0: row hp = 0, b1: hp = 1): byte (e, hp) packs nibble e of byte c of words x and y of the pair
+    xs = ((b0 & 255) | ((b1 & 255) << 8)).to(tl.uint32)  # byte c of x, hp = 0 | 1
+    ys = (((b0 >> 32) & 255) | (((b1 >> 32) & 255) << 8)).to(tl.uint32)
+    x = (xs & 0x0F0F) | ((xs & 0xF0F0) << 12)  # nibbles to bytes (e, hp)
+    y = (ys & 0x0F0F) | ((ys & 0xF0F0) << 12)
+    return ((x & 0x07070707) << 1) | ((x & 0x08080808) << 4) | ((y & 0x08080808) >> 3) | ((y & 0x07070707) << 4)
+
+
+@triton.jit
 def _scale_at(r, col, cols, SWZ: tl.constexpr):
     # byte offset of scale (r, col) of a [rows, cols] scale matrix: row-major, or (SWZ) the 128x4 blocked layout of
     # formats.swizzle_scales: atoms row-atom-major, inside one (r % 32) * 16 + (r // 32 % 4) * 4 + col % 4
@@ -49,9 +60,36 @@ def _scale_at(r, col, cols, SWZ: tl.constexpr):
 
 
 @triton.jit
+def _unit_loop(packed, cptr, sptr, kc0, kc_end, j, r0, r1, sr, sj, n, cols, cta, kc_n, per, slot, q, c, t,
+               SWZ_B: tl.constexpr, KCU: tl.constexpr, PREFETCH: tl.constexpr, ONCE: tl.constexpr):
+    # the program's KCU units one after the other (PREFETCH: the next unit's loads issued before this one's stores)
+    p0, p1, sv = _unit_loads(cptr, sptr, kc0, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B, not ONCE)
+    for u in range(KCU):
+        kc = kc0 + u
+        if PREFETCH:  # the next unit's loads in flight while this one is decoded and stored
+            q0, q1, qs = _unit_loads(cptr, sptr, kc + 1, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B, not ONCE)
+        unit_at = ((cta * kc_n + kc) * per + slot).to(tl.int64)  # the unit's index (2304 bytes each)
+        if ONCE:
+            word = _words(p0[:, None, :] >> c, p1[:, None, :] >> c)
+        else:
+            word = _words(p0 >> c, p1 >> c)
+        if ONCE:  # [32, 4 c, 4 j] to the store's [32, 16] (Triton: through shared memory); one mask value
+            word = tl.reshape(word, [32, 16])  # per unit: 16-byte stores
+            ok = tl.zeros_like(q) + kc < kc_end
+        else:
+            ok = kc * 4 + j < kc_end * 4
+            tl.store(packed + unit_at * 2304 + 2048 + t, sv, mask=kc * 4 + sj < kc_end * 4)
+        tl.store(packed.to(tl.pointer_type(tl.uint32)) + (unit_at * 576 + q), word, mask=ok)
+        if PREFETCH:
+            p0, p1, sv = q0, q1, qs
+        else:
+            p0, p1, sv = _unit_loads(cptr, sptr, kc + 1, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B, not ONCE)
+
+
+@triton.jit
 def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ_B: tl.constexpr,
            G_P2: tl.constexpr, POST: tl.constexpr, ROWS: tl.constexpr, BYTES: tl.constexpr, KCU: tl.constexpr,
-           PREFETCH: tl.constexpr, ONCE: tl.constexpr, ROWS_FIRST: tl.constexpr):
+           PREFETCH: tl.constexpr, ONCE: tl.constexpr, ROWS_FIRST: tl.constexpr, WHOLE: tl.constexpr):
     pid = tl.program_id(0)
     table = table_at.to(tl.pointer_type(tl.int64))  # device memory, or pinned host memory read in place
     n = tl.load(table + 0).to(tl.int32)
@@ -118,33 +156,19 @@ def gather(packed, small, table_at, DUAL: tl.constexpr, SWZ_A: tl.constexpr, SWZ
         if ONCE:  # scales first, once per program
             _program_scales(sptr, packed, rb, kc0, kc_end, n, n_pad, cols, (cta * kc_n + kc0) * per + slot, per,
                             SWZ_B, KCU)
-        p0, p1, sv = _unit_loads(cptr, sptr, kc0, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B, not ONCE)
-        for u in range(KCU):
-            kc = kc0 + u
-            if PREFETCH:  # the next unit's loads in flight while this one is decoded and stored
-                q0, q1, qs = _unit_loads(cptr, sptr, kc + 1, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B, not ONCE)
-            unit_at = ((cta * kc_n + kc) * per + slot).to(tl.int64)  # the unit's index (2304 bytes each)
-            if ONCE:
-                b0, b1 = p0[:, None, :] >> c, p1[:, None, :] >> c
-            else:
-                b0, b1 = p0 >> c, p1 >> c
-            xs = ((b0 & 255) | ((b1 & 255) << 8)).to(tl.uint32)  # byte c of x, hp = 0 | 1
-            ys = (((b0 >> 32) & 255) | (((b1 >> 32) & 255) << 8)).to(tl.uint32)
-            x = (xs & 0x0F0F) | ((xs & 0xF0F0) << 12)  # nibbles to bytes (e, hp)
-            y = (ys & 0x0F0F) | ((ys & 0xF0F0) << 12)
-            word = ((x & 0x07070707) << 1) | ((x & 0x08080808) << 4) | ((y & 0x08080808) >> 3) \
-                | ((y & 0x07070707) << 4)
-            if ONCE:  # [32, 4 c, 4 j] to the store's [32, 16] (Triton: through shared memory); one mask value
-                word = tl.reshape(word, [32, 16])  # per unit: 16-byte stores
-                ok = tl.zeros_like(q) + kc < kc_end
-            else:
-                ok = kc * 4 + j < kc_end * 4
-                tl.store(packed + unit_at * 2304 + 2048 + t, sv, mask=kc * 4 + sj < kc_end * 4)
-            tl.store(packed.to(tl.pointer_type(tl.uint32)) + (unit_at * 576 + q), word, mask=ok)
-            if PREFETCH:
-                p0, p1, sv = q0, q1, qs
-            else:
-                p0, p1, sv = _unit_loads(cptr, sptr, kc + 1, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B, not ONCE)
+        if WHOLE:  # (ONCE) the program's KCU units at once: each row's KCU * 32 code bytes in one request, no loop
+            kp = kc0 * 4 + tl.arange(0, KCU * 4)[None, :]
+            ok = (kp < cols) & (kp < kc_end * 4)
+            p0 = tl.reshape(tl.load(cptr + (r0 * cols + kp), mask=ok & (r0 < n), other=0), [32, 1, KCU, 4])
+            p1 = tl.reshape(tl.load(cptr + (r1 * cols + kp), mask=ok & (r1 < n), other=0), [32, 1, KCU, 4])
+            c4 = (tl.arange(0, 4) * 8).to(tl.uint64)[None, :, None, None]
+            word = tl.reshape(tl.permute(_words(p0 >> c4, p1 >> c4), (2, 0, 1, 3)), [KCU, 512])  # [u, (wg, c, j)]
+            uu = tl.arange(0, KCU)[:, None]
+            dst = ((cta * kc_n + kc0 + uu) * per + slot).to(tl.int64) * 576 + tl.arange(0, 512)[None, :]
+            tl.store(packed.to(tl.pointer_type(tl.uint32)) + dst, word, mask=(tl.zeros_like(dst) + kc0 + uu) < kc_end)
+        else:
+            _unit_loop(packed, cptr, sptr, kc0, kc_end, j, r0, r1, sr, sj, n, cols, cta, kc_n, per, slot, q, c, t,
+                       SWZ_B, KCU, PREFETCH, ONCE)
     elif (rpid >= 0) & (rpid < a_progs):  # ---- ROWS packed activation rows
         a_codes = small
         a_scales = small + tl.load(table + 9)
