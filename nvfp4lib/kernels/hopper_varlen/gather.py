@@ -21,7 +21,12 @@ place, or from a device copy), and one launch of the gather does, by program id:
   its units at once, a warp along one row's columns. Nsight Compute had the earlier form L1-bound, four lanes loading
   each pair; cutting the load sectors ~4× was predicted to take S1's weights from ~115 to ~100 µs. Measured
   (development run, one H100, same process): S1 114.3 → 111.0 µs, S1-dual 223.4 → 216.9, S2 63.5 → 61.4, S3-dual
-  34.2 → 31.5, the other four shapes within 0.3 µs; 8 warps or 4 or 16 units per program were slower;
+  34.2 → 31.5, the other four shapes within 0.3 µs; 8 warps or 4 or 16 units per program were slower. The whole
+  program's loads at once (``WHOLE = 1``, the default since 674dc09's measurement): each row's ``KCU`` × 32 code
+  bytes in one request instead of 32 bytes per unit in a loop, then one store permuted through shared memory. Predicted
+  ~90–95 µs on S1 if the DRAM pattern limited it; measured (recorded, ``gather-bench --whole 0 --whole 1``):
+  S1 110.5 → 95.7 µs, S1-dual 215.4 → 188.4, S2 60.9 → 51.5, S4 12.5 → 10.4 — 2.8 TB/s on the large shapes, 1.04–1.06×
+  the copy floor;
 - **activation rows**: the groups' rows copied into one packed ``[T, K/2]`` codes and ``[T, K/16]`` scales pair
   (the prologue's input), row r of the packed form belonging to the group whose offsets bracket it;
 - **the small things** (last program): the offsets ``[G+1]`` (prefix sums of the groups' rows), A's global scales
@@ -58,8 +63,10 @@ ONCE = 1  # 1: each code pair loaded by one lane, the unit passed to the store's
 # S2 and S4-dual within 0.4 us; one-shot calls back to back S1 257.4 -> 250.6, S1-dual 457.9 -> 448.6
 ROWS_FIRST = 1
 # 1 (with ONCE): a program loads its KCU units' codes at once, each row's KCU * 32 bytes in one request, and stores
-# them after (no loop): 0, one unit after the other (32 bytes per row per request)
-WHOLE = 0
+# them after (no loop); 0: one unit after the other, 32 bytes per row per request. H100, gather-bench at 674dc09
+# (2026-11-27), weights: S1 110.5 -> 95.7 us, S1-dual 215.4 -> 188.4, S2 60.9 -> 51.5, S4 12.5 -> 10.4 (2.4 -> 2.8
+# TB/s on the large shapes; KCU 4 and 16 within 1 us of 8, 8 warps slower)
+WHOLE = 1
 WARPS = 4  # warps per program
 _KERNEL = None
 
@@ -149,7 +156,7 @@ class Plan:
         # (the knobs' module defaults read at the call: a development A/B may set ONCE, ROWS_FIRST, WHOLE)
         once = ONCE if once is None else once
         rows_first = ROWS_FIRST if rows_first is None else rows_first
-        whole = WHOLE if whole is None else whole
+        whole = (WHOLE if once else 0) if whole is None else whole  # (whole needs once: off with the older form)
         if (n_pad + 128) * (k // 16 + 4) >= 1 << 31:  # the kernel's offsets inside one matrix are 32-bit
             raise ValueError(f"the gather takes weight matrices of fewer than 2^35 elements; one group's is {n} x {k}")
         if once and kcu & (kcu - 1):
