@@ -83,6 +83,10 @@ def cmd_calls(args) -> int:
         from .kernels.hopper_varlen import kernel
 
         kernel.FUSED_PROLOGUE = args.fused_prologue == "on"
+    if args.eager_fused is not None:
+        from .kernels.hopper_varlen import kernel
+
+        kernel.EAGER_FUSED = args.eager_fused == "on"
     rows = bench_calls(probs, calls=tuple(args.call or ("graph", "eager", "oneshot", "harness")), seed=args.seed,
                        mode=args.mode, iters=args.iters, rounds=rounds, progress=lambda r: print(
                            f"  round {r['round']} {r['problem']:<10} {r['call']:<8} {r['status'][:60]}", flush=True))
@@ -303,6 +307,9 @@ def main(argv=None) -> int:
                    "is judged by its median round")
     p.add_argument("--fused-prologue", choices=["on", "off"], help="the NVFP4 call as one kernel or two (default: "
                    "as shipped, kernels.hopper_varlen.kernel.FUSED_PROLOGUE); rows carry the setting")
+    p.add_argument("--eager-fused", choices=["on", "off"], help="with the prologue not fused: calls not under "
+                   "CUDA-graph capture as one kernel (default: as shipped, kernels.hopper_varlen.kernel.EAGER_FUSED); "
+                   "rows carry the setting")
     _add_record_args(p, CALLS, "calls")
     p.set_defaults(fn=cmd_calls)
 

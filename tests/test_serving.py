@@ -130,6 +130,16 @@ def test_every_config_compiles_for_sm90a(name, monkeypatch):
     assert r["gemm"]["cp.async.bulk.tensor"] > 0 and r["gemm"]["mbarrier.try_wait"] > 0
     assert "griddepcontrol.wait" in r["ptx"] and "griddepcontrol.launch_dependents" in r["prologue_ptx"]
     assert "cvt.rn.f16x2.e4m3x2" in r["prologue_ptx"]
+    # eager calls run every config's fused call (kernel.EAGER_FUSED): it compiles too, one kernel
+    from nvfp4lib.kernels.common.compiling import compile_offline
+    from nvfp4lib.kernels.hopper_varlen.kernel import kernel_classes
+    from nvfp4lib.kernels.hopper_varlen.report import TVM_FFI, call_arguments
+
+    _, gemm_cls, call_cls = kernel_classes()
+    art = compile_offline(call_cls(gemm_cls(cfg, 8, 4096, 1024), True), *call_arguments(cfg, 8, 4096, 1024),
+                          arch="sm_90a", ptxas=False, extra_options=TVM_FFI)
+    assert art.ptx.count(".entry") == 1 and "kernel_fused" in art.ptx
+    assert art.instructions["wgmma.mma_async"] == r["gemm"]["wgmma.mma_async"]
 
 
 @pytest.mark.slow

@@ -179,6 +179,44 @@ def test_fused_call_is_exact_call_after_call(monkeypatch, dual):
         assert err <= TOL, f"replay {it}: split {offs.tolist()}: {err}"
 
 
+@pytest.mark.parametrize("dual", [False, True])
+def test_eager_calls_run_fused_captured_calls_two_kernels(monkeypatch, dual):
+    """EAGER_FUSED (on by default): calls not under capture run the fused kernel (compiled on the first), a CUDA-graph
+    capture the two kernels; eager calls before and after a capture and replays of new splits are all exact."""
+    from nvfp4lib.kernels.hopper_varlen import kernel
+
+    monkeypatch.setattr(kernel, "EAGER_FUSED", True)
+    monkeypatch.setattr(kernel, "FUSED_PROLOGUE", False)
+    base = GroupedProblem.uniform_nk("e", (64, 0, 200, 37), 512, 1024)
+    base = base.with_dual() if dual else base
+    inp = make_inputs(base, seed=12, mode="gaussian", device="cuda")
+    w = prepare_weights(inp.b, inp.b2)
+    ap, offsets, gs = packed(inp.a)
+    ref = reference_grouped_gemm(inp.a, inp.b, inp.b2)
+    bounds = offsets.tolist()
+
+    def check(c, what):
+        assert relative_error([c[o: o + t.shape[0]] for o, t in zip(bounds[:-1], inp.a)], ref) <= TOL, what
+
+    check(w(ap, offsets, global_scale=gs), "first eager call")
+    (runner,) = w.impl._runners.values()
+    assert runner._eager is not None and runner._eager is not runner._call
+    fused_calls = []
+    fused = runner._eager
+    runner._eager = lambda *args: (fused_calls.append(1), fused(*args))[1]
+    check(w(ap, offsets, global_scale=gs), "second eager call")
+    assert len(fused_calls) == 1
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        c = w(ap, offsets, global_scale=gs)
+    assert len(fused_calls) == 1, "the capture ran the fused kernel"
+    c.fill_(float("nan"))
+    g.replay()
+    check(c, "replay")
+    check(w(ap, offsets, global_scale=gs), "eager call after the capture")
+    assert len(fused_calls) == 2
+
+
 def test_torch_compile_and_opcheck():
     inp = make_inputs(BENCHMARK[3], seed=5, mode="gaussian", device="cuda")
     w = prepare_weights(inp.b, None)

@@ -53,12 +53,18 @@ LOOP_GROUPS = 32
 # overlapped). Off by default: it helps host-bound eager calls and costs every graph replay. Exact on every shape in
 # those runs; memcheck: 0 errors on two earlier forms of it (e7bb3ce, db11cf9) and on this one (852c996).
 FUSED_PROLOGUE = False
+# With FUSED_PROLOGUE off: prepared weights' NVFP4 calls that are not being captured in a CUDA graph run the fused
+# kernel (one launch: the host time of an eager call), and captured calls the two kernels (the replay's GPU time, with
+# no host time to save). Each runner compiles the fused call on its first eager call. One-shot calls keep the two
+# kernels (their host time is hidden behind the gather). Prediction (2026-11-27, before the run): eager calls -3 to
+# -6 us of host time (the A/B above), graph replays unchanged.
+EAGER_FUSED = True
 
 
 def call_knobs() -> dict:
     """The knobs an NVFP4 call's times depend on, as set now: what calls rows carry (:func:`nvfp4lib.calls.bench_calls`)
     and what the report keeps rows at (:func:`nvfp4lib.serving_report.shipped_calls`)."""
-    return {"fused_prologue": int(FUSED_PROLOGUE)}
+    return {"fused_prologue": int(FUSED_PROLOGUE), "eager_fused": int(EAGER_FUSED)}
 
 
 # CTAs of the fused call that decode a slice of the activations: one per SM of an H100 SXM (fewer SMs only delays

@@ -187,7 +187,7 @@ class OneShot:
         self.n_pad = -(-n // cfg.tile_m) * cfg.tile_m
         self.k_pad = -(-k // cfg.tile_k) * cfg.tile_k
         self.blocks = cfg.tile_m * (2 if self.dual else 1) // (64 * NWG)
-        self._call = compile_call(cfg, groups, n, self.k_pad, OUT_DTYPES[out_dtype])
+        self._call = compile_call(cfg, groups, n, self.k_pad, OUT_DTYPES[out_dtype])  # (never .kernel.EAGER_FUSED)
         self._index = device_index(device)
         self.x16 = Scratch(self.k_pad, device)  # the prologue's fp16 rows, per stream like everything the GEMM reads
         self._plans: dict = {}  # rows -> gather plan (a serving loop repeats its row counts)

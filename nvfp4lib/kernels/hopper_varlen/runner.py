@@ -46,14 +46,14 @@ def compile_gemm(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
                     lambda: gemm_arguments(cfg, groups, n, k_pad, out_name, k=k))
 
 
-def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str):
+def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, fused: bool | None = None):
     """The prologue and the GEMM of an NVFP4-activation call as one host function
-    (``fn(codes, scales, x16, weights, C, offsets, gs_a, gs_b, counters)``; one kernel, or two with
-    :data:`.kernel.FUSED_PROLOGUE` off), compiled once per shape."""
+    (``fn(codes, scales, x16, weights, C, offsets, gs_a, gs_b, counters)``; one kernel with ``fused``, else two;
+    None: :data:`.kernel.FUSED_PROLOGUE`), compiled once per shape."""
     from . import kernel
 
     _, gemm_cls, call_cls = kernel_classes()
-    fused = kernel.FUSED_PROLOGUE
+    fused = kernel.FUSED_PROLOGUE if fused is None else fused
     return _compile(("call", cfg, groups, n, k_pad, out_name, fused),
                     lambda: call_cls(gemm_cls(cfg, groups, n, k_pad), fused),
                     lambda: call_arguments(cfg, groups, n, k_pad, out_name))
@@ -167,6 +167,11 @@ class VarlenRunner:
             self._gs_unread = w.gs_b.view(-1)  # the kernel's gs_a argument, not read for bf16 activations
         else:  # the prologue and the GEMM, from one host function
             self._gemm, self._call = None, compile_call(cfg, g, n, kp, out_name)
+        # (.kernel.EAGER_FUSED: calls not being captured run the fused kernel, compiled on the first such call)
+        from . import kernel
+
+        self._eager_fused = self._call is not None and kernel.EAGER_FUSED and not kernel.FUSED_PROLOGUE
+        self._eager = None
 
     def check_rows(self, rows: int) -> None:
         """Raise ValueError where ``rows`` rows need more CTAs than one call launches (:func:`.config.check_grid`)."""
@@ -203,5 +208,13 @@ class VarlenRunner:
         if scales.dtype is not E4M3:  # (the compiled call takes E4M3: the NVFP4Tensor's scales need no view)
             scales = scales.view(E4M3)
         x16, count = w.x16(rows)
-        self._call(codes, scales, x16, w.packed, out, offsets, gs_a, w.gs_b, count)
+        call = self._call
+        if self._eager_fused and not torch._C._cuda_isCurrentStreamCapturing():
+            call = self._eager or self._compile_eager()
+        call(codes, scales, x16, w.packed, out, offsets, gs_a, w.gs_b, count)
         return out
+
+    def _compile_eager(self):
+        w = self.w
+        self._eager = compile_call(self.cfg, w.groups, w.n, w.k_pad, OUT_DTYPES[self.out_dtype], fused=True)
+        return self._eager
