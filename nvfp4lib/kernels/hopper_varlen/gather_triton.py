@@ -69,14 +69,12 @@ def _unit_loop(packed, cptr, sptr, kc0, kc_end, j, r0, r1, sr, sj, n, cols, cta,
         if PREFETCH:  # the next unit's loads in flight while this one is decoded and stored
             q0, q1, qs = _unit_loads(cptr, sptr, kc + 1, kc_end, j, r0, r1, sr, sj, n, cols, SWZ_B, not ONCE)
         unit_at = ((cta * kc_n + kc) * per + slot).to(tl.int64)  # the unit's index (2304 bytes each)
-        if ONCE:
-            word = _words(p0[:, None, :] >> c, p1[:, None, :] >> c)
-        else:
-            word = _words(p0 >> c, p1 >> c)
-        if ONCE:  # [32, 4 c, 4 j] to the store's [32, 16] (Triton: through shared memory); one mask value
-            word = tl.reshape(word, [32, 16])  # per unit: 16-byte stores
+        if ONCE:  # [32, 4 c, 4 j] to the store's [32, 16] (Triton: through shared memory; 16-byte stores), one
+            # mask value per unit
+            word = tl.reshape(_words(p0[:, None, :] >> c, p1[:, None, :] >> c), [32, 16])
             ok = tl.zeros_like(q) + kc < kc_end
         else:
+            word = _words(p0 >> c, p1 >> c)
             ok = kc * 4 + j < kc_end * 4
             tl.store(packed + unit_at * 2304 + 2048 + t, sv, mask=kc * 4 + sj < kc_end * 4)
         tl.store(packed.to(tl.pointer_type(tl.uint32)) + (unit_at * 576 + q), word, mask=ok)
