@@ -79,13 +79,11 @@ def cmd_calls(args) -> int:
     from .calls import ROUNDS, bench_calls, median_round
 
     probs, rounds = _problems(args), ROUNDS if args.rounds is None else args.rounds
-    if args.fused_prologue is not None:
-        from .kernels.hopper_varlen import kernel
+    from .kernels.hopper_varlen import kernel
 
+    if args.fused_prologue is not None:
         kernel.FUSED_PROLOGUE = args.fused_prologue == "on"
     if args.eager_fused is not None:
-        from .kernels.hopper_varlen import kernel
-
         kernel.EAGER_FUSED = args.eager_fused == "on"
     rows = bench_calls(probs, calls=tuple(args.call or ("graph", "eager", "oneshot", "harness")), seed=args.seed,
                        mode=args.mode, iters=args.iters, rounds=rounds, progress=lambda r: print(

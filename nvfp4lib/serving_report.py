@@ -249,18 +249,20 @@ def gather_table(rows: pd.DataFrame, problems=None, commit: str | None = None) -
     return t.reindex([p for p in order if p in t.index])
 
 
-# gather-bench knobs that rows carry since db7e1a9 (absent before: that commit's code); once and rows_first since
-# a963b7f and 404e20a, whole since its commit
-KNOBS = ("prefetch", "prmt", "once", "rows_first", "whole")
+def _gather_knobs() -> dict:
+    """The gather-bench knobs that rows carry, at the package's defaults now:
+    :func:`.kernels.hopper_varlen.gather.knobs` (in rows since db7e1a9, a963b7f, 404e20a and 674dc09: absent before,
+    that commit's code) and ``prmt``, a knob of one development commit, shipped off."""
+    from .kernels.hopper_varlen import gather
+
+    now = gather.knobs()
+    return {"prefetch": now["prefetch"], "prmt": 0, **now}  # (the labels' order: prmt after prefetch)
 
 
 def _shipped(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows that ran the gather as its commit shipped it: knob values equal to the package's defaults now, or
-    absent (rows from before the knob; ``prmt`` ended as a knob of one development commit, shipped off)."""
-    from .kernels.hopper_varlen import gather
-
-    return _at_defaults(rows, {"prefetch": gather.PREFETCH, "prmt": 0, "once": gather.ONCE,
-                               "rows_first": gather.ROWS_FIRST, "whole": gather.WHOLE})
+    absent (rows from before the knob)."""
+    return _at_defaults(rows, _gather_knobs())
 
 
 def gather_variants(rows: pd.DataFrame, commits, problems=None, part: str = "weights", kcu: int = 8,
@@ -274,7 +276,7 @@ def gather_variants(rows: pd.DataFrame, commits, problems=None, part: str = "wei
     sel = sel[sel["git_commit"].astype(str).str[:7].isin([c[:7] for c in commits])]
     if not len(sel):
         return pd.DataFrame()
-    knobs = [k for k in KNOBS if k in sel]
+    knobs = [k for k in _gather_knobs() if k in sel]
     label = sel["date"].astype(str).str[11:16] + " " + sel["git_commit"].astype(str).str[:7]
     setting = pd.Series("", index=sel.index)
     for knob in knobs:

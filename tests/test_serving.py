@@ -116,6 +116,18 @@ def test_configs_refuse_what_cannot_work():
         validate(VarlenConfig("x", ab_stages=1))
 
 
+def _compile_call(cfg, n: int, fused: bool):
+    """The NVFP4-activation call (one host function: prologue and GEMM, or the fused kernel) compiled offline for
+    sm_90a at G = 8, K_pad = 1024 (the caller sets CUTE_DSL_ARCH)."""
+    from nvfp4lib.kernels.common.compiling import compile_offline
+    from nvfp4lib.kernels.hopper_varlen.kernel import kernel_classes
+    from nvfp4lib.kernels.hopper_varlen.report import TVM_FFI, call_arguments
+
+    _, gemm_cls, call_cls = kernel_classes()
+    return compile_offline(call_cls(gemm_cls(cfg, 8, n, 1024), fused), *call_arguments(cfg, 8, n, 1024),
+                           arch="sm_90a", ptxas=False, extra_options=TVM_FFI)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n, c in CONFIGS.items() if c.act == "nvfp4"])  # bf16: tests/test_a16.py
 def test_every_config_compiles_for_sm90a(name, monkeypatch):
@@ -131,13 +143,7 @@ def test_every_config_compiles_for_sm90a(name, monkeypatch):
     assert "griddepcontrol.wait" in r["ptx"] and "griddepcontrol.launch_dependents" in r["prologue_ptx"]
     assert "cvt.rn.f16x2.e4m3x2" in r["prologue_ptx"]
     # eager calls run every config's fused call (kernel.EAGER_FUSED): it compiles too, one kernel
-    from nvfp4lib.kernels.common.compiling import compile_offline
-    from nvfp4lib.kernels.hopper_varlen.kernel import kernel_classes
-    from nvfp4lib.kernels.hopper_varlen.report import TVM_FFI, call_arguments
-
-    _, gemm_cls, call_cls = kernel_classes()
-    art = compile_offline(call_cls(gemm_cls(cfg, 8, 4096, 1024), True), *call_arguments(cfg, 8, 4096, 1024),
-                          arch="sm_90a", ptxas=False, extra_options=TVM_FFI)
+    art = _compile_call(cfg, 4096, fused=True)
     assert art.ptx.count(".entry") == 1 and "kernel_fused" in art.ptx
     assert art.instructions["wgmma.mma_async"] == r["gemm"]["wgmma.mma_async"]
 
@@ -151,14 +157,10 @@ def test_nvfp4_call_is_one_host_function(monkeypatch, fused):
     loads, the last ticket's move to the next epoch). The GEMM's wgmma are those of the GEMM compiled alone."""
     pytest.importorskip("cutlass")
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
-    from nvfp4lib.kernels.common.compiling import compile_offline
-    from nvfp4lib.kernels.hopper_varlen.kernel import kernel_classes
-    from nvfp4lib.kernels.hopper_varlen.report import TVM_FFI, call_arguments, compile_report
+    from nvfp4lib.kernels.hopper_varlen.report import compile_report
 
     cfg = CONFIGS["vl_m128_t16_k128_s8_e"]
-    _, gemm_cls, call_cls = kernel_classes()
-    art = compile_offline(call_cls(gemm_cls(cfg, 8, 2048, 1024), fused), *call_arguments(cfg, 8, 2048, 1024),
-                          arch="sm_90a", ptxas=False, extra_options=TVM_FFI)
+    art = _compile_call(cfg, 2048, fused)
     alone = compile_report(cfg, groups=8, n=2048, k_pad=1024, ptxas=False)
     assert art.instructions["wgmma.mma_async"] == alone["gemm"]["wgmma.mma_async"]
     if fused:

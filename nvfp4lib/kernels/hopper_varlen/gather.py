@@ -71,6 +71,12 @@ WARPS = 4  # warps per program
 _KERNEL = None
 
 
+def knobs() -> dict:
+    """The gather's form knobs as set now: what ``gather-bench`` sweeps and what its report keeps rows at
+    (:func:`nvfp4lib.serving_report.gather_variants`)."""
+    return {"prefetch": PREFETCH, "once": ONCE, "rows_first": ROWS_FIRST, "whole": WHOLE}
+
+
 def group_table(a, b, b2=None) -> list[int] | None:
     """The table's group rows (:data:`FIELDS`, ``F`` ints per group) for NVFP4Tensor lists: activations ``a`` (None:
     weights alone, no activation rows) and weights ``b`` (and ``b2``, the dual's second matrix), or None unless every
