@@ -15,7 +15,6 @@ from ..common.packing import check_scales_finite
 from ..common.sm90 import POST_SCALE
 from ..common.sm90 import _require_hopper as require_hopper
 from ..hopper_rs.layout import prepack_weights
-from . import kernel
 from .config import NWG, ROW_BYTES, VarlenConfig, check_grid, validate
 from .gather import group_table, launch
 from .kernel import kernel_classes
@@ -51,6 +50,8 @@ def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
     """The prologue and the GEMM of an NVFP4-activation call as one host function
     (``fn(codes, scales, x16, weights, C, offsets, gs_a, gs_b, counters)``; one kernel with ``fused``, else two;
     None: :data:`.kernel.FUSED_PROLOGUE`), compiled once per shape."""
+    from . import kernel
+
     _, gemm_cls, call_cls = kernel_classes()
     fused = kernel.FUSED_PROLOGUE if fused is None else fused
     return _compile(("call", cfg, groups, n, k_pad, out_name, fused),
@@ -167,6 +168,8 @@ class VarlenRunner:
         else:  # the prologue and the GEMM, from one host function
             self._gemm, self._call = None, compile_call(cfg, g, n, kp, out_name)
         # (.kernel.EAGER_FUSED: calls not being captured run the fused kernel, compiled on the first such call)
+        from . import kernel
+
         self._eager_fused = self._call is not None and kernel.EAGER_FUSED and not kernel.FUSED_PROLOGUE
         self._eager = None
 
