@@ -4,9 +4,9 @@
 ``silu(A·Gᵀ)·(A·Uᵀ)`` over gate and up, and the down projection). ``forward(x, topk_ids, topk_weights)`` then runs
 
 1. routing (:mod:`.routing`): token copies sorted by expert, group offsets on the device;
-2. ``activations="nvfp4"`` (W4A4): x to NVFP4 (a global scale per call from the device; ``quantizer``: two Triton
-   launches, :mod:`.quant_triton`, or :func:`.quant.quantize_rows`, the same bits), its rows gathered in expert
-   order; ``activations="bf16"`` (W4A16): x (in bf16) gathered as it is;
+2. ``activations="nvfp4"`` (W4A4): x to NVFP4 (a global scale per call from the device, or the static one given as
+   ``input_scales``, as checkpoints calibrate them; ``quantizer``: two Triton launches, :mod:`.quant_triton`, or
+   :func:`.quant.quantize_rows`, the same bits), its rows gathered in expert order; ``activations="bf16"`` (W4A16): x (in bf16) gathered as it is;
 3. the dual GEMM, writing the intermediate in bf16 (``INTERMEDIATE_DTYPE``), re-quantized in W4A4 mode (in W4A16
    mode the down GEMM reads it as it is: its weights were prepared with ``activations="bf16"``);
 4. the down GEMM (bf16 out), then the weighted un-permute, a deterministic gather and sum in fp32.
@@ -68,10 +68,14 @@ class NVFP4MoE(torch.nn.Module):
     ``backend``: a serving backend,
     "cute-hopper" (the Hopper kernel) or "reference" (the same semantics in torch, on any device). ``quantizer``: how
     W4A4 quantizes activations and the intermediate (``QUANTIZERS``, resolved to "torch" or "triton" in
-    ``self.quantizer``; the same bits either way)."""
+    ``self.quantizer``; the same bits either way). ``input_scales``: None (W4A4 computes the activations' global scale
+    per call) or ``(gate_up, down)``, the static NVFP4 global scales of x and of the intermediate (one number each,
+    for every expert: a value is ``e2m1 · block scale · global scale``). ``keep_weights=False`` drops the NVFP4Tensor
+    lists (``w_gate``, ``w_up``, ``w_down`` become None) once the serving path holds its own copy: a model loader keeps
+    one copy of the experts."""
 
     def __init__(self, w_gate, w_up, w_down, *, activations: str = "nvfp4", backend: str = "cute-hopper",
-                 quantizer: str = "auto"):
+                 quantizer: str = "auto", input_scales=None, keep_weights: bool = True):
         super().__init__()
         if activations not in ACTIVATIONS:
             raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
@@ -87,11 +91,13 @@ class NVFP4MoE(torch.nn.Module):
                              "hold the same number")
         self.experts, self.hidden, self.intermediate = len(w_gate), hidden, inter
         self.activations, self.backend = activations, backend
-        self.quantizer = resolve_quantizer(quantizer, w_gate[0].device)
-        self.w_gate, self.w_up, self.w_down = w_gate, w_up, w_down
+        self.device = w_gate[0].device
+        self.quantizer = resolve_quantizer(quantizer, self.device)
+        self.input_scales = None if input_scales is None else _static_scales(input_scales, self.device)
         self.gate_up = prepare_weights(w_gate, w_up, backend=backend, out_dtype=INTERMEDIATE_DTYPE,
                                        activations=activations)
         self.down = prepare_weights(w_down, backend=backend, out_dtype=INTERMEDIATE_DTYPE, activations=activations)
+        self.w_gate, self.w_up, self.w_down = (w_gate, w_up, w_down) if keep_weights else (None, None, None)
 
     @classmethod
     def from_float(cls, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, **kwargs) -> "NVFP4MoE":
@@ -105,7 +111,8 @@ class NVFP4MoE(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"experts={self.experts}, hidden={self.hidden}, intermediate={self.intermediate}, "
-                f"activations={self.activations!r}, backend={self.backend!r}, quantizer={self.quantizer!r}")
+                f"activations={self.activations!r}, backend={self.backend!r}, quantizer={self.quantizer!r}"
+                + (", static activation scales" if self.input_scales is not None else ""))
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         """``x [T, H]``, ``topk_ids [T, k]`` (int, in ``[0, E)``), ``topk_weights [T, k]`` -> ``[T, H]`` in x's
@@ -115,22 +122,23 @@ class NVFP4MoE(torch.nn.Module):
         if self.activations == "nvfp4":
             # Quantize the T rows, then gather the T·k copies: quantization is row-local with one global scale for
             # the call, so this gives the bits of quantizing the gathered rows, k times cheaper.
-            codes, scales, g = self._quantize(x)
+            static = self.input_scales or (None, None)
+            codes, scales, g = self._quantize(x, static[0])
             h = self.gate_up(_packed(codes.index_select(0, r.token), scales.view(torch.uint8).index_select(0, r.token),
                                      g), r.offsets, global_scale=g)
-            codes, scales, g = self._quantize(h)
+            codes, scales, g = self._quantize(h, static[1])
             y = self.down(_packed(codes, scales.view(torch.uint8), g), r.offsets, global_scale=g)
         else:
             # the intermediate is already bf16 (INTERMEDIATE_DTYPE): the down GEMM's activations as they are
             y = self.down(self.gate_up(x.to(torch.bfloat16).index_select(0, r.token), r.offsets), r.offsets)
         return unpermute(y, r, topk_weights, x.dtype)
 
-    def _quantize(self, x: torch.Tensor):
+    def _quantize(self, x: torch.Tensor, global_scale: torch.Tensor | None = None):
         if self.quantizer == "triton" and not torch.compiler.is_compiling():
             from .quant_triton import quantize_rows_triton
 
-            return quantize_rows_triton(x.contiguous())
-        return quantize_rows(x)
+            return quantize_rows_triton(x.contiguous(), global_scale)
+        return quantize_rows(x, global_scale)
 
     def _check(self, x, topk_ids, topk_weights) -> None:
         # shapes and dtypes only: static under torch.compile, no read-back
@@ -141,9 +149,27 @@ class NVFP4MoE(torch.nn.Module):
                              f"{tuple(topk_ids.shape)}")
         if tuple(topk_weights.shape) != tuple(topk_ids.shape):
             raise ValueError(f"topk_weights is {tuple(topk_weights.shape)} but topk_ids is {tuple(topk_ids.shape)}")
-        if not (x.device == topk_ids.device == topk_weights.device == self.w_gate[0].device):
+        if not (x.device == topk_ids.device == topk_weights.device == self.device):
             raise ValueError(f"x ({x.device}), topk_ids ({topk_ids.device}), topk_weights ({topk_weights.device}) "
-                             f"must be on the weights' device {self.w_gate[0].device}")
+                             f"must be on the weights' device {self.device}")
+
+
+def _static_scales(scales, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(gate_up, down)`` static activation global scales as float32 ``[1]`` tensors on ``device`` (checked finite and
+    positive here, once: the forward reads nothing back)."""
+    if not isinstance(scales, (tuple, list)) or len(scales) != 2:
+        raise TypeError(f"input_scales must be a pair (gate_up, down) of numbers or one-element tensors, got "
+                        f"{type(scales).__name__}")
+    out = []
+    for what, s in zip(("gate_up", "down"), scales):
+        t = torch.as_tensor(s, dtype=torch.float32).detach().reshape(-1)
+        if t.numel() != 1:
+            raise ValueError(f"input_scales ({what}) must hold one number, got {t.numel()}")
+        v = float(t.cpu())
+        if not (v > 0.0 and v != float("inf")):
+            raise ValueError(f"input_scales ({what}) must be finite and > 0, got {v}")
+        out.append(t.to(device))
+    return out[0], out[1]
 
 
 def _packed(codes: torch.Tensor, scale_bytes: torch.Tensor, g: torch.Tensor) -> NVFP4Tensor:
