@@ -1,13 +1,20 @@
-"""The public grouped GEMM functions: validate at the boundary, then hand to a backend."""
+"""The one-shot grouped GEMMs: new weights every call (for weights used many times, :func:`nvfp4lib.prepare_weights`).
+
+Two backends: "cute-hopper" (the serving kernel, :mod:`nvfp4lib.kernels.hopper_varlen`, on an sm_90 GPU) and
+"reference" (the exact semantics on any device). Operands are validated at the boundary and every error names the
+group and the rule it broke. The study's other kernels and the peers are benchmarked through :mod:`nvfp4lib.bench`,
+not called from here."""
 from __future__ import annotations
 
 import torch
 
-from .backends import Runner, get_backend
 from .formats import NVFP4Tensor
+from .reference import reference_grouped_gemm
 from .serving import oneshot as _serving_oneshot  # (here, not per call: ~1 µs)
 
-__all__ = ["grouped_gemm", "grouped_dual_gemm_silu", "prepare", "validate_operands"]
+__all__ = ["grouped_gemm", "grouped_dual_gemm_silu", "validate_operands", "BACKENDS"]
+
+BACKENDS = ("cute-hopper", "reference")
 
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -74,67 +81,47 @@ def _device_error(g: int, device, parts):
                              "all operands must be on one device")
 
 
-def prepare(a, b, b2=None, *, backend: str = "reference", out_dtype=torch.float16, strategy: str = "grouped",
-            graph: bool = False, **options) -> Runner:
-    """Validate, then let ``backend`` do its one-time work; call the returned Runner to compute.
+def _oneshot(a, b, b2, backend: str, out_dtype, config: str) -> list[torch.Tensor]:
+    """The groups' products with new weights. cute-hopper: the one-shot serving call where the groups share N and K
+    (the callers' tensors read in place; a cached or heuristic config, never timed inside the call), else one
+    prepared-weights call per distinct (N, K) of the groups (the same kernel)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; the one-shot functions take {', '.join(BACKENDS)} (the study's "
+                         "kernels and peers are benchmarked with `python -m nvfp4lib bench`)")
+    if backend == "cute-hopper" and config == "auto":
+        c = _serving_oneshot(a, b, b2, out_dtype=out_dtype, split=True)  # one pass over the operands
+        if c is not None:
+            return c
+    a, b, b2 = validate_operands(a, b, b2, out_dtype)  # (names what kept the operands off the one-shot path)
+    if backend == "reference":
+        if config != "auto":
+            raise ValueError(f"backend 'reference' has no configs (got config={config!r})")
+        return reference_grouped_gemm(a, b, b2, out_dtype=out_dtype)
+    from .serving import prepare_weights
 
-    ``strategy`` ("grouped", "loop", "streams") and ``graph`` choose how the work is launched
-    (see :mod:`nvfp4lib.launch`); other options go to the backend (e.g. ``config=`` for CuTe kernels)."""
-    from .launch import STRATEGIES, graphed, per_group
-
-    a, b, b2 = validate_operands(a, b, b2, out_dtype)
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
-    factory = get_backend(backend)
-    if backend == "cute-hopper" and options.get("config", "auto") in ("auto", None):
-        if strategy == "grouped":  # the study's `auto`: time the candidates on these operands (tuning.py)
-            from .kernels.common.sm90 import _require_hopper
-            from .tuning import AUTO_CANDIDATES, fastest_runner
-
-            _require_hopper(a[0].data.device)
-            rest = {k: v for k, v in options.items() if k != "config"}
-            runner = fastest_runner(lambda name: factory(a, b, b2, out_dtype=out_dtype, config=name, **rest),
-                                    AUTO_CANDIDATES[b2 is not None], a[0].data.device)
-            return graphed(runner) if graph else runner
-        options = {**options, "config": "rs_dual_m128_t128_k128_s3" if b2 is not None else "rs_m128_t128_k128_s3_e"}
-    if strategy == "grouped":
-        runner = factory(a, b, b2, out_dtype=out_dtype, **options)
-    else:
-        runner = per_group(factory, a, b, b2, out_dtype=out_dtype, streams=strategy == "streams", **options)
-    return graphed(runner) if graph else runner
-
-
-def _oneshot(a, b, b2, backend, out_dtype, options):
-    """A one-call product: with cute-hopper and groups sharing N and K, the serving path (weights packed in a few
-    GPU ops, a cached config: nothing timed inside the call); otherwise the backend's own prepare. A runner whose
-    config is "auto" would time its candidates inside this call: one-shot calls take the shape heuristic instead."""
-    if backend == "cute-hopper":
-        if not options or (len(options) == 1 and options.get("config") == "auto"):
-            c = _serving_oneshot(a, b, b2, out_dtype=out_dtype, split=True)  # one pass over the operands
-            if c is not None:
-                return c
-        a, b, b2 = validate_operands(a, b, b2, out_dtype)  # (names what kept the operands off the one-shot path)
-        shape = b[0].data.shape
-        if all(t.data.shape == shape for t in b) and (b2 is None or all(t.data.shape == shape for t in b2)) \
-                and set(options) <= {"config"}:
-            from .serving import prepare_weights
-
-            return prepare_weights(b, b2, backend=backend, out_dtype=out_dtype, config=options.get("config", "auto"),
-                                   check_scales=False)(a)
-        if options.get("config", "auto") == "auto":
-            options = {**options, "config": "rs_dual_m128_t128_k128_s3" if b2 is not None else "rs_m128_t128_k128_s3_e"}
-    return prepare(a, b, b2, backend=backend, out_dtype=out_dtype, **options)()
+    shapes: dict[tuple, list[int]] = {}
+    for g, w in enumerate(b):
+        shapes.setdefault(tuple(w.shape), []).append(g)
+    out: list = [None] * len(a)
+    for groups in shapes.values():
+        w = prepare_weights([b[g] for g in groups], None if b2 is None else [b2[g] for g in groups],
+                            backend=backend, out_dtype=out_dtype, config=config, check_scales=False)
+        for g, c in zip(groups, w([a[g] for g in groups])):
+            out[g] = c
+    return out
 
 
-def grouped_gemm(a, b, *, backend: str = "reference", out_dtype=torch.float16, **options) -> list[torch.Tensor]:
-    """C_g = A_g · B_gᵀ for every group; ``a[g]`` is [M_g, K], ``b[g]`` is [N_g, K]; returns [M_g, N_g] tensors.
+def grouped_gemm(a, b, *, backend: str = "reference", out_dtype=torch.float16,
+                 config: str = "auto") -> list[torch.Tensor]:
+    """C_g = A_g · B_gᵀ for every group; ``a[g]`` is [M_g, K], ``b[g]`` is [N_g, K] (NVFP4Tensor); returns [M_g, N_g]
+    tensors of ``out_dtype``. ``config`` names a serving-kernel config (``"auto"``: the cached or heuristic choice).
     For repeated calls with the same weights, prepare them once: :func:`nvfp4lib.prepare_weights`."""
-    return _oneshot(a, b, None, backend, out_dtype, options)
+    return _oneshot(a, b, None, backend, out_dtype, config)
 
 
 def grouped_dual_gemm_silu(a, b1, b2, *, backend: str = "reference", out_dtype=torch.float16,
-                           **options) -> list[torch.Tensor]:
+                           config: str = "auto") -> list[torch.Tensor]:
     """C_g = silu(A_g·B1_gᵀ) * (A_g·B2_gᵀ), both products in fp32, one rounding to ``out_dtype``."""
     if b2 is None:
         raise TypeError("grouped_dual_gemm_silu needs b2 (the up projection); use grouped_gemm for one product")
-    return _oneshot(a, b1, b2, backend, out_dtype, options)
+    return _oneshot(a, b1, b2, backend, out_dtype, config)

@@ -33,15 +33,11 @@ import torch
 
 from .formats import BLOCK_SIZE, NVFP4Tensor, scales_cute_view, swizzle_scales, unswizzle_scales
 
-__all__ = ["custom_kernel", "custom_kernel_dual", "group_operands", "dual_operands", "study_tuple",
-           "RAGGED_CONFIG"]
+__all__ = ["custom_kernel", "custom_kernel_dual", "group_operands", "dual_operands", "study_tuple"]
 
 _FP4 = getattr(torch, "float4_e2m1fn_x2", None)
 _CODE_DTYPES = tuple(d for d in (_FP4, torch.uint8) if d is not None)
 _BACKENDS = ("cute-hopper", "reference")
-# groups with different N or K cannot share prepared weights: the one-shot path runs them with this tiling (a name,
-# so nothing is timed inside the call)
-RAGGED_CONFIG = "rs_m128_t128_k128_s3_e"
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -182,7 +178,7 @@ def custom_kernel(data, *, backend: str = "cute-hopper", config: str = "auto") -
 
     Groups sharing N and K run as prepared weights (:func:`nvfp4lib.serving.prepare_weights`, ``config`` resolved
     from the tuning cache or the shape heuristic, never timed here); others through
-    :func:`nvfp4lib.api.grouped_gemm` with :data:`RAGGED_CONFIG` (or ``config`` when it names one)."""
+    :func:`nvfp4lib.api.grouped_gemm` (one prepared-weights call per distinct (N, K): the same kernel)."""
     from .api import grouped_gemm
     from .serving import prepare_weights
 
@@ -201,8 +197,7 @@ def custom_kernel(data, *, backend: str = "cute-hopper", config: str = "auto") -
     if len({tuple(t.shape) for t in b}) == 1:
         results = prepare_weights(b, backend=backend, config=config, check_scales=False)(a)
     else:
-        options = {"config": RAGGED_CONFIG if config == "auto" else config} if backend == "cute-hopper" else {}
-        results = grouped_gemm(a, b, backend=backend, **options)
+        results = grouped_gemm(a, b, backend=backend, config=config)
     for out, r in zip(c, results):
         out.copy_(r)
     return [abc[2] for abc in data[0]]

@@ -11,8 +11,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .backends import Runner
 from .formats import NVFP4Tensor, dequantize
+from .runner import Runner
 
 __all__ = ["reference_grouped_gemm", "prepare", "relative_error"]
 

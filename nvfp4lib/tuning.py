@@ -13,8 +13,9 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["cache_dir", "m_bucket", "problem_key", "lookup", "store", "heuristic", "tune", "fastest_runner",
-           "AUTO_CANDIDATES"]
+from ._version import __version__
+
+__all__ = ["cache_dir", "m_bucket", "problem_key", "lookup", "store", "heuristic", "tune"]
 
 _lock = threading.Lock()
 _memory: dict[str, str] | None = None
@@ -40,8 +41,6 @@ def m_bucket(rows: int, groups: int) -> int:
 
 def problem_key(gpu: str, backend: str, dual: bool, out_dtype, groups: int, n: int, k: int, bucket: int,
                 layout: str = "") -> str:
-    from . import __version__
-
     return "|".join(map(str, (gpu, backend, "dual" if dual else "single", str(out_dtype).replace("torch.", ""),
                               groups, n, k, bucket, layout, __version__)))
 
@@ -111,22 +110,6 @@ PREFERENCE = (
 )
 
 
-# The host-scheduled kernel's ``auto`` (``nvfp4lib.prepare(..., backend="cute-hopper")`` with no config: the study's
-# bench and notebooks): :func:`fastest_runner` times these register-decode configs (nvfp4lib.kernels.hopper_rs.config)
-# on the operands and keeps the fastest. No single tiling won every shape on the H100 (run of 2026-11-23 at 84fac66):
-# 96-token tiles (S2, S1-dual, S2-dual), 128 with 4 stages (S3, S4) or 5 (S1), the per-element dual epilogue (S3-dual,
-# S4-dual; within 1% of the staged one), variable N up to 256 (large M). Three stages of 128-token tiles start sooner on
-# one-wave shapes (a smaller first burst of loads: S4 17.8 vs 18.1 us at 3cb93ac). The decode-warpgroup (_dw) and
-# inline-decode (_e_i) configs were candidates at db91a56, 30f2014 and 6c6a2e6 and lost every shape; commit f7c5079 is
-# the last that has them.
-AUTO_CANDIDATES = {
-    False: ("rs_m128_t96_k128_s3_e", "rs_m128_t128_k128_s3_e", "rs_m128_t128_k128_s4_e", "rs_m128_t128_k128_s5_e",
-            "rs_m128_t64_k128_s4_e", "rs_m128_t256_k128_s3_v32_e"),
-    True: ("rs_dual_m64_t96_k128_s3_e", "rs_dual_m128_t128_k128_s3", "rs_dual_m128_t128_k128_s4_e",
-           "rs_dual_m128_t128_k128_s4", "rs_dual_m64_t256_k128_s3_v32_e"),
-}
-
-
 def heuristic(dual: bool, bucket: int, candidates: list[str]) -> str:
     """A shape rule for a cache miss: the first of :data:`PREFERENCE`'s configs for the bucket that is a candidate
     (the candidates share the prepared weights' layout), else the first candidate."""
@@ -141,7 +124,7 @@ def heuristic(dual: bool, bucket: int, candidates: list[str]) -> str:
 def tune(run, candidates: list[str], *, iters: int = 20, progress: bool = True) -> tuple[str, dict[str, float]]:
     """Time ``run(candidate)`` (a callable launching one call) for every candidate: median of ``iters`` CUDA-event
     timings with the L2 flushed before each; return (fastest, {candidate: microseconds})."""
-    from .bench import L2Flusher, time_runner
+    from .timing import L2Flusher, time_runner
 
     flush = L2Flusher()
     times = {}
@@ -154,35 +137,3 @@ def tune(run, candidates: list[str], *, iters: int = 20, progress: bool = True) 
         samples = time_runner(lambda c=c: run(c), iters=iters, warmup=1, flush=flush)  # warm-up compiles
         times[c] = sorted(samples)[len(samples) // 2]
     return min(times, key=times.get), times
-
-
-def fastest_runner(prepare_config, candidates, device, *, iters: int = 10, rounds: int = 2):
-    """Prepare a Runner for every candidate config (``prepare_config(name)``), time each on its operands and return
-    the fastest; the times are kept in ``runner.info["auto"]``. This is the host-scheduled kernel's ``auto`` (the
-    study's bench and notebooks use it), which times inside ``prepare``: serving calls resolve from the cache instead.
-
-    A time is the median of ``iters`` CUDA-graph replays with the L2 flushed before each (the GPU's time, not the
-    host's), the best of ``rounds`` rounds over all candidates, after the clocks are brought up: every candidate
-    is compiled first, and compiling leaves the GPU idle long enough to drop its clock (a first attempt, timing
-    each candidate right after its compile, once took 163 us for a 21 us candidate and chose the wrong one)."""
-    import time
-
-    from .bench import L2Flusher, time_runner
-    from .launch import graphed
-
-    t0 = time.perf_counter()
-    flush = L2Flusher(device)
-    runners = {name: prepare_config(name) for name in candidates}
-    graphs = {name: graphed(r) for name, r in runners.items()}
-    times: dict[str, float] = {}
-    for r in range(rounds):
-        for name, g in graphs.items():
-            t = sorted(time_runner(g, iters=iters, warmup=20 if r == 0 else 3, flush=flush))[iters // 2]
-            times[name] = round(min(t, times.get(name, float("inf"))), 2)
-    del flush, graphs
-    name = min(times, key=times.get)
-    runner = runners[name]
-    runner.info.update(config=name, auto=times)
-    runner.notes += f"; auto chose {name} of {times} (us, timed at prepare)"
-    runner.prepare_s = time.perf_counter() - t0
-    return runner

@@ -1,7 +1,7 @@
 """`python -m nvfp4lib check` measures against the fp64 reference and writes exactness rows only where asked."""
 import json
 
-from nvfp4lib.__main__ import main
+from nvfp4lib.study.cli import main
 
 
 def test_check_writes_exactness_rows(tmp_path, capsys):

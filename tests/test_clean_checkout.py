@@ -3,9 +3,9 @@ next and names no path of the machine, and `compile` writes to data/ only when a
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from nvfp4lib import store
-from nvfp4lib.__main__ import main
-from nvfp4lib.study import NOTEBOOKS, ROOT, execute, render_html, stable_cell_ids
+from nvfp4lib.bench import store
+from nvfp4lib.study.cli import main
+from nvfp4lib.study.notebooks import NOTEBOOKS, ROOT, execute, render_html, stable_cell_ids
 
 
 def test_cell_ids_derive_from_the_name_and_index():
@@ -59,7 +59,7 @@ def test_compile_writes_to_build_unless_recording(tmp_path, monkeypatch, capsys)
 def test_record_flag_alone_means_data(tmp_path):
     import argparse
 
-    from nvfp4lib import __main__ as cli
+    from nvfp4lib.study import cli as cli
 
     p = argparse.ArgumentParser()
     cli._add_record_args(p, store.BENCH, "bench")

@@ -5,9 +5,11 @@ import subprocess
 import pytest
 import torch
 
-from nvfp4lib import experiment, store, study_helpers
-from nvfp4lib.__main__ import main
-from nvfp4lib.study import NOTEBOOKS, ROOT
+from nvfp4lib.bench import store
+from nvfp4lib.study import experiment
+from nvfp4lib.study import helpers as study_helpers
+from nvfp4lib.study.cli import main
+from nvfp4lib.study.notebooks import NOTEBOOKS, ROOT
 
 
 def test_list_names_every_round_the_notebooks_show(capsys):
@@ -76,7 +78,7 @@ def test_a_shipped_round_says_it_needs_a_gpu(capsys, tmp_path, monkeypatch):
 def test_round_notebooks_import_their_helpers_and_read_only_data():
     for nb in sorted(NOTEBOOKS.glob("0[2-5]_*.ipynb")):
         text = nb.read_text()
-        assert "nvfp4lib.study_helpers import" in text and "def same_run" not in text, nb.name
+        assert "nvfp4lib.study.helpers import" in text and "def same_run" not in text, nb.name
     for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
         assert "wip/" not in nb.read_text().replace("migrate_wip_logs", ""), nb.name
 

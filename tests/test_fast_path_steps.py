@@ -1,8 +1,8 @@
-"""nvfp4lib.fast_path_steps: notebook 09's step table computed from data/ rows (no GPU)."""
+"""nvfp4lib.study.fast_path_steps: notebook 09's step table computed from data/ rows (no GPU)."""
 import math
 
-from nvfp4lib import fast_path_steps as fps
-from nvfp4lib.experiment import FAST_PATH
+from nvfp4lib.study import fast_path_steps as fps
+from nvfp4lib.study.experiment import FAST_PATH
 
 
 def _bench(run_id, commit, problem, us, *, label="cute-hopper[graph=True]", family="hopper_rs", gpu="H100", **kw):

@@ -78,7 +78,7 @@ def test_gather_matches_torch(dual, tile_m, n, k, ms, swz, kcu, prefetch, once, 
 def test_gather_bench_rows_account_bytes_and_check_identity(monkeypatch):
     """``gather-bench`` rows (timing stubbed: no GPU here): both parts per knob, bytes read + written, and the packed
     weights checked against the torch prepack, an empty group and the dual form included."""
-    import nvfp4lib.gather_bench as gb
+    import nvfp4lib.bench.gather_bench as gb
     import nvfp4lib.serving as sv
     from nvfp4lib.problems import GroupedProblem, get_problem, make_inputs
 

@@ -2,9 +2,10 @@
 import pandas as pd
 import pytest
 
-from nvfp4lib import headline, store
+from nvfp4lib.bench import store
+from nvfp4lib.bench.store import DATA_DIR
 from nvfp4lib.problems import get_problem
-from nvfp4lib.store import DATA_DIR
+from nvfp4lib.study import headline
 
 README = DATA_DIR.parent / "README.md"
 

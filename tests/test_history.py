@@ -2,8 +2,8 @@
 import importlib.util
 import json
 
-from nvfp4lib import store
-from nvfp4lib.study import ROOT
+from nvfp4lib.bench import store
+from nvfp4lib.study.notebooks import ROOT
 
 KINDS = {"dev check", "profile span", "timeline", "dev bench", "k sweep", "launch", "gpu tests", "fp16 dev run"}
 

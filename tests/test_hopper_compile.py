@@ -36,7 +36,7 @@ def test_shipped_config_compiles_with_tma_and_wgmma(reports, name):
     assert r["smem_bytes"] <= hopper.SMEM_LIMIT
     cfg = CONFIGS[name]
     if isinstance(cfg, RSConfig):
-        from nvfp4lib.kernels.hopper_rs import kernel as hopper_rs
+        from nvfp4lib.kernels.hopper_rs import runner as hopper_rs
 
         assert r["cvt.rn.f16x2.e4m3x2"] > 0 and r["lop3.b32"] > 0, "the register decode is missing"
         assert not r["wgmma_serialized"], "ptxas serialised the wgmma pipeline (C7513)"
@@ -75,7 +75,7 @@ def test_baseline_is_the_studys_shape():
 
 
 def test_every_shipped_config_is_valid_and_fits():
-    from nvfp4lib.kernels.hopper_rs import kernel as hopper_rs
+    from nvfp4lib.kernels.hopper_rs import runner as hopper_rs
 
     for cfg in CONFIGS.values():
         assert validate(cfg) is cfg
@@ -270,7 +270,7 @@ def test_activation_prologue_compiles(param_groups):
     """The prologue of the prologue-mode swap-AB configs: it releases the GEMM at once (PDL) and decodes with the
     conversion instruction; up to PARAM_GROUPS groups it takes their addresses as kernel parameters and loads no row
     table (three 8-byte loads per row otherwise)."""
-    from nvfp4lib.kernels.hopper_rs import kernel as hopper_rs
+    from nvfp4lib.kernels.hopper_rs import runner as hopper_rs
 
     r = hopper_rs.prologue_report(param_groups)
     assert r["griddepcontrol.launch_dependents"] == 1

@@ -4,9 +4,10 @@ and impossible configs are refused before compiling."""
 import pytest
 import torch
 
+from nvfp4lib.bench.backends import AUTO_CANDIDATES
 from nvfp4lib.formats import E2M1_VALUES, NVFP4Tensor, dequantize
 from nvfp4lib.kernels.common.packing import WIDE_TILE_COLUMNS, padded_row_offsets, stack_weights
-from nvfp4lib.kernels.hopper_rs import kernel as hopper_rs
+from nvfp4lib.kernels.hopper_rs import runner as hopper_rs
 from nvfp4lib.kernels.hopper_rs.config import RS_CONFIGS, RSConfig
 from nvfp4lib.kernels.hopper_rs.layout import (
     UNIT_BYTES,
@@ -18,7 +19,6 @@ from nvfp4lib.kernels.hopper_rs.layout import (
 )
 from nvfp4lib.kernels.hopper_smem import kernel as hopper
 from nvfp4lib.kernels.hopper_smem.kernel import CONFIGS, get_config
-from nvfp4lib.tuning import AUTO_CANDIDATES
 
 RS = RSConfig("t", tile_m=128, tile_n=128, tile_k=128, ab_stages=4)
 

@@ -1,11 +1,13 @@
-"""The package's shape: kernels depend on nothing above them, and no two modules (a package's ``__init__`` included:
-importing ``a.b.c`` runs ``a.b``'s first) import each other at load time."""
+"""The package's shape: three layers, arrows one way (study -> bench -> core), kernels below everything else in the
+core, and no import cycle, counting imports inside functions too (a package's ``__init__`` included: importing
+``a.b.c`` runs ``a.b``'s first)."""
 import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "nvfp4lib"
-ABOVE_KERNELS = {"bench", "store", "api", "tuning", "serving", "calls", "study", "compile_reports", "nn",
-                 "serving_report", "plots"}
+ABOVE_KERNELS = {"bench", "study", "api", "tuning", "serving", "compat", "nn", "hf"}
+# the entry point of `python -m nvfp4lib`: it only hands over to the study's command line, and nothing imports it
+ENTRY = "nvfp4lib.__main__"
 
 
 def _module(path: Path) -> str:
@@ -61,26 +63,53 @@ def _packages_entered(m: str, target: str, modules) -> set[str]:
             and m != p and not m.startswith(p + ".")}
 
 
-def test_no_import_cycle_at_load_time():
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ("bench", "study") else "core"
+
+
+def _graph(top_level_only: bool) -> dict[str, set[str]]:
     modules = {_module(f): f for f in _files()}
     graph = {}
     for m, f in modules.items():
-        targets = {t for t in _imports(f, top_level_only=True) if t in modules and t != m}
+        # (a package that m is inside is loaded before m: importing from it adds no edge)
+        targets = {t for t in _imports(f, top_level_only) if t in modules and t != m and not m.startswith(t + ".")}
         graph[m] = targets | {p for t in targets for p in _packages_entered(m, t, modules)}
+    return graph
+
+
+def test_layers_point_one_way():
+    """The core imports neither bench nor study; bench never imports study (imports inside functions count)."""
+    allowed = {"core": {"core"}, "bench": {"core", "bench"}, "study": {"core", "bench", "study"}}
+    bad = [f"{m} ({_layer(m)}) imports {t} ({_layer(t)})" for m, targets in _graph(False).items() if m != ENTRY
+           for t in targets if _layer(t) not in allowed[_layer(m)]]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def _find_cycle(graph):
     state: dict[str, int] = {}
 
     def visit(m, stack):
         state[m] = 1
-        for t in graph[m]:
+        for t in sorted(graph[m]):
             if state.get(t) == 1:
                 raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(t):] + [t]))
             if t not in state:
                 visit(t, stack + [t])
         state[m] = 2
 
-    for m in graph:
+    for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+
+
+def test_no_import_cycle():
+    """No cycle, whether an import runs at load time or inside a function."""
+    _find_cycle(_graph(False))
+
+
+def test_no_import_cycle_at_load_time():
+    _find_cycle(_graph(True))
 
 
 def test_no_package_file_over_800_lines():

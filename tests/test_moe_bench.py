@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from nvfp4lib import moe_bench as mb
-from nvfp4lib import moe_report as mr
+from nvfp4lib.bench import moe_bench as mb
+from nvfp4lib.bench.peers.bf16_moe import BF16GroupedMoE
 from nvfp4lib.nn import NVFP4MoE, reference_moe
-from nvfp4lib.peers.bf16_moe import BF16GroupedMoE
+from nvfp4lib.study import moe_report as mr
 
 CEIL = {"bf16_tflops": 750.0, "copy_gbps": 3000.0}
 
@@ -261,7 +261,7 @@ def test_predicted_floors_before_any_measurement():
 
 
 def test_runs_used_says_when_the_tree_state_is_unknown():
-    from nvfp4lib.store import dirty_state
+    from nvfp4lib.bench.store import dirty_state
 
     assert [dirty_state(v) for v in (None, float("nan"), True, False)] == ["unknown", "unknown", "yes", "no"]
     rows = _synthetic_rows()

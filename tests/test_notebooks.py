@@ -1,7 +1,7 @@
 """Execute every notebook headlessly (papermill) in recorded mode, as CI and `make study` do."""
 import pytest
 
-from nvfp4lib.study import execute, notebooks, render_html
+from nvfp4lib.study.notebooks import execute, notebooks, render_html
 
 NOTEBOOKS = notebooks()
 

@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from nvfp4lib import get_problem, make_inputs
-from nvfp4lib.api import prepare
-from nvfp4lib.bench import check_runner
+from nvfp4lib.bench.backends import prepare
+from nvfp4lib.bench.harness import check_runner
+from nvfp4lib.bench.peers.torch_peers import E2M1_LUT, dequant16, probe_scaled_mm_fp4
 from nvfp4lib.formats import dequantize
-from nvfp4lib.peers.torch_peers import E2M1_LUT, dequant16, probe_scaled_mm_fp4
 from nvfp4lib.reference import reference_grouped_gemm
 
 
@@ -56,13 +56,23 @@ def test_torch_compile_matches_the_reference():
 
 @pytest.mark.parametrize("dual", [False, True])
 def test_bf16_predequant_peer_matches_the_reference_at_its_bf16_tolerance(dual):
-    """Both operands dequantized once at prepare; torch._grouped_mm per call (bf16 result: 4e-3)."""
+    """Both operands dequantized once at prepare with their global scales folded in (here not 1); per call
+    torch._grouped_mm alone (and silu*up for the dual form), a bf16 result."""
+    from nvfp4lib.formats import quantize
     from nvfp4lib.problems import GroupedProblem
 
     x = make_inputs(GroupedProblem.uniform_nk("small", (3, 9), 64, 128, dual=dual), seed=2, mode="gaussian")
-    ref = reference_grouped_gemm(x.a, x.b, x.b2)
-    runner = prepare(x.a, x.b, x.b2, backend="torch-bf16-predequant")
-    assert "activations dequantized once" in runner.notes
+    gen = torch.Generator().manual_seed(3)
+
+    def q(rows, gs):  # global scales far from 1: a peer that dropped them would be off by orders of magnitude
+        return quantize(torch.randn(rows, 128, generator=gen) * gs, global_scale=gs / 448)
+
+    a = [q(int(t.shape[0]), 3.0 + g) for g, t in enumerate(x.a)]
+    b = [q(64, 0.25 * (g + 1)) for g in range(len(x.b))]
+    b2 = [q(64, 5.0 + g) for g in range(len(x.b))] if dual else None
+    ref = reference_grouped_gemm(a, b, b2)
+    runner = prepare(a, b, b2, backend="torch-bf16-predequant")
+    assert "global scales folded in" in runner.notes and runner.outputs[0].dtype == torch.bfloat16
     assert check_runner(runner, ref) <= runner.tolerance
 
 
@@ -84,8 +94,8 @@ def test_graphed_runner_keeps_what_the_graph_reads_alive():
     import gc
     import weakref
 
-    from nvfp4lib.backends import Runner
-    from nvfp4lib.launch import per_group
+    from nvfp4lib.bench.launch import per_group
+    from nvfp4lib.runner import Runner
 
     x = make_inputs(get_problem("C1"), seed=1)
     r = per_group(lambda a, b, b2, **k: prepare(a, b, b2, backend="torch-bf16"), x.a, x.b, None,
@@ -109,7 +119,7 @@ def test_triton_peers_refuse_without_cuda(backend, monkeypatch):
 def test_fp16_decode_is_exact_for_every_code_and_scale():
     """The Triton peers' decode (code bits into an fp16, times E4M3 scale × 2^7): all 16 codes × 254 finite
     scales give value × scale × 2^-7 exactly."""
-    from nvfp4lib.peers.triton_groups import check_decode_exhaustively
+    from nvfp4lib.bench.peers.triton_groups import check_decode_exhaustively
 
     assert check_decode_exhaustively() == 16 * 254
 
@@ -117,7 +127,7 @@ def test_fp16_decode_is_exact_for_every_code_and_scale():
 def test_inline_ptx_decode_places_the_bits_as_the_portable_form():
     """The GPU decode's inline PTX (replayed instruction by instruction) against the portable form, on every byte
     value in every position of the 32-bit word."""
-    from nvfp4lib.peers.triton_groups import decode_reference, emulate_ptx
+    from nvfp4lib.bench.peers.triton_groups import decode_reference, emulate_ptx
 
     for pos in range(4):
         for byte in range(256):
@@ -135,7 +145,7 @@ def test_inline_ptx_decode_places_the_bits_as_the_portable_form():
 _INTERPRETED = """
 import sys, torch
 from nvfp4lib import get_problem, make_inputs
-from nvfp4lib.api import prepare
+from nvfp4lib.bench.backends import prepare
 from nvfp4lib.bench import check_runner
 from nvfp4lib.reference import reference_grouped_gemm
 from nvfp4lib.problems import GroupedProblem

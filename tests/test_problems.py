@@ -32,7 +32,7 @@ def test_flops_and_bytes():
 
 
 def test_s1_floor_is_compute_bound_at_measured_ceilings():
-    from nvfp4lib.roofline import floor_us
+    from nvfp4lib.bench.roofline import floor_us
     f = floor_us(BENCHMARK[0], {"bf16_tflops": 779.0, "copy_gbps": 3000.0})
     assert 76 < f < 78  # the brief: S1 floor 77 us
 

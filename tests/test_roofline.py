@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from nvfp4lib import BENCHMARK, DUAL
-from nvfp4lib import roofline as rl
+from nvfp4lib.bench import roofline as rl
 
 
 def test_both_floors_of_a_problem():

@@ -3,8 +3,8 @@ import pandas as pd
 import pytest
 
 from nvfp4lib import BENCHMARK, DUAL
-from nvfp4lib import roofline as rl
-from nvfp4lib import serving_report as sr
+from nvfp4lib.bench import roofline as rl
+from nvfp4lib.study import serving_report as sr
 
 H100 = "NVIDIA H100 80GB HBM3"
 MEASURED = {"bf16_tflops": 769.0, "copy_gbps": 2955.0}
@@ -63,7 +63,7 @@ def test_history_has_one_column_per_clean_run_oldest_first():
 
 def test_back_to_back_subtracts_the_flushes(monkeypatch):
     """calls.back_to_back on a fake clock: each call costs 7 units, each flush 3: per call 7, flushes 3."""
-    from nvfp4lib import calls
+    from nvfp4lib.bench import calls
 
     clock = [0.0]
 
@@ -158,7 +158,7 @@ def test_calls_ab_pairs_runs_of_one_form_by_commit():
 def test_runs_used_shows_the_hosts_state():
     """A run's host state (calls.host_probe, measured once per run) sits beside its provenance; older runs show None.
     On a machine without a GPU the probe times the idle case only."""
-    from nvfp4lib.calls import host_probe
+    from nvfp4lib.bench.calls import host_probe
 
     probe = host_probe(reads=10, samples=3)
     assert probe["host_probe_idle_us"] > 0 and "host_probe_busy_us" not in probe
@@ -187,7 +187,7 @@ def test_a_run_of_rounds_is_judged_by_its_median_round():
 
 
 def test_median_round_picks_the_middle_row_per_form():
-    from nvfp4lib.calls import median_round
+    from nvfp4lib.bench.calls import median_round
 
     rows = [{"problem": "S4", "call": "eager", "per_call_us": t, "round": i} for i, t in enumerate((50.0, 20.0, 30.0))]
     rows += [{"problem": "S4", "call": "harness", "status": "skipped"}]

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from nvfp4lib import store
-from nvfp4lib.__main__ import main
-from nvfp4lib.bench import BackendSpec
+from nvfp4lib.bench import store
+from nvfp4lib.bench.harness import BackendSpec
+from nvfp4lib.study.cli import main
 
 
 def test_append_only_and_merge(tmp_path):
@@ -63,7 +63,7 @@ def test_bench_refuses_without_gpu():
     import torch
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
-    from nvfp4lib.bench import bench
+    from nvfp4lib.bench.harness import bench
     from nvfp4lib.problems import BENCHMARK
     with pytest.raises(RuntimeError, match="CUDA"):
         bench(["reference"], BENCHMARK[:1])

@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from nvfp4lib import store  # noqa: E402
+from nvfp4lib.bench import store  # noqa: E402
 
 V2_SINCE = "111ecc9"
 

@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from nvfp4lib.api import prepare
-from nvfp4lib.bench import check_runner
+from nvfp4lib.bench.backends import prepare
+from nvfp4lib.bench.harness import check_runner
 from nvfp4lib.kernels.hopper_smem.kernel import CONFIGS
 from nvfp4lib.problems import BENCHMARK, CORRECTNESS, EDGE, make_inputs
 from nvfp4lib.reference import reference_grouped_gemm
@@ -47,7 +47,7 @@ def _cases(configs, problems):
     """(config, problem) pairs, each config's tests in one xdist group: one process compiles it once. The configs
     ``auto`` can choose get every problem; the study's other named configs (baselines and steps it narrates) an
     empty group and ragged M and K (compiling is most of the suite's time; ``NVFP4LIB_GPU_FULL=1`` gives them all)."""
-    from nvfp4lib.tuning import AUTO_CANDIDATES
+    from nvfp4lib.bench.backends import AUTO_CANDIDATES
 
     served = set(AUTO_CANDIDATES[False]) | set(AUTO_CANDIDATES[True])
     return [pytest.param(c, p, marks=pytest.mark.xdist_group(c), id=f"{c}-{p.name}") for c in configs for p in problems
@@ -110,13 +110,13 @@ def test_subnormal_scales_are_exact(config):
 
 @pytest.mark.long_gpu
 @pytest.mark.parametrize("dual", [False, True])
-def test_default_is_the_fastest_auto_candidate_and_exact(dual):
-    from nvfp4lib.tuning import AUTO_CANDIDATES
+def test_study_auto_is_the_fastest_candidate_and_exact(dual):
+    from nvfp4lib.bench.backends import AUTO_CANDIDATES
 
     _needs_sm90()
     prob = BENCHMARK[3].with_dual() if dual else BENCHMARK[3]
     inp = make_inputs(prob, seed=4, mode="gaussian", device="cuda")
-    runner = prepare(inp.a, inp.b, inp.b2, backend="cute-hopper")
+    runner = prepare(inp.a, inp.b, inp.b2, backend="cute-hopper", config="study-auto")
     times = runner.info["auto"]
     assert set(times) == set(AUTO_CANDIDATES[dual]) and runner.info["config"] == min(times, key=times.get)
     assert check_runner(runner, reference_grouped_gemm(inp.a, inp.b, inp.b2)) <= TOL

@@ -5,8 +5,8 @@ import os
 import pytest
 import torch
 
-from nvfp4lib.api import prepare
-from nvfp4lib.bench import check_runner
+from nvfp4lib.bench.backends import prepare
+from nvfp4lib.bench.harness import check_runner
 from nvfp4lib.problems import BENCHMARK, CORRECTNESS, EDGE, make_inputs
 from nvfp4lib.reference import reference_grouped_gemm
 
@@ -46,7 +46,7 @@ def test_grouped_mm_within_its_stated_tolerance(prob):
 def test_fused_peer_within_its_stated_tolerance(prob, dual, graph):
     """torch-grouped-mm-fused: its one-launch Triton decode gives exactly the torch dequantization; the rest is
     torch._grouped_mm's bf16 result (4e-3)."""
-    from nvfp4lib.peers.torch_peers import _dq_cat
+    from nvfp4lib.bench.peers.torch_peers import _dq_cat
 
     p = prob.with_dual(dual)
     x = make_inputs(p, seed=1111, mode="gaussian", device="cuda")
@@ -61,7 +61,7 @@ def test_fused_peer_within_its_stated_tolerance(prob, dual, graph):
 @pytest.mark.parametrize("name", ["C4", "E3-ragged", "E4-2880"])
 def test_every_triton_candidate_is_exact(name, dual):
     """Each block-size candidate (swap or not) on ragged M, N and K; the prepare-time choice is cached per problem."""
-    from nvfp4lib.peers.triton_nvfp4 import CANDIDATES
+    from nvfp4lib.bench.peers.triton_nvfp4 import CANDIDATES
 
     p = next(q for q in PROBLEMS if q.name == name).with_dual(dual)
     x = make_inputs(p, seed=1111, mode="gaussian", device="cuda")
@@ -75,7 +75,7 @@ def test_every_triton_candidate_is_exact(name, dual):
 
 
 def test_triton_ptx_and_portable_decode_agree_bit_for_bit():
-    from nvfp4lib.peers import triton_nvfp4
+    from nvfp4lib.bench.peers import triton_nvfp4
 
     p = BENCHMARK[3].with_dual()
     x = make_inputs(p, seed=1111, mode="gaussian", device="cuda")

@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from nvfp4lib.calls import pack_rows as packed
+from nvfp4lib.bench.calls import pack_rows as packed
 from nvfp4lib.formats import NVFP4Tensor
 from nvfp4lib.kernels.hopper_varlen.config import CONFIGS
 from nvfp4lib.problems import BENCHMARK, DUAL, GroupedProblem, make_inputs

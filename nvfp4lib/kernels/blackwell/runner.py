@@ -65,7 +65,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from ...backends import Runner
+from ...runner import Runner
 
 __all__ = [
     "LABEL", "ARCH", "BlackwellConfig", "CONFIGS", "SWEEP_CONFIGS", "validate", "prepare", "require_sm100",
@@ -272,7 +272,7 @@ def require_sm100(device=None) -> None:
 
 
 def prepare(a, b, b2, *, out_dtype=torch.float16, config="baseline", **options) -> Runner:
-    """The backend factory (see :mod:`nvfp4lib.backends`). Compiled for sm_100a, not run.
+    """The backend factory (see :mod:`nvfp4lib.bench.backends`). Compiled for sm_100a, not run.
 
     Refuses with RuntimeError on anything but an sm_100 GPU. One-time work: weight scales to the
     blocked layout, device tables, descriptor workspace, compile (cached per config and group

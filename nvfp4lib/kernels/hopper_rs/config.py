@@ -1,6 +1,7 @@
 """The register-decode (swap-AB) kernel's knobs as rules: :class:`RSConfig`, what each config needs (accumulators,
 shared memory, threads), :func:`validate`, which refuses what cannot work before compiling, and the named configs
-it ships (``auto``'s candidates, :data:`nvfp4lib.tuning.AUTO_CANDIDATES`, and round 4's structure on this kernel).
+it ships (the study's ``auto`` candidates, :data:`nvfp4lib.bench.backends.AUTO_CANDIDATES`, and round 4's structure
+on this kernel).
 No GPU, no cutlass.
 
 Variants that lost left the package; their rows stay in ``data/bench.jsonl`` and their code in git at commit f7c5079

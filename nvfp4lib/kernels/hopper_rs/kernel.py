@@ -162,20 +162,3 @@ def _kernel_classes():
 
 
 _CLASSES = None
-
-# the host side: token-tile planning, prepare, compile reports (after the kernel: they build it lazily)
-from .runner import (  # noqa: E402, F401
-    activation_rows,
-    compile_report,
-    fake_arguments,
-    fake_prologue_arguments,
-    group_parameters,
-    kernel_for,
-    makespan,
-    plan_token_tiles,
-    prepare,
-    prologue_kernel,
-    prologue_report,
-    split_tokens,
-    swap_tile_table,
-)

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from ...backends import Runner
+from ...runner import Runner
 from ..common.packing import WIDE_TILE_COLUMNS, check_scales_finite, padded_row_offsets, round_up, stack_weights
 from ..common.sm90 import POST_SCALE, _cute, _require_hopper
 from .config import (

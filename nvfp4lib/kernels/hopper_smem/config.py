@@ -1,6 +1,7 @@
 """The Hopper smem-decode kernel's knobs and rules (no GPU, no cutlass): :class:`SmemConfig`, shared-memory and
 register budgets, :func:`validate`, and the named configs it ships: the study's baseline, the config each round's
-pitch is measured with (notebooks 02-05, :mod:`nvfp4lib.claims`), and the configs this kernel's ``auto`` ended with.
+pitch is measured with (notebooks 02-05, :mod:`nvfp4lib.study.claims`), and the configs this kernel's ``auto``
+ended with.
 The register-decode (swap-AB) kernel's configs are in :mod:`..hopper_rs.config`.
 
 Variants that lost and diagnostics left the package; their rows stay in ``data/bench.jsonl`` and their code in git
@@ -63,7 +64,7 @@ class SmemConfig:
 # ---------------------------------------------------------------------------------------------
 _B = SmemConfig("baseline")
 # Shipped: compiled in CI, exact on the H100 (see tests/gpu/test_hopper_gpu.py). The study's baseline (single and
-# dual), the configs of the study's pitches that the round notebooks and nvfp4lib.claims measure (round 1: three
+# dual), the configs of the study's pitches that the round notebooks and nvfp4lib.study.claims measure (round 1: three
 # stages; round 2: 64x64 tiles, the fastest tile of the chunked-decode sweep on every shape; round 3: the TMA-store
 # epilogue, faster on every shape; round 4: producer/consumer), and what this kernel's `auto` ended with before the
 # swap-AB kernel (rounds 1-4 combined: 64x128 tiles, 2 stages, batched decode, TMA epilogue, split-K where the tiles

@@ -36,7 +36,7 @@ before anything is compiled; compiled kernels are cached per (config, output dty
 ``cute-hopper`` runs two kernel families: this one, and the register-decode kernel of :mod:`..hopper_rs`
 (:class:`~..hopper_rs.config.RSConfig`, configs named ``rs_*``). Only configs in :data:`CONFIGS` (the two families'
 tables) are shipped: each was run exactly on an H100. The default, ``config="auto"``, is resolved above
-the kernels (:data:`nvfp4lib.tuning.AUTO_CANDIDATES`).
+the kernels (:data:`nvfp4lib.bench.backends.AUTO_CANDIDATES`).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ import time
 
 import torch
 
-from ...backends import Runner
+from ...runner import Runner
 from ..common.decode_ptx import (  # noqa: F401  (re-exported: hopper_smem.kernel.X is the study's name for them)
     _DECODE_REGS,
     CONVERT16_PTX,
@@ -88,7 +88,7 @@ from .config import validate as validate_smem
 
 # The backend's named configs: the smem-decode kernel's (this module) and the register-decode kernel's (..hopper_rs).
 CONFIGS: dict[str, SmemConfig | RSConfig] = {**SMEM_CONFIGS, **RS_CONFIGS}
-DEFAULT_SINGLE = DEFAULT_DUAL = "auto"  # resolved above the kernels: nvfp4lib.tuning.AUTO_CANDIDATES
+DEFAULT_SINGLE = DEFAULT_DUAL = "auto"  # resolved above the kernels: nvfp4lib.bench.backends.AUTO_CANDIDATES
 
 
 def validate(cfg):
@@ -105,8 +105,8 @@ def get_config(config, dual: bool) -> SmemConfig | RSConfig:
     else:
         name = config or (DEFAULT_DUAL if dual else DEFAULT_SINGLE)
         if name == "auto":
-            raise ValueError("config 'auto' is a choice among nvfp4lib.tuning.AUTO_CANDIDATES made by prepare, not "
-                             "one config")
+            raise ValueError("config 'auto' is a choice among nvfp4lib.bench.backends.AUTO_CANDIDATES made by "
+                             "prepare, not one config")
         table = {**CONFIGS, **SWEEP_CONFIGS}
         if name not in table:
             raise ValueError(f"unknown cute-hopper config {name!r}; known: {', '.join(table)} (configs that lost or "
@@ -606,10 +606,9 @@ def _compile(cfg: SmemConfig, args):
 
 def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Runner:
     """Stack the weights, build the tile table, compile (cached); the runner packs A and launches once.
-    ``config="auto"`` (the default of :func:`nvfp4lib.prepare`) is resolved there, by timing
-    :data:`nvfp4lib.tuning.AUTO_CANDIDATES` (:func:`nvfp4lib.tuning.fastest_runner`): this function needs a named
-    config; register-decode configs (:class:`~..hopper_rs.config.RSConfig`) are prepared by
-    :func:`..hopper_rs.runner.prepare`.
+    The study's ``auto`` is resolved above the kernels (the bench's ``cute-hopper:config=study-auto`` times the
+    register-decode configs and keeps the fastest): this function needs a named config; register-decode configs
+    (:class:`~..hopper_rs.config.RSConfig`) are prepared by :func:`..hopper_rs.runner.prepare`.
 
     ``a``, ``b``, ``b2``: lists of NVFP4Tensor (one per group) on an sm_90 GPU."""
     if options:
@@ -620,11 +619,11 @@ def prepare(a, b, b2, *, out_dtype=torch.float16, config=None, **options) -> Run
     device = a[0].data.device
     if (config or (DEFAULT_DUAL if b2 is not None else DEFAULT_SINGLE)) == "auto":
         _require_hopper(device)
-        raise ValueError("cute-hopper: config='auto' times nvfp4lib.tuning.AUTO_CANDIDATES and is resolved above the "
-                         "kernels (nvfp4lib.prepare / nvfp4lib.tuning.fastest_runner); name a config here")
+        raise ValueError("the study's kernels need a named config here (the serving kernel resolves 'auto' itself: "
+                         "nvfp4lib.prepare_weights)")
     cfg = get_config(config, dual=b2 is not None)  # refuse a bad config before touching the GPU
     if isinstance(cfg, RSConfig):
-        from ..hopper_rs import kernel as hopper_rs
+        from ..hopper_rs import runner as hopper_rs
 
         return hopper_rs.prepare(a, b, b2, cfg, out_dtype=out_dtype)
     _require_hopper(device)
@@ -752,7 +751,7 @@ def compile_report(cfg: SmemConfig, arch: str = "sm_90a", dump_dir: str | None =
         raise ValueError(f"the Hopper kernel compiles for sm_90a, not {arch}")
     validate(cfg)
     if isinstance(cfg, RSConfig):
-        from ..hopper_rs import kernel as hopper_rs
+        from ..hopper_rs import runner as hopper_rs
 
         return hopper_rs.compile_report(cfg, dump_dir=dump_dir)
     if cfg.split_k == 0:  # "auto" runs unsplit wherever the tiles fill the GPU: report that kernel

@@ -10,7 +10,7 @@ place, or from a device copy), and one launch of the gather does, by program id:
   :func:`nvfp4lib.kernels.hopper_rs.layout.prepack_weights`), from group g's own codes and scales, one output word
   per element from two 8-byte code-pair loads (no tile, no layout change in registers). GPU time of the weights
   alone on the H100 (development runs, not recorded: median of 40, L2 flushed, a GPU sleep hiding the launch, the
-  method of ``python -m nvfp4lib gather-bench``, :mod:`nvfp4lib.gather_bench`):
+  method of ``python -m nvfp4lib gather-bench``, :mod:`nvfp4lib.bench.gather_bench`):
   S1 154 µs against 200 µs for the earlier 64 × 256-byte tile permuted in registers (whose Nsight Compute profile
   showed L1 at 91% of its throughput and 144 registers, 19% occupancy), S2 82 vs 111, S1-dual 300 vs 390;
   vectorising each row's four words (32-byte loads, 16-byte stores) was slower (163–320 µs on S1). At 2fe0d84 the
@@ -73,7 +73,7 @@ _KERNEL = None
 
 def knobs() -> dict:
     """The gather's form knobs as set now: what ``gather-bench`` sweeps and what its report keeps rows at
-    (:func:`nvfp4lib.serving_report.gather_variants`)."""
+    (:func:`nvfp4lib.study.serving_report.gather_variants`)."""
     return {"prefetch": PREFETCH, "once": ONCE, "rows_first": ROWS_FIRST, "whole": WHOLE}
 
 

@@ -64,8 +64,9 @@ EAGER_FUSED = True
 
 
 def call_knobs() -> dict:
-    """The knobs an NVFP4 call's times depend on, as set now: what calls rows carry (:func:`nvfp4lib.calls.bench_calls`)
-    and what the report keeps rows at (:func:`nvfp4lib.serving_report.shipped_calls`)."""
+    """The knobs an NVFP4 call's times depend on, as set now: what calls rows carry
+    (:func:`nvfp4lib.bench.calls.bench_calls`) and what the report keeps rows at
+    (:func:`nvfp4lib.study.serving_report.shipped_calls`)."""
     return {"fused_prologue": int(FUSED_PROLOGUE), "eager_fused": int(EAGER_FUSED)}
 
 

@@ -13,7 +13,7 @@ from statistics import median
 
 import pandas as pd
 
-from . import store
+from ..bench import store
 from .experiment import FAST_PATH
 
 __all__ = ["BENCH_COMMITS", "SHAPE_ORDER", "step_rows", "step_table", "run_summary", "fmt"]

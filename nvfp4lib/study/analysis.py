@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from .problems import GroupedProblem
+from ..problems import GroupedProblem
 
 
 class KernelConfig(Protocol):

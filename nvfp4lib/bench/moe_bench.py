@@ -130,7 +130,7 @@ def touched_experts(topk_ids: torch.Tensor) -> int:
 
 def moe_floor_us(layer: MoELayer, tokens: int, touched: int, ceilings: dict, fmt: str = "nvfp4") -> float:
     """``max(FLOPs / bf16 MMA rate, touched x expert bytes / copy bandwidth)`` in us, ``ceilings`` as
-    :func:`nvfp4lib.roofline.measure_ceilings` gives them (or the H100 datasheet's). Only weight bytes count: the
+    :func:`nvfp4lib.bench.roofline.measure_ceilings` gives them (or the H100 datasheet's). Only weight bytes count: the
     activations of a decode step are a rounding error beside them, and a prefill step is bound by its FLOPs."""
     t_mma = layer.flops(tokens) / (ceilings["bf16_tflops"] * 1e12)
     t_mem = touched * layer.expert_bytes(fmt) / (ceilings["copy_gbps"] * 1e9)
@@ -146,7 +146,7 @@ def floor_bound(layer: MoELayer, tokens: int, touched: int, ceilings: dict, fmt:
 def make_weights(layer: MoELayer, *, seed: int = 0, device="cuda"):
     """E experts' (gate, up, down) as lists of NVFP4Tensor, generated and quantized expert by expert on ``device``
     (never the whole layer in float at once): normal entries scaled by 1/sqrt(fan-in), so every product is O(1)."""
-    from .formats import quantize
+    from ..formats import quantize
 
     g = torch.Generator(device=device).manual_seed(seed)
     h, i = layer.hidden, layer.intermediate
@@ -188,7 +188,7 @@ def _graph_of(fn, x, ids, w):
 
 
 def _time_graph(graph, iters: int, flush) -> dict:
-    from .bench import time_runner
+    from .harness import time_runner
 
     ts = time_runner(graph.replay, iters=iters, warmup=3, flush=flush)
     s = sorted(ts)
@@ -216,7 +216,7 @@ def _measure(fn, x, ids, w, ref, tol: float, iters: int, flush) -> dict:
 
 def _measure_eager(fn, x, ids, w, ref, tol: float, iters: int, flush) -> dict:
     """The same forward called eagerly (no graph), as a model without CUDA graphs calls it: checked once, then timed
-    each call on its own and back to back (:func:`nvfp4lib.calls.time_both`), as ``eager_*`` fields."""
+    each call on its own and back to back (:func:`nvfp4lib.bench.calls.time_both`), as ``eager_*`` fields."""
     from .calls import time_both
 
     err = _rel_err(fn(x, ids, w), ref)
@@ -245,8 +245,8 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         raise RuntimeError("bench_moe needs a CUDA GPU (none here): it times graph-captured MoE layers on the device. "
                            "Run `python -m nvfp4lib moe-bench --record` on the H100; recorded rows are in "
                            "data/moe.jsonl")
-    from .bench import L2Flusher
-    from .nn import NVFP4MoE, reference_moe
+    from ..nn import NVFP4MoE, reference_moe
+    from .harness import L2Flusher
     from .peers.bf16_moe import BF16GroupedMoE
 
     for m in modes:
@@ -256,7 +256,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
     for r in routings:
         if r not in ROUTINGS:
             raise ValueError(f"routing {r!r} is not one of {ROUTINGS}")
-    from .nn.moe import resolve_quantizer
+    from ..nn.moe import resolve_quantizer
 
     quantizer = resolve_quantizer(quantizer, "cuda")  # rows record the quantizer that ran
     run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()

@@ -1,10 +1,10 @@
 """What a call of the serving path costs, per call form: the tables and the figure of notebook 10.
 
-Reads rows of ``data/calls.jsonl`` (written by :mod:`nvfp4lib.calls`, one row per problem and call form) and, for
+Reads rows of ``data/calls.jsonl`` (written by :mod:`nvfp4lib.bench.calls`, one row per problem and call form) and, for
 reference, the host-scheduled kernel's graph rows of ``data/bench.jsonl``. Pure pandas and matplotlib: no GPU.
 Every time compared here is ``per_call_us`` (the larger of the GPU time and the host time of the call: what a caller
 issuing calls back to back gets), the column issue 18's targets are stated on; both floors come from
-:func:`nvfp4lib.roofline.add_floors` (the measured floor of the row's own run, and the H100 datasheet floor).
+:func:`nvfp4lib.bench.roofline.add_floors` (the measured floor of the row's own run, and the H100 datasheet floor).
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from .calls import CALLS
+from ..bench.calls import CALLS
+from ..bench.roofline import add_floors
+from ..bench.store import HOPPER_KERNELS, dirty_state
+from ..problems import GroupedProblem
 from .plots import caption
-from .problems import GroupedProblem
-from .roofline import add_floors
-from .store import HOPPER_KERNELS, dirty_state
 
 __all__ = ["CALLS", "latest_calls", "missing_calls", "runs_used", "calls_table", "host_scheduled_reference",
            "weight_bytes", "predictions", "targets", "calls_figure", "gather_table", "gather_ab", "gather_variants",
@@ -34,9 +34,9 @@ def _names(problems) -> list[str]:
 
 def latest_calls(rows: pd.DataFrame, problems=None, backend: str = "cute-hopper") -> pd.DataFrame:
     """Of each (problem, call form) of ``backend``: the latest run with an ok row (latest: the largest run_id, which
-    starts with the run's UTC time), and of its ok rows (one per round, :func:`nvfp4lib.calls.bench_calls`) the one of
-    the median ``per_call_us`` (the lower middle one of an even count), with ``rounds_ok``, ``rounds_not_ok`` (rounds
-    of that run whose row is not ok: a wrong result in any round shows here), ``per_call_min_us`` and
+    starts with the run's UTC time), and of its ok rows (one per round, :func:`nvfp4lib.bench.calls.bench_calls`) the
+    one of the median ``per_call_us`` (the lower middle one of an even count), with ``rounds_ok``, ``rounds_not_ok``
+    (rounds of that run whose row is not ok: a wrong result in any round shows here), ``per_call_min_us`` and
     ``per_call_max_us`` over its ok rounds, both floors and both ratios of ``per_call_us``: ``x_floor_measured``,
     ``x_floor_datasheet``. Ordered by ``problems`` (all problems present, if None), then by call form."""
     if rows is None or not len(rows):
@@ -67,7 +67,7 @@ def shipped_calls(rows: pd.DataFrame) -> pd.DataFrame:
     :func:`.kernels.hopper_varlen.kernel.call_knobs` equal to its default, or absent (rows from before the knob, which
     came in on 2026-11-27). A knob's A/B (every run of a commit whose runs set the knob both
     ways, the shipped side too: short alternating runs, :func:`knob_ab`) stays out of the headline."""
-    from .kernels.hopper_varlen import kernel
+    from ..kernels.hopper_varlen import kernel
 
     defaults = kernel.call_knobs()
     keep = pd.Series(True, index=rows.index)
@@ -125,7 +125,7 @@ def knob_ab(rows: pd.DataFrame, knob: str = "fused_prologue", problems=None, bac
 
 def _median_rounds(sel: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Per group of ``keys``, the row of the median ``per_call_us`` (the lower middle one of an even count, as
-    :func:`nvfp4lib.calls.median_round` picks it), with ``rounds_ok`` (the group's rows), ``per_call_min_us`` and
+    :func:`nvfp4lib.bench.calls.median_round` picks it), with ``rounds_ok`` (the group's rows), ``per_call_min_us`` and
     ``per_call_max_us``."""
     sel = sel.sort_values(keys + ["per_call_us"], kind="stable")
     by = sel.groupby(keys, sort=False)["per_call_us"]
@@ -158,7 +158,7 @@ HOST_STATE = {"host_probe_idle_us": "host probe us (GPU idle)", "host_probe_busy
 
 def runs_used(latest: pd.DataFrame) -> pd.DataFrame:
     """One line per run that supplied rows of ``latest``: its commit, date, GPU, inputs, what it supplied, and the
-    host's state in it (:func:`nvfp4lib.calls.host_probe`)."""
+    host's state in it (:func:`nvfp4lib.bench.calls.host_probe`)."""
     if not len(latest):
         return pd.DataFrame()
     out = []
@@ -228,9 +228,9 @@ def back_to_back(latest: pd.DataFrame) -> pd.DataFrame:
 
 
 def gather_table(rows: pd.DataFrame, problems=None, commit: str | None = None) -> pd.DataFrame:
-    """The latest run of ``data/gather.jsonl`` (the one-shot gather alone, :mod:`nvfp4lib.gather_bench`; the latest
-    at ``commit`` if given) as one row per problem: GPU time and ratio to the copy floor per (part, kcu), and whether
-    every output was byte-identical to the torch prepack. Empty without rows."""
+    """The latest run of ``data/gather.jsonl`` (the one-shot gather alone, :mod:`nvfp4lib.bench.gather_bench`; the
+    latest at ``commit`` if given) as one row per problem: GPU time and ratio to the copy floor per (part, kcu), and
+    whether every output was byte-identical to the torch prepack. Empty without rows."""
     if rows is None or not len(rows):
         return pd.DataFrame()
     sel = _shipped(rows[rows["status"] == "ok"])
@@ -253,7 +253,7 @@ def _gather_knobs() -> dict:
     """The gather-bench knobs that rows carry, at the package's defaults now:
     :func:`.kernels.hopper_varlen.gather.knobs` (in rows since db7e1a9, a963b7f, 404e20a and 674dc09: absent before,
     that commit's code) and ``prmt``, a knob of one development commit, shipped off."""
-    from .kernels.hopper_varlen import gather
+    from ..kernels.hopper_varlen import gather
 
     now = gather.knobs()
     return {"prefetch": now["prefetch"], "prmt": 0, **now}  # (the labels' order: prmt after prefetch)
@@ -422,7 +422,7 @@ def verdicts_by_run(rows: pd.DataFrame, problems, reference: pd.DataFrame | None
                     backend: str = "cute-hopper") -> pd.DataFrame:
     """Per recorded run that timed the graph, eager and one-shot forms of every problem (as shipped, clean tree): how
     many of :func:`targets` held, per target, beside the host's state in that run: the Python probe
-    (:func:`nvfp4lib.calls.host_probe`) and the median host µs of the run's graph replays and eager calls, which
+    (:func:`nvfp4lib.bench.calls.host_probe`) and the median host µs of the run's graph replays and eager calls, which
     follow the speed of the host's launch path (driver calls), which the probe does not time."""
     if rows is None or not len(rows):
         return pd.DataFrame()

@@ -73,7 +73,7 @@ FACT_CLAIMS = {
 
 def measured_speedups(rows, pitch: Pitch, problems=("S1", "S2", "S3", "S4")) -> dict:
     """before/after time per problem, from the latest run that measured both sides of the pitch's experiment."""
-    from .bench import BackendSpec
+    from ..bench.harness import BackendSpec
 
     before, after = (BackendSpec.parse(x).name for x in pitch.experiment)
     if rows is None or not len(rows):

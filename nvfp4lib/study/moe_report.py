@@ -1,8 +1,9 @@
 """The MoE layer against its bf16 peer: the tables, targets and figure of notebook 11.
 
-Reads rows of ``data/moe.jsonl`` (written by :mod:`nvfp4lib.moe_bench`: one row per layer, token count T, routing and
-mode, the bf16 peer's included). Pure pandas and matplotlib: no GPU. Times are ``median_us`` of graph replays with the
-L2 flushed; each row's floor is its own run's (``floor_us``: NVFP4 bytes for the layer, bf16 bytes for the peer;
+Reads rows of ``data/moe.jsonl`` (written by :mod:`nvfp4lib.bench.moe_bench`: one row per layer, token count T,
+routing and mode, the bf16 peer's included). Pure pandas and matplotlib: no GPU. Times are ``median_us`` of graph
+replays with the L2 flushed; each row's floor is its own run's (``floor_us``: NVFP4 bytes for the layer, bf16 bytes for
+the peer;
 ``floor_nvfp4_us`` on every row). Issue 21's targets are judged per (layer, T, routing) by :func:`targets`.
 """
 from __future__ import annotations
@@ -12,10 +13,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import NullLocator
 
-from .moe_bench import LABELS, LAYERS, ROUTINGS, TOKENS, floor_bound, moe_floor_us
+from ..bench.moe_bench import LABELS, LAYERS, ROUTINGS, TOKENS, floor_bound, moe_floor_us
+from ..bench.roofline import H100_SXM_DATASHEET
+from ..bench.store import dirty_state
 from .plots import caption
-from .roofline import H100_SXM_DATASHEET
-from .store import dirty_state
 
 __all__ = ["NO_DATA", "RECORD_COMMAND", "expected_touched", "predicted_floors", "latest_moe", "not_ok", "runs_used",
            "time_table", "eager_table", "memory_table", "targets", "target_summary", "time_figure", "step_table",
@@ -60,7 +61,7 @@ def _layer_order(names) -> list[str]:
 
 def latest_moe(rows: pd.DataFrame) -> pd.DataFrame:
     """The latest row with status ok of each (layer, T, routing, label) (latest: the largest run_id, which starts
-    with the run's UTC time), ordered by layer (as :data:`~nvfp4lib.moe_bench.LAYERS`), T, routing, label."""
+    with the run's UTC time), ordered by layer (as :data:`~nvfp4lib.bench.moe_bench.LAYERS`), T, routing, label."""
     if rows is None or not len(rows) or "status" not in rows:
         return pd.DataFrame()
     sel = rows[rows["status"] == "ok"]

@@ -10,8 +10,8 @@ matplotlib.rcParams["svg.hashsalt"] = "nvfp4lib"  # stable element ids: re-runni
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .roofline import B200_DATASHEET, datasheet_for  # noqa: E402
-from .store import DATA_DIR  # noqa: E402
+from ..bench.roofline import B200_DATASHEET, datasheet_for  # noqa: E402
+from ..bench.store import DATA_DIR  # noqa: E402
 
 FIG_DIR = DATA_DIR.parent / "figures"
 

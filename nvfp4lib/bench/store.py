@@ -21,14 +21,14 @@ import torch
 __all__ = ["DATA_DIR", "append_rows", "load", "merge", "provenance", "new_run_id", "kernel_family", "add_fields",
            "dirty_state"]
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 BENCH = DATA_DIR / "bench.jsonl"
 HISTORY = DATA_DIR / "history.jsonl"  # what the development logs measured (rounds of notebook 09), with their commits
 COMPILE = DATA_DIR / "compile.jsonl"
 PROBES = DATA_DIR / "probes.jsonl"
-CALLS = DATA_DIR / "calls.jsonl"  # the serving path per call form (nvfp4lib.calls)
-MOE = DATA_DIR / "moe.jsonl"  # the MoE layer against its bf16 peer (nvfp4lib.moe_bench)
-GATHER = DATA_DIR / "gather.jsonl"  # the one-shot gather alone per shape and knob (nvfp4lib.gather_bench)
+CALLS = DATA_DIR / "calls.jsonl"  # the serving path per call form (nvfp4lib.bench.calls)
+MOE = DATA_DIR / "moe.jsonl"  # the MoE layer against its bf16 peer (nvfp4lib.bench.moe_bench)
+GATHER = DATA_DIR / "gather.jsonl"  # the one-shot gather alone per shape and knob (nvfp4lib.bench.gather_bench)
 # Where commands write their rows unless asked to record them: git-ignored, so running a command never
 # dirties the checkout; data/ grows only by an explicit --record (or `record`).
 SCRATCH_DIR = DATA_DIR.parent / "build"
@@ -111,7 +111,7 @@ def kernel_family(backend: str, config: str | None) -> str:
         return "blackwell"
     if backend != "cute-hopper":
         return backend
-    from .kernels.hopper_smem import kernel as hopper
+    from ..kernels.hopper_smem import kernel as hopper
 
     cfg = {**hopper.CONFIGS, **getattr(hopper, "SWEEP_CONFIGS", {})}.get(config)
     if cfg is None:

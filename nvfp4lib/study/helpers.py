@@ -12,8 +12,8 @@ from dataclasses import dataclass, fields
 
 import pandas as pd
 
-from . import store
-from .problems import BENCHMARK, DUAL
+from ..bench import store
+from ..problems import BENCHMARK, DUAL
 
 __all__ = ["NEW", "PEER", "SHAPES", "DUALS", "ALL", "NOISE", "SM_SMEM", "RecordedConfig", "recorded_configs", "lab",
            "same_run", "medians", "pair", "repeatability", "resources", "register_split"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from .store import new_run_id, provenance
+from ..bench.store import new_run_id, provenance
 
 KERNEL_MODULES = {"sm_90a": "nvfp4lib.kernels.hopper_smem.kernel", "sm_100a": "nvfp4lib.kernels.blackwell.runner"}
 

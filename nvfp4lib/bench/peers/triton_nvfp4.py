@@ -28,8 +28,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..backends import Runner
-from ..kernels.common.packing import stack_weights
+from ...kernels.common.packing import stack_weights
+from ...runner import Runner
 from .triton_groups import OPERAND_EXPONENT, addresses, group_table, require_triton_cuda
 
 __all__ = ["Candidate", "CANDIDATES", "prepare", "tile_list", "probe_dot_scaled"]

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from .backends import Runner
+from ..runner import Runner
 
 STRATEGIES = ("grouped", "loop", "streams")
 

@@ -20,8 +20,8 @@ import statistics
 
 import torch
 
-from .bench import L2Flusher
-from .problems import GroupedProblem, make_inputs
+from ..problems import GroupedProblem, make_inputs
+from .harness import L2Flusher
 from .roofline import measure_ceilings
 from .store import new_run_id, provenance
 
@@ -50,12 +50,12 @@ def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefe
                  progress=None) -> list[dict]:
     """Rows (problem × part × kcu × warps × prefetch × once × rows_first × whole) with provenance; nothing is
     stored here."""
-    from .kernels.common.sm90 import POST_SCALE
-    from .kernels.hopper_rs.layout import prepack_weights
-    from .kernels.hopper_varlen import gather as G
-    from .kernels.hopper_varlen.config import NWG
-    from .kernels.hopper_varlen.runner import stack_uniform
-    from .serving import _oneshot_config
+    from ..kernels.common.sm90 import POST_SCALE
+    from ..kernels.hopper_rs.layout import prepack_weights
+    from ..kernels.hopper_varlen import gather as G
+    from ..kernels.hopper_varlen.config import NWG
+    from ..kernels.hopper_varlen.runner import stack_uniform
+    from ..serving import _oneshot_config
 
     kcus, warps = tuple(kcus or (G.KCU,)), tuple(warps or (G.WARPS,))
     prefetches, onces = tuple(prefetches or (G.PREFETCH,)), tuple(onces or (G.ONCE,))

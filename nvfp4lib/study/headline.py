@@ -17,7 +17,7 @@ import re
 import statistics
 from pathlib import Path
 
-from .roofline import add_floors
+from ..bench.roofline import add_floors
 
 __all__ = ["PROBLEMS", "DEFAULT", "PREDEQUANT", "MIN_RUNS", "qualifying_runs", "headline", "markdown", "write_readme",
            "START", "END"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from . import store
+from ..bench import store
 
 __all__ = ["Run", "Round", "ROUNDS", "FAST_PATH", "shipped_configs", "missing_configs", "where_measured",
            "not_shipped_message", "run_round", "add_command", "CODE_PATHS", "code_path"]
@@ -53,7 +53,7 @@ class Round:
     dev_rounds: tuple[int, ...] = ()  # development rounds of data/history.jsonl (measured by a wip/ script)
 
     def labels(self) -> set[str]:
-        from .bench import BackendSpec
+        from ..bench.harness import BackendSpec
 
         return {BackendSpec.parse(s).name for r in self.runs for s in r.specs}
 
@@ -159,7 +159,7 @@ ROUNDS: dict[str, Round] = {**_round_notebooks(), **_fast_path()}
 
 def shipped_configs() -> dict[str, str | None]:
     """The cute-hopper configs this tree ships (the backend's table): name -> the kernel family that runs it."""
-    from .kernels.hopper_smem import kernel as hopper
+    from ..kernels.hopper_smem import kernel as hopper
 
     table = {**hopper.CONFIGS, **getattr(hopper, "SWEEP_CONFIGS", {})}
     return {n: getattr(c, "family", None) for n, c in table.items()}
@@ -168,7 +168,7 @@ def shipped_configs() -> dict[str, str | None]:
 def missing_configs(rnd: Round, shipped: dict[str, str | None] | None = None) -> list[str]:
     """The configs ``rnd`` runs that this tree does not ship, or ships for another kernel family than the one the
     notebook's rows come from (v1's ``baseline`` is not today's): empty means the round can be rerun here."""
-    from .bench import BackendSpec
+    from ..bench.harness import BackendSpec
 
     shipped = shipped_configs() if shipped is None else shipped
     names = [BackendSpec.parse(s).options.get("config") for r in rnd.runs for s in r.specs
@@ -264,7 +264,7 @@ def run_round(name: str, *, iters: int = 30, record=None, no_record: bool = Fals
         print(f"experiment {name} needs a CUDA GPU (sm_90, an H100 for the study's numbers); none here. "
               f"It would run:\n" + "\n".join("  " + " ".join(r.argv(iters)) for r in rnd.runs))
         return 2
-    from .__main__ import cmd_bench
+    from .commands import cmd_bench
 
     status = 0
     for r in rnd.runs:

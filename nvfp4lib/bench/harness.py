@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import api
-from .problems import GroupedProblem, make_inputs
-from .reference import reference_grouped_gemm, relative_error
+from ..problems import GroupedProblem, make_inputs
+from ..reference import reference_grouped_gemm, relative_error
+from ..timing import L2Flusher, time_runner
+from .backends import prepare
 from .roofline import floor_us, measure_ceilings
 from .store import kernel_family, new_run_id, provenance
 
@@ -57,35 +58,6 @@ class BackendSpec:
         return cls(backend, opts)
 
 
-class L2Flusher:
-    """Writes a buffer twice the L2 size so that no operand stays cached between timed runs."""
-
-    def __init__(self, device="cuda"):
-        props = torch.cuda.get_device_properties(device)
-        size = max(2 * getattr(props, "L2_cache_size", 50 << 20), 64 << 20)
-        self.buf = torch.empty(size, dtype=torch.uint8, device=device)
-
-    def __call__(self):
-        self.buf.zero_()
-
-
-def time_runner(runner, *, iters: int = 50, warmup: int = 3, flush: L2Flusher | None = None) -> list[float]:
-    """Microseconds per call, one CUDA-event pair around each call, L2 flushed before each."""
-    for _ in range(warmup):
-        runner()
-    torch.cuda.synchronize()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for s, e in zip(starts, ends):
-        if flush is not None:
-            flush()
-        s.record()
-        runner()
-        e.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
-
-
 def check_runner(runner, ref) -> float:
     """Poison the outputs, run once, return the normwise relative error (inf if anything is unwritten)."""
     runner.poison()
@@ -113,7 +85,7 @@ def bench(specs, problems, *, seed: int = 1111, mode: str = "uniform", iters: in
             row = _row_base(run_id, ceil, prob, spec, seed, mode, floor)
             try:
                 t0 = time.perf_counter()
-                runner = api.prepare(inp.a, inp.b, inp.b2, backend=spec.backend, **spec.options)
+                runner = prepare(inp.a, inp.b, inp.b2, backend=spec.backend, **spec.options)
                 torch.cuda.synchronize()
                 row["prepare_s"] = time.perf_counter() - t0
                 row["held_bytes"] = runner.held_bytes

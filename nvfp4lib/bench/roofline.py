@@ -20,7 +20,7 @@ import statistics
 
 import torch
 
-from .problems import GroupedProblem
+from ..problems import GroupedProblem
 
 __all__ = ["measure_ceilings", "floor_us", "ridge_flop_per_byte", "floors_us", "add_floors", "against_floors",
            "datasheet_for", "b200_model", "FLOORS", "H100_SXM_DATASHEET", "B200_DATASHEET"]

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..formats import NVFP4Tensor, dequantize
-from ..nn.routing import route, unpermute
+from ...formats import NVFP4Tensor, dequantize
+from ...nn.routing import route, unpermute
 
 __all__ = ["BF16GroupedMoE"]
 

@@ -31,10 +31,10 @@ import time
 
 import torch
 
-from .bench import L2Flusher
-from .formats import NVFP4Tensor
-from .problems import GroupedProblem, make_inputs
-from .reference import reference_grouped_gemm, relative_error
+from ..formats import NVFP4Tensor
+from ..problems import GroupedProblem, make_inputs
+from ..reference import reference_grouped_gemm, relative_error
+from .harness import L2Flusher
 from .roofline import floor_us, measure_ceilings
 from .store import new_run_id, provenance
 
@@ -156,10 +156,10 @@ def bench_calls(problems: list[GroupedProblem], *, backend: str = "cute-hopper",
     Every problem is set up once (inputs, references, prepared weights); then ``rounds`` sweeps over all problems and
     forms, each row carrying its ``round``. The host-bound forms' times follow the host's state, which on the lent
     machines drifts over seconds (the same eager call's host time 30 µs in one sweep, 92 µs in the next, one process,
-    2026-11-26): sweeps spread each form over the run, and :mod:`nvfp4lib.serving_report` judges each form by its
+    2026-11-26): sweeps spread each form over the run, and :mod:`nvfp4lib.study.serving_report` judges each form by its
     median round."""
-    from . import api, compat
-    from .serving import prepare_weights
+    from .. import api, compat
+    from ..serving import prepare_weights
 
     if not torch.cuda.is_available():
         raise RuntimeError("bench_calls needs a CUDA GPU")
@@ -168,7 +168,7 @@ def bench_calls(problems: list[GroupedProblem], *, backend: str = "cute-hopper",
     run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
     knobs = {}
     if backend == "cute-hopper":  # the kernel knobs a call form's times depend on
-        from .kernels.hopper_varlen import kernel
+        from ..kernels.hopper_varlen import kernel
 
         knobs = kernel.call_knobs()
     probe = host_probe()  # the host's state in this run: its speed decides the host-bound forms' verdicts

@@ -110,7 +110,7 @@ def decode_reference(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def check_decode_exhaustively() -> int:
     """Every code byte (two codes) × every finite E4M3 scale byte: the fp16 decode equals value × scale × 2^-7
     exactly. Returns the number of (code, scale) pairs checked; raises AssertionError on the first mismatch."""
-    from ..formats import E2M1_VALUES
+    from ...formats import E2M1_VALUES
 
     codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
     sbytes = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
