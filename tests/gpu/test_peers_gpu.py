@@ -32,6 +32,18 @@ def test_peer_is_exact(backend, opts, prob, dual):
     assert check_runner(r, ref) <= (r.tolerance or 1e-3)
 
 
+@pytest.mark.parametrize("graph", [False, True])
+@pytest.mark.parametrize("prob", UNIFORM, ids=[p.name for p in UNIFORM])
+@pytest.mark.parametrize("dual", [False, True])
+def test_bf16_predequant_within_its_stated_tolerance(prob, dual, graph):
+    """The fair bf16 peer: global scales folded into the bf16 operands, one torch._grouped_mm per product."""
+    p = prob.with_dual(dual)
+    x = make_inputs(p, seed=1111, mode="gaussian", device="cuda")
+    ref = reference_grouped_gemm(x.a, x.b, x.b2)
+    r = prepare(x.a, x.b, x.b2, backend="torch-bf16-predequant", graph=graph)
+    assert check_runner(r, ref) <= r.tolerance
+
+
 @pytest.mark.parametrize("prob", BENCHMARK, ids=[p.name for p in BENCHMARK])
 def test_grouped_mm_within_its_stated_tolerance(prob):
     x = make_inputs(prob, seed=1111, mode="uniform", device="cuda")
