@@ -1,0 +1,92 @@
+"""The checkpoint commands: ``make-checkpoint`` (write a random NVFP4 checkpoint) and ``generate`` (load one, decode
+greedily, print the speed). :func:`add_commands` registers both on an argparse sub-parser set; each command's
+``func`` takes the parsed namespace and returns an exit code."""
+from __future__ import annotations
+
+import argparse
+import json
+
+__all__ = ["add_commands", "cmd_make_checkpoint", "cmd_generate"]
+
+
+def add_commands(subparsers) -> None:
+    from .archs import ARCHS
+    from .checkpoint import FORMATS
+    from .writer import PRESETS
+
+    p = subparsers.add_parser("make-checkpoint", help="write a randomly initialised NVFP4 checkpoint (no download)",
+                              description="Write a randomly initialised NVFP4 checkpoint folder as ModelOpt or "
+                                          "compressed-tensors export one: config.json, the quantization config, "
+                                          "sharded safetensors with an index.")
+    p.add_argument("out", help="the checkpoint folder to write")
+    p.add_argument("--arch", choices=list(ARCHS), default="qwen3_moe")
+    p.add_argument("--format", dest="fmt", choices=list(FORMATS), default="modelopt")
+    p.add_argument("--preset", choices=list(PRESETS), default="tiny",
+                   help="sizes to start from (the flags below override them); qwen3-30b-a3b sets --arch qwen3_moe")
+    for flag, what in (("layers", "decoder layers"), ("hidden", "hidden size"), ("experts", "routed experts"),
+                       ("moe-intermediate", "expert intermediate size"),
+                       ("intermediate", "dense MLP intermediate size (DeepSeek-V3's dense layers)"),
+                       ("heads", "attention heads"), ("kv-heads", "key/value heads"), ("head-dim", "head dim"),
+                       ("vocab", "vocabulary size"), ("top-k", "experts per token")):
+        p.add_argument(f"--{flag}", type=int, help=what)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="where to draw and quantize the weights (cuda is much faster "
+                                                   "for large models)")
+    p.add_argument("--shard-gib", type=float, default=2.0, help="safetensors shard size")
+    p.add_argument("--distinct-scales", action="store_true",
+                   help="give gate/up and q/k/v their own per-tensor scales (exporters share them)")
+    p.set_defaults(func=cmd_make_checkpoint)
+
+    g = subparsers.add_parser("generate", help="load an NVFP4 checkpoint and decode greedily, timed",
+                              description="Load an NVFP4 checkpoint (nvfp4lib.hf.from_pretrained) and greedy-decode "
+                                          "with a static KV cache; prints tokens/s, time per token and peak memory.")
+    g.add_argument("model_dir")
+    g.add_argument("--prompt-ids", default="1,2,3,4", help="comma-separated token ids of the prompt")
+    g.add_argument("--max-new-tokens", type=int, default=32)
+    g.add_argument("--activations", choices=["nvfp4", "bf16"], default="nvfp4")
+    g.add_argument("--cuda-graph", action="store_true", help="replay each decode step as one CUDA graph")
+    g.add_argument("--batch", type=int, default=1, help="sequences decoded together (the prompt repeated)")
+    g.add_argument("--device", default=None, help="default: cuda if available, else cpu (reference backend)")
+    g.add_argument("--json", action="store_true", help="print the stats row as JSON")
+    g.set_defaults(func=cmd_generate)
+
+
+def cmd_make_checkpoint(args: argparse.Namespace) -> int:
+    from .writer import checkpoint_bytes, make_checkpoint
+
+    names = {"layers": "layers", "hidden": "hidden", "experts": "experts", "moe_intermediate": "moe_intermediate",
+             "intermediate": "intermediate", "heads": "heads", "kv_heads": "kv_heads", "head_dim": "head_dim",
+             "vocab": "vocab", "top_k": "top_k"}
+    sizes = {k: getattr(args, a) for a, k in names.items() if getattr(args, a, None) is not None}
+    out = make_checkpoint(args.out, arch=args.arch, fmt=args.fmt, preset=args.preset, seed=args.seed,
+                          device=args.device, shard_bytes=int(args.shard_gib * 2**30),
+                          shared_scales=not args.distinct_scales, progress=True, **sizes)
+    print(f"wrote {out} ({checkpoint_bytes(out) / 2**30:.2f} GiB of safetensors, {args.fmt})")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .generate import generate
+    from .loader import from_pretrained
+
+    try:
+        prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+    except ValueError:
+        raise SystemExit(f"--prompt-ids must be comma-separated integers, got {args.prompt_ids!r}") from None
+    if not prompt:
+        raise SystemExit("--prompt-ids is empty")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = from_pretrained(args.model_dir, activations=args.activations, device=device, progress=True)
+    ids = torch.tensor([prompt] * args.batch)
+    tokens, stats = generate(model, ids, args.max_new_tokens, cuda_graph=args.cuda_graph, progress=True)
+    print("tokens:", tokens[0, len(prompt):].tolist())
+    if args.json:
+        print(json.dumps(stats))
+    else:
+        peak = stats["peak_memory_gib"]
+        print(f"{stats['tokens_per_s']:.1f} tokens/s, {stats['ms_per_token']:.2f} ms per token (batch {args.batch}), "
+              f"prefill {stats['prefill_ms']:.1f} ms, peak memory "
+              + (f"{peak:.2f} GiB" if peak is not None else "n/a (CPU)") + f" on {stats['device']}")
+    return 0

@@ -1,0 +1,121 @@
+"""Greedy decoding with a static KV cache, timed: the serving loop a loaded checkpoint runs.
+
+:func:`generate` prefills the prompt in one forward, then decodes one token per step for the whole batch. The cache
+is transformers' ``StaticCache`` (its shapes never change, so a step's tensors keep their addresses). With
+``cuda_graph=True`` the decode step (the whole model: attention, NVFP4 Linears, the MoE layers) is captured once as
+one CUDA graph after two eager warm-up steps on a side stream, and replayed for every later step; only the token and
+its position are copied in. The stats row gives decode tokens/s (batch · steps / decode time), the time per step,
+the prefill time and the peak GPU memory of the run.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["generate", "Generation"]
+
+WARMUP_STEPS = 2  # eager decode steps before the capture (lazy allocations, compiles, tuning lookups)
+
+
+class Generation(NamedTuple):
+    tokens: torch.Tensor  # int64 [B, P + N]: the prompt then the N generated tokens
+    stats: dict  # one row: tokens_per_s, ms_per_token, prefill_ms, peak_memory_gib, ...
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph: bool = False,
+             progress: bool = False) -> Generation:
+    """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` (int ``[B, P]``, or ``[P]`` for one sequence)."""
+    from transformers import StaticCache
+
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    device = next(t.device for t in model.parameters())
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    if ids.dim() == 1:
+        ids = ids.unsqueeze(0)
+    if ids.dim() != 2 or ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be [B, P] with P >= 1, got {tuple(ids.shape)}")
+    if cuda_graph and device.type != "cuda":
+        raise ValueError(f"cuda_graph=True needs the model on a CUDA device, not {device}")
+    ids = ids.to(device)
+    batch, prompt = ids.shape
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    cache = StaticCache(config=model.config, max_cache_len=prompt + max_new_tokens)
+    # transformers 5.24 renamed the forward's past_key_values to cache (the old name warns until 5.40)
+    kv = {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
+    out = torch.empty((batch, max_new_tokens), dtype=torch.long, device=device)
+
+    _sync(device)
+    t0 = time.perf_counter()
+    logits = model(input_ids=ids, **kv, use_cache=True,
+                   cache_position=torch.arange(prompt, device=device), logits_to_keep=1).logits
+    out[:, 0] = logits[:, -1].argmax(-1)
+    _sync(device)
+    t1 = time.perf_counter()
+
+    tok = torch.empty((batch, 1), dtype=torch.long, device=device)
+    pos = torch.empty((1,), dtype=torch.long, device=device)
+    nxt = torch.empty((batch,), dtype=torch.long, device=device)
+
+    def step():
+        lg = model(input_ids=tok, **kv, use_cache=True, cache_position=pos).logits
+        nxt.copy_(lg[:, -1].argmax(-1))
+
+    graph, side = None, None
+    steps = range(1, max_new_tokens)
+    if progress:
+        from tqdm.auto import tqdm
+
+        steps = tqdm(steps, desc="decoding", unit="step", total=max_new_tokens - 1)
+    for i in steps:
+        tok.copy_(out[:, i - 1: i])
+        pos.fill_(prompt + i - 1)
+        if not cuda_graph:
+            step()
+        elif graph is not None:
+            graph.replay()
+        elif i <= WARMUP_STEPS:
+            side = side or torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                step()
+            torch.cuda.current_stream(device).wait_stream(side)
+        else:
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph):
+                    step()
+            except RuntimeError as e:
+                raise RuntimeError(f"generate(cuda_graph=True): the decode step could not be captured ({e}); run "
+                                   "without cuda_graph") from e
+            graph.replay()
+        out[:, i] = nxt
+    _sync(device)
+    t2 = time.perf_counter()
+
+    steps_n = max_new_tokens - 1
+    decode_s = t2 - t1
+    stats = {
+        "batch": batch, "prompt_tokens": prompt, "new_tokens": max_new_tokens, "cuda_graph": cuda_graph,
+        "prefill_ms": (t1 - t0) * 1e3,
+        "decode_s": decode_s,
+        "tokens_per_s": batch * steps_n / decode_s if steps_n and decode_s > 0 else float("nan"),
+        "ms_per_token": decode_s / steps_n * 1e3 if steps_n else float("nan"),
+        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
+    }
+    report = getattr(model, "nvfp4_load_report", None)
+    if report:
+        stats.update(model=report["path"], format=report["format"], activations=report["activations"],
+                     backend=report["backend"])
+    return Generation(torch.cat([ids, out], dim=1), stats)
