@@ -25,8 +25,11 @@ def _rows(runs: int, commit: str = "abc1234", slow_triton: float = 3.0):
             base = {"run_id": f"run{r}", "date": f"2026-11-25T0{r}:00:00+00:00", "git_commit": commit,
                     "gpu": "NVIDIA H100 80GB HBM3", "problem": name, "status": "ok", "flops": prob.flops(),
                     "nvfp4_bytes": prob.nvfp4_bytes(), "floor_us": 10.0}
-            rows.append({**base, "label": headline.DEFAULT, "median_us": 20.0 + r, "info_config": "vl_x"})
-            rows.append({**base, "label": headline.PREDEQUANT, "median_us": 40.0 + 2 * r})
+            fam = {"kernel_family": headline.FAMILY}
+            rows.append({**base, **fam, "label": headline.DEFAULT, "median_us": 20.0 + r, "info_config": "vl_x"})
+            rows.append({**base, **fam, "label": headline.EAGER, "median_us": 25.0 + r, "info_config": "vl_x"})
+            rows.append({**base, "label": headline.PREDEQUANT, "median_us": 40.0 + 2 * r,
+                         "notes": f"operands held as bf16 with the {headline.FAIR_PEER_NOTE}: 1 MB"})
             rows.append({**base, "label": "triton[graph=True]", "median_us": slow_triton * (20.0 + r)})
             rows.append({**base, "label": "triton-fast[graph=True]", "median_us": 2.0 * (20.0 + r)})
     return pd.DataFrame(rows)
@@ -43,6 +46,7 @@ def test_headline_statistics_over_runs():
     assert s1["tri_labels"] == ["triton-fast[graph=True]"]
     text = headline.markdown(h)
     assert "5 separate runs at commit `abc1234`" in text and "**22.0 (20.0–24.0)**" in text
+    assert "| 27.0 (25.0–29.0) |" in text  # the eager call beside the graph replay
 
 
 def test_headline_prefers_a_commit_with_five_runs():
@@ -50,6 +54,16 @@ def test_headline_prefers_a_commit_with_five_runs():
                                                                        date="2026-11-26T00:00:00+00:00")])
     assert headline.qualifying_runs(df)[0] == "old0001"
     assert headline.qualifying_runs(_rows(2, "new0002"))[0] == "new0002"  # fewer than five: the latest, said so
+
+
+def test_rows_of_other_kernels_or_the_old_peer_do_not_count():
+    """The study's host-scheduled kernel once ran under the same label, and the bf16 peer once timed extra work."""
+    df = _rows(5)
+    old_kernel = df.assign(kernel_family="hopper_rs", run_id=df["run_id"] + "k", git_commit="k000001",
+                           date="2026-11-27T00:00:00+00:00")
+    old_peer = df.assign(notes="weights and activations held as bf16", run_id=df["run_id"] + "p",
+                         git_commit="p000001", date="2026-11-27T00:00:00+00:00")
+    assert headline.qualifying_runs(pd.concat([df, old_kernel, old_peer]))[0] == "abc1234"
 
 
 def test_a_run_missing_a_peer_does_not_qualify():

@@ -155,7 +155,10 @@ def test_kernel_family_of_a_new_row():
     assert store.kernel_family("triton", None) == "triton"
     assert store.kernel_family("cute-blackwell", "baseline") == "blackwell"
     assert store.kernel_family("cute-hopper", "baseline") == "hopper_smem"
-    assert "not resolved" in store.kernel_family("cute-hopper", "auto")
+    assert store.kernel_family("cute-hopper", "auto") == "hopper_varlen"  # the serving kernel users call
+    assert store.kernel_family("cute-hopper", "vl_m128_t128_k128_s3_e") == "hopper_varlen"
+    assert store.kernel_family("cute-hopper", "study-auto") == "hopper_rs"
+    assert "not resolved" in store.kernel_family("cute-hopper", "no_such_config")
     from nvfp4lib.kernels.hopper_smem import kernel as hopper
 
     rs = [n for n, c in hopper.CONFIGS.items() if c.family == "hopper_rs"]

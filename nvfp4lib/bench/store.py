@@ -101,16 +101,22 @@ FAMILIES = {  # family -> (the `kernel` column's name, where its code is)
     "blackwell": ("blackwell", "nvfp4lib/kernels/blackwell/"),
 }
 HOPPER_KERNELS = tuple(FAMILIES[f][0] for f in ("hopper_bf16_decode", "hopper_smem", "hopper_rs"))
-_KERNEL_OF_FAMILY = {f: FAMILIES[f][0] for f in ("hopper_bf16_decode", "hopper_smem", "hopper_rs")}
+_KERNEL_OF_FAMILY = {f: FAMILIES[f][0] for f in ("hopper_bf16_decode", "hopper_smem", "hopper_rs", "hopper_varlen")}
 
 
 def kernel_family(backend: str, config: str | None) -> str:
     """The family that runs ``config`` of ``backend`` in this tree, asked when a row is measured (never guessed
-    later): a cute-hopper config's class names its family (``hopper_smem`` or ``hopper_rs``)."""
+    later): cute-hopper with no config, ``auto`` or a ``vl_*`` config is the serving kernel (``hopper_varlen``);
+    ``study-auto`` chooses among ``rs_*`` configs; a study config's class names its family (``hopper_smem`` or
+    ``hopper_rs``)."""
     if backend == "cute-blackwell":
         return "blackwell"
     if backend != "cute-hopper":
         return backend
+    if config in (None, "auto") or str(config).startswith("vl_"):
+        return "hopper_varlen"
+    if config == "study-auto":
+        return "hopper_rs"
     from ..kernels.hopper_smem import kernel as hopper
 
     cfg = {**hopper.CONFIGS, **getattr(hopper, "SWEEP_CONFIGS", {})}.get(config)
