@@ -20,7 +20,8 @@ TABLE = torch.tensor(E2M1_VALUES, dtype=torch.float64)
 
 def formula(fmt, codes, scale, glob):
     """The format's own decoding, in float64 from the stored tensors: unpack (element 2j = low nibble), then
-    e2m1 · weight_scale · weight_scale_2 (ModelOpt) or e2m1 · weight_scale / weight_global_scale (compressed-tensors)."""
+    e2m1 · weight_scale · weight_scale_2 (ModelOpt) or e2m1 · weight_scale / weight_global_scale
+    (compressed-tensors)."""
     n, half = codes.shape
     e = torch.empty(n, 2 * half, dtype=torch.float64)
     e[:, 0::2] = TABLE[(codes & 0xF).long()]
@@ -102,7 +103,7 @@ def test_writer_tensors_decode_per_the_formula(tiny, fmt):
     assert len(mods) == 2 * (4 + 8 * 3)  # 2 layers: q, k, v, o and 8 experts x 3
     for mod in mods:
         w, a = read_nvfp4(ck, scheme, mod, "cpu")
-        ref = formula(fmt, ck.get(f"{mod}.{f['codes']}"), ck.get(f"{mod}.{f['scales']}"), ck.get(f"{mod}.{f['global']}"))
+        ref = formula(fmt, *(ck.get(f"{mod}.{f[k]}") for k in ("codes", "scales", "global")))
         got = dequantize(w, torch.float64)
         if fmt == "modelopt":
             assert torch.equal(got, ref), mod

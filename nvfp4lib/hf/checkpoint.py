@@ -258,8 +258,8 @@ def read_nvfp4(ckpt: Checkpoint, scheme: QuantScheme, module: str, device, shape
         raise CheckpointError(f"{_where(ckpt, codes_name)}: holds a [{n}, {k}] weight but the model's layer is "
                               f"{list(shape)} ([out_features, in_features])")
     if scales.dtype != torch.float8_e4m3fn or tuple(scales.shape) != (n, k // BLOCK_SIZE):
-        raise CheckpointError(f"{_where(ckpt, scales_name)}: block scales must be float8_e4m3fn [{n}, {k // BLOCK_SIZE}]"
-                              f", got {scales.dtype} of shape {tuple(scales.shape)}")
+        raise CheckpointError(f"{_where(ckpt, scales_name)}: block scales must be float8_e4m3fn "
+                              f"[{n}, {k // BLOCK_SIZE}], got {scales.dtype} of shape {tuple(scales.shape)}")
     g = _scalar(ckpt, f"{module}.{f['global']}", "weight's per-tensor scale")
     if scheme.format == "compressed-tensors":
         g = torch.reciprocal(g)  # W = e2m1 · weight_scale / weight_global_scale
