@@ -183,6 +183,11 @@ def test_error_missing_tensor(tiny, tmp_path):
     _expect(tiny(), tmp_path, rf"missing tensor '{E0}.weight_scale_2'", lambda t: t.pop(f"{E0}.weight_scale_2"))
 
 
+def test_error_missing_plain_tensor(tiny, tmp_path):
+    _expect(tiny("mixtral", "modelopt"), tmp_path, r"missing tensor 'model.layers.1.block_sparse_moe.gate.weight'",
+            lambda t: t.pop("model.layers.1.block_sparse_moe.gate.weight"))
+
+
 def test_error_missing_expert(tiny, tmp_path):
     def edit(t):
         for k in [k for k in t if k.startswith(E0 + ".")]:

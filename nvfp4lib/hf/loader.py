@@ -183,7 +183,7 @@ def from_pretrained(path, *, activations: str = "nvfp4", device="cuda", ep_group
         bar.update(1)
     bar.close()
     n_plain = _load_plain(model, plan, ckpt, device)
-    _finish(model, device)
+    _finish(model, device, arch, ckpt)
     ckpt.close()
 
     for n in plan.ignored:
@@ -303,7 +303,7 @@ def _load_plain(model, plan, ckpt, device) -> int:
     return n
 
 
-def _finish(model, device) -> None:
+def _finish(model, device, arch: Arch, ckpt: Checkpoint) -> None:
     """Tie the output embedding where the config says so, rebuild computed buffers (rotary embeddings), and refuse
     anything still unfilled."""
     cfg = model.config.get_text_config()
@@ -317,5 +317,6 @@ def _finish(model, device) -> None:
             _set(model, name, fresh)
     left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.device.type == "meta"]
     if left:
-        raise CheckpointError(f"the checkpoint has no tensor for {len(left)} of the model's: {', '.join(left[:5])}"
-                              + (" ..." if len(left) > 5 else "") + " (missing tensors)")
+        names = ", ".join(repr(arch.to_checkpoint(n)) for n in left[:5])
+        raise CheckpointError(f"{ckpt.path}: missing tensor {names}" + (f" and {len(left) - 5} more" if len(left) > 5
+                                                                         else ""))
