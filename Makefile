@@ -22,8 +22,10 @@ $(STAMP): pyproject.toml Makefile
 study: env
 	$(BIN)/python -m nvfp4lib study
 
+# one pytest-xdist worker per core; each compiled kernel's tests stay in one worker (--dist loadgroup)
+TEST_WORKERS ?= auto
 test: env
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 lint: env
 	$(BIN)/ruff check nvfp4lib tests
@@ -54,9 +56,7 @@ gpu-test: $(GPU_ENV)
 	  $$($(GPU_PY) -c "import xdist; print('-n $(GPU_WORKERS) --dist loadgroup')" 2>/dev/null)
 
 bench: $(GPU_ENV)
-	$(GPU_PY) -m nvfp4lib bench --suite benchmark --suite dual --backend cute-hopper:graph=1 \
-	  --backend torch-bf16-predequant:graph=1 --backend triton:graph=1 --backend torch-grouped-mm-fused:graph=1 \
-	  --iters $(ITERS) $(RECORD)
+	$(GPU_PY) -m nvfp4lib bench --iters $(ITERS) $(RECORD)
 
 calls: $(GPU_ENV)
 	$(GPU_PY) -m nvfp4lib calls --suite benchmark --suite dual --mode uniform $(RECORD)

@@ -237,9 +237,9 @@ def test_cli_commands(tmp_path, capsys):
     out = tmp_path / "m"
     a = ap.parse_args(["make-checkpoint", str(out), "--arch", "mixtral", "--format", "compressed-tensors",
                        "--layers", "1", "--hidden", "32", "--experts", "4", "--vocab", "64"])
-    assert a.func(a) == 0
+    assert a.fn(a) == 0
     a = ap.parse_args(["generate", str(out), "--prompt-ids", "1,2,3", "--max-new-tokens", "4", "--batch", "2",
                        "--activations", "bf16", "--device", "cpu", "--json"])
-    assert a.func(a) == 0
+    assert a.fn(a) == 0
     text = capsys.readouterr().out
     assert "tokens: [" in text and '"tokens_per_s"' in text

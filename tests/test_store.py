@@ -102,9 +102,25 @@ def test_amend_keeps_the_old_values_and_refuses_measurements(tmp_path):
         store.amend(path, {"r1"}, "no", median_us=0.5)
 
 
-def test_provenance_prefers_the_commit_given_in_the_environment(monkeypatch):
-    monkeypatch.setenv("NVFP4LIB_GIT_COMMIT", "0123abc")
-    assert store.provenance()["git_commit"] == "0123abc"
+def test_provenance_names_the_tree_and_its_commit():
+    """The tree id is git's hash of the working copy; a commit is named only when it has exactly that tree."""
+    p = store.provenance()
+    assert p["git_tree"] and len(p["git_tree"]) == 40
+    assert p["cutlass_dsl"] == "4.3.5"  # read from the installed package's metadata
+    if p["git_dirty"] is False:
+        assert store._git("rev-parse", f"{p['git_commit']}^{{tree}}") == p["git_tree"]
+    else:
+        assert p["git_commit"] == "unknown"
+
+
+def test_rows_from_a_stale_clone_get_their_commit_from_the_tree():
+    head = store._git("rev-parse", "HEAD")
+    tree = store._git("rev-parse", "HEAD^{tree}")
+    rows = [{"run_id": "x", "git_commit": "unknown", "git_dirty": True, "git_tree": tree},
+            {"run_id": "y", "git_commit": "unknown", "git_dirty": True, "git_tree": "0" * 40}]
+    store.resolve_commits(rows)
+    assert (rows[0]["git_commit"], rows[0]["git_dirty"]) == (head, False)
+    assert (rows[1]["git_commit"], rows[1]["git_dirty"]) == ("unknown", True)
 
 
 def test_rows_name_the_hopper_kernel_that_measured_them(tmp_path):

@@ -146,11 +146,27 @@ def latest_compile_rows(arch: str):
     return rows[rows["run_id"] == sorted(rows["run_id"].unique())[-1]] if len(rows) else rows
 
 
+def resolve_commits(rows: list[dict]) -> list[dict]:
+    """Rows whose ``git_commit`` is unknown or dirty but whose ``git_tree`` is a commit's tree in this repository get
+    that commit (``git_dirty`` False): the GPU machine's copy of the checkout has a stale ``.git``, but the tree it
+    ran is the commit's, byte for byte."""
+    found: dict = {}
+    for r in rows:
+        tree = r.get("git_tree")
+        if tree and (r.get("git_dirty") or r.get("git_commit") in (None, "unknown")):
+            if tree not in found:
+                found[tree] = commit_of_tree(tree)
+            if found[tree]:
+                r["git_commit"], r["git_dirty"] = found[tree], False
+    return rows
+
+
 def merge(src, dst=BENCH) -> int:
     """Append to ``dst`` the rows of ``src`` whose run_id ``dst`` does not hold yet (e.g. rows
-    measured on the GPU machine and brought back). Returns the number of rows appended."""
+    measured on the GPU machine and brought back), their commits resolved from their trees
+    (:func:`resolve_commits`). Returns the number of rows appended."""
     have = {r.get("run_id") for r in read_rows(dst)}
-    new = [r for r in read_rows(src) if r.get("run_id") not in have]
+    new = resolve_commits([r for r in read_rows(src) if r.get("run_id") not in have])
     for r in new:
         if not r.get("gpu"):
             raise ValueError(f"{src}: row without a 'gpu' provenance field; refusing to store it")
@@ -259,22 +275,53 @@ def _nvidia_smi() -> dict:
         return {"smi_error": type(e).__name__}
 
 
+def working_tree_id() -> str | None:
+    """Git's id of the tree the working copy holds now (tracked and untracked, ignored files left out), hashed with a
+    temporary index: it names the code that ran even where ``.git`` is stale (a copied working tree, as on the GPU
+    machine) and equals a commit's tree exactly when the code is that commit's."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        try:
+            subprocess.run(["git", "add", "-A", "."], cwd=DATA_DIR.parent, env=env, capture_output=True, timeout=60,
+                           check=True)
+            return subprocess.run(["git", "write-tree"], cwd=DATA_DIR.parent, env=env, capture_output=True, text=True,
+                                  timeout=60, check=True).stdout.strip() or None
+        except Exception:
+            return None
+
+
+def commit_of_tree(tree: str | None) -> str | None:
+    """The newest commit of this repository whose tree is ``tree`` (None if none is)."""
+    if not tree:
+        return None
+    out = _git("log", "--all", "--format=%H %T")
+    for line in (out or "").splitlines():
+        commit, _, t = line.partition(" ")
+        if t == tree:
+            return commit
+    return None
+
+
 def provenance(device=None) -> dict:
     """Where and with what a measurement is taken.
 
-    The commit is ``NVFP4LIB_GIT_COMMIT`` when set (a copied working tree, as on the GPU machine, may carry a
-    stale ``.git``: its HEAD is then kept as ``git_head_seen`` and ``git_dirty`` is unknown), else git's HEAD."""
+    The code is named by git, never by hand: ``git_tree`` is the working copy's tree id (:func:`working_tree_id`);
+    ``git_commit`` is the commit with that tree (HEAD's, or found in the history), and ``git_dirty`` says whether the
+    working copy differs from every commit. Where the commit is not in this clone's history (a stale ``.git`` on the
+    GPU machine), ``git_commit`` is "unknown" until :func:`resolve_commits` finds it in the checkout that records
+    the rows."""
+    tree = working_tree_id()
     head = _git("rev-parse", "HEAD")
-    given = os.environ.get("NVFP4LIB_GIT_COMMIT")
-    commit = given or head or "unknown"
-    dirty = _git("status", "--porcelain", "--untracked-files=no") if head and (not given or head.startswith(given)
-                                                                                or given.startswith(head)) else None
+    commit = head if tree and head and _git("rev-parse", "HEAD^{tree}") == tree else commit_of_tree(tree)
     p = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
-        "git_commit": commit,
-        "git_dirty": None if dirty is None else bool(dirty),
-        **({"git_head_seen": head} if given and head and dirty is None else {}),
+        "git_commit": commit or "unknown",
+        "git_dirty": None if tree is None else commit is None,
+        "git_tree": tree,
+        "git_head": head,  # HEAD of the .git beside the code (stale on the GPU machine's copy)
         "torch": torch.__version__,
         "triton": _version("triton", "triton"),
         "cutlass_dsl": _version("nvidia-cutlass-dsl") or _cutlass_from_unpacked_wheel(),

@@ -35,7 +35,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--shard-gib", type=float, default=2.0, help="safetensors shard size")
     p.add_argument("--distinct-scales", action="store_true",
                    help="give gate/up and q/k/v their own per-tensor scales (exporters share them)")
-    p.set_defaults(func=cmd_make_checkpoint)
+    p.set_defaults(fn=cmd_make_checkpoint)
 
     g = subparsers.add_parser("generate", help="load an NVFP4 checkpoint and decode greedily, timed",
                               description="Load an NVFP4 checkpoint (nvfp4lib.hf.from_pretrained) and greedy-decode "
@@ -48,7 +48,7 @@ def add_commands(subparsers) -> None:
     g.add_argument("--batch", type=int, default=1, help="sequences decoded together (the prompt repeated)")
     g.add_argument("--device", default=None, help="default: cuda if available, else cpu (reference backend)")
     g.add_argument("--json", action="store_true", help="print the stats row as JSON")
-    g.set_defaults(func=cmd_generate)
+    g.set_defaults(fn=cmd_generate)
 
 
 def cmd_make_checkpoint(args: argparse.Namespace) -> int:

@@ -257,6 +257,9 @@ def main(argv=None) -> int:
     from .experiment import add_command as add_experiment  # experiment: rerun a round the notebooks show (GPU)
     add_experiment(sub, _add_record_args, _write)
 
+    from ..hf.cli import add_commands as add_hf  # make-checkpoint, generate: NVFP4 checkpoints in, tokens out
+    add_hf(sub)
+
     p = sub.add_parser("tune", help="time the serving kernel's configs per problem and cache the fastest (GPU)")
     add_problems(p)
     p.add_argument("--seed", type=int, default=1111)

@@ -5,6 +5,7 @@ CUDA GPU they measure live. Executed copies go to build/study/, HTML to figures/
 """
 from __future__ import annotations
 
+import re
 import sys
 import time
 from pathlib import Path
@@ -103,3 +104,39 @@ def run_study(*, live: bool | None = None, only=None, html: bool = True, out_dir
           f"{out_dir.relative_to(ROOT) if out_dir.is_relative_to(ROOT) else out_dir}, HTML in "
           f"{html_dir.relative_to(ROOT) if html_dir.is_relative_to(ROOT) else html_dir}")
     return 1 if failed else 0
+
+
+# A number with a unit in Markdown: times, rates, bandwidths, sizes, ratios and percentages. A dimension such as
+# 128×128 is not one (× followed by a digit), nor a name such as S1 or sm_90.
+_NUMBER_WITH_UNIT = re.compile(
+    r"(?<![\w.\-/])(\d+(?:,\d{3})*(?:\.\d+)?)\s?(µs|us|ms|ns|TB/s|GB/s|TFLOP/s|TFLOPS|PFLOP/s|MB|GB|KB|KiB|MiB|GiB"
+    r"|%|×(?!\s?\d)|x(?=\s)(?!\s?\d))")
+
+
+def typed_numbers(executed: Path) -> list[str]:
+    """The numbers with units in ``executed``'s Markdown cells that no code cell's output shows (as text, a table or
+    a figure's caption): numbers typed by hand, which go stale when the data change. Each as ``"cell i: 12.3 us"``."""
+    import nbformat
+
+    nb = nbformat.read(str(executed), as_version=4)
+    shown = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for out in cell.get("outputs", []):
+            if "text" in out:
+                shown.append(out["text"] if isinstance(out["text"], str) else "".join(out["text"]))
+            for key in ("text/plain", "text/html", "text/markdown"):
+                v = out.get("data", {}).get(key)
+                if v:
+                    shown.append(v if isinstance(v, str) else "".join(v))
+    computed = "\n".join(shown)
+    bad = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "markdown":
+            continue
+        text = re.sub(r"`[^`]*`", "", cell.source)  # code spans name things (configs, commands), they state no result
+        for m in _NUMBER_WITH_UNIT.finditer(text):
+            if m.group(1) not in computed:
+                bad.append(f"cell {i}: {m.group(0)}")
+    return bad
