@@ -140,3 +140,38 @@ def typed_numbers(executed: Path) -> list[str]:
             if m.group(1) not in computed:
                 bad.append(f"cell {i}: {m.group(0)}")
     return bad
+
+
+_TRUNCATED = re.compile(r"\d+ rows [×x] \d+ columns")
+_NAN = re.compile(r"(?<![\w.])(nan|NaN)(?![\w(])")
+
+
+def output_problems(executed: Path) -> list[str]:
+    """What a reader should never meet in ``executed``'s outputs: a table pandas truncated (the verdict must rest on
+    what is shown), a NaN where a number belongs, an error. Each as ``"cell i: ..."``."""
+    import nbformat
+
+    nb = nbformat.read(str(executed), as_version=4)
+    bad = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                bad.append(f"cell {i}: error {out.get('ename')}")
+            texts = [out.get("text", "")] + [out.get("data", {}).get(k, "") for k in ("text/plain", "text/html")]
+            text = "\n".join(t if isinstance(t, str) else "".join(t) for t in texts)
+            if _TRUNCATED.search(text):
+                bad.append(f"cell {i}: a truncated table ({_TRUNCATED.search(text).group(0)})")
+            if _NAN.search(re.sub(r"<[^>]+>", " ", text)):
+                bad.append(f"cell {i}: NaN in an output")
+    return bad
+
+
+def images(executed: Path) -> int:
+    """How many figures ``executed``'s outputs show."""
+    import nbformat
+
+    nb = nbformat.read(str(executed), as_version=4)
+    return sum("image/png" in out.get("data", {}) for c in nb.cells if c.cell_type == "code"
+               for out in c.get("outputs", []))

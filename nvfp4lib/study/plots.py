@@ -9,23 +9,38 @@ matplotlib.use("Agg")
 matplotlib.rcParams["svg.hashsalt"] = "nvfp4lib"  # stable element ids: re-running a notebook on the same data
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 
 from ..bench.roofline import B200_DATASHEET, datasheet_for  # noqa: E402
 from ..bench.store import DATA_DIR  # noqa: E402
 
 FIG_DIR = DATA_DIR.parent / "figures"
 
+# the notebooks show whole tables: a verdict rests on what is shown (pandas would elide rows and columns past 60/20)
+pd.set_option("display.max_rows", 500)
+pd.set_option("display.max_columns", 60)
+pd.set_option("display.width", 250)
+
 __all__ = ["save", "caption", "latest_rows", "bar_chart", "FIG_DIR"]
 
 
-def save(fig, name: str, fig_dir: Path | str = FIG_DIR) -> Path:
-    """Write ``name``.png and ``name``.svg under figures/ (stable names: notebooks overwrite their own)."""
+def save(fig, name: str, fig_dir: Path | str = FIG_DIR) -> None:
+    """Write ``name``.png and ``name``.svg under figures/ (stable names: notebooks overwrite their own) and, in a
+    notebook, show the figure in the cell's output (once: the figure is closed after, so that the inline backend does
+    not show it again)."""
     fig_dir = Path(fig_dir)
     fig_dir.mkdir(parents=True, exist_ok=True)
     png = fig_dir / f"{name}.png"
     fig.savefig(png, dpi=120, bbox_inches="tight", metadata={"Software": None})
     fig.savefig(fig_dir / f"{name}.svg", bbox_inches="tight", metadata={"Date": None})  # no timestamp: no churn
-    return png
+    try:
+        from IPython import get_ipython
+        from IPython.display import Image, display
+    except ImportError:
+        return
+    if get_ipython() is not None:  # (the PNG just written: this module draws with Agg, which displays nothing itself)
+        display(Image(data=png.read_bytes(), format="png"))
+        plt.close(fig)
 
 
 def caption(rows, source: str = "data/bench.jsonl") -> str:
