@@ -15,6 +15,18 @@ def test_readme_headline_matches_data():
     assert block is not None, "README lost its headline markers"
     assert block == headline.markdown(headline.headline(store.load())), \
         "README's headline is stale: run python -m nvfp4lib headline --write README.md"
+    assert headline.readme_block(README, headline.SHAPES_START, headline.SHAPES_END) == headline.shapes_markdown()
+
+
+def test_readme_is_a_newcomers_page():
+    """Short, no development log: no path outside the repository, no commit hash outside the generated blocks."""
+    import re
+
+    text = README.read_text()
+    assert len(text.splitlines()) <= 150
+    outside = re.sub(re.escape(headline.START) + ".*?" + re.escape(headline.END), "", text, flags=re.S)
+    assert "../" not in outside and "/work/" not in outside
+    assert not re.search(r"\b[0-9a-f]{7,40}\b", outside), "a commit hash in the README's prose"
 
 
 def _rows(runs: int, commit: str = "abc1234", slow_triton: float = 3.0):

@@ -189,7 +189,7 @@ def cmd_headline(args) -> int:
 
     block = headline.markdown(headline.headline(store.load()))
     if args.write:
-        changed = headline.write_readme(args.write, block)
+        changed = headline.write_readme(args.write, block, headline.shapes_markdown())
         print(f"{args.write}: {'updated' if changed else 'already up to date'}")
     else:
         print(block)
@@ -206,7 +206,25 @@ def cmd_info(args) -> int:
     return 0
 
 
+def cmd_docs(args) -> int:
+    """The generated pages under docs/ (the command line, the kernel configs)."""
+    from . import docs
+
+    if args.write:
+        changed = docs.write(build_parser())
+        print("\n".join(f"{p.relative_to(docs.ROOT)}: updated" for p in changed) or "docs/: already up to date")
+        return 0
+    stale = [p for p, text in docs.pages(build_parser()).items() if not p.exists() or p.read_text() != text]
+    print("\n".join(f"{p.relative_to(docs.ROOT)}: stale" for p in stale) or "docs/: up to date")
+    return 1 if stale else 0
+
+
 def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.fn(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
     from ..bench.store import BENCH, CALLS, COMPILE, PROBES
 
     ap = argparse.ArgumentParser(prog="python -m nvfp4lib", description=__doc__)
@@ -316,8 +334,10 @@ def main(argv=None) -> int:
     p.add_argument("--write", type=Path, metavar="README", help="replace the block between the file's markers")
     p.set_defaults(fn=cmd_headline)
 
-    args = ap.parse_args(argv)
-    return args.fn(args)
+    p = sub.add_parser("docs", help="check the generated pages under docs/ (--write: regenerate them)")
+    p.add_argument("--write", action="store_true")
+    p.set_defaults(fn=cmd_docs)
+    return ap
 
 
 if __name__ == "__main__":

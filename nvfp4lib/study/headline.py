@@ -22,7 +22,7 @@ from pathlib import Path
 from ..bench.roofline import H100_SXM_DATASHEET, add_floors
 
 __all__ = ["PROBLEMS", "DEFAULT", "PREDEQUANT", "MIN_RUNS", "qualifying_runs", "headline", "markdown", "write_readme",
-           "START", "END"]
+           "START", "END", "shapes_markdown"]
 
 PROBLEMS = ("S1", "S2", "S3", "S4", "S1-dual", "S2-dual", "S3-dual", "S4-dual")
 DEFAULT = "cute-hopper[graph=True]"
@@ -154,18 +154,44 @@ def markdown(h: dict) -> str:
     return "\n".join(lines)
 
 
-def write_readme(path: Path, block: str) -> bool:
-    """Replace the text between START and END in ``path``; True if the file changed."""
+SHAPES_START = "<!-- shapes:start (python -m nvfp4lib headline --write README.md) -->"
+SHAPES_END = "<!-- shapes:end -->"
+
+
+def shapes_markdown() -> str:
+    """The study's benchmark shapes as a table, from :mod:`nvfp4lib.problems` (the dual form of each shares them)."""
+    from ..problems import BENCHMARK
+
+    lines = ["| shape | groups | rows per group (M) | N | K | FLOPs (single / dual) |", "|---|---|---|---|---|---|"]
+    for p in BENCHMARK:
+        lines.append(f"| {p.name} | {p.groups} | {', '.join(map(str, p.m))} | {p.n[0]} | {p.k[0]} | "
+                     f"{p.flops() / 1e9:.1f} G / {p.with_dual().flops() / 1e9:.1f} G |")
+    return "\n".join(lines)
+
+
+def _pattern(start: str, end: str):
+    return re.compile(re.escape(start) + r"\n(?:(.*?)\n)?" + re.escape(end), re.S)
+
+
+def write_readme(path: Path, block: str, shapes: str | None = None) -> bool:
+    """Replace the text between START and END in ``path`` (and between the shapes markers, if given and present);
+    True if the file changed."""
     text = Path(path).read_text()
-    pat = re.compile(re.escape(START) + r"\n(?:.*?\n)?" + re.escape(END), re.S)
-    if not pat.search(text):
-        raise ValueError(f"{path} has no headline markers ({START} … {END})")
-    new = pat.sub(lambda _: f"{START}\n{block}\n{END}", text)
+    new = text
+    for (start, end), body in (((START, END), block), ((SHAPES_START, SHAPES_END), shapes)):
+        if body is None:
+            continue
+        pat = _pattern(start, end)
+        if not pat.search(new):
+            if start == START:
+                raise ValueError(f"{path} has no headline markers ({START} … {END})")
+            continue
+        new = pat.sub(lambda _, s=start, e=end, b=body: f"{s}\n{b}\n{e}", new)
     if new != text:
         Path(path).write_text(new)
     return new != text
 
 
-def readme_block(path: Path) -> str | None:
-    m = re.search(re.escape(START) + r"\n(?:(.*?)\n)?" + re.escape(END), Path(path).read_text(), re.S)
+def readme_block(path: Path, start: str = START, end: str = END) -> str | None:
+    m = _pattern(start, end).search(Path(path).read_text())
     return (m.group(1) or "") if m else None
