@@ -69,8 +69,31 @@ def render_html(executed: Path, html_dir: Path) -> Path:
     exporter.register_preprocessor(CoalesceStreamsPreprocessor(enabled=True), enabled=True)
     body, _ = exporter.from_notebook_node(nb)
     out = html_dir / (executed.stem + ".html")
-    out.write_text(body, encoding="utf-8")
+    out.write_text(_shared_style(body, html_dir), encoding="utf-8")
     return out
+
+
+STYLE = "notebook.css"
+_STYLE_BLOCKS = re.compile(r"<style[^>]*>.*?</style>\s*", re.S)
+
+
+def _shared_style(body: str, html_dir: Path) -> str:
+    """The page with the style sheets of its head moved to one file every page links (``STYLE`` in ``html_dir``):
+    the template puts the same ~260 KB of CSS in each page. A page whose CSS differs from the shared file keeps its
+    own inline. (Style blocks inside cell outputs, e.g. a styled table's, stay where they are.)"""
+    end = body.find("</head>")
+    head = body[:end] if end >= 0 else ""
+    blocks = _STYLE_BLOCKS.findall(head)
+    if not blocks:
+        return body
+    css = "".join(re.sub(r"^<style[^>]*>|</style>\s*$", "", b) + "\n" for b in blocks)
+    sheet = html_dir / STYLE
+    if sheet.exists() and sheet.read_text(encoding="utf-8") != css:
+        return body
+    sheet.write_text(css, encoding="utf-8")
+    first = head.index(blocks[0])
+    rest = _STYLE_BLOCKS.sub("", head[first:])
+    return body[:first] + f'<link rel="stylesheet" href="{STYLE}">\n' + rest + body[end:]
 
 
 def run_study(*, live: bool | None = None, only=None, html: bool = True, out_dir: Path = BUILD,
