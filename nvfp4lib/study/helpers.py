@@ -16,7 +16,8 @@ from ..bench import store
 from ..problems import BENCHMARK, DUAL
 
 __all__ = ["NEW", "PEER", "SHAPES", "DUALS", "ALL", "NOISE", "SM_SMEM", "RecordedConfig", "recorded_configs", "lab",
-           "same_run", "medians", "pair", "repeatability", "resources", "register_split"]
+           "same_run", "medians", "pair", "repeatability", "resources", "register_split", "runs_behind", "sources",
+           "filled", "B200_COLS", "b200_compiled"]
 
 
 @dataclass(frozen=True)
@@ -141,3 +142,54 @@ def resources(names):
     t = pd.DataFrame(out)
     t["CTAs/SM"] = t[["CTAs/SM by smem", "CTAs/SM by registers"]].min(axis=1).astype(int)
     return t.set_index("config")
+
+
+def runs_behind(rows) -> pd.DataFrame:
+    """The runs a verdict rests on, one line per run of ``rows``: its commit (short hash), GPU and date."""
+    if rows is None or not len(rows):
+        return pd.DataFrame(columns=["commit", "GPU", "date"])
+    g = rows.groupby("run_id").agg(commit=("git_commit", "first"), GPU=("gpu", "first"), date=("date", "min"))
+    g["commit"] = g["commit"].map(lambda c: str(c)[:7] if isinstance(c, str) and c else "not recorded")
+    g["GPU"] = g["GPU"].map(lambda x: x if isinstance(x, str) and x else "GPU not recorded")
+    g["date"] = g["date"].map(lambda d: str(d)[:10])
+    return g.sort_index()
+
+
+def sources(rows) -> str:
+    """'NVIDIA H100 80GB HBM3: run 20261122T232431Z-0fca2dc7 at commit 10a57fd (2026-11-22); ...': where ``rows`` came
+    from, as a verdict names it (the GPU once when every run shares it)."""
+    runs = runs_behind(rows)
+    if not len(runs):
+        return "no recorded rows"
+    gpus = list(dict.fromkeys(runs["GPU"]))
+    each = [f"run {rid} at commit {r.commit} ({r.date})" + ("" if len(gpus) == 1 else f" on {r.GPU}")
+            for rid, r in runs.iterrows()]
+    return (f"{gpus[0]}: " if len(gpus) == 1 else "") + "; ".join(each)
+
+
+def filled(df, missing: str = "—") -> pd.DataFrame:
+    """``df`` for display: a missing cell (not measured, not applicable) shown as a dash instead of NaN, and a float
+    column holding only whole numbers (an integer column that pandas widened for its gaps) shown as integers."""
+    out = df.copy()
+    for c in out.columns:
+        s = out[c]
+        if pd.api.types.is_float_dtype(s) and s.notna().any() and (s.dropna() % 1 == 0).all():
+            out[c] = s.astype("Int64")
+    return out.astype(object).where(out.notna(), missing)
+
+
+# what the round notebooks show of the sm_100a compile reports (data/compile.jsonl) of the study's B200 kernel
+B200_COLS = ["config", "dual", "tile_m", "tile_n", "ab_stages", "use_2cta", "warp_spec", "threads", "registers",
+             "spill_stores", "dynamic_smem", "tmem_cols_allocated", "ctas_per_sm_smem", "ctas_per_sm_tmem",
+             "tcgen05.mma kind", "error"]
+
+
+def b200_compiled(bw, select) -> pd.DataFrame:
+    """The sm_100a compile reports ``bw`` (``store.latest_compile_rows("sm_100a")``) of the configs ``select`` picks (a
+    boolean mask or a callable on ``bw``), one line per (config, dual): what compiled with its resources, what was
+    refused with the compiler's or the plan's reason (a refused config has no resources: a dash)."""
+    t = bw[select(bw) if callable(select) else select]
+    t = t[[c for c in B200_COLS if c in t.columns]].set_index(["config", "dual"])
+    if "error" in t:
+        t = t.rename(columns={"error": "refused (reason)"})
+    return filled(t)
