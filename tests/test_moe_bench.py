@@ -11,6 +11,7 @@ from nvfp4lib.bench import moe_bench as mb
 from nvfp4lib.bench.peers.bf16_moe import BF16GroupedMoE
 from nvfp4lib.nn import NVFP4MoE, reference_moe
 from nvfp4lib.study import moe_report as mr
+from nvfp4lib.study import moe_rounds
 
 CEIL = {"bf16_tflops": 750.0, "copy_gbps": 3000.0}
 
@@ -144,12 +145,13 @@ def test_bench_moe_refuses_without_a_gpu():
 SYNTH = "SYNTHETIC-test-row"  # marks every row below: made up here, never measured, never written to data/
 
 
-def _row(layer, t, routing, kind, us, run="20261201T000000Z-synth", status="ok", touched=None):
+def _row(layer, t, routing, kind, us, run="20261201T000000Z-synth", status="ok", touched=None,
+         commit="0000000synthetic"):
     lay = mb.get_layer(layer)
     touched = touched or min(lay.experts, t * lay.top_k)
     fmt = "bf16" if kind == "peer" else "nvfp4"
     fl = {f: mb.moe_floor_us(lay, t, touched, CEIL, f) for f in ("nvfp4", "bf16")}
-    r = {"run_id": run, "host": SYNTH, "git_commit": "0000000synthetic", "git_dirty": False,
+    r = {"run_id": run, "host": SYNTH, "git_commit": commit, "git_dirty": False,
          "date": "2026-12-01T00:00:00+00:00", "gpu": "NVIDIA H100 80GB HBM3", "iters": 30,
          "ceil_bf16_tflops": CEIL["bf16_tflops"], "ceil_copy_gbps": CEIL["copy_gbps"], "layer": lay.name,
          "like": lay.like, "experts": lay.experts, "top_k": lay.top_k, "hidden": lay.hidden,
@@ -157,7 +159,8 @@ def _row(layer, t, routing, kind, us, run="20261201T000000Z-synth", status="ok",
          "mode": "bf16-weights" if kind == "peer" else kind, "label": mb.LABELS[kind],
          "backend": mb.PEER_BACKEND if kind == "peer" else mb.NVFP4_BACKEND, "weight_bytes": lay.weight_bytes(fmt),
          "held_bytes": lay.weight_bytes(fmt) * (2 if kind != "peer" else 1), "floor_nvfp4_us": fl["nvfp4"],
-         "floor_bf16_us": fl["bf16"], "floor_us": fl[fmt], "status": status}
+         "floor_bf16_us": fl["bf16"], "floor_us": fl[fmt], "floor_bound": mb.floor_bound(lay, t, touched, CEIL, fmt),
+         "status": status}
     if status == "ok":
         r.update({"median_us": us, "ratio": us / fl[fmt]})
     return r
@@ -267,3 +270,79 @@ def test_runs_used_says_when_the_tree_state_is_unknown():
     rows = _synthetic_rows()
     rows["git_dirty"] = None  # as the GPU machine records it: the commit given, the tree unread
     assert set(mr.runs_used(mr.latest_moe(rows))["dirty tree"]) == {"unknown"}
+
+
+# --- the notebook's answer at one commit, and its rounds (synthetic rows) -----------------------------------------
+
+MX8 = mr.grid(layers=["mixtral"], tokens=[8], routings=["zipf"])  # the synthetic rows' one complete case
+
+
+def test_verdict_rests_on_the_latest_commit_that_covers_the_grid():
+    rows = _synthetic_rows()
+    # a newer run at another commit measures only the peer: not complete, so not the verdict, but named as newer
+    newer = _row("mixtral", 8, "zipf", "peer", 900.0, run="20261203T000000Z-synth", touched=8, commit="1111111synth")
+    rows = pd.concat([rows, pd.DataFrame([newer])], ignore_index=True)
+    v = mr.verdict(rows, cases=MX8)
+    assert v.short == "0000000" and v.missing == 0
+    assert list(v.newer["run_id"]) == ["20261203T000000Z-synth"] and list(v.newer["commit"]) == ["1111111"]
+    assert float(v.latest[(v.latest["layer"] == "mixtral") & (v.latest["label"] == mr.PEER)]["median_us"].iloc[0]) \
+        == 1040.0  # the newer commit's row is not mixed in
+    lines = mr.verdict_lines(v, mr.targets(v.latest))
+    assert "commit 0000000" in lines[0] and any("1111111" in x for x in lines)
+    # no commit covers the default grid: the latest commit, with its gaps counted
+    w = mr.verdict(rows)
+    assert w.short == "1111111" and w.missing == len(mr.grid()) - 1
+    assert mr.verdict(pd.DataFrame()) is None and mr.verdict_lines(None, pd.DataFrame()) == [mr.NO_DATA]
+
+
+def test_shown_tables_carry_no_nan():
+    rows = _synthetic_rows()
+    rows["eager_per_call_us"] = rows["median_us"] * 1.5
+    latest = mr.latest_moe(rows)
+    tg = mr.targets(latest)
+    for df in (mr.answer_table(latest, tg), mr.regime_table(latest, tg), mr.mode_table(latest),
+               mr.eager_summary(latest), mr.miss_table(latest, tg), mr.target_summary(tg), mr.layers_table()):
+        assert len(df)
+        out = mr.shown(df)
+        assert not out.isna().any().any()
+        assert "nan" not in out.to_string().lower()
+    ans = mr.shown(mr.answer_table(latest, tg))
+    assert ans.loc[("deepseek-v3", 1, "uniform"), "W4A16 us"] == "—"  # W4A16 never ran
+    assert ans.loc[("deepseek-v3", 8, "uniform"), "W4A4 us"] == "800.0"
+    assert "W4A4 decode: 2.5x faster than bf16" in ans.loc[("deepseek-v3", 8, "uniform"), "missed"]
+    assert ans.loc[("mixtral", 8, "zipf"), "missed"] == "none"
+
+
+def test_miss_table_names_each_miss_and_its_signals():
+    latest = mr.latest_moe(_synthetic_rows())
+    tg = mr.targets(latest)
+    mt = mr.miss_table(latest, tg)
+    assert len(mt) == int((tg["verdict"] == "misses").sum())
+    dec = mt.loc[("deepseek-v3", 8, "uniform", "W4A4", "decode: 2.5x faster than bf16")]
+    assert dec["measured / limit"] == pytest.approx(800 / (1902 / 2.5))
+    assert dec["copies per expert"] == pytest.approx(8 * 8 / 64)
+    assert "fixed costs" in dec["signals"]
+    pre = mt.loc[("deepseek-v3", 4096, "uniform", "W4A4", "prefill: within 1.3x of bf16")]
+    assert pre["bound"] == "compute" and pre["signals"].startswith("compute-bound")
+
+
+def test_rounds_table_computes_outcomes_from_rows_and_says_what_is_not_recorded():
+    assert set(moe_rounds.rounds_table(pd.DataFrame())["outcome (from data/moe.jsonl)"].str[:21]) == \
+        {moe_rounds.NOT_RECORDED}
+    rows = []
+    for commit, run, w4a4 in (("a29692e", "20261101T000000Z-a", 300.0), ("5467d03", "20261102T000000Z-b", 130.0)):
+        for t in (1, 8):
+            rows += [_row("deepseek-v3", t, "uniform", "nvfp4", w4a4 * t, run=run, commit=commit),
+                     _row("deepseek-v3", t, "uniform", "bf16", 120.0 * t, run=run, commit=commit),
+                     _row("deepseek-v3", t, "uniform", "peer", 400.0 * t, run=run, commit=commit)]
+    rows.append(_row("qwen3-moe", 1, "uniform", "peer", 70.0, run="20261103T000000Z-c", commit="fffffffsynth"))
+    t = moe_rounds.rounds_table(pd.DataFrame(rows))
+    quant = t[t["commit"] == "5467d03"].iloc[0]
+    assert quant["prediction"].startswith("W4A4 at T <= 64")
+    # W4A4 - W4A16 at 5467d03: 130 - 120 = +10 (T = 1) and 1040 - 960 = +80 (T = 8); at a29692e +180, +1440
+    assert "+10.0 to +80.0 us at 5467d03 (at a29692e: +180.0 to +1,440.0 us)" in quant["outcome (from data/moe.jsonl)"]
+    assert quant["runs"] == "20261102T000000Z-b"
+    first = t[t["commit"] == "b3d663e"].iloc[0]
+    assert first["outcome (from data/moe.jsonl)"] == moe_rounds.NOT_RECORDED and "datasheet" in first["prediction"]
+    gen = t.iloc[-1]  # a commit no round names gets a generated line
+    assert gen["commit"] == "fffffff" and gen["prediction"] == moe_rounds.NO_PREDICTION

@@ -3,10 +3,16 @@
 Reads rows of ``data/moe.jsonl`` (written by :mod:`nvfp4lib.bench.moe_bench`: one row per layer, token count T,
 routing and mode, the bf16 peer's included). Pure pandas and matplotlib: no GPU. Times are ``median_us`` of graph
 replays with the L2 flushed; each row's floor is its own run's (``floor_us``: NVFP4 bytes for the layer, bf16 bytes for
-the peer;
-``floor_nvfp4_us`` on every row). Issue 21's targets are judged per (layer, T, routing) by :func:`targets`.
+the peer; ``floor_nvfp4_us`` on every row). Issue 21's targets are judged per (layer, T, routing) by :func:`targets`.
+
+The notebook's answer rests on one commit (:func:`verdict`: the latest commit whose ok rows cover every layer, T,
+routing and mode of the bench's grid); the tables after it (:func:`answer_table`, :func:`regime_table`,
+:func:`mode_table`, :func:`eager_summary`, :func:`miss_table`) read that commit's rows only, and :func:`shown` turns a
+table into what the page shows (rounded, "—" where a value is missing).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -19,8 +25,9 @@ from ..bench.store import dirty_state
 from .plots import caption
 
 __all__ = ["NO_DATA", "RECORD_COMMAND", "expected_touched", "predicted_floors", "latest_moe", "not_ok", "runs_used",
-           "time_table", "eager_table", "memory_table", "targets", "target_summary", "time_figure", "step_table",
-           "DECODE_MAX_T", "PREFILL_MIN_T"]
+           "time_table", "eager_table", "memory_table", "targets", "target_summary", "time_figure",
+           "DECODE_MAX_T", "PREFILL_MIN_T", "Verdict", "grid", "verdict", "verdict_lines", "shown", "answer_table",
+           "regime_table", "mode_table", "eager_summary", "miss_table", "layers_table", "TARGET_SHORT"]
 
 RECORD_COMMAND = "python -m nvfp4lib moe-bench --record"
 NO_DATA = ("No H100 run of the MoE layer benchmark is recorded yet (data/moe.jsonl holds no rows). To make one, on "
@@ -114,36 +121,6 @@ def _one(latest, layer, t, routing, label, col="median_us") -> float:
 
 def _cases(latest) -> list[tuple]:
     return list(dict.fromkeys(zip(latest["layer"], latest["tokens"], latest["routing"]))) if len(latest) else []
-
-
-def step_table(rows: pd.DataFrame, before: str, after: str, routing: str = "uniform",
-               max_t: int = DECODE_MAX_T) -> pd.DataFrame:
-    """One optimisation step at decode sizes: per (layer, T <= ``max_t``), each label's ok median time in the run at
-    commit ``before`` and in the run at ``after`` (the latest of each), their ratio, and, after, W4A4 minus W4A16 and
-    the peer over each NVFP4 mode. Empty where either commit has no ok row."""
-    if rows is None or not len(rows) or "git_commit" not in rows:
-        return pd.DataFrame()
-    ok = rows[(rows["status"] == "ok") & (rows["routing"] == routing) & (rows["tokens"] <= max_t)]
-    t = {}
-    for tag, commit in (("before", before), ("after", after)):
-        sel = ok[ok["git_commit"] == commit].sort_values("run_id")
-        if not len(sel):
-            return pd.DataFrame()
-        t[tag] = sel.pivot_table(index=["layer", "tokens"], columns="label", values="median_us", aggfunc="last")
-    out = pd.DataFrame(index=t["after"].index)
-    for label in ORDER:
-        if label in t["before"] and label in t["after"]:
-            out[f"{label} {before} us"] = t["before"][label]
-            out[f"{label} {after} us"] = t["after"][label]
-            out[f"{label} speed-up"] = t["before"][label] / t["after"][label]
-    a = t["after"]
-    if {W4A4, W4A16} <= set(a.columns):
-        out[f"W4A4 - W4A16 at {after} us"] = a[W4A4] - a[W4A16]
-    for label in (W4A4, W4A16):
-        if {label, PEER} <= set(a.columns):
-            out[f"peer / {label} at {after}"] = a[PEER] / a[label]
-    layers = _layer_order(out.index.get_level_values(0))
-    return out.reindex(sorted(out.index, key=lambda i: (layers.index(i[0]), i[1])))
 
 
 def time_table(latest: pd.DataFrame) -> pd.DataFrame:
@@ -294,5 +271,272 @@ def time_figure(latest: pd.DataFrame, source: str = "data/moe.jsonl"):
     fig.legend(list(seen.values()), list(seen),  fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 0.95))
     fig.suptitle("MoE expert layer: NVFP4 (W4A4, W4A16) against the bf16 peer (torch._grouped_mm)", fontsize=10)
     fig.tight_layout()
-    fig.text(0.01, -0.02, caption(latest, source), fontsize=7, ha="left", va="top")
+    commits = ", ".join(dict.fromkeys(str(c)[:7] for c in latest["git_commit"]))
+    fig.text(0.01, -0.02, f"{caption(latest, source)}, commit {commits}", fontsize=7, ha="left", va="top")
     return fig
+
+
+# --- the answer at one commit --------------------------------------------------------------------------------------
+
+TARGET_SHORT = {"decode: >= 2.5x faster than the bf16 peer": "decode: 2.5x faster than bf16",
+                "decode: <= 1.5x the NVFP4 floor": "decode: 1.5x the floor",
+                "prefill: no slower than the bf16 peer": "prefill: no slower than bf16",
+                "prefill: within 1.3x the bf16 peer": "prefill: within 1.3x of bf16"}
+MODE_SHORT = {W4A4: "W4A4", W4A16: "W4A16", PEER: "bf16"}
+PEER_NEAR_FLOOR = 1.5  # miss_table: a bf16 layer within this of its own floor reads its weights near copy speed
+ZIPF_SLOWER = 1.1  # miss_table: zipf routing this much slower than uniform (same layer, T, mode) is named as a cause
+
+
+def grid(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, labels=tuple(ORDER)) -> set[tuple]:
+    """Every (layer, T, routing, label) case of ``python -m nvfp4lib moe-bench``'s default run."""
+    return {(x.name if hasattr(x, "name") else x, t, r, lab) for x in layers for t in tokens for r in routings
+            for lab in labels}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The rows the notebook's answer rests on: ``latest`` (:func:`latest_moe` of the rows at ``commit``), whether
+    they cover the whole :func:`grid` (``missing``: how many of its cases have no ok row there), and ``newer``: one
+    line per run recorded after the commit's last run (at other commits, none complete)."""
+
+    commit: str
+    latest: pd.DataFrame
+    missing: int
+    newer: pd.DataFrame
+
+    @property
+    def short(self) -> str:
+        return str(self.commit)[:7]
+
+
+def _cases_ok(rows: pd.DataFrame) -> set[tuple]:
+    ok = rows[rows["status"] == "ok"]
+    return set(zip(ok["layer"], ok["tokens"].astype(int), ok["routing"], ok["label"]))
+
+
+def verdict(rows: pd.DataFrame, cases: set | None = None) -> Verdict | None:
+    """The latest commit whose ok rows cover every case of ``cases`` (default :func:`grid`), else the commit of the
+    latest ok row; None without an ok row. Commits are ordered by their latest run (run ids start with the UTC
+    time); several runs at one commit (e.g. one per ``--layer``) count together, the latest ok row of a case wins."""
+    if rows is None or not len(rows) or "status" not in rows or not (rows["status"] == "ok").any():
+        return None
+    cases = grid() if cases is None else cases
+    ok = rows[rows["status"] == "ok"]
+    last_run = ok.groupby("git_commit")["run_id"].max().sort_values()
+    complete = [c for c in last_run.index if cases <= _cases_ok(rows[rows["git_commit"] == c])]
+    commit = complete[-1] if complete else last_run.index[-1]
+    at = rows[rows["git_commit"] == commit]
+    later = rows[rows["run_id"] > at["run_id"].max()]
+    newer = [{"run_id": run, "commit": str(g["git_commit"].iloc[0])[:7], "ok rows": int((g["status"] == "ok").sum()),
+              "layers": ", ".join(_layer_order(g["layer"])), "routing": ", ".join(sorted(set(g["routing"]))),
+              "T": ", ".join(str(t) for t in sorted(set(g["tokens"].astype(int))))}
+             for run, g in later.groupby("run_id")]
+    return Verdict(commit=commit, latest=latest_moe(at), missing=len(cases - _cases_ok(at)),
+                   newer=pd.DataFrame(newer, columns=["run_id", "commit", "ok rows", "layers", "routing", "T"]))
+
+
+def verdict_lines(v: Verdict | None, tg: pd.DataFrame) -> list[str]:
+    """The answer in a few lines: the commit, its runs (id, layers, GPU, date), how complete they are, how many of
+    the target checks (:func:`targets`) hold, and the newer runs left out of it."""
+    if v is None:
+        return [NO_DATA]
+    lt = v.latest
+    out = [f"Verdict at commit {v.short}, from {lt['run_id'].nunique()} moe-bench run(s) in data/moe.jsonl:"]
+    for run, g in lt.groupby("run_id"):
+        out.append(f"  run {run}: {', '.join(_layer_order(g['layer']))} on {', '.join(sorted(set(g['gpu'])))}, "
+                   f"{str(g['date'].iloc[0])[:10]}, {len(g)} ok rows")
+    out.append("  every layer, T, routing and mode of the bench has an ok row there" if not v.missing else
+               f"  {v.missing} cases of the bench's grid have no ok row at this commit (no commit has them all)")
+    judged = tg[tg["verdict"] != "no data"] if len(tg) else tg
+    held = int((judged["verdict"] == "holds").sum()) if len(judged) else 0
+    out.append(f"Targets of issue 21: {held} of {len(judged)} checks hold"
+               + (f", {len(tg) - len(judged)} without data" if len(tg) > len(judged) else "")
+               + ("; every one holds" if len(judged) and held == len(judged) else ""))
+    for _, r in v.newer.iterrows():
+        out.append(f"Newer, not in the verdict (commit {r['commit']} covers part of the grid): run {r['run_id']}, "
+                   f"{r['layers']}, {r['routing']}, T {r['T']}, {r['ok rows']} ok rows")
+    return out
+
+
+def shown(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` as the page shows it: times (columns ending in ``us``) to 0.1, other floats to 0.01, "—" where a value
+    is missing (a case without an ok row), so that no NaN reaches a reader."""
+    out = df.copy()
+    for c in out.columns:
+        col = out[c]
+        if pd.api.types.is_float_dtype(col):
+            digits = 1 if str(c).endswith("us") else 2
+            out[c] = pd.Series([("—" if pd.isna(v) else f"{v:,.{digits}f}") for v in col], index=out.index,
+                               dtype=object)
+        else:
+            out[c] = col.astype(object).where(col.notna(), "—")
+    return out
+
+
+def _miss_text(g: pd.DataFrame) -> str:
+    miss = g[g["verdict"] == "misses"]
+    return "; ".join(f"{MODE_SHORT.get(r['mode'], r['mode'])} {TARGET_SHORT.get(r['target'], r['target'])} "
+                     f"({r['measured / limit']:.2f}x the limit)" for _, r in miss.iterrows()) or "none"
+
+
+def answer_table(latest: pd.DataFrame, tg: pd.DataFrame) -> pd.DataFrame:
+    """Per (layer, T, routing): each NVFP4 mode's time and the bf16 layer's, the bf16 layer's time over each mode's
+    (above 1: NVFP4 faster), each mode's time over the NVFP4 floor and the bf16 layer's over its own, and the target
+    checks that hold and those that miss (with measured / limit)."""
+    tt = time_table(latest)
+    if not len(tt):
+        return pd.DataFrame()
+    out = pd.DataFrame(index=tt.index)
+    out["touched experts"] = tt["touched experts"]
+    for lab in ORDER:
+        out[f"{MODE_SHORT[lab]} us"] = tt[f"{lab} us"]
+    for lab in (W4A4, W4A16):
+        out[f"bf16 / {MODE_SHORT[lab]}"] = tt[f"{lab} speed-up vs peer"]
+    for lab in ORDER:
+        out[f"{MODE_SHORT[lab]} x {'its' if lab == PEER else 'NVFP4'} floor"] = tt[f"{lab} x floor"]
+    held, missed = [], []
+    for key in out.index:
+        g = tg[(tg["layer"] == key[0]) & (tg["T"] == key[1]) & (tg["routing"] == key[2])] if len(tg) else tg
+        j = g[g["verdict"] != "no data"] if len(g) else g
+        held.append(f"{int((j['verdict'] == 'holds').sum())} of {len(j)}" if len(j) else "—")
+        missed.append(_miss_text(g) if len(g) else "none")
+    out["targets held"] = held
+    out["missed"] = missed
+    return out
+
+
+def _regime(t: int) -> str | None:
+    return "decode" if t <= DECODE_MAX_T else "prefill" if t >= PREFILL_MIN_T else None
+
+
+def regime_table(latest: pd.DataFrame, tg: pd.DataFrame) -> pd.DataFrame:
+    """Per (layer, regime, mode), over the regime's T and both routings: the bf16 layer's time over the mode's (lowest
+    and highest), the mode's time over the NVFP4 floor and the bf16 layer's over its own (lowest, highest), and the
+    target checks that hold. Decode: T <= :data:`DECODE_MAX_T`; prefill: T >= :data:`PREFILL_MIN_T`."""
+    tt = time_table(latest)
+    if not len(tt):
+        return pd.DataFrame()
+    tt = tt.reset_index()
+    tt["regime"] = tt["T"].map(_regime)
+    out = []
+    for layer in _layer_order(tt["layer"]):
+        for regime in ("decode", "prefill"):
+            g = tt[(tt["layer"] == layer) & (tt["regime"] == regime)]
+            if not len(g):
+                continue
+            ts = sorted(set(g["T"]))
+            for lab in (W4A4, W4A16):
+                sp, xf, pf = g[f"{lab} speed-up vs peer"], g[f"{lab} x floor"], g[f"{PEER} x floor"]
+                j = tg[(tg["layer"] == layer) & (tg["T"].isin(ts)) & (tg["mode"] == lab)
+                       & (tg["verdict"] != "no data")] if len(tg) else tg
+                out.append({"layer": layer, "regime": regime, "mode": MODE_SHORT[lab],
+                            "T": ", ".join(map(str, ts)), "bf16 / mode, lowest": sp.min(),
+                            "bf16 / mode, highest": sp.max(), "mode x NVFP4 floor, lowest": xf.min(),
+                            "mode x NVFP4 floor, highest": xf.max(), "bf16 x its floor, lowest": pf.min(),
+                            "bf16 x its floor, highest": pf.max(),
+                            "targets held": f"{int((j['verdict'] == 'holds').sum())} of {len(j)}" if len(j) else "—"})
+    return pd.DataFrame(out).set_index(["layer", "regime", "mode"])
+
+
+def mode_table(latest: pd.DataFrame) -> pd.DataFrame:
+    """Per (layer, T): W4A4's time over W4A16's (below 1: W4A4 faster) in a graph replay and in an eager call, for
+    each routing."""
+    if not len(latest):
+        return pd.DataFrame()
+    out = {}
+    for layer, t, routing in _cases(latest):
+        row = out.setdefault((layer, t), {})
+        for col, name in (("median_us", "graph"), ("eager_per_call_us", "eager")):
+            row[f"W4A4 / W4A16, {name}, {routing}"] = (_one(latest, layer, t, routing, W4A4, col)
+                                                      / _one(latest, layer, t, routing, W4A16, col))
+    df = pd.DataFrame.from_dict(out, orient="index")
+    df.index = pd.MultiIndex.from_tuples(df.index, names=["layer", "T"])
+    return df.dropna(axis=1, how="all")
+
+
+def eager_summary(latest: pd.DataFrame) -> pd.DataFrame:
+    """Per (layer, T, routing): each form's eager call (``eager_per_call_us``: one call on its own, the larger of its
+    GPU and host time), its ratio to the same form's graph replay, and the bf16 layer's eager time over each NVFP4
+    mode's (above 1: NVFP4 faster without a graph too). Empty where no row has eager timings."""
+    et = eager_table(latest)
+    if not len(et) or not et.filter(like="eager us").notna().any().any():
+        return pd.DataFrame()
+    out = pd.DataFrame(index=et.index)
+    for lab in ORDER:
+        out[f"{MODE_SHORT[lab]} eager us"] = et[f"{lab} eager us"]
+    for lab in ORDER:
+        out[f"{MODE_SHORT[lab]} eager / graph"] = et[f"{lab} eager / graph"]
+    for lab in (W4A4, W4A16):
+        out[f"bf16 / {MODE_SHORT[lab]}, eager"] = et[f"{PEER} eager us"] / et[f"{lab} eager us"]
+    return out
+
+
+def _signals(r: dict, other_holds: bool, smallest_excess: float) -> str:
+    """What the row's own numbers say about a miss, each signal only where it applies (thresholds: this module's
+    constants): compute-bound; the other mode holds the check; zipf slower than uniform; the share of the time above
+    the floor that every call of the mode pays (its smallest excess over its floor in the same rows: the chain of
+    small kernels the floor does not count); bf16 near its floor while the mode is not (bandwidth not drawn)."""
+    mode, other = MODE_SHORT[r["mode"]], "W4A16" if r["mode"] == W4A4 else "W4A4"
+    out = []
+    if r["bound"] == "compute":
+        out.append(f"compute-bound: {mode} at {r['x floor']:.2f}x the MMA floor, bf16 at {r['bf16 x floor']:.2f}x "
+                   f"its own: {mode}'s GEMM mainloop runs below the bf16 GEMM's rate")
+    if other_holds:
+        out.append(f"{other} holds this check: the gap is "
+                   + ("W4A4's quantization of the activations and the intermediate" if mode == "W4A4"
+                      else "W4A16's in-register weight decode"))
+    if r["zipf / uniform"] >= ZIPF_SLOWER:
+        out.append(f"skewed routing: {r['zipf / uniform']:.2f}x the uniform case's time")
+    if r["bound"] != "compute" and r["above floor us"] > 0:
+        out.append(f"fixed costs: the smallest excess over the floor of any {mode} call, {smallest_excess:,.1f} us, "
+                   f"is {smallest_excess / r['above floor us']:.0%} of this one's {r['above floor us']:,.1f} us")
+    if r["bound"] != "compute" and r["bf16 x floor"] <= PEER_NEAR_FLOOR < r["x floor"]:
+        out.append(f"bandwidth: bf16 at {r['bf16 x floor']:.2f}x its floor, {mode} at {r['x floor']:.2f}x the "
+                   f"NVFP4 floor with {r['copies per expert']:,.1f} token copies per touched expert")
+    return "; ".join(out) or f"near the limit ({r['measured / limit']:.2f}x it)"
+
+
+def miss_table(latest: pd.DataFrame, tg: pd.DataFrame) -> pd.DataFrame:
+    """One line per target check that misses: measured / limit, the mode's time over the NVFP4 floor and the bf16
+    layer's over its own, the floor's bound, touched experts and token copies per touched expert, the time above the
+    NVFP4 floor, zipf over uniform (the same layer, T and mode), and the signals of :func:`_signals`."""
+    miss = tg[tg["verdict"] == "misses"] if len(tg) else tg
+    nv = latest[latest["label"] != PEER] if len(latest) else latest
+    smallest = (nv["median_us"] - nv["floor_nvfp4_us"]).groupby(nv["label"]).min() if len(nv) else {}
+    out = []
+    for m in miss.rename(columns={"measured / limit": "over"}).itertuples():
+        r = latest[(latest["layer"] == m.layer) & (latest["tokens"] == m.T) & (latest["routing"] == m.routing)]
+        mine = r[r["label"] == m.mode].iloc[0]
+        floor = float(mine["floor_nvfp4_us"])
+        uni = _one(latest, m.layer, m.T, "uniform", m.mode)
+        others = tg[(tg["layer"] == m.layer) & (tg["T"] == m.T) & (tg["routing"] == m.routing)
+                    & (tg["mode"] != m.mode) & (tg["target"].str.split(":").str[0] == m.target.split(":")[0])]
+        rec = {"layer": m.layer, "T": m.T, "routing": m.routing, "mode": m.mode,
+               "check": TARGET_SHORT.get(m.target, m.target), "measured / limit": m.over,
+               "x floor": float(mine["median_us"]) / floor,
+               "bf16 x floor": _one(latest, m.layer, m.T, m.routing, PEER, "ratio"),
+               "bound": str(mine.get("floor_bound") or "—"), "touched experts": int(mine["touched_experts"]),
+               "copies per expert": m.T * int(mine["top_k"]) / int(mine["touched_experts"]), "floor us": floor,
+               "above floor us": float(mine["median_us"]) - floor,
+               "zipf / uniform": float(mine["median_us"]) / uni if m.routing != "uniform" else float("nan")}
+        rec["signals"] = _signals({**rec, "zipf / uniform": np.nan_to_num(rec["zipf / uniform"])},
+                                  bool(len(others)) and bool((others["verdict"] == "holds").all()),
+                                  float(smallest.get(m.mode, np.nan)))
+        rec["mode"] = MODE_SHORT[m.mode]
+        out.append(rec)
+    cols = ["layer", "T", "routing", "mode", "check", "measured / limit", "x floor", "bf16 x floor", "bound",
+            "touched experts", "copies per expert", "floor us", "above floor us", "zipf / uniform", "signals"]
+    df = pd.DataFrame(out, columns=cols).rename(columns={"x floor": "mode x NVFP4 floor",
+                                                          "bf16 x floor": "bf16 x its floor",
+                                                          "floor us": "NVFP4 floor us"})
+    return df.set_index(["layer", "T", "routing", "mode", "check"])
+
+
+def layers_table(layers=LAYERS) -> pd.DataFrame:
+    """The bench's layers: shape, top-k, and the weights' bytes in NVFP4 and in bf16 (GB) and their ratio."""
+    return pd.DataFrame([{"layer": x.name, "like": x.like, "experts E": x.experts, "top-k": x.top_k,
+                          "hidden H": x.hidden, "intermediate I": x.intermediate,
+                          "NVFP4 weights GB": x.weight_bytes("nvfp4") / 1e9,
+                          "bf16 weights GB": x.weight_bytes("bf16") / 1e9,
+                          "bf16 / NVFP4 bytes": x.weight_bytes("bf16") / x.weight_bytes("nvfp4")}
+                         for x in layers]).set_index("layer")

@@ -1,0 +1,325 @@
+"""Notebook 11's development rounds as data: what each round changed, what was predicted before it was measured, and
+the outcome, computed from the rows of ``data/moe.jsonl`` that measured it.
+
+A :class:`Round` names the commits whose recorded runs measured its outcome; its ``outcome`` reads them through a
+:class:`Reader` (which remembers the runs it read, so the table names them). Predictions are forecasts, typed here as
+they were written down before the run; outcomes are never typed: a round whose effect was measured only in a
+development run outside ``data/`` says so (``unrecorded``). A commit of the data that no round names gets a generated
+row (its rows against the previous commit's), so new runs show up here without editing this module.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pandas as pd
+
+from ..bench.moe_bench import LABELS
+from .moe_report import DECODE_MAX_T, PREFILL_MIN_T, predicted_floors
+
+__all__ = ["Round", "ROUNDS", "Reader", "rounds_table", "NOT_RECORDED", "NO_PREDICTION"]
+
+NOT_RECORDED = "not recorded in data/"
+NO_PREDICTION = "none written down"
+W4A4, W4A16, PEER = LABELS["nvfp4"], LABELS["bf16"], LABELS["peer"]
+SHORT = {W4A4: "W4A4", W4A16: "W4A16", PEER: "bf16"}
+KEY = ["layer", "tokens", "routing", "label"]
+
+
+class Reader:
+    """The ok rows of ``data/moe.jsonl``, read by commit; the runs each read used are kept in ``used``."""
+
+    def __init__(self, rows: pd.DataFrame):
+        ok = rows[rows["status"] == "ok"] if len(rows) and "status" in rows else pd.DataFrame(columns=[*KEY, "run_id"])
+        self.rows = ok.assign(commit=ok["git_commit"].astype(str).str[:7]) if len(ok) else ok
+        self.used: dict[str, list[str]] = {}
+
+    def at(self, commit: str, *, layers=None, tokens=None, routing: str | None = "uniform") -> pd.DataFrame:
+        """The latest ok row of each case measured at ``commit`` (several runs at one commit count together),
+        narrowed to ``layers``, ``tokens`` (a collection or a predicate) and ``routing`` (None: both)."""
+        if not len(self.rows):
+            return self.rows
+        sel = self.rows[self.rows["commit"] == commit[:7]]
+        if layers is not None:
+            sel = sel[sel["layer"].isin(layers)]
+        if tokens is not None:
+            sel = sel[sel["tokens"].map(tokens).astype(bool) if callable(tokens) else sel["tokens"].isin(tokens)]
+        if routing is not None:
+            sel = sel[sel["routing"] == routing]
+        sel = sel.sort_values("run_id").groupby(KEY, sort=False).tail(1)
+        for run in sorted(set(sel["run_id"])):
+            self.used.setdefault(commit[:7], [])
+            if run not in self.used[commit[:7]]:
+                self.used[commit[:7]].append(run)
+        return sel
+
+    def pair(self, before: str, after: str, col: str = "median_us", **narrow) -> pd.DataFrame:
+        """The cases measured at both commits: ``before`` and ``after`` values of ``col``; empty if either lacks
+        them."""
+        a, b = self.at(before, **narrow), self.at(after, **narrow)
+        if not len(a) or not len(b) or col not in a or col not in b:
+            return pd.DataFrame(columns=[*KEY, "before", "after"])
+        m = a[[*KEY, col]].merge(b[[*KEY, col]], on=KEY, suffixes=("_a", "_b"))
+        return m.rename(columns={f"{col}_a": "before", f"{col}_b": "after"}).dropna(subset=["before", "after"])
+
+
+def _span(values, fmt: str = "{:.2f}") -> str:
+    v = sorted(float(x) for x in values if pd.notna(x))
+    if not v:
+        return "—"
+    lo, hi = fmt.format(v[0]), fmt.format(v[-1])
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def _per_label(df: pd.DataFrame, value: Callable[[pd.DataFrame], pd.Series], fmt: str, labels=(W4A4, W4A16, PEER),
+               names: dict | None = None) -> str:
+    names = names or {}
+    parts = [f"{names.get(lab, SHORT[lab])} {_span(value(df[df['label'] == lab]), fmt)}" for lab in labels
+             if (df["label"] == lab).any()]
+    return ", ".join(parts)
+
+
+def _speedups(df: pd.DataFrame, labels=(W4A4, W4A16)) -> str:
+    """bf16 layer time over each mode's, per case of ``df``, as ranges."""
+    p = df[df["label"] == PEER].set_index(["layer", "tokens", "routing"])["median_us"]
+    parts = []
+    for lab in labels:
+        m = df[df["label"] == lab].set_index(["layer", "tokens", "routing"])["median_us"]
+        if len(m):
+            parts.append(f"bf16 / {SHORT[lab]} {_span((p / m).dropna())}x")
+    return ", ".join(parts) if parts else "—"
+
+
+@dataclass(frozen=True)
+class Round:
+    """One development round: ``change`` (what the code does differently), ``prediction`` (as written before the
+    measurement; a callable computes it from the floors alone; empty: none was written), ``commits`` (the commits
+    whose recorded runs measured the outcome), ``outcome`` (computed from a :class:`Reader`; None or a result of
+    None: the data hold nothing for it), ``unrecorded`` (what was measured only outside data/)."""
+
+    change: str
+    prediction: str | Callable[[], str]
+    commits: tuple[str, ...]
+    outcome: Callable[[Reader], str | None] | None = None
+    unrecorded: str = ""
+
+
+# --- the predictions and outcomes of each round ---------------------------------------------------------------------
+
+def _floors_prediction() -> str:
+    p = predicted_floors()
+    dec = p[p.index.get_level_values("T") <= DECODE_MAX_T]
+    mem = int(((dec["NVFP4 floor bound"] == "memory") & (dec["bf16 floor bound"] == "memory")).sum())
+    top = p[p.index.get_level_values("T") == p.index.get_level_values("T").max()]
+    comp = int((top["NVFP4 floor bound"] == "compute").sum())
+    ratio = _span(dec["bf16 floor / NVFP4 floor"])
+    return (f"From the H100 datasheet floors alone (no run): at T <= {DECODE_MAX_T} both floors are memory-bound in "
+            f"{mem} of {len(dec)} (layer, T) cases and bf16 floor / NVFP4 floor is {ratio}x: an NVFP4 layer at its "
+            "floor beats a bf16 layer at its own by that much (the decode target asks 2.5x). "
+            f"At T = {int(top.index.get_level_values('T')[0])} the NVFP4 floor is compute-bound on {comp} of "
+            f"{len(top)} layers: prefill can at best match bf16.")
+
+
+def _first_run(r: Reader) -> str | None:
+    d = r.at("b3d663e", routing=None)
+    if not len(d):
+        return None
+    dec, pre = d[d["tokens"] <= DECODE_MAX_T], d[d["tokens"] == d["tokens"].max()]
+    return (f"both routings, T <= {DECODE_MAX_T}: {_speedups(dec, (W4A4,))}; T = {int(pre['tokens'].max())}: "
+            f"{_speedups(pre, (W4A4,))}")
+
+
+def _w4a16_built(r: Reader) -> str | None:
+    d = r.at("a29692e", routing=None)
+    if not len(d):
+        return None
+    dec, pre = d[d["tokens"] <= DECODE_MAX_T], d[d["tokens"] >= PREFILL_MIN_T]
+    n16 = int((d["label"] == W4A16).sum())
+    return (f"W4A16 ok in {n16} cases; T <= {DECODE_MAX_T}: {_speedups(dec)}; T >= {PREFILL_MIN_T}: {_speedups(pre)} "
+            "(both routings)")
+
+
+def _quantizer(r: Reader) -> str | None:
+    def gap(commit):
+        d = r.at(commit, tokens=lambda t: t <= DECODE_MAX_T)
+        if not len(d):
+            return pd.Series(dtype=float)
+        w = d.pivot_table(index=["layer", "tokens"], columns="label", values="median_us", aggfunc="last")
+        return (w[W4A4] - w[W4A16]).dropna() if {W4A4, W4A16} <= set(w.columns) else pd.Series(dtype=float)
+    before, after = gap("a29692e"), gap("5467d03")
+    if not len(after):
+        return None
+    return (f"W4A4 - W4A16 at T <= {DECODE_MAX_T}, uniform: {_span(after, '{:+,.1f}')} us at 5467d03 "
+            f"(at a29692e: {_span(before, '{:+,.1f}')} us)")
+
+
+def _speedup_between(before: str, after: str, **narrow):
+    def outcome(r: Reader) -> str | None:
+        p = r.pair(before, after, **narrow)
+        if not len(p):
+            return None
+        return (f"{before} -> {after}, time before / after: "
+                + _per_label(p, lambda g: g["before"] / g["after"], "{:.2f}x", names={PEER: "bf16 (untouched)"}))
+    return outcome
+
+
+def _deepseek_t8(r: Reader) -> str | None:
+    p = r.pair("a29692e", "5467d03", layers=["deepseek-v3"], tokens=[8])
+    if not len(p):
+        return None
+    parts = [f"{SHORT[row.label]} {row.before:,.1f} -> {row.after:,.1f} us ({row.after / row.before - 1:+.1%})"
+             for row in p.itertuples()]
+    return "deepseek-v3, T = 8, uniform, whole layer, a29692e -> 5467d03: " + ", ".join(parts)
+
+
+def _routing_launch(r: Reader) -> str | None:
+    small = r.pair("5467d03", "e48509f", tokens=lambda t: t <= 8)
+    if not len(small):
+        return None
+    out = ("5467d03 -> e48509f, uniform, T <= 8, time after - before: "
+           + _per_label(small, lambda g: g["after"] - g["before"], "{:+,.1f}") + " us")
+    mid = r.pair("5467d03", "e48509f", layers=["deepseek-v3", "qwen3-moe"], tokens=[64])
+    if len(mid):
+        out += "; T = 64 at k = 8 (512 copies): " + _per_label(mid, lambda g: g["after"] - g["before"], "{:+,.1f}") \
+            + " us"
+    big = r.pair("5467d03", "e48509f", layers=["mixtral"], tokens=[512])
+    if len(big):
+        out += "; mixtral T = 512 (1024 copies): " + _per_label(big, lambda g: g["after"] - g["before"], "{:+,.1f}") \
+            + " us"
+    return out
+
+
+def _routing_limit(r: Reader) -> str | None:
+    parts = []
+    for layer, t, lab, commits in (("qwen3-moe", 64, W4A4, ("5467d03", "e48509f", "b89955e")),
+                                   ("deepseek-v3", 64, W4A4, ("5467d03", "e48509f", "78ee5fe")),
+                                   ("mixtral", 512, W4A16, ("5467d03", "e48509f", "363d7d6"))):
+        vals = []
+        for c in commits:
+            d = r.at(c, layers=[layer], tokens=[t])
+            d = d[d["label"] == lab]
+            if len(d):
+                vals.append(f"{float(d['median_us'].iloc[0]):,.1f} us ({c})")
+        if len(vals) == len(commits):
+            parts.append(f"{layer} T = {t} {SHORT[lab]}, uniform: " + " -> ".join(vals))
+    return "; ".join(parts) or None
+
+
+def _eager_added(r: Reader) -> str | None:
+    d = r.at("363d7d6", tokens=[1])
+    if not len(d) or "eager_per_call_us" not in d:
+        return None
+    return ("T = 1, uniform, eager call / graph replay over the three layers: "
+            + _per_label(d, lambda g: g["eager_per_call_us"] / g["median_us"], "{:.2f}x"))
+
+
+def _eager_between(before: str, after: str):
+    def outcome(r: Reader) -> str | None:
+        e = r.pair(before, after, col="eager_per_call_us", tokens=[1])
+        g = r.pair(before, after, tokens=[1])
+        if not len(e):
+            return None
+        return (f"{before} -> {after}, T = 1, uniform, eager call after - before: "
+                + _per_label(e, lambda x: x["after"] - x["before"], "{:+,.1f}") + " us; graph replays (untouched): "
+                + _per_label(g, lambda x: x["after"] / x["before"] - 1, "{:+.1%}"))
+    return outcome
+
+
+def _loop_back(r: Reader) -> str | None:
+    p = r.pair("49b6b84", "c81fa1a", layers=["mixtral"])
+    if not len(p):
+        return None
+    big, small = p[p["tokens"] >= PREFILL_MIN_T], p[p["tokens"] <= DECODE_MAX_T]
+    pct = lambda x: x["after"] / x["before"] - 1  # noqa: E731
+    return ("mixtral, uniform, graph replay, 49b6b84 -> c81fa1a (another card and day), time change: "
+            f"T >= {PREFILL_MIN_T}: " + _per_label(big, pct, "{:+.1%}", names={PEER: "bf16 (untouched)"})
+            + f"; T <= {DECODE_MAX_T}: " + _per_label(small, pct, "{:+.1%}", names={PEER: "bf16 (untouched)"}))
+
+
+ROUNDS = (
+    Round("NVFP4MoE end to end on cute-hopper, W4A4 only (W4A16 not built): the first moe-bench run",
+          _floors_prediction, ("b3d663e",), _first_run),
+    Round("W4A16 kernel mode: NVFP4MoE(activations='bf16') on cute-hopper, bf16 activations straight into wgmma, "
+          "weights decoded to bf16 in registers", "",
+          ("a29692e",), _w4a16_built),
+    Round("The W4A4 quantizer in two Triton launches (nn/quant_triton.py) instead of ~45 torch kernels per pass",
+          "W4A4 at T <= 64 costs about the W4A16 time plus ~10 us.", ("5467d03",), _quantizer),
+    Round("Decode tiles: 16- and 32-token tiles, two CTAs per SM, chosen up to 16 rows per expert",
+          "The GEMMs at 1-2 rows per expert go from ~1 TB/s to 2 TB/s or more.", ("5467d03",),
+          _speedup_between("a29692e", "5467d03", tokens=lambda t: t <= DECODE_MAX_T),
+          "the per-GEMM bandwidths (a development sweep)"),
+    Round("A warp-parallel tile search: each CTA finds its tile by warp shuffles, not a loop over the G groups",
+          "~20% off DeepSeek's down GEMM at T = 8.", ("5467d03",), _deepseek_t8,
+          "the down GEMM's own time (a development sweep)"),
+    Round("Routing and the weighted un-permute in one Triton launch each (nn/routing_triton.py), shared with the "
+          "bf16 peer", "~20-25 us off every layer call at decode sizes, ours and the peer's; the ratio to the peer "
+          "grows most where our call is shortest.", ("e48509f",), _routing_launch),
+    Round("The one-program routing only up to 128 token copies, torch's form above", "",
+          ("b89955e", "78ee5fe", "363d7d6"), _routing_limit),
+    Round("moe-bench times each layer eagerly too (eager_* fields)", "", ("363d7d6",), _eager_added),
+    Round("Triton launches after the first call the compiled launcher directly (kernels/common/triton_launch.py)",
+          "About -250 us per W4A4 eager call at T = 1 (6 launches x ~45 us), about -80 us for W4A16 and the peer.",
+          ("b6e4a9a",), _eager_between("363d7d6", "b6e4a9a"),
+          "the A/B alternating both launch paths on one card (a development run)"),
+    Round("The fast launch keys on id(kernel) (a JITFunction hashed its source on each call)", "",
+          ("49b6b84",), _eager_between("b6e4a9a", "49b6b84")),
+    Round("GEMMs of at most 32 groups find their tile in a loop again (kernel.LOOP_GROUPS), the warp search above",
+          "Mixtral-like layer (8 experts): T >= 512 2-8% faster in a graph; T <= 64 unchanged within +-3%.",
+          ("c81fa1a",), _loop_back, "the A/B of both forms on one H100, one process each (a development run)"),
+)
+
+
+def _generic(before: str | None, after: str):
+    """A commit no round names: its rows against the previous commit's, the same cases (both routings)."""
+    def outcome(r: Reader) -> str | None:
+        if before is None:
+            return None
+        p = r.pair(before, after, routing=None)
+        if not len(p):
+            return None
+        return (f"{before} -> {after}, {len(p)} cases, graph time before / after: "
+                + _per_label(p, lambda g: g["before"] / g["after"], "{:.2f}x"))
+    return outcome
+
+
+def _not_ok_note(rows: pd.DataFrame, commits: tuple[str, ...]) -> str:
+    if not len(rows) or "status" not in rows:
+        return ""
+    bad = rows[(rows["git_commit"].astype(str).str[:7].isin(commits)) & (rows["status"] != "ok")]
+    if not len(bad):
+        return ""
+    parts = []
+    for lab, g in bad.groupby("label", sort=False):
+        kind = str(g["status"].iloc[0]).split(":")[:2]
+        parts.append(f"{SHORT.get(lab, lab)} not ok in {len(g)} cases ({':'.join(kind).strip()})")
+    return "; ".join(parts)
+
+
+def rounds_table(rows: pd.DataFrame, rounds=ROUNDS) -> pd.DataFrame:
+    """One line per round (then per commit of the data no round names): change, prediction, outcome (computed from
+    the rows; :data:`NOT_RECORDED` where the data hold nothing for it), the commits and the runs it read."""
+    r = Reader(rows if rows is not None else pd.DataFrame())
+    out = []
+    named = {c for x in rounds for c in x.commits}
+    for i, rd in enumerate(rounds, 1):
+        r.used = {}
+        text = rd.outcome(r) if rd.outcome else None
+        note = _not_ok_note(rows, rd.commits) if rows is not None else ""
+        parts = [text or NOT_RECORDED] + ([note] if note else []) + (
+            [f"{rd.unrecorded}: {NOT_RECORDED}"] if rd.unrecorded else [])
+        pred = rd.prediction() if callable(rd.prediction) else rd.prediction
+        runs = [run for c in rd.commits for run in r.used.get(c, [])]
+        out.append({"round": i, "change": rd.change, "prediction": pred or NO_PREDICTION,
+                    "outcome (from data/moe.jsonl)": "; ".join(parts), "commit": ", ".join(rd.commits),
+                    "runs": ", ".join(runs) or NOT_RECORDED})
+    if len(r.rows):
+        order = r.rows.groupby("commit")["run_id"].max().sort_values().index.tolist()
+        for j, c in enumerate(order):
+            if c in named:
+                continue
+            r.used = {}
+            text = _generic(order[j - 1] if j else None, c)(r)
+            out.append({"round": len(out) + 1, "change": "no round written for this commit yet",
+                        "prediction": NO_PREDICTION, "outcome (from data/moe.jsonl)": text or NOT_RECORDED,
+                        "commit": c, "runs": ", ".join(r.used.get(c, [])) or NOT_RECORDED})
+    return pd.DataFrame(out).set_index("round")
