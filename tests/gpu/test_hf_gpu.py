@@ -59,7 +59,10 @@ def test_loaded_model_matches_the_reference_backend(ckpts, arch, fmt, activation
     ids = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         got, want = gpu(ids.cuda()).logits, cpu(ids).logits
-    assert rel_err(got, want) < 2e-2
+    # W4A4 quantizes each layer's input: the GPU's and the CPU's bf16 attention round differently, and an element
+    # near a rounding boundary of E2M1 then lands one code apart (an H100 run measured 0.058 for Qwen3 at two layers);
+    # W4A16 has no such step. A wrong kernel is off by O(1).
+    assert rel_err(got, want) < (1e-1 if activations == "nvfp4" else 2e-2)
 
 
 @pytest.mark.parametrize("activations", ["nvfp4", "bf16"])
