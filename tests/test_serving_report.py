@@ -237,3 +237,64 @@ def test_verdicts_by_run_counts_each_full_runs_targets_beside_its_host():
     assert list(v["oneshot"]) == ["1 of 1", "1 of 1"]  # 60 <= 2 * 45 + 20 (the slow host's eager raises the limit)
     assert list(v["eager host us"]) == [25.0, 45.0] and list(v["graph host us"]) == [4.0, 4.0]
     assert "graph" not in v  # no host-scheduled reference given: no graph target
+
+
+def _full_run(problem, run, graph=18.0, eager=25.0, oneshot=60.0, commit="abc1234def", eager_host=20.0):
+    rows = [_row(problem, "graph", graph, run=run, host_us=4.0), _row(problem, "eager", eager, run=run,
+                                                                       host_us=eager_host),
+            _row(problem, "oneshot", oneshot, run=run, host_us=50.0)]
+    return [{**r, "git_commit": commit} for r in rows]
+
+
+def test_the_verdict_is_the_latest_run_that_timed_every_form():
+    """The answer comes from one run: the latest that timed graph, eager and oneshot on every problem; a later partial
+    run is named, not judged. Its tables show no NaN ('—' for a missing value)."""
+    s4 = BENCHMARK[3]
+    rows = pd.DataFrame(_full_run(s4, "20261125T000000Z-a", eager=40.0, commit="aaaaaaa1")
+                        + _full_run(s4, "20261125T010000Z-b", eager=25.0, commit="bbbbbbb2")
+                        + [_row(s4, "graph", 17.0, run="20261125T020000Z-c")])
+    assert sr.full_runs(rows, [s4]) == ["20261125T000000Z-a", "20261125T010000Z-b"]
+    v = sr.verdict(rows, [s4])
+    assert (v.run, v.commit) == ("20261125T010000Z-b", "bbbbbbb")
+    assert v.later == ["20261125T020000Z-c"]
+    assert v.held == {"eager": (1, 1), "oneshot": (1, 1)}  # no reference given: no graph target
+    assert v.table.loc[("S4", "eager"), "verdict"] == "holds" and v.table.loc[("S4", "graph"), "verdict"] == "no target"
+    assert v.table.loc[("S4", "eager"), "limit us"] == pytest.approx(1.1 * 18.0 + 10)
+    assert any("held: 2 of 2" in line for line in v.lines())
+    assert v.summary().loc["eager", "held on"] == "1 of 1"
+    shown = sr.shown(v.table, 2)
+    assert shown.loc[("S4", "graph"), "limit us"] == "—" and not shown.isna().any().any()
+    assert sr.verdict(rows, [s4], run="20261125T000000Z-a").held["eager"] == (0, 1)  # 40 > 29.8
+    assert sr.verdict(rows.iloc[0:0], [s4]) is None
+
+
+def test_misses_by_shape_counts_the_runs_each_target_missed():
+    s4 = BENCHMARK[3]
+    rows = pd.DataFrame(_full_run(s4, "20261125T000000Z-a", eager=40.0, commit="aaaaaaa1")
+                        + _full_run(s4, "20261125T010000Z-b", eager=25.0, commit="bbbbbbb2"))
+    m = sr.misses_by_shape(rows, [s4])
+    assert m.loc["S4", "eager missed"] == "1 of 2" and m.loc["S4", "eager last missed at"] == "aaaaaaa"
+    assert m.loc["S4", "oneshot missed"] == "0 of 2" and m.loc["S4", "oneshot last missed at"] == "—"
+    corr = sr.host_correlation(sr.verdicts_by_run(rows, [s4]))
+    assert corr.loc["eager", "runs"] == 2
+
+
+def test_rounds_outcomes_are_computed_from_rows_or_marked_not_recorded():
+    """A round's outcome names the runs it rests on; a round without recorded rows says so, whatever its kind."""
+    from nvfp4lib.study import serving_rounds as rd
+
+    def g(commit, run, us):
+        return {"problem": "S1", "part": "weights", "git_commit": commit, "run_id": run, "kcu": 8, "warps": 4,
+                "median_us": us, "ratio_to_floor": us / 90.0, "identical": True, "status": "ok"}
+
+    gather = pd.DataFrame([g("aaaaaaa1", "r1", 150.0), g("bbbbbbb2", "r2", 120.0)])
+    src = rd.Sources(pd.DataFrame(), gather, [BENCHMARK[0]])
+    rounds = (rd.Round("a change", "bbbbbbb", "S1 150 -> ~100 us", rd.gather_pair("aaaaaaa", "bbbbbbb", ("S1",))),
+              rd.Round("another", "ccccccc", "faster", measured_by="a development script"),
+              rd.Round("a third", "ddddddd", "faster", rd.gather_pair("aaaaaaa", "ddddddd")))
+    t = rd.rounds_table(src, rounds)
+    assert "S1 150.0 → 120.0" in t.loc[1, "outcome"] and t.loc[1, "run"] == "r1, r2"
+    assert t.loc[2, "outcome"] == f"{rd.NOT_RECORDED} (a development script)" and t.loc[2, "run"] == "—"
+    assert t.loc[3, "outcome"] == rd.NOT_RECORDED
+    empty = rd.rounds_table(rd.Sources(pd.DataFrame(), pd.DataFrame(), list(BENCHMARK)))
+    assert len(empty) == len(rd.ROUNDS) and set(empty["outcome"].str[:len(rd.NOT_RECORDED)]) == {rd.NOT_RECORDED}

@@ -8,6 +8,8 @@ issuing calls back to back gets), the column issue 18's targets are stated on; b
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -20,7 +22,8 @@ from .plots import caption
 
 __all__ = ["CALLS", "latest_calls", "missing_calls", "runs_used", "calls_table", "host_scheduled_reference",
            "weight_bytes", "predictions", "targets", "calls_figure", "gather_table", "gather_ab", "gather_variants",
-           "back_to_back", "verdicts_by_run"]
+           "back_to_back", "verdicts_by_run", "full_runs", "misses_by_shape", "host_correlation", "Verdict",
+           "verdict", "eager_host_table", "gather_now", "shown", "calls_ab_runs", "TARGET_TEXT"]
 
 # the kernel that scheduled its tiles on the host (prepare(a, b) built the tile table from each group's M): the
 # graph times the serving kernel must stay within 10% of
@@ -312,13 +315,10 @@ def gather_ab(rows: pd.DataFrame, before: str, after: str, problems=None, kcu: i
     return out.reindex([(p, part) for p in order for part in ("weights", "weights+rows") if (p, part) in out.index])
 
 
-def calls_ab(rows: pd.DataFrame, before: str, after: str, call: str = "oneshot", problems=None) -> pd.DataFrame:
-    """One call form at two commits, measured alternately on one machine: the latest unbroken sequence of runs of
-    ``data/calls.jsonl`` that timed that form alone at either commit (a run of anything else ends a sequence: the
-    lent machines share one host name), per problem the median over its runs of each commit's per-call, host and
-    back-to-back times, and the per-call time after / before. Empty without such a sequence holding both commits."""
+def calls_ab_runs(rows: pd.DataFrame, before: str, after: str, call: str = "oneshot") -> pd.Series:
+    """The runs :func:`calls_ab` compares (index: run id, oldest first; value: 'before' or 'after'), empty if none."""
     if rows is None or not len(rows):
-        return pd.DataFrame()
+        return pd.Series(dtype=object)
     ok = rows[rows["status"] == "ok"]
     runs = ok.groupby("run_id").agg(alone=("call", lambda c: set(c) == {call}), commit=("git_commit", "first"))
     com = runs["commit"].astype(str)
@@ -327,9 +327,20 @@ def calls_ab(rows: pd.DataFrame, before: str, after: str, call: str = "oneshot",
     runs["block"] = (~member).cumsum()  # (run ids sort by time)
     full = [b for b, g in runs[member].groupby("block") if set(g["side"]) == {"before", "after"}]
     if not full:
+        return pd.Series(dtype=object)
+    return runs.loc[member & (runs["block"] == full[-1]), "side"]
+
+
+def calls_ab(rows: pd.DataFrame, before: str, after: str, call: str = "oneshot", problems=None) -> pd.DataFrame:
+    """One call form at two commits, measured alternately on one machine: the latest unbroken sequence of runs of
+    ``data/calls.jsonl`` that timed that form alone at either commit (a run of anything else ends a sequence: the
+    lent machines share one host name), per problem the median over its runs of each commit's per-call, host and
+    back-to-back times, and the per-call time after / before. Empty without such a sequence holding both commits."""
+    runs = calls_ab_runs(rows, before, after, call)
+    if not len(runs):
         return pd.DataFrame()
-    runs = runs[member & (runs["block"] == full[-1])]
-    sel = ok[ok["run_id"].isin(runs.index)].assign(side=lambda r: r["run_id"].map(runs["side"]))
+    ok = rows[rows["status"] == "ok"]
+    sel = ok[ok["run_id"].isin(runs.index)].assign(side=lambda r: r["run_id"].map(runs))
     g = sel.groupby(["problem", "side"])
     cols = {}
     for value, name in (("per_call_us", "per call"), ("host_us", "host"), ("b2b_us", "back to back")):
@@ -418,21 +429,27 @@ def targets(latest: pd.DataFrame, problems, reference: pd.DataFrame | None = Non
     return pd.DataFrame(out).set_index(["problem", "target"])
 
 
+def full_runs(rows: pd.DataFrame, problems, backend: str = "cute-hopper") -> list[str]:
+    """The recorded runs (oldest first) that timed the graph, eager and one-shot forms of every one of ``problems`` with
+    the kernel as shipped, on a clean tree: the runs a verdict on all of issue 18's targets can come from."""
+    if rows is None or not len(rows):
+        return []
+    names = set(_names(problems))
+    sel = _ok_shipped(rows, problems, backend)
+    return [run for run, g in sel.groupby("run_id", sort=True)
+            if set(g["problem"]) == names and all(names <= set(g.loc[g["call"] == c, "problem"])
+                                                  for c in ("graph", "eager", "oneshot"))]
+
+
 def verdicts_by_run(rows: pd.DataFrame, problems, reference: pd.DataFrame | None = None,
                     backend: str = "cute-hopper") -> pd.DataFrame:
     """Per recorded run that timed the graph, eager and one-shot forms of every problem (as shipped, clean tree): how
     many of :func:`targets` held, per target, beside the host's state in that run: the Python probe
     (:func:`nvfp4lib.bench.calls.host_probe`) and the median host µs of the run's graph replays and eager calls, which
     follow the speed of the host's launch path (driver calls), which the probe does not time."""
-    if rows is None or not len(rows):
-        return pd.DataFrame()
-    names = _names(problems)
-    sel = _ok_shipped(rows, problems, backend)
     out = []
-    for run, g in sel.groupby("run_id", sort=True):
-        if set(g["problem"]) != set(names) or not {"graph", "eager", "oneshot"} <= set(g["call"]):
-            continue
-        t = targets(latest_calls(g, problems, backend), problems, reference).reset_index()
+    for run, g, t in _judged_runs(rows, problems, reference, backend):
+        t = t.reset_index()
         t = t[t["verdict"] != "no data"]
         rec = {"run": run, "commit": str(g["git_commit"].iloc[0])[:7], "date": str(g["date"].iloc[0])[:16],
                "rounds": int(g["round"].nunique()) if "round" in g and g["round"].notna().any() else 1}
@@ -443,6 +460,200 @@ def verdicts_by_run(rows: pd.DataFrame, problems, reference: pd.DataFrame | None
             rec[f"{call} host us"] = float(g.loc[g["call"] == call, "host_us"].median())
         out.append(rec)
     return pd.DataFrame(out).set_index("run") if out else pd.DataFrame()
+
+
+def _judged_runs(rows: pd.DataFrame, problems, reference: pd.DataFrame | None, backend: str):
+    """(run id, the run's ok shipped rows, its :func:`targets`) of each of :func:`full_runs`, oldest first."""
+    if rows is None or not len(rows):
+        return
+    sel = _ok_shipped(rows, problems, backend)
+    sel = sel[sel["run_id"].isin(full_runs(rows, problems, backend))]
+    for run, g in sel.groupby("run_id", sort=True):
+        yield run, g, targets(latest_calls(g, problems, backend), problems, reference)
+
+
+def misses_by_shape(rows: pd.DataFrame, problems, reference: pd.DataFrame | None = None,
+                    backend: str = "cute-hopper") -> pd.DataFrame:
+    """Per problem and target form, over every one of :func:`full_runs`: in how many runs the target missed, of the
+    runs that judged it ('3 of 27'), and the commit of the latest run where it missed ('—' if it never did)."""
+    recs = []
+    for run, g, t in _judged_runs(rows, problems, reference, backend):
+        for (problem, target), v in t["verdict"].items():
+            if v != "no data":
+                recs.append({"problem": problem, "form": target.split()[0], "run": run, "missed": v == "misses",
+                             "commit": str(g["git_commit"].iloc[0])[:7]})
+    if not recs:
+        return pd.DataFrame()
+    df = pd.DataFrame(recs)
+    out = {}
+    for (problem, form), g in df.groupby(["problem", "form"], sort=False):
+        last = g[g["missed"]].sort_values("run")["commit"]
+        out.setdefault(problem, {})[f"{form} missed"] = f"{int(g['missed'].sum())} of {len(g)}"
+        out[problem][f"{form} last missed at"] = last.iloc[-1] if len(last) else "—"
+    t = pd.DataFrame.from_dict(out, orient="index")
+    cols = [f"{c} {w}" for c in CALLS for w in ("missed", "last missed at") if f"{c} {w}" in t]
+    return t.reindex(index=[p for p in _names(problems) if p in t.index], columns=cols).fillna("—")
+
+
+def host_correlation(verdicts: pd.DataFrame) -> pd.DataFrame:
+    """Across the runs of :func:`verdicts_by_run`: per target form, the rank (Spearman) correlation of the number of
+    shapes on which it held with the run's median host time of its eager calls and of its graph replays (negative:
+    the slower the host, the fewer held), and how many runs it rests on."""
+    if not len(verdicts):
+        return pd.DataFrame()
+    out = {}
+    for form in (c for c in CALLS if c in verdicts):
+        held = verdicts[form].dropna().str.split().str[0].astype(int)
+        out[form] = {"runs": len(held)}
+        for c in ("eager", "graph"):
+            host = verdicts.loc[held.index, f"{c} host us"]
+            # (a constant column has no rank correlation: left missing, shown as '—')
+            out[form][f"vs {c} host us"] = (held.corr(host, method="spearman")
+                                            if held.nunique() > 1 and host.nunique() > 1 else np.nan)
+    return pd.DataFrame.from_dict(out, orient="index")
+
+
+# issue 18's targets as :func:`targets` judges them (each at most 50 characters: pandas shows it whole)
+TARGET_TEXT = {"graph": "graph <= 1.1 x host-scheduled kernel's graph", "eager": "eager <= 1.1 x graph + 10 us",
+               "oneshot": "oneshot <= 2 x eager + 20 us", "harness": "harness < the study's B200 baseline"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer of notebook 10: one run's four call forms per problem against both floors and issue 18's targets.
+    ``latest``: the run's :func:`latest_calls`; ``table``: one row per (problem, call); ``held``: per target form,
+    the shapes it held on and the shapes judged; ``later``: runs recorded after it that did not time every form."""
+    run: str
+    commit: str
+    date: str
+    latest: pd.DataFrame
+    table: pd.DataFrame
+    held: dict
+    later: list
+    reference: pd.DataFrame | None = None
+
+    def lines(self) -> list[str]:
+        """The verdict as the notebook prints it above its tables."""
+        first = self.latest.iloc[0]
+        rounds = int(first["rounds"]) if pd.notna(first.get("rounds", np.nan)) else 1
+        n_held, n = sum(h for h, _ in self.held.values()), sum(k for _, k in self.held.values())
+        out = [f"run {self.run} at commit {self.commit} ({self.date} UTC), data/calls.jsonl",
+               f"GPU: {first['gpu']} (SM clock {first.get('smi_clocks_sm', '?')} of max "
+               f"{first.get('smi_clocks_max_sm', '?')}, driver {first.get('smi_driver_version', '?')}); "
+               f"{rounds} rounds per form, each form judged by its median round; inputs: {first['input_mode']}",
+               f"issue 18's targets held: {n_held} of {n}"]
+        missed = self.table[self.table["verdict"] == "misses"]
+        for (p, c), r in missed.iterrows():
+            out.append(f"missed: {p} {c}, {r['per call us']:.2f} us against {r['limit us']:.2f}")
+        out.append(f"rounds whose result did not match the exact reference: {int(self.latest['rounds_not_ok'].sum())}")
+        ref = self.reference
+        if ref is not None and len(ref):
+            out.append(f"the graph target's host-scheduled kernel: run {ref['run'].iloc[0]} at "
+                       f"{ref['commit'].iloc[0]}, data/bench.jsonl")
+        if self.later:
+            out.append(f"later runs not judged here (some forms or shapes only, a dirty tree, or a knob's A/B): "
+                       f"{len(self.later)}, the latest {self.later[-1]}")
+        return out
+
+    def summary(self) -> pd.DataFrame:
+        """Per target form: the target, on how many shapes it held, and the shape closest to its limit."""
+        judged = self.table[self.table["verdict"].isin(["holds", "misses"])]
+        out = {}
+        for form, (held, n) in self.held.items():
+            g = judged.xs(form, level="call")["per call / limit"]
+            out[form] = {"target": TARGET_TEXT[form], "held on": f"{held} of {n}", "closest to its limit": g.idxmax(),
+                         "its per call / limit": g.max()}
+        return pd.DataFrame.from_dict(out, orient="index").rename_axis("form")
+
+
+def verdict(rows: pd.DataFrame, problems, reference: pd.DataFrame | None = None, run: str | None = None,
+            backend: str = "cute-hopper") -> Verdict | None:
+    """The verdict at ``run`` (default: the latest of :func:`full_runs`), or None without such a run."""
+    runs = full_runs(rows, problems, backend)
+    if run is None:
+        if not runs:
+            return None
+        run = runs[-1]
+    sel = rows[rows["run_id"] == run]
+    latest = latest_calls(sel, problems, backend)
+    if not len(latest):
+        return None
+    tg = targets(latest, problems, reference).reset_index()
+    tg["call"] = tg["target"].str.split().str[0]
+    t = latest.set_index(["problem", "call"])
+    limits = tg.set_index(["problem", "call"])
+    table = pd.DataFrame({"per call us": t["per_call_us"], "GPU us": t["median_us"], "host us": t["host_us"],
+                          "measured floor us": t["floor_measured_us"], "x measured floor": t["x_floor_measured"],
+                          "datasheet floor us": t["floor_datasheet_us"], "x datasheet floor": t["x_floor_datasheet"]})
+    table["limit us"] = limits["limit us"].reindex(table.index)
+    table["per call / limit"] = limits["measured / limit"].reindex(table.index)
+    table["verdict"] = limits["verdict"].reindex(table.index).fillna("no target")
+    held = {}
+    for form, g in tg[tg["verdict"] != "no data"].groupby("call", sort=False):
+        held[form] = (int((g["verdict"] == "holds").sum()), len(g))
+    later = sorted(r for r in set(rows.loc[rows["run_id"] > run, "run_id"]) if r not in runs)
+    return Verdict(run=run, commit=str(sel["git_commit"].iloc[0])[:7], date=str(sel["date"].iloc[0])[:16],
+                   latest=latest, table=table, held=held, later=later, reference=reference)
+
+
+def eager_host_table(latest: pd.DataFrame) -> pd.DataFrame:
+    """Per problem of ``latest``: the eager call's per-call, GPU, host and back-to-back time beside the graph replay's
+    per-call and host time, what an eager call costs over a replay, and whether it is host-bound."""
+    if not len(latest):
+        return pd.DataFrame()
+    t = latest.set_index(["problem", "call"])
+    eager, graph = t.xs("eager", level="call"), t.xs("graph", level="call")
+    out = pd.DataFrame({"graph per call us": graph["per_call_us"], "eager per call us": eager["per_call_us"]})
+    out["eager - graph us"] = out["eager per call us"] - out["graph per call us"]
+    out["eager host us"] = eager["host_us"]
+    out["eager GPU us"] = eager["median_us"]
+    if "b2b_us" in eager:
+        out["eager back-to-back us"] = eager["b2b_us"]
+    out["graph host us"] = graph["host_us"]
+    out["eager host-bound"] = eager["host_us"] > eager["median_us"]
+    return out.reindex([p for p in dict.fromkeys(latest["problem"]) if p in out.index])
+
+
+def gather_now(gather_rows: pd.DataFrame, problems, latest: pd.DataFrame | None = None):
+    """The one-shot gather as shipped (knobs at the package's defaults, ``KCU`` units and ``WARPS`` warps per program):
+    the latest run of ``data/gather.jsonl`` that timed it, per problem its GPU time and ratio to the copy floor for the
+    weights alone and with the activation rows, whether every output was byte-identical to the torch prepack, and,
+    from ``latest`` (a calls run, another machine and time), what a one-shot call costs over an eager one. Returns
+    (table, run id, commit); (empty, None, None) without rows."""
+    from ..kernels.hopper_varlen import gather
+
+    if gather_rows is None or not len(gather_rows):
+        return pd.DataFrame(), None, None
+    sel = _shipped(gather_rows[(gather_rows["status"] == "ok") & (gather_rows["kcu"] == gather.KCU)
+                               & (gather_rows["warps"] == gather.WARPS)])
+    if not len(sel):
+        return pd.DataFrame(), None, None
+    run = sel["run_id"].max()
+    sel = sel[sel["run_id"] == run]
+    t = sel.pivot_table(index="problem", columns="part", values=["median_us", "ratio_to_floor"], aggfunc="last")
+    out = pd.DataFrame({f"{part} {'us' if v == 'median_us' else 'x copy floor'}": t[(v, part)]
+                        for part in ("weights", "weights+rows") for v in ("median_us", "ratio_to_floor")
+                        if (v, part) in t})
+    out["identical"] = sel.groupby("problem")["identical"].all()
+    if latest is not None and len(latest):
+        pc = latest.set_index(["problem", "call"])["per_call_us"]
+        out["oneshot - eager us (calls run)"] = [pc.get((p, "oneshot"), np.nan) - pc.get((p, "eager"), np.nan)
+                                                 for p in out.index]
+        if "weights+rows us" in out:
+            out["gather / (oneshot - eager)"] = out["weights+rows us"] / out["oneshot - eager us (calls run)"]
+    out = out.reindex([p for p in _names(problems) if p in out.index])
+    return out, run, str(sel["git_commit"].iloc[0])[:7]
+
+
+def shown(df: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
+    """``df`` for display: floats rounded to ``digits``, a missing value as '—' (never NaN)."""
+    if not len(df):
+        return df
+    out = df.copy()
+    for c in out.columns:
+        if pd.api.types.is_float_dtype(out[c]):
+            out[c] = out[c].round(digits)
+    return out.astype(object).where(out.notna(), "—")
 
 
 COLORS = {"graph": "C0", "eager": "C1", "oneshot": "C2", "harness": "C3"}

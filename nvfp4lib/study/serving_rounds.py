@@ -1,0 +1,315 @@
+"""The development rounds of the serving path (notebook 10's "How we got here"), as data: per round the change, the
+prediction typed before its GPU run, and which recorded rows measure its outcome.
+
+A prediction is a forecast and stays as it was written. An outcome is never typed: :func:`rounds_table` computes it
+from ``data/calls.jsonl`` and ``data/gather.jsonl`` (naming the runs it used), or says that ``data/`` holds no row of
+it (the round was measured by a development script whose output was not recorded).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from . import serving_report as sr
+
+__all__ = ["Sources", "Round", "ROUNDS", "NOT_RECORDED", "rounds_table", "PREDICTED_LAUNCHES", "PREDICTED_LAUNCH_US",
+           "gather_pair", "gather_knob", "calls_pair", "runs_compare", "form_in_runs", "target_at", "joined",
+           "fused_knob", "first_run_predictions", "gather_first"]
+
+NOT_RECORDED = "not recorded in data/"
+# the first round's prediction: an eager call's host work is this many launches of this many µs each (issue 18's probe)
+PREDICTED_LAUNCHES, PREDICTED_LAUNCH_US = 2, 6.0
+
+
+class Sources(NamedTuple):
+    """What an outcome is computed from: the rows of data/calls.jsonl and data/gather.jsonl, the problems, and the
+    host-scheduled kernel's graph times (:func:`serving_report.host_scheduled_reference`)."""
+    calls: pd.DataFrame
+    gather: pd.DataFrame
+    problems: list
+    reference: pd.DataFrame | None = None
+
+
+# an outcome: (text, the run ids it rests on), or None where data/ has no rows for it
+Outcome = Callable[[Sources], "tuple[str, list[str]] | None"]
+
+
+@dataclass(frozen=True)
+class Round:
+    change: str  # what changed, with the commit that shipped, reverted or measured it
+    commit: str  # the change's commit(s)
+    prediction: str  # typed before the GPU run
+    outcome: Outcome | None = None  # None: measured by a development script only
+    measured_by: str = ""  # for an unrecorded outcome: what measured it
+
+
+def _f(x: float, digits: int = 1) -> str:
+    return "—" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _pick(series: pd.Series, shapes) -> list[str]:
+    return [s for s in shapes if s in series.index and pd.notna(series[s])]
+
+
+def _gather_runs(rows: pd.DataFrame, commits, kcu: int = 8, warps: int = 4) -> list[str]:
+    ok = rows[(rows["status"] == "ok") & (rows["kcu"] == kcu) & (rows["warps"] == warps)]
+    return sorted(set(ok.loc[ok["git_commit"].astype(str).str[:7].isin([c[:7] for c in commits]), "run_id"]))
+
+
+def gather_pair(before: str, after: str, shapes=("S1", "S2", "S4", "S1-dual"), part: str = "weights") -> Outcome:
+    """The gather's GPU time at two commits (:func:`serving_report.gather_ab`, knobs as shipped)."""
+    def measure(src: Sources):
+        ab = sr.gather_ab(src.gather, before, after, src.problems)
+        if not len(ab):
+            return None
+        t = ab.xs(part, level="part")
+        b, a = t[f"{before} us"], t[f"{after} us"]
+        text = (f"{part}, GPU us {before} → {after}: "
+                + ", ".join(f"{s} {_f(b[s])} → {_f(a[s])}" for s in _pick(a, shapes) if pd.notna(b[s]))
+                + f"; {after} at {_f(t['after x floor'].min(), 2)}-{_f(t['after x floor'].max(), 2)}x the copy floor; "
+                + ("outputs byte-identical" if bool(ab["identical"].all()) else "an output differed"))
+        return text, _gather_runs(src.gather, (before, after))
+    return measure
+
+
+def gather_knob(commit: str, knob: str, shapes=("S1", "S2", "S4", "S1-dual"), part: str = "weights") -> Outcome:
+    """The gather's GPU time with ``knob`` off and on in the runs at ``commit`` that timed both (the other knobs as
+    shipped): median over those runs."""
+    def measure(src: Sources):
+        g = src.gather
+        if knob not in g:
+            return None
+        defaults = {k: v for k, v in sr._gather_knobs().items() if k != knob}
+        sel = sr._at_defaults(g[(g["status"] == "ok") & (g["kcu"] == 8) & (g["warps"] == 4) & (g["part"] == part)
+                                & g["git_commit"].astype(str).str.startswith(commit) & g[knob].notna()], defaults)
+        both = sel.groupby("run_id")[knob].nunique()
+        sel = sel[sel["run_id"].isin(both[both == 2].index)]
+        if not len(sel):
+            return None
+        t = sel.pivot_table(index="problem", columns=knob, values="median_us", aggfunc="median")
+        text = (f"{part}, GPU us with {knob} 0 → 1: " + ", ".join(f"{s} {_f(t.loc[s, 0])} → {_f(t.loc[s, 1])}"
+                                                                 for s in _pick(t[1], shapes))
+                + f"; 1 / 0 over the shapes: {_f((t[1] / t[0]).min(), 3)}-{_f((t[1] / t[0]).max(), 3)}")
+        return text, sorted(set(sel["run_id"]))
+    return measure
+
+
+def calls_pair(before: str, after: str, call: str = "oneshot", shapes=("S1", "S1-dual", "S4"),
+               values=("per call", "back to back")) -> Outcome:
+    """One call form at two commits timed alternately on one machine (:func:`serving_report.calls_ab`)."""
+    def measure(src: Sources):
+        ab = sr.calls_ab(src.calls, before, after, call, src.problems)
+        if not len(ab):
+            return None
+        parts = []
+        for v in values:
+            b, a = ab[f"{v} {before}"], ab[f"{v} {after}"]
+            parts.append(f"{call} {v} us {before} → {after}: "
+                         + ", ".join(f"{s} {_f(b[s])} → {_f(a[s])}" for s in _pick(a, shapes)))
+        return "; ".join(parts), list(sr.calls_ab_runs(src.calls, before, after, call).index)
+    return measure
+
+
+def _full_run_at(src: Sources, commit: str) -> list[str]:
+    runs = sr.full_runs(src.calls, src.problems)
+    if not runs:
+        return []
+    com = src.calls.drop_duplicates("run_id").set_index("run_id")["git_commit"].astype(str)
+    return [r for r in runs if com[r].startswith(commit)]
+
+
+def runs_compare(before: str, after: str, call: str = "eager") -> Outcome:
+    """The latest full run (:func:`serving_report.full_runs`) at each of two commits: ``call``'s host time (median over
+    the shapes, and after - before per shape), the graph replays after / before, and the ``call`` target's verdicts.
+    Runs of two machines: the host's speed differs between them."""
+    def measure(src: Sources):
+        b_runs, a_runs = _full_run_at(src, before), _full_run_at(src, after)
+        if not b_runs or not a_runs:
+            return None
+        runs = [b_runs[-1], a_runs[-1]]
+        lat = [sr.latest_calls(src.calls[src.calls["run_id"] == r], src.problems).set_index(["problem", "call"])
+               for r in runs]
+        host = [x.xs(call, level="call")["host_us"] for x in lat]
+        graph = [x.xs("graph", level="call")["per_call_us"] for x in lat]
+        held = [sr.verdict(src.calls, src.problems, src.reference, run=r).held.get(call, (0, 0)) for r in runs]
+        d, g = host[1] - host[0], graph[1] / graph[0]
+        text = (f"{call} host us, median over the shapes, {before} → {after}: {_f(host[0].median())} → "
+                f"{_f(host[1].median())} (per shape {d.min():+.1f} to {d.max():+.1f}); graph replays after / before "
+                f"{_f(g.min(), 2)}-{_f(g.max(), 2)}; {call} target held on {held[0][0]} of {held[0][1]} → "
+                f"{held[1][0]} of {held[1][1]} shapes; two machines")
+        return text, runs
+    return measure
+
+
+def form_in_runs(commits, problem: str = "S4", call: str = "graph") -> Outcome:
+    """One form of one problem in every full run at ``commits``: its per-call time against its target's limit."""
+    def measure(src: Sources):
+        parts, runs = [], []
+        for c in commits:
+            for r in _full_run_at(src, c):
+                t = sr.verdict(src.calls, src.problems, src.reference, run=r).table.loc[(problem, call)]
+                parts.append(f"{c} {t['per call us']:.2f} ({t['verdict']})")
+                runs.append(r)
+        if not runs:
+            return None
+        lim = sr.verdict(src.calls, src.problems, src.reference, run=runs[-1]).table.loc[(problem, call), "limit us"]
+        return f"{problem} {call} per call us, limit {lim:.2f}: " + ", ".join(parts), runs
+    return measure
+
+
+def target_at(commit: str, call: str = "graph", shapes=("S1-dual", "S2-dual")) -> Outcome:
+    """``call``'s target in the latest full run at ``commit``: on how many shapes it held, and some shapes' times."""
+    def measure(src: Sources):
+        runs = _full_run_at(src, commit)
+        if not runs:
+            return None
+        v = sr.verdict(src.calls, src.problems, src.reference, run=runs[-1])
+        held, n = v.held.get(call, (0, 0))
+        t = v.table.xs(call, level="call")
+        return (f"{call} target at {commit}: held on {held} of {n} shapes ("
+                + ", ".join(f"{s} {_f(t.loc[s, 'per call us'])} us" for s in shapes if s in t.index) + ")"), [runs[-1]]
+    return measure
+
+
+def joined(*outcomes: Outcome) -> Outcome:
+    """Several outcomes of one round, in order; None if none has rows."""
+    def measure(src: Sources):
+        got = [g for g in (o(src) for o in outcomes) if g is not None]
+        if not got:
+            return None
+        return "; ".join(t for t, _ in got), list(dict.fromkeys(r for _, runs in got for r in runs))
+    return measure
+
+
+def fused_knob(shapes=("S1", "S4", "S2-dual")) -> Outcome:
+    """The fused prologue's A/B (:func:`serving_report.knob_ab`): eager host time and graph replays, on - off."""
+    def measure(src: Sources):
+        ab = sr.knob_ab(src.calls, "fused_prologue", src.problems)
+        if not len(ab):
+            return None
+        eager, graph = ab.xs("eager", level="call"), ab.xs("graph", level="call")
+        h, gpu = eager["host on - off"], graph["per call on - off"]
+        commit = str(ab["commit"].iloc[0])
+        runs = sorted(set(src.calls.loc[src.calls["git_commit"].astype(str).str.startswith(commit)
+                                        & src.calls["fused_prologue"].notna(), "run_id"]))
+        text = (f"eager host us, on - off: median {h.median():+.1f} ({h.min():+.1f} to {h.max():+.1f}; lower on "
+                f"{int((h < 0).sum())} of {len(h)} shapes); graph replay per call, on - off: {gpu.min():+.1f} to "
+                f"{gpu.max():+.1f} us, beyond ±2 on {int((gpu.abs() > 2).sum())} of {len(gpu)}")
+        return text, runs
+    return measure
+
+
+def first_run_predictions() -> Outcome:
+    """The first prediction made numeric (:func:`serving_report.predictions`) on the first full run recorded."""
+    def measure(src: Sources):
+        runs = sr.full_runs(src.calls, src.problems)
+        if not runs:
+            return None
+        latest = sr.latest_calls(src.calls[src.calls["run_id"] == runs[0]], src.problems)
+        pred = sr.predictions(latest, src.problems, PREDICTED_LAUNCHES, PREDICTED_LAUNCH_US)["measured / predicted"]
+        parts = [f"{c} {x.min():.2f}-{x.max():.2f}" for c, x in pred.dropna().groupby(level="call", sort=False)]
+        commit = str(src.calls.loc[src.calls["run_id"] == runs[0], "git_commit"].iloc[0])[:7]
+        return f"measured / predicted on the first full run ({commit}): " + ", ".join(parts), [runs[0]]
+    return measure
+
+
+def gather_first(commit: str = "6ce62ac", development=None) -> Outcome:
+    """The first recorded gather run (``commit``): the weights at kcu 8 against the development run's times, and
+    kcu 1 against kcu 8."""
+    def measure(src: Sources):
+        t = sr.gather_table(src.gather, src.problems, commit=commit)
+        if not len(t) or "weights kcu=1 us" not in t:
+            return None
+        r = t["weights kcu=1 us"] / t["weights kcu=8 us"]
+        dev = pd.Series(development or {})
+        got = t["weights kcu=8 us"].reindex(dev.index) / dev
+        text = ("weights kcu=8 us: " + ", ".join(f"{s} {_f(t.loc[s, 'weights kcu=8 us'])}" for s in dev.index
+                                                 if s in t.index)
+                + f" (recorded / development {got.min():.3f}-{got.max():.3f}); "
+                + f"kcu=1 / kcu=8 {r.min():.2f}-{r.max():.2f}")
+        return text, _gather_runs(src.gather, (commit,), kcu=8)
+    return measure
+
+
+_DEV_WEIGHTS_US = {"S1": 153.7, "S2": 82.4, "S3": 21.9, "S4": 12.8, "S1-dual": 300.4, "S4-dual": 21.4}
+
+ROUNDS = (
+    Round("the serving path: prepared weights, the call `w(a_packed, offsets)` scheduled from device offsets; one-shot "
+          "calls pack new weights in one pass", "826ad80",
+          f"eager ≈ graph + {PREDICTED_LAUNCHES} launches of ~{PREDICTED_LAUNCH_US:.0f} us of host time; oneshot ≈ "
+          "eager + one read and write of the weights at the measured copy bandwidth; harness ≈ oneshot",
+          first_run_predictions()),
+    Round("the one-shot gather alone, timed by `gather-bench` (weights and rows packed in one Triton launch)",
+          "6ce62ac", "weights at kcu=8 as in the development run: S1 153.7 us, S2 82.4, S3 21.9, S4 12.8, S1-dual "
+          "300.4, S4-dual 21.4; kcu=1 about twice as long", gather_first("6ce62ac", _DEV_WEIGHTS_US)),
+    Round("eager call: prologue and GEMM from one compiled host function; each check by the cheapest torch query",
+          "78ee5fe", "-6 to -12 us of host time per eager call (one TVM-FFI entry less), ~-4 us from the checks",
+          runs_compare("5467d03", "78ee5fe", "eager")),
+    Round("gather: 64 registers instead of 114-145 (4 activation rows of 256-byte steps, 32-bit offsets)", "2fe0d84",
+          "S1's weights 154 → ~100 us (±15), S1-dual 300 → ~200, S2 82 → ~55; S4 unchanged",
+          gather_pair("db1decc", "2fe0d84")),
+    Round("gather: one load per lane, four words written (reverted in f50f1a7)", "77b4697",
+          "S1's weights 122 → ~100 us (~1.1x the copy floor)", gather_pair("2fe0d84", "77b4697")),
+    Round("one-shot: small plans read the table from pinned memory in place", "287b621",
+          "host time -12 us per call on S4, -18 on S1; GPU time a few us more on S3/S4, ~15 on S1",
+          measured_by="a development A/B in one process"),
+    Round("one-shot host path: one checked pass over the operands, a lane per (rows, stream), prepared driver "
+          "launches", "4006b9d", "S1 one-shot ~280 us per call, S1-dual ~512; S4's host time 66 → ~50 us",
+          calls_pair("65b7964", "4006b9d", values=("per call", "host"))),
+    Round("one-shot: the gather in two launches, weights first (reverted in a7da4a4)", "7349399",
+          "S1 per call 10-18 us less", calls_pair("4006b9d", "7349399")),
+    Round("gather: two units' loads in flight (PREFETCH)", "db7e1a9", "S1's weights 122 → ~95-100 us",
+          gather_knob("db7e1a9", "prefetch")),
+    Round("gather: each word's bytes by two PTX byte permutes (PRMT; removed)", "27c1624",
+          "-10 to -15% if instruction issue is the limit", gather_knob("27c1624", "prmt")),
+    Round("gather: scales loaded 4 bytes of a row at a time, 8x fewer L1 wavefronts (reverted in ba1ccd9)", "13f4a12",
+          "S1's weights → ~95-100 us if the L1 is the limit", gather_pair("27c1624", "13f4a12")),
+    Round("GEMM: a regression found in the records (the warp tile search of 0b14006); fix in 97e5d79: each thread "
+          "walks up to 32 groups again", "97e5d79",
+          "5dda5fa (before 0b14006) replays S1-dual in ~225 us and S2-dual in ~139 on the same card",
+          joined(calls_pair("5dda5fa", "e65a017", "graph", shapes=("S1", "S1-dual", "S2-dual"), values=("per call",)),
+                 target_at("97e5d79", "graph"))),
+    Round("the call as one kernel: the prologue decoded by the GEMM's first CTAs (FUSED_PROLOGUE, off by default)",
+          "a5f736b", "-4 to -6 us of host time per eager call; GPU time within ±2 us", fused_knob()),
+    Round("one-shot: the weights' shape, device and addresses read once per tensor", "41f4b7e",
+          "per call -10 us on S1 and S1-dual, -6 on S2, ~0 on S4", measured_by="a development A/B in one process"),
+    Round("three pipeline stages at 256 rows per group (S3, S4); eager device checks as integer compares", "7c31321",
+          "~0.3 us faster than four stages: S4's graph target holds", form_in_runs(("02ad01d", "7c31321"))),
+    Round("one-shot: one driver event per 16 calls (a ring of 64 pinned slots)", "c6ea3e4",
+          "-2 to -6 us of host time per one-shot call", measured_by="a development A/B in one process"),
+    Round("fused call: warp 0 issues its weight loads before the slices are decoded (reverted in dee1f02)", "e76d778",
+          "the fused call's extra GPU time in graph replays down to 0-2 us", measured_by="a development A/B"),
+    Round("eager calls: scales passed as E4M3 (no view), output sizes as arguments", "35053fa",
+          "-2 to -3 us of host time per eager call", measured_by="timeit on the host"),
+    Round("gather: each code pair loaded once, moved through shared memory (ONCE)", "6b02f58",
+          "S1's weights ~115 → ~100 us", gather_knob("6b02f58", "once")),
+    Round("one-shot: the gather in two launches again (reverted in cd3486b)", "f72483c",
+          "15-20 us less per call on S1, 20-30 on S1-dual", measured_by="a development A/B in one process"),
+    Round("gather: the activation rows' programs first (ROWS_FIRST)", "404e20a",
+          "S1's weights and rows ~124 → ~116 us, S1-dual ~7 us less",
+          gather_knob("404e20a", "rows_first", part="weights+rows")),
+    Round("gather: a program loads its units at once (WHOLE; default from 11271bc)", "674dc09",
+          "S1's weights ~110 → 90-95 us", gather_knob("674dc09", "whole")),
+    Round("eager calls not under capture run one kernel (EAGER_FUSED)", "8909dba",
+          "-3 to -6 us of host time per eager call; graph replays unchanged", runs_compare("6b02f58", "8909dba")),
+)
+
+
+def rounds_table(src: Sources, rounds=ROUNDS) -> pd.DataFrame:
+    """One line per round: the change, the prediction, the outcome computed from data/ (or 'not recorded in data/'
+    and what measured it), the change's commit, and the runs the outcome rests on."""
+    out = []
+    for i, r in enumerate(rounds, 1):
+        got = r.outcome(src) if r.outcome is not None else None
+        if got is None:
+            text = NOT_RECORDED + (f" ({r.measured_by})" if r.measured_by else "")
+            runs = "—"
+        else:
+            text, run_ids = got
+            runs = ", ".join(run_ids)
+        out.append({"round": i, "change": r.change, "prediction": r.prediction, "outcome": text, "commit": r.commit,
+                    "run": runs})
+    return pd.DataFrame(out).set_index("round")
