@@ -124,8 +124,8 @@ def judge(pitch: Pitch, values) -> str:
 
 def pitch_table(rows, pitch: Pitch, problems=("S1", "S2", "S3", "S4")):
     """Per problem: what the study reported on B200 (its baseline, and the time after the change where it reported
-    one) beside our measurement of the pitch's experiment on this GPU (before, after, speedup); a dash where a side
-    has no number."""
+    one) beside our measurement of the pitch's experiment on this GPU (before, after, speedup), as text (times to
+    0.1 us, speedups to 0.01); a dash where a side has no number."""
     import pandas as pd
 
     m = measured_pairs(rows, pitch, problems).set_index("problem")
@@ -136,8 +136,9 @@ def pitch_table(rows, pitch: Pitch, problems=("S1", "S2", "S3", "S4")):
     t["H100 before us"] = m["before us"]
     t["H100 after us"] = m["after us"]
     t["H100 speedup"] = m["speedup"]
-    t = t.astype(float).round(2)
-    return t.astype(object).where(t.notna(), "—")
+    t = t.astype(float)
+    shown = {c: t[c].map(lambda v, d=2 if "speedup" in c else 1: "—" if pd.isna(v) else f"{v:.{d}f}") for c in t}
+    return pd.DataFrame(shown, index=t.index)
 
 
 def pitch_verdict(rows, pitch: Pitch, problems=("S1", "S2", "S3", "S4")) -> str:

@@ -17,7 +17,7 @@ from ..problems import BENCHMARK, DUAL
 
 __all__ = ["NEW", "PEER", "SHAPES", "DUALS", "ALL", "NOISE", "SM_SMEM", "RecordedConfig", "recorded_configs", "lab",
            "same_run", "medians", "pair", "repeatability", "resources", "register_split", "runs_behind", "sources",
-           "filled", "B200_COLS", "b200_compiled"]
+           "filled", "B200_COLS", "b200_compiled", "b200_refusals"]
 
 
 @dataclass(frozen=True)
@@ -184,12 +184,26 @@ B200_COLS = ["config", "dual", "tile_m", "tile_n", "ab_stages", "use_2cta", "war
              "tcgen05.mma kind", "error"]
 
 
+def _picked(bw, select):
+    return bw[select(bw) if callable(select) else select]
+
+
 def b200_compiled(bw, select) -> pd.DataFrame:
     """The sm_100a compile reports ``bw`` (``store.latest_compile_rows("sm_100a")``) of the configs ``select`` picks (a
     boolean mask or a callable on ``bw``), one line per (config, dual): what compiled with its resources, what was
-    refused with the compiler's or the plan's reason (a refused config has no resources: a dash)."""
-    t = bw[select(bw) if callable(select) else select]
+    refused (a refused config has no resources: a dash; its reason in full from :func:`b200_refusals`)."""
+    t = _picked(bw, select)
     t = t[[c for c in B200_COLS if c in t.columns]].set_index(["config", "dual"])
     if "error" in t:
-        t = t.rename(columns={"error": "refused (reason)"})
+        t = t.assign(outcome=t["error"].map(lambda e: "refused" if isinstance(e, str) and e else "compiled"))
+        t = t.drop(columns="error")
     return filled(t)
+
+
+def b200_refusals(bw, select) -> str:
+    """One line per refused (config, dual) of :func:`b200_compiled`'s table: the compiler's or the plan's reason."""
+    t = _picked(bw, select)
+    if "error" not in t:
+        return ""
+    t = t[t["error"].map(lambda e: isinstance(e, str) and bool(e))]
+    return "\n".join(f"{r.config} (dual={bool(r.dual)}): {r.error}" for r in t.itertuples())
