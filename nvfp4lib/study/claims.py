@@ -77,13 +77,13 @@ FACT_CLAIMS = {
 
 def measured_pairs(rows, pitch: Pitch, problems=("S1", "S2", "S3", "S4")):
     """The pitch's experiment on our GPU, one line per problem: before/after medians and their ratio, from the latest
-    run that measured both sides, with that run's id, commit (short hash) and GPU."""
+    run that measured both sides, with that run's id, commit (short hash), GPU and the kernel of the "before" side."""
     import pandas as pd
 
     from ..bench.harness import BackendSpec
 
     before, after = (BackendSpec.parse(x).name for x in pitch.experiment)
-    cols = ["problem", "run_id", "commit", "gpu", "before us", "after us", "speedup"]
+    cols = ["problem", "run_id", "commit", "gpu", "kernel", "before us", "after us", "speedup"]
     if rows is None or not len(rows):
         return pd.DataFrame(columns=cols)
     ok = rows[(rows["status"] == "ok") & rows["problem"].isin(problems)]
@@ -97,7 +97,8 @@ def measured_pairs(rows, pitch: Pitch, problems=("S1", "S2", "S3", "S4")):
         b, a = g[g["label"] == before].iloc[0], g[g["label"] == after].iloc[0]
         t_before, t_after = float(b["median_us"]), float(a["median_us"])
         out.append({"problem": prob, "run_id": b["run_id"], "commit": str(b["git_commit"])[:7], "gpu": b["gpu"],
-                    "before us": t_before, "after us": t_after, "speedup": t_before / t_after})
+                    "kernel": b.get("kernel"), "before us": t_before, "after us": t_after,
+                    "speedup": t_before / t_after})
     return pd.DataFrame(out, columns=cols)
 
 
