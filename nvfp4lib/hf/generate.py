@@ -4,7 +4,9 @@
 is transformers' ``StaticCache`` (its shapes never change, so a step's tensors keep their addresses). With
 ``cuda_graph=True`` the decode step (the whole model: attention, NVFP4 Linears, the MoE layers) is captured once as
 one CUDA graph after two eager warm-up steps on a side stream, and replayed for every later step; only the token and
-its position are copied in. The stats row gives decode tokens/s (batch · steps / decode time), the time per step,
+its position are copied in. The stats row gives decode tokens/s (batch · steps / time) and the time per step over the
+steady-state steps (those after the warm-up steps and the capture: a first call's compiles, tuning and the capture
+itself are left out; eager decoding leaves the same steps out, so both forms are timed alike), the whole decode time,
 the prefill time and the peak GPU memory of the run.
 """
 from __future__ import annotations
@@ -18,6 +20,9 @@ import torch
 __all__ = ["generate", "Generation"]
 
 WARMUP_STEPS = 2  # eager decode steps before the capture (lazy allocations, compiles, tuning lookups)
+# the first decode step timed: after the warm-up steps and the step that captures (with max_new_tokens too small to
+# leave a step after it, every decode step is timed)
+TIMED_FROM = WARMUP_STEPS + 2
 
 
 class Generation(NamedTuple):
@@ -72,12 +77,17 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
         nxt.copy_(lg[:, -1].argmax(-1))
 
     graph, side = None, None
+    timed_from = TIMED_FROM if max_new_tokens > TIMED_FROM else 1
+    t_steady = t1
     steps = range(1, max_new_tokens)
     if progress:
         from tqdm.auto import tqdm
 
         steps = tqdm(steps, desc="decoding", unit="step", total=max_new_tokens - 1)
     for i in steps:
+        if i == timed_from and i > 1:
+            _sync(device)
+            t_steady = time.perf_counter()
         tok.copy_(out[:, i - 1: i])
         pos.fill_(prompt + i - 1)
         if not cuda_graph:
@@ -103,14 +113,16 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
     _sync(device)
     t2 = time.perf_counter()
 
-    steps_n = max_new_tokens - 1
-    decode_s = t2 - t1
+    steps_n = max_new_tokens - timed_from  # the steady-state steps
+    steady_s = t2 - t_steady
     stats = {
         "batch": batch, "prompt_tokens": prompt, "new_tokens": max_new_tokens, "cuda_graph": cuda_graph,
         "prefill_ms": (t1 - t0) * 1e3,
-        "decode_s": decode_s,
-        "tokens_per_s": batch * steps_n / decode_s if steps_n and decode_s > 0 else float("nan"),
-        "ms_per_token": decode_s / steps_n * 1e3 if steps_n else float("nan"),
+        "decode_s": t2 - t1,
+        "timed_steps": steps_n,
+        "steady_s": steady_s,
+        "tokens_per_s": batch * steps_n / steady_s if steps_n and steady_s > 0 else float("nan"),
+        "ms_per_token": steady_s / steps_n * 1e3 if steps_n else float("nan"),
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
     }

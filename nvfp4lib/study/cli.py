@@ -268,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from ..bench.moe_bench import add_command as add_moe_bench  # moe-bench: NVFP4MoE against its bf16 peer (GPU)
     add_moe_bench(sub, _add_record_args, _write)
+    from ..bench.generate_bench import add_command as add_generate_bench  # generate-bench: NVFP4 model vs bf16 (GPU)
+    add_generate_bench(sub, _add_record_args, _write)
 
     from ..bench.gather_bench import add_command as add_gather_bench  # gather-bench: the one-shot gather alone (GPU)
     add_gather_bench(sub, add_problems, _problems, _add_record_args, _write)

@@ -1,0 +1,594 @@
+"""The decode benchmark of issue 40: an NVFP4 checkpoint loaded by :func:`nvfp4lib.hf.from_pretrained` against the
+same model in bf16, greedy decoding under CUDA graphs, per batch.
+
+Per checkpoint format (:data:`~nvfp4lib.hf.checkpoint.FORMATS`), :func:`bench_generate` writes one random checkpoint
+(:func:`~nvfp4lib.hf.make_checkpoint`, drawn on the device, into a temporary folder that is deleted after its
+models) and measures one model at a time, each freed before the next is built (the bf16 model of the Qwen3-30B-A3B
+shape holds ~61 GB, the NVFP4 one ~17 GB):
+
+- ``"nvfp4"``: the checkpoint as :func:`~nvfp4lib.hf.from_pretrained` loads it, once per activations mode
+  (``"nvfp4"``: W4A4 with the checkpoint's static activation scales; ``"bf16"``: W4A16);
+- ``"bf16-peer"``: the same architecture with every weight dequantized to bf16 (:func:`load_bf16`): attention and
+  the dense Linears as plain bf16 ``Linear``, the experts as the project's bf16 grouped-GEMM peer layer
+  (:class:`~nvfp4lib.bench.peers.bf16_moe.BF16GroupedMoE`); routing, norms, embeddings as in transformers;
+- ``"transformers-bf16"``: transformers' own model with the same dequantized weights, as users run it (its own
+  experts code, ``config._experts_implementation``, and attention, both recorded).
+
+The bf16 models are built once (their weights are the dequantized values, the same in either format up to
+compressed-tensors' one rounding of a reciprocal): the peer from the first format's checkpoint, after its NVFP4 models
+(so that a run cut short still has the comparison the targets need), transformers' model from the last one, last of
+all (its capture attempt is the riskiest step); one checkpoint is on disk at a time.
+
+Each model decodes every batch with :func:`nvfp4lib.hf.generate` (a static KV cache; ``cuda_graph=True`` on a GPU),
+timed over the steady-state steps only (after the warm-up and capture steps: compiles and the capture are not
+timed). Batch b decodes b distinct seeded random prompts of :data:`PROMPT_TOKENS` tokens (a repeated prompt would
+route every row to the same experts). transformers' model is also decoded eagerly and by its own
+``model.generate()`` (a dynamic cache: the loop users call; timed as the difference of two runs, so that the prefill
+and the first steps cancel), and graphed only if its step can be captured (a row says what happened either way).
+
+Model kinds, labels and loops are named by :data:`KINDS`, :data:`LABELS`, ``loop`` (:data:`STATIC`,
+:data:`HF_GENERATE`) and ``cuda_graph``; the report (:mod:`nvfp4lib.study.generate_report`) reads them.
+
+Correctness, cheaply: every model's logits over the first prompt (one forward, no cache) are compared with the bf16
+peer's (``logits_rel_err``, normwise, fp32): the W4A16 model and transformers' model must agree within bf16 noise
+(:data:`TOL`); W4A4's error is its own quantization's and is bounded loosely (a wrong scale or expert is O(1)).
+
+A row per (model, loop, batch): tokens/s, ms per token, batch, activations, format, model kind, the GPU memory the
+loaded model holds (``loaded_gib``: allocated after loading minus before) and its peak while loading
+(``load_peak_gib``), the decode's peak, the check, and :func:`~nvfp4lib.bench.store.provenance` with a ``run_id``.
+A model kind that fails (load, check or decode) gives rows with its error as ``status``; the others are kept. Rows are
+returned, never stored here (``python -m nvfp4lib generate-bench --record`` appends them to ``data/generate.jsonl``).
+"""
+from __future__ import annotations
+
+import gc
+import re
+import shutil
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from .store import new_run_id, provenance
+
+__all__ = ["KINDS", "ACTIVATIONS", "BATCHES", "NEW_TOKENS", "PROMPT_TOKENS", "PRESETS", "TOL", "LABELS",
+           "BF16Experts", "load_bf16", "bench_generate", "add_command"]
+
+KINDS = ("nvfp4", "bf16-peer", "transformers-bf16")
+ACTIVATIONS = ("nvfp4", "bf16")  # the NVFP4 model's: W4A4, W4A16
+BATCHES = (1, 32)
+NEW_TOKENS = 64
+# Two prompt tokens: the prefill's rows then fall in the decode steps' rows-per-group buckets at batch 1 and 32 (Linears
+# 2 and 64 rows, experts <= 4 rows per group), so the serving kernel compiles no config beyond the decode steps' (each
+# compile is seconds; a 16-token prompt adds four Linear and two expert configs per activations mode). The decode
+# timing does not depend on it: the KV cache holds a few tens of positions either way.
+PROMPT_TOKENS = 2
+PRESETS = ("qwen3-30b-a3b", "tiny")  # nvfp4lib.hf.writer.PRESETS' names; tiny runs on the CPU (reference backend)
+LABELS = {("nvfp4", "nvfp4"): "NVFP4 W4A4", ("nvfp4", "bf16"): "NVFP4 W4A16", ("bf16-peer", "bf16"): "bf16 peer",
+          ("transformers-bf16", "bf16"): "transformers bf16"}
+# The two loops a row can time: nvfp4lib.hf.generate (a static cache; graphed or eager) and transformers'
+# model.generate() (a dynamic cache, eager)
+STATIC, HF_GENERATE = "nvfp4lib.hf.generate", "transformers.generate"
+# Normwise relative error of a model's logits against the bf16 peer's, over the first prompt:
+# - W4A16 and transformers' model run the peer's dequantized weights: only bf16 roundings differ (each Linear's
+#   output, the experts' intermediate, sums in another order), and they add up over the layers: 3.6e-3 (W4A16 5e-3)
+#   on the two-layer tiny preset, 1.6e-2 (W4A16 1.9e-2) on a random 48-layer model of hidden 256 and a 16-token
+#   prompt (CPU, reference backend, seed 0). 5e-2 leaves a margin over that and still fails a wrong expert, scale or
+#   layer (O(1)).
+# - W4A4 quantizes activations too: 0.15 (tiny), 0.22 (the 48-layer model) against the peer; its bound only catches
+#   what is broken.
+TOL = {"nvfp4": 0.6, "bf16": 5e-2, "transformers-bf16": 5e-2}
+HF_GENERATE_SHORT = 4  # transformers' generate() timed as t(new_tokens) - t(this many): prefill and first steps cancel
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+class BF16Experts(torch.nn.Module):
+    """A transformers 5 experts module (``forward(hidden [T, H], top_k_index [T, k], top_k_weights [T, k])``) on the
+    bf16 peer layer: the model's own router and block around it, the peer's grouped products inside."""
+
+    def __init__(self, moe):
+        super().__init__()
+        self.moe = moe
+        self.num_experts = moe.experts
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        return self.moe(hidden_states, top_k_index, top_k_weights)
+
+
+def _set(model: torch.nn.Module, name: str, value) -> None:
+    parent, _, leaf = name.rpartition(".")
+    owner = model.get_submodule(parent) if parent else model
+    if isinstance(value, torch.nn.Module):
+        setattr(owner, leaf, value)
+    elif leaf in owner._parameters:
+        owner._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
+    else:
+        owner._buffers[leaf] = value
+
+
+def load_bf16(path, *, experts: str = "peer", device="cuda") -> torch.nn.Module:
+    """The checkpoint at ``path`` as a bf16 transformers causal LM (eval mode), every NVFP4 weight dequantized once
+    (:func:`nvfp4lib.formats.dequantize`, one rounding to bf16), one layer at a time on ``device``.
+
+    ``experts="peer"``: each experts module becomes :class:`BF16Experts` on
+    :class:`~nvfp4lib.bench.peers.bf16_moe.BF16GroupedMoE`; ``experts="transformers"``: transformers' own experts
+    module, its ``gate_up_proj [E, 2I, H]`` (gate rows first) and ``down_proj [E, H, I]`` filled with the same bf16
+    values. The peak while loading is the model plus one layer's NVFP4 experts."""
+    from ..formats import dequantize
+    from ..hf.archs import EXPERT_RE, arch_of
+    from ..hf.checkpoint import KV_CACHE_LEAVES, Checkpoint, CheckpointError, read_config, read_nvfp4, read_scheme
+    from ..hf.loader import build_skeleton
+    from .peers.bf16_moe import BF16GroupedMoE
+
+    if experts not in ("peer", "transformers"):
+        raise ValueError(f"experts must be 'peer' or 'transformers', got {experts!r}")
+    path, device = Path(path), torch.device(device)
+    config, scheme, ck = read_config(path), read_scheme(path), Checkpoint(path)
+    arch = arch_of(config, str(path / "config.json"))
+    model = build_skeleton(config)
+    n_layers = model.config.get_text_config().num_hidden_layers
+    f = scheme.fields
+    quantized = {n.rpartition(".")[0] for n in ck.names if n.rpartition(".")[2] == f["scales"]}
+    expert_parts: dict = defaultdict(dict)  # model experts module -> {(e, role): checkpoint module}
+    linears, plain = [], {}  # checkpoint modules; model tensor name -> checkpoint tensor name
+    for name in ck.names:
+        m = _LAYER_RE.match(name)
+        mod, _, leaf = name.rpartition(".")
+        if (m and int(m.group(1)) >= n_layers) or leaf in KV_CACHE_LEAVES:
+            continue  # as from_pretrained: layers past num_hidden_layers and KV-cache scales are not read
+        if mod in quantized and leaf != "bias":
+            em = EXPERT_RE.match(arch.to_model(mod))
+            if em:
+                expert_parts[em["experts"]][(int(em["e"]), arch.roles[em["proj"]])] = mod
+            elif leaf == f["scales"]:
+                linears.append(mod)
+        else:
+            plain[arch.to_model(name)] = name
+
+    for name, parts in expert_parts.items():
+        module = model.get_submodule(name)
+        n_exp = module.gate_up_proj.shape[0]
+        inter, hidden = module.gate_up_proj.shape[1] // 2, module.gate_up_proj.shape[2]
+        shapes = {"gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter)}
+        missing = [(e, r) for e in range(n_exp) for r in shapes if (e, r) not in parts]
+        if missing:
+            e, r = missing[0]
+            raise CheckpointError(f"{path}: missing tensor {arch.to_checkpoint(name)}.{e}.{arch.proj(r)}."
+                                  f"{f['codes']}")
+        if experts == "peer":
+            ws = {r: [read_nvfp4(ck, scheme, parts[(e, r)], device, shapes[r])[0] for e in range(n_exp)]
+                  for r in shapes}
+            _set(model, name, BF16Experts(BF16GroupedMoE(ws["gate"], ws["up"], ws["down"])))
+            del ws
+        else:  # the same values as BF16GroupedMoE's w13 and w2, in transformers' parameters
+            gate_up = torch.empty((n_exp, 2 * inter, hidden), dtype=torch.bfloat16, device=device)
+            down = torch.empty((n_exp, hidden, inter), dtype=torch.bfloat16, device=device)
+            for e in range(n_exp):
+                for r, dst in (("gate", gate_up[e, :inter]), ("up", gate_up[e, inter:]), ("down", down[e])):
+                    dst.copy_(dequantize(read_nvfp4(ck, scheme, parts[(e, r)], device, shapes[r])[0], torch.bfloat16))
+            _set(model, f"{name}.gate_up_proj", gate_up)
+            _set(model, f"{name}.down_proj", down)
+    for mod in linears:
+        target = arch.to_model(mod)
+        lin = model.get_submodule(target)
+        w, _ = read_nvfp4(ck, scheme, mod, device, (lin.out_features, lin.in_features))
+        _set(model, f"{target}.weight", dequantize(w, torch.bfloat16))
+    targets = dict(model.named_parameters())
+    targets.update(dict(model.named_buffers()))
+    for tname, cname in plain.items():
+        ref = targets.get(tname)
+        if ref is None:
+            raise CheckpointError(f"{path / ck.file_of(cname)}: tensor {cname!r} has no place in the "
+                                  f"{type(model).__name__} (no parameter or buffer {tname!r})")
+        if ref.device.type == "meta":
+            _set(model, tname, ck.get(cname).to(device, ref.dtype))
+    ck.close()
+    cfg = model.config.get_text_config()
+    out, inp = model.get_output_embeddings(), model.get_input_embeddings()
+    if getattr(cfg, "tie_word_embeddings", False) and out is not None and out.weight.device.type == "meta":
+        out.weight = inp.weight
+    for name, m in list(model.named_modules()):  # computed buffers (rotary embeddings), rebuilt from the config
+        if type(m).__name__.endswith("RotaryEmbedding") and any(
+                b is not None and b.device.type == "meta" for b in m._buffers.values()):
+            _set(model, name, type(m)(m.config).to(device))
+    left = [n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if t.device.type == "meta"]
+    if left:
+        raise CheckpointError(f"{path}: missing tensor(s) for {', '.join(left[:5])}"
+                              + (f" and {len(left) - 5} more" if len(left) > 5 else ""))
+    return model.eval().requires_grad_(False)
+
+
+# --------------------------------------------------------------------------------------------------- measuring
+
+
+def _free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    a, ref = a.double(), ref.double()
+    if not bool(torch.isfinite(a).all()):
+        return float("inf")
+    den = float(ref.norm())
+    return float((a - ref).norm()) / den if den else float("inf")
+
+
+def _error(e: BaseException) -> str:
+    return f"error: {type(e).__name__}: {str(e).strip()[:400]}"
+
+
+def _hf_generate(model, ids: torch.Tensor, new_tokens: int, device: torch.device) -> dict:
+    """transformers' own ``model.generate()`` (greedy, its default dynamic cache), timed over ``new_tokens -
+    HF_GENERATE_SHORT`` steps as the difference of a long and a short run (after one short warm-up run)."""
+    short = min(HF_GENERATE_SHORT, new_tokens - 1)
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def run(n):
+        _sync(device)
+        t = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        _sync(device)
+        return time.perf_counter() - t, out
+
+    run(short)  # warm-up
+    t_short, t_long = float("inf"), float("inf")
+    for _ in range(2):  # the faster of two runs each: one hiccup does not make the difference
+        t_short = min(t_short, run(short)[0])
+        t, out = run(new_tokens)
+        t_long = min(t_long, t)
+    steps = new_tokens - short
+    dt = t_long - t_short
+    if out.shape[1] != ids.shape[1] + new_tokens:
+        raise RuntimeError(f"transformers' generate() returned {out.shape[1] - ids.shape[1]} new tokens, not "
+                           f"{new_tokens}")
+    if not dt > 0:
+        raise RuntimeError(f"transformers' generate(): {new_tokens} tokens took {t_long:.4f} s, {short} took "
+                           f"{t_short:.4f} s: the difference is noise (decode more tokens)")
+    return {"prefill_ms": None, "decode_s": t_long, "timed_steps": steps, "steady_s": dt,
+            "tokens_per_s": ids.shape[0] * steps / dt, "ms_per_token": dt / steps * 1e3,
+            "tokens": out[:, ids.shape[1]:].cpu()}
+
+
+class _Interrupted(BaseException):
+    """The run was stopped (SIGTERM): the rows measured so far are returned. A BaseException, as KeyboardInterrupt
+    is, so that no ``except Exception`` on the way swallows it."""
+
+
+def _loops(kind: str, graph: bool) -> list[tuple[str, bool]]:
+    """The (loop, cuda_graph) a model kind is decoded with, in order: transformers' model eagerly and by its own
+    generate() first, the capture attempt last."""
+    if kind == "transformers-bf16":
+        return [(STATIC, False), (HF_GENERATE, False)] + ([(STATIC, True)] if graph else [])
+    return [(STATIC, graph)]
+
+
+def _plan(formats, activations, kinds) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Per format, the (model kind, activations) measured on its checkpoint, in order (see the module doc)."""
+    plan = []
+    for i, fmt in enumerate(formats):
+        want = [("nvfp4", a) for a in activations if "nvfp4" in kinds]
+        if i == 0 and "bf16-peer" in kinds:
+            want.append(("bf16-peer", "bf16"))
+        if i == len(formats) - 1 and "transformers-bf16" in kinds:
+            want.append(("transformers-bf16", "bf16"))
+        if want:
+            plan.append((fmt, want))
+    return plan
+
+
+class _Run:
+    """One run's state: the rows so far, the check's logits, the prompts, the progress printer."""
+
+    def __init__(self, base: dict, device: torch.device, batches, prompts: torch.Tensor, new_tokens: int, say):
+        self.base, self.device, self.batches, self.prompts = base, device, tuple(batches), prompts
+        self.new_tokens, self.say = new_tokens, say
+        self.graph = device.type == "cuda"
+        self.rows: list[dict] = []
+        self.logits: dict = {}  # (kind, activations, format) -> the first prompt's logits, fp32 on the CPU
+
+    def failed(self, kind: str, act: str, fmt: str, status: str, **fields) -> None:
+        for loop, cg in _loops(kind, self.graph):
+            for b in self.batches:
+                self.rows.append({**self.base, "model_kind": kind, "activations": act, "format": fmt,
+                                  "label": LABELS[(kind, act)], **fields, "loop": loop, "cuda_graph": cg, "batch": b,
+                                  "status": status})
+
+    def _load(self, kind: str, act: str, ckpt: Path):
+        from ..hf import from_pretrained
+
+        if kind == "nvfp4":
+            return from_pretrained(ckpt, activations=act, device=self.device)
+        return load_bf16(ckpt, experts="peer" if kind == "bf16-peer" else "transformers", device=self.device)
+
+    def measure(self, kind: str, act: str, fmt: str, ckpt: Path, ckpt_gib: float) -> None:
+        """Load one model, check its logits, decode every batch with each of its loops, free it."""
+        dev, label = self.device, LABELS[(kind, act)]
+        head = {"checkpoint_gib": ckpt_gib}
+        _free()
+        self.say(f"{fmt}: loading {label} ...")
+        mem0 = torch.cuda.memory_allocated(dev) if self.graph else 0
+        if self.graph:
+            torch.cuda.reset_peak_memory_stats(dev)
+        t0 = time.perf_counter()
+        try:
+            model = self._load(kind, act, ckpt)
+            _sync(dev)
+        except Exception as e:  # any failure of one model is its rows' status: the others' rows are kept
+            self.say(f"{fmt}: {label}: {_error(e)}")
+            self.failed(kind, act, fmt, _error(e), **head)
+            _free()
+            return
+        head["load_s"] = time.perf_counter() - t0
+        if self.graph:
+            head["loaded_gib"] = (torch.cuda.memory_allocated(dev) - mem0) / 2**30
+            head["load_peak_gib"] = (torch.cuda.max_memory_allocated(dev) - mem0) / 2**30
+        head.update(backend=getattr(model, "nvfp4_load_report", {}).get("backend", "torch"),
+                    experts_implementation=getattr(model.config, "_experts_implementation", None),
+                    attn_implementation=getattr(model.config, "_attn_implementation", None))
+        self.say(f"{fmt}: {label} loaded in {head['load_s']:.1f} s" + (
+            f", {head['loaded_gib']:.2f} GiB (peak while loading {head['load_peak_gib']:.2f} GiB)" if self.graph
+            else ""))
+        try:
+            with torch.no_grad():
+                self.logits[(kind, act, fmt)] = model(input_ids=self.prompts[:1].to(dev),
+                                                      use_cache=False).logits.float().cpu()
+        except Exception as e:
+            head["check_status"] = f"logits: {_error(e)}"
+            self.say(f"{fmt}: {label}: the check's forward failed: {_error(e)}")
+        for loop, cg in _loops(kind, self.graph):
+            for b in self.batches:
+                self._decode(model, kind, act, fmt, head, loop, cg, b)
+        del model
+        _free()
+
+    def _decode(self, model, kind, act, fmt, head, loop, cuda_graph, batch) -> None:
+        from ..hf import generate
+
+        row = {**self.base, "model_kind": kind, "activations": act, "format": fmt, "label": LABELS[(kind, act)],
+               **head, "loop": loop, "cuda_graph": cuda_graph, "batch": batch}
+        what = f"{fmt}: {row['label']}, {loop} {'graphed' if cuda_graph else 'eager'}, batch {batch}"
+        ids = self.prompts[:batch]
+        try:
+            if loop == HF_GENERATE:
+                stats = _hf_generate(model, ids.to(self.device), self.new_tokens, self.device)
+                toks = stats.pop("tokens")
+            else:
+                out, stats = generate(model, ids, self.new_tokens, cuda_graph=cuda_graph)
+                toks = out[:, ids.shape[1]:].cpu()
+                stats = {k: stats[k] for k in ("prefill_ms", "decode_s", "timed_steps", "steady_s", "tokens_per_s",
+                                               "ms_per_token")} | {"decode_peak_gib": stats["peak_memory_gib"]}
+            row.update(stats, status="ok", first_tokens=toks[0, :8].tolist())
+            self.say(f"{what}: {row['tokens_per_s']:.1f} tokens/s, {row['ms_per_token']:.2f} ms per token")
+        except Exception as e:
+            row["status"] = _error(e)
+            self.say(f"{what}: {_error(e)}")
+        self.rows.append(row)
+
+    def check(self) -> None:
+        """Each row's ``logits_rel_err`` against the bf16 peer (else transformers' model), and ``check``: "ok",
+        "reference", "above tol: ..." or why there is none."""
+        refs = [k for k in self.logits if k[0] == "bf16-peer"] or [k for k in self.logits
+                                                                  if k[0] == "transformers-bf16"]
+        for r in self.rows:
+            key = (r["model_kind"], r["activations"], r["format"])
+            if not refs:
+                r["check"] = "no reference logits (the bf16 models were not measured or failed)"
+                continue
+            ref = refs[0]
+            r["logits_ref"] = f"{ref[0]} ({ref[2]})"
+            if key == ref:
+                r.update(logits_rel_err=0.0, check="reference")
+            elif key not in self.logits:
+                r["check"] = "no logits (the model failed before its check)"
+            else:
+                tol = TOL["transformers-bf16" if r["model_kind"] == "transformers-bf16" else r["activations"]]
+                err = _rel_err(self.logits[key], self.logits[ref])
+                r.update(logits_rel_err=err, logits_tol=tol,
+                         check="ok" if err <= tol else f"above tol: rel_err {err:.3g} > {tol}")
+
+
+def _set_eager_fused(on: bool | None):
+    """Set the serving kernel's EAGER_FUSED knob (None: leave it); returns the previous value and the knobs rows
+    record, or (None, {}) where the kernel module does not import (no CuTe DSL)."""
+    try:
+        from ..kernels.hopper_varlen import kernel
+    except Exception:
+        return None, {}
+    old = kernel.EAGER_FUSED
+    if on is not None:
+        kernel.EAGER_FUSED = on
+    return old, {f"kernel_{k}": v for k, v in kernel.knobs().items()}
+
+
+def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compressed-tensors"),
+                   activations=ACTIVATIONS, batches=BATCHES, kinds=KINDS, new_tokens: int = NEW_TOKENS,
+                   prompt_tokens: int = PROMPT_TOKENS, seed: int = 0, device=None, workdir=None,
+                   sizes: dict | None = None, eager_fused: bool | None = False, progress=print) -> list[dict]:
+    """Rows (see the module doc) with provenance; nothing is stored here.
+
+    ``preset``: :data:`PRESETS` (``tiny``: the CPU smoke test; ``sizes`` override a preset's fields, e.g.
+    ``{"layers": 4}``); ``device``: default cuda if present, else cpu (reference backend, no CUDA graphs);
+    ``workdir``: where the temporary checkpoints go (default: the system's temporary folder). ``eager_fused``: the
+    serving kernel's ``EAGER_FUSED`` knob for the run (restored after; None: as shipped). Off by default here: the
+    eager W4A4 calls (the check, prefill and warm-up steps) then run the captured form's kernels, so each config
+    compiles once, not twice; the timed steps replay the graph, which runs those kernels either way. A stop (SIGTERM,
+    raised by :func:`add_command`'s handler, or Ctrl-C) returns the rows measured so far, marked
+    ``run_complete=False``."""
+    from ..hf.checkpoint import FORMATS
+    from ..hf.writer import PRESETS as SIZES
+    from ..hf.writer import checkpoint_bytes, make_checkpoint
+
+    if preset not in PRESETS:
+        raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
+    for name, given, known in (("format", formats, FORMATS), ("activations", activations, ACTIVATIONS),
+                               ("model kind", kinds, KINDS)):
+        bad = [x for x in given if x not in known]
+        if bad:
+            raise ValueError(f"{name} {bad[0]!r} is not one of {known}")
+    if not formats or not batches or min(batches) < 1:
+        raise ValueError(f"name at least one format and batches >= 1 (got formats {list(formats)}, batches "
+                         f"{list(batches)})")
+    if new_tokens < 8:
+        raise ValueError(f"new_tokens must be >= 8 (the first steps are warm-up and capture, not timed), got "
+                         f"{new_tokens}")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type != "cuda" and preset != "tiny":
+        raise ValueError(f"the {preset} preset is measured on a CUDA GPU (none here, or device={str(device)!r}); "
+                         "--preset tiny runs on the CPU (reference backend, no CUDA graphs)")
+    for module in ("transformers", "safetensors"):
+        try:
+            __import__(module)
+        except ImportError:
+            raise ImportError(f"generate-bench needs {module} (the hf extra: pip install -e '.[hf]')") from None
+    t_start = time.perf_counter()
+
+    def say(msg: str) -> None:
+        if progress:
+            progress(f"[{time.perf_counter() - t_start:7.1f} s] {msg}")
+
+    shape = {**SIZES[preset], **(sizes or {})}
+    shape.pop("arch", None)
+    prompts = torch.randint(0, shape["vocab"], (max(batches), prompt_tokens),
+                            generator=torch.Generator().manual_seed(seed + 1))
+    old_fused, knobs = _set_eager_fused(eager_fused) if device.type == "cuda" else (None, {})
+    base = {"run_id": new_run_id(), **provenance(device if device.type == "cuda" else None),
+            "transformers": _transformers_version(), "bench": "generate", "preset": preset,
+            **{f"model_{k}": v for k, v in shape.items() if k in ("layers", "hidden", "experts", "moe_intermediate",
+                                                                 "top_k", "heads", "kv_heads", "head_dim", "vocab")},
+            "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "seed": seed, "device_type": device.type,
+            **knobs}
+    run = _Run(base, device, batches, prompts, new_tokens, say)
+    interrupted = None
+    try:
+        for fmt, want in _plan(formats, activations, kinds):
+            tmp = Path(tempfile.mkdtemp(prefix=f"nvfp4lib-generate-{fmt}-", dir=workdir))
+            try:
+                say(f"{fmt}: writing the {preset} checkpoint to {tmp} ...")
+                t0 = time.perf_counter()
+                try:
+                    ckpt = make_checkpoint(tmp / "model", fmt=fmt, preset=preset, seed=seed, device=device,
+                                           **(sizes or {}))
+                    _sync(device)
+                except Exception as e:
+                    say(f"{fmt}: writing the checkpoint failed: {_error(e)}")
+                    for kind, act in want:
+                        run.failed(kind, act, fmt, f"checkpoint {_error(e)}")
+                    continue
+                finally:
+                    _free()
+                ckpt_gib = checkpoint_bytes(ckpt) / 2**30
+                say(f"{fmt}: written in {time.perf_counter() - t0:.1f} s ({ckpt_gib:.2f} GiB)")
+                for kind, act in want:
+                    run.measure(kind, act, fmt, ckpt, ckpt_gib)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    except (KeyboardInterrupt, _Interrupted) as e:
+        interrupted = f"stopped ({type(e).__name__}) after {time.perf_counter() - t_start:.0f} s"
+        say(interrupted + ": keeping the rows measured so far")
+    finally:
+        if old_fused is not None:
+            _set_eager_fused(old_fused)
+    run.check()
+    for r in run.rows:
+        r["run_complete"] = interrupted is None
+        if interrupted:
+            r["run_note"] = interrupted
+    return run.rows
+
+
+def _transformers_version() -> str | None:
+    try:
+        import transformers
+
+        return transformers.__version__
+    except ImportError:
+        return None
+
+
+# --------------------------------------------------------------------------------------------------- command
+
+def _print_table(rows: list[dict]) -> None:
+    print(f"\n{'format':<19} {'model':<18} {'loop':<22} {'graph':<6} {'batch':>5} {'tokens/s':>10} {'ms/token':>9} "
+          f"{'loaded GiB':>10} {'rel err':>9}  status")
+    for r in rows:
+        tps = f"{r['tokens_per_s']:10.1f}" if r.get("tokens_per_s") is not None else f"{'-':>10}"
+        ms = f"{r['ms_per_token']:9.2f}" if r.get("ms_per_token") is not None else f"{'-':>9}"
+        gib = f"{r['loaded_gib']:10.2f}" if r.get("loaded_gib") is not None else f"{'-':>10}"
+        err = f"{r['logits_rel_err']:9.2e}" if r.get("logits_rel_err") is not None else f"{'-':>9}"
+        print(f"{r['format']:<19} {r['label']:<18} {r['loop']:<22} {str(r['cuda_graph']):<6} {r['batch']:>5} {tps} "
+              f"{ms} {gib} {err}  {r['status'][:50]}; check: {r.get('check', '-')[:40]}")
+
+
+def add_command(sub, add_record_args, write) -> None:
+    """``python -m nvfp4lib generate-bench``: the parser and the command, registered on ``sub`` (argparse
+    subparsers)."""
+    from .store import GENERATE
+
+    p = sub.add_parser("generate-bench", help="decode a random NVFP4 checkpoint against the same model in bf16 "
+                                              "(GPU; --preset tiny runs on the CPU); rows to build/ (data/ with "
+                                              "--record)")
+    p.add_argument("--preset", choices=list(PRESETS), default="qwen3-30b-a3b")
+    p.add_argument("--layers", type=int, help="override the preset's decoder layers (a quick GPU check: e.g. 4)")
+    p.add_argument("--format", dest="formats", nargs="+", choices=["modelopt", "compressed-tensors"],
+                   default=["modelopt", "compressed-tensors"],
+                   help="checkpoint formats, one checkpoint each (written, measured, deleted in turn); the bf16 "
+                        "peer is built from the first one's, transformers' model from the last one's")
+    p.add_argument("--batch", dest="batches", nargs="+", type=int, default=list(BATCHES))
+    p.add_argument("--activations", nargs="+", choices=list(ACTIVATIONS), default=list(ACTIVATIONS),
+                   help="the NVFP4 model's: nvfp4 (W4A4), bf16 (W4A16)")
+    p.add_argument("--kinds", nargs="+", choices=list(KINDS), default=list(KINDS), help="model kinds to measure")
+    p.add_argument("--new-tokens", type=int, default=NEW_TOKENS,
+                   help="tokens decoded per run; the first four (prefill, two warm-up steps, the capture) are not "
+                        "timed")
+    p.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS,
+                   help="prompt length (the default keeps the prefill in the decode steps' kernel configs: fewer "
+                        "compiles)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", help="default: cuda if present, else cpu")
+    p.add_argument("--workdir", type=Path, help="where the temporary checkpoints go (default: the system's "
+                                                "temporary folder; the Qwen3-30B-A3B shape needs ~17 GB free)")
+    p.add_argument("--eager-fused", choices=["on", "off", "shipped"], default="off",
+                   help="the serving kernel's EAGER_FUSED knob for the run (rows carry it): off (default here) "
+                        "compiles each W4A4 config once, for eager and captured calls alike; the timed steps replay "
+                        "the graph either way")
+    add_record_args(p, GENERATE, "generate")
+
+    def run(args) -> int:
+        import signal
+
+        def stop(signum, frame):
+            raise _Interrupted(signal.Signals(signum).name)
+
+        old = signal.signal(signal.SIGTERM, stop)  # `timeout` sends SIGTERM: keep what was measured
+        try:
+            rows = bench_generate(preset=args.preset, formats=tuple(args.formats), activations=tuple(args.activations),
+                                  batches=tuple(args.batches), kinds=tuple(args.kinds), new_tokens=args.new_tokens,
+                                  prompt_tokens=args.prompt_tokens, seed=args.seed, device=args.device,
+                                  workdir=args.workdir, sizes={"layers": args.layers} if args.layers else None,
+                                  eager_fused={"on": True, "off": False, "shipped": None}[args.eager_fused],
+                                  progress=lambda m: print(m, flush=True))
+        except (ValueError, ImportError) as e:  # refused before measuring anything
+            print(f"generate-bench: {e}")
+            return 2
+        finally:
+            signal.signal(signal.SIGTERM, old)
+        _print_table(rows)
+        write(args, rows, GENERATE.name)
+        ok = all(r["status"] == "ok" for r in rows if not (r["loop"] == STATIC and r["cuda_graph"]
+                                                          and r["model_kind"] == "transformers-bf16"))
+        checked = all(r.get("check") in ("ok", "reference") for r in rows)
+        return 0 if rows and ok and checked and rows[0]["run_complete"] else 1
+
+    p.set_defaults(fn=run)

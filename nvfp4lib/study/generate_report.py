@@ -1,0 +1,254 @@
+"""NVFP4 checkpoints decoded end to end against the same model in bf16: the tables, targets and figure of notebook 12.
+
+Reads rows of ``data/generate.jsonl`` (written by :mod:`nvfp4lib.bench.generate_bench`: one row per model, loop and
+batch). The answer rests on one run, the latest of the preset asked for (:func:`latest_run`); every ratio is taken
+within it (one GPU, one commit). Issue 40's targets (:data:`TARGETS`) compare the NVFP4 model, graphed, with the bf16
+peer model, graphed: batch-1 and batch-32 decode tokens/s, and the GPU memory the loaded model holds. Pure pandas and
+matplotlib: no GPU.
+"""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.ticker import NullLocator
+
+from ..bench.generate_bench import HF_GENERATE, LABELS
+from ..bench.store import dirty_state
+from .plots import caption
+
+__all__ = ["SOURCE", "RECORD_COMMAND", "no_data", "TARGETS", "latest_run", "series", "run_summary", "tokens_table",
+           "speedup_table", "memory_table", "not_ok", "targets", "figure"]
+
+SOURCE = "data/generate.jsonl"
+RECORD_COMMAND = "python -m nvfp4lib generate-bench --record"
+
+
+def no_data(preset: str = "qwen3-30b-a3b") -> str:
+    """What the notebook prints where no GPU run of ``preset`` is recorded."""
+    return (f"No GPU run of generate-bench for the {preset} preset is recorded yet ({SOURCE} holds none). To make "
+            f"one, on the H100: `{RECORD_COMMAND}` (both checkpoint formats, W4A4 and W4A16, the bf16 peer model and "
+            "transformers' own, batch 1 and 32; most of its time goes to compiling the kernels and writing the two "
+            "checkpoints).")
+
+PEER = LABELS[("bf16-peer", "bf16")]
+TRANSFORMERS = LABELS[("transformers-bf16", "bf16")]
+# Issue 40's targets, the NVFP4 model against the bf16 peer, both graphed: (what, batch or None for memory, the
+# threshold, "min" for a speed-up, "max" for a memory ratio)
+TARGETS = (
+    ("batch-1 decode tokens/s over bf16 peer", 1, 2.0, "min"),
+    ("batch-32 decode tokens/s over bf16 peer", 32, 1.5, "min"),
+    ("loaded GPU memory over bf16 peer", None, 0.35, "max"),
+)
+
+
+def _tidy(df: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
+    """Numbers rounded, a missing one shown as "n/a" (a table a reader meets has no NaN)."""
+    if not len(df):
+        return df
+    out = df.copy()
+    for c in out.columns:
+        if pd.api.types.is_float_dtype(out[c]):
+            out[c] = out[c].round(digits)
+    return out.astype(object).where(out.notna(), "n/a")
+
+
+def latest_run(rows: pd.DataFrame, preset: str = "qwen3-30b-a3b", gpu_only: bool = True) -> pd.DataFrame:
+    """The rows of the latest run (largest ``run_id``: it starts with the run's UTC time) of ``preset``, measured on
+    a GPU unless ``gpu_only=False``; empty if there is none."""
+    if rows is None or not len(rows) or not {"preset", "run_id", "device_type"} <= set(rows.columns):
+        return pd.DataFrame()
+    sel = rows[(rows["preset"] == preset) & ((rows["device_type"] == "cuda") | (not gpu_only))]
+    if not len(sel):
+        return pd.DataFrame()
+    return sel[sel["run_id"] == sorted(sel["run_id"].unique())[-1]].reset_index(drop=True)
+
+
+def series(r) -> str:
+    """The name of a row's line in the tables and the figure: the NVFP4 model per activations and format, the bf16
+    peer, transformers' model per loop."""
+    if r["model_kind"] == "nvfp4":
+        return f"{r['label']} ({r['format']})"
+    if r["model_kind"] == "transformers-bf16":
+        if r["loop"] == HF_GENERATE:
+            return f"{TRANSFORMERS}, its generate()"
+        return f"{TRANSFORMERS}, {'graphed' if r['cuda_graph'] else 'eager'}"
+    return r["label"]
+
+
+def _with_series(run: pd.DataFrame) -> pd.DataFrame:
+    run = run.assign(series=[series(r) for _, r in run.iterrows()])
+    kinds = {"nvfp4": 0, "bf16-peer": 1, "transformers-bf16": 2}
+    formats = {f: i for i, f in enumerate(dict.fromkeys(run["format"]))}  # as the run measured them
+    order = run.assign(_k=run["model_kind"].map(kinds), _a=run["activations"].map({"nvfp4": 0, "bf16": 1}),
+                       _f=run["format"].map(formats), _g=~run["cuda_graph"].astype(bool),
+                       _l=run["loop"] == HF_GENERATE)
+    return order.sort_values(["_k", "_a", "_f", "_l", "_g", "batch"], kind="stable").drop(
+        columns=["_k", "_a", "_f", "_g", "_l"])
+
+
+def _ok(run: pd.DataFrame) -> pd.DataFrame:
+    return _with_series(run[run["status"] == "ok"]) if len(run) else run
+
+
+def run_summary(run: pd.DataFrame) -> pd.DataFrame:
+    """One line: the run's id, GPU, commit, date, what it decoded, whether it ran to the end."""
+    if not len(run):
+        return pd.DataFrame()
+    r = run.iloc[0]
+    knobs = {k.removeprefix("kernel_"): r[k] for k in run.columns if k.startswith("kernel_") and pd.notna(r[k])}
+    out = {"run_id": r["run_id"], "gpu": r["gpu"], "git_commit": str(r["git_commit"])[:7],
+           "dirty tree": dirty_state(r.get("git_dirty")), "date": str(r["date"])[:16],
+           "torch": r.get("torch"), "transformers": r.get("transformers"),
+           "model": f"{r['preset']}: {int(r['model_layers'])} layers, hidden {int(r['model_hidden'])}, "
+                    f"{int(r['model_experts'])} experts top-{int(r['model_top_k'])}, expert intermediate "
+                    f"{int(r['model_moe_intermediate'])}",
+           "prompt tokens": int(r["prompt_tokens"]), "new tokens": int(r["new_tokens"]),
+           "kernel knobs": ", ".join(f"{k}={int(v)}" for k, v in knobs.items()) or "n/a",
+           "complete": "yes" if bool(run["run_complete"].all()) else f"no ({r.get('run_note', 'stopped')})"}
+    return pd.DataFrame([out]).set_index("run_id")
+
+
+def tokens_table(run: pd.DataFrame) -> pd.DataFrame:
+    """Per series: tokens/s and ms per token (steady-state decode steps) at each batch."""
+    ok = _ok(run)
+    if not len(ok):
+        return pd.DataFrame()
+    out = {}
+    for s, g in ok.groupby("series", sort=False):
+        row = out.setdefault(s, {})
+        for b, r in g.groupby("batch"):
+            row[f"tokens/s, batch {b}"] = float(r["tokens_per_s"].iloc[0])
+            row[f"ms per token, batch {b}"] = float(r["ms_per_token"].iloc[0])
+    df = pd.DataFrame.from_dict(out, orient="index")
+    batches = sorted(ok["batch"].unique())
+    cols = [f"tokens/s, batch {b}" for b in batches] + [f"ms per token, batch {b}" for b in batches]
+    df.index.name = "model"
+    return _tidy(df[[c for c in cols if c in df.columns]])
+
+
+def _tps(ok: pd.DataFrame, name: str, batch: int) -> float:
+    r = ok[(ok["series"] == name) & (ok["batch"] == batch)]
+    return float(r["tokens_per_s"].iloc[0]) if len(r) else float("nan")
+
+
+def speedup_table(run: pd.DataFrame) -> pd.DataFrame:
+    """Per NVFP4 series and batch: its tokens/s over the bf16 peer's and over transformers' model's (graphed, eager,
+    its own generate())."""
+    ok = _ok(run)
+    if not len(ok):
+        return pd.DataFrame()
+    others = [PEER] + [f"{TRANSFORMERS}, {x}" for x in ("graphed", "eager", "its generate()")]
+    out = []
+    for s in dict.fromkeys(ok[ok["model_kind"] == "nvfp4"]["series"]):
+        for b in sorted(ok["batch"].unique()):
+            mine = _tps(ok, s, b)
+            out.append({"model": s, "batch": b, "tokens/s": mine,
+                        **{f"over {o}": mine / _tps(ok, o, b) for o in others}})
+    df = pd.DataFrame(out)
+    if not len(df):
+        return df
+    df = df.set_index(["model", "batch"])
+    return _tidy(df.dropna(axis=1, how="all"))
+
+
+def memory_table(run: pd.DataFrame) -> pd.DataFrame:
+    """Per model (named with the format of the checkpoint it was loaded from): GPU memory held after loading and the
+    peak while loading (GiB), the loaded memory over the bf16 peer's, the load time, the checkpoint's size on disk,
+    and the check of its logits against the peer's."""
+    if not len(run) or "loaded_gib" not in run:
+        return pd.DataFrame()
+    loaded = _with_series(run[run["loaded_gib"].notna()])
+    if not len(loaded):
+        return pd.DataFrame()
+    peer = loaded[loaded["model_kind"] == "bf16-peer"]["loaded_gib"]
+    peer_gib = float(peer.iloc[0]) if len(peer) else float("nan")
+    out = []
+    for (kind, _, fmt), g in loaded.groupby(["model_kind", "activations", "format"], sort=False):
+        r = g.iloc[0]
+        out.append({"model": f"{r['label']} ({fmt})",
+                    "loaded GiB": r["loaded_gib"], "peak while loading GiB": r["load_peak_gib"],
+                    "loaded / bf16 peer": r["loaded_gib"] / peer_gib, "load s": r["load_s"],
+                    "checkpoint GiB": r["checkpoint_gib"] if kind == "nvfp4" else float("nan"),
+                    "logits rel err vs peer": r.get("logits_rel_err", float("nan")),
+                    "check": r.get("check", "n/a")})
+    return _tidy(pd.DataFrame(out).set_index("model"), 3)
+
+
+def not_ok(run: pd.DataFrame) -> pd.DataFrame:
+    """The rows that did not measure (or whose check failed): series, batch and why."""
+    if not len(run):
+        return pd.DataFrame(columns=["model", "batch", "status"])
+    run = _with_series(run)
+    check = run["check"] if "check" in run else pd.Series("ok", index=run.index)
+    bad = run[(run["status"] != "ok") | ~check.isin(["ok", "reference"])]
+    return pd.DataFrame({"model": bad["series"], "batch": bad["batch"],
+                         "status": [s[:160] if s != "ok" else f"check: {c}"[:160]
+                                    for s, c in zip(bad["status"], check[bad.index])]}).reset_index(drop=True)
+
+
+def targets(run: pd.DataFrame) -> pd.DataFrame:
+    """Issue 40's targets (:data:`TARGETS`) per NVFP4 model (format, activations) of the run: the measured ratio,
+    the threshold and the verdict ("held", "missed", or "not measured" where a row it needs is missing)."""
+    cols = ["target", "NVFP4 model", "measured", "needed", "verdict"]
+    if not len(run):
+        return pd.DataFrame(columns=cols)
+    ok = _ok(run)
+    nv = [s for s in dict.fromkeys(run[run["model_kind"] == "nvfp4"].pipe(_with_series)["series"])]
+    mem = {}
+    if "loaded_gib" in run:
+        for _, r in run[run["loaded_gib"].notna()].pipe(_with_series).iterrows():
+            mem.setdefault(r["series"], r["loaded_gib"])
+    out = []
+    for what, batch, need, sense in TARGETS:
+        for s in nv:
+            if batch is None:
+                got = mem.get(s, np.nan) / mem.get(PEER, np.nan)
+            else:
+                got = _tps(ok, s, batch) / _tps(ok, PEER, batch)
+            verdict = ("not measured" if np.isnan(got) else
+                       "held" if (got >= need if sense == "min" else got <= need) else "missed")
+            out.append({"target": what, "NVFP4 model": s, "measured": f"{got:.2f}x" if not np.isnan(got) else "n/a",
+                        "needed": f"{'>=' if sense == 'min' else '<='} {need:.2f}x", "verdict": verdict})
+    return pd.DataFrame(out, columns=cols)
+
+
+_COLOR = {"NVFP4 W4A4": "C0", "NVFP4 W4A16": "C2", PEER: "C3", f"{TRANSFORMERS}, graphed": "C1",
+          f"{TRANSFORMERS}, eager": "C5", f"{TRANSFORMERS}, its generate()": "C7"}
+
+
+def figure(run: pd.DataFrame, source: str = SOURCE):
+    """Decode tokens/s against batch (log-log), one line per series (solid: graphed; dashed: eager), the NVFP4
+    models' formats as markers. Without rows, an empty panel that says so."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    ok = _ok(run)
+    if not len(ok):
+        ax.text(0.5, 0.5, "no recorded GPU run yet\n(" + RECORD_COMMAND + ")", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_title("decode tokens/s against batch: NVFP4 checkpoints against bf16")
+        return fig
+    markers = {"modelopt": "o", "compressed-tensors": "s"}
+    for s, g in ok.groupby("series", sort=False):
+        g = g.sort_values("batch")
+        r = g.iloc[0]
+        color = _COLOR.get(r["label"] if r["model_kind"] == "nvfp4" else s, "C8")
+        ax.plot(g["batch"], g["tokens_per_s"], "-" if bool(r["cuda_graph"]) else "--",
+                marker=markers.get(r["format"], "^") if r["model_kind"] == "nvfp4" else "x", ms=5, color=color,
+                label=s)
+    batches = sorted(ok["batch"].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("batch (sequences decoded together)")
+    ax.set_ylabel("decode tokens/s (steady-state steps; log)")
+    ax.grid(which="both", alpha=0.2)
+    first = ok.iloc[0]
+    ax.set_title(f"{first['preset']} ({int(first['model_layers'])} layers, random weights): greedy decode, "
+                 f"{int(first['new_tokens'])} new tokens", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.text(0.01, -0.02, f"{caption(run, source)}, commit {str(first['git_commit'])[:7]}", fontsize=7, ha="left",
+             va="top")
+    return fig

@@ -1,0 +1,141 @@
+"""generate-bench without a GPU: the tiny preset end to end on the CPU (reference backend, no CUDA graphs) into a
+temporary rows file, a model kind that fails beside one that works, a stop that keeps the rows measured so far, the
+bf16 models' weights against the NVFP4 checkpoint's, and notebook 12's report on the tiny run's rows (relabelled as a
+GPU run's in memory, never written to data/)."""
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from nvfp4lib.bench import generate_bench as gb  # noqa: E402
+from nvfp4lib.study import generate_report as gr  # noqa: E402
+from nvfp4lib.study.cli import main  # noqa: E402
+
+TINY = dict(preset="tiny", batches=(1, 2), new_tokens=8, device="cpu", progress=None)
+
+
+@pytest.fixture(scope="module")
+def cli_rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("generate") / "generate.jsonl"
+    rc = main(["generate-bench", "--preset", "tiny", "--format", "modelopt", "--batch", "1", "2", "--new-tokens", "8",
+               "--device", "cpu", "--out", str(out), "--no-record"])
+    return rc, [json.loads(line) for line in out.read_text().splitlines()]
+
+
+def test_the_tiny_preset_runs_end_to_end(cli_rows):
+    rc, rows = cli_rows
+    assert rc == 0
+    got = {(r["model_kind"], r["activations"], r["loop"], r["cuda_graph"], r["batch"]) for r in rows}
+    want = {(k, a, gb.STATIC, False, b) for k, a in (("nvfp4", "nvfp4"), ("nvfp4", "bf16"), ("bf16-peer", "bf16"),
+                                                     ("transformers-bf16", "bf16")) for b in (1, 2)}
+    want |= {("transformers-bf16", "bf16", gb.HF_GENERATE, False, b) for b in (1, 2)}
+    assert got == want and len(rows) == len(want)
+    assert len({r["run_id"] for r in rows}) == 1
+    for r in rows:
+        assert r["status"] == "ok", r["status"]
+        assert r["check"] in ("ok", "reference"), r["check"]
+        assert r["tokens_per_s"] > 0 and r["ms_per_token"] > 0 and r["timed_steps"] > 0
+        assert r["format"] == "modelopt" and r["preset"] == "tiny" and r["gpu"] and r["git_tree"] is not None
+        assert r["run_complete"] is True and r["device_type"] == "cpu"
+        assert r.get("loaded_gib") is None  # memory is measured on a GPU only
+    # the W4A16 model and transformers' own agree with the bf16 peer within bf16 noise; W4A4 carries its own error
+    err = {(r["model_kind"], r["activations"]): r["logits_rel_err"] for r in rows}
+    assert err[("bf16-peer", "bf16")] == 0.0
+    assert err[("nvfp4", "bf16")] < 2e-2 and err[("transformers-bf16", "bf16")] < 2e-2
+    assert 2e-2 < err[("nvfp4", "nvfp4")] < gb.TOL["nvfp4"]
+    # greedy decoding of the same weights: the bf16 peer and transformers' model write the same first tokens
+    first = {(r["model_kind"], r["loop"], r["batch"]): r["first_tokens"] for r in rows}
+    assert first[("bf16-peer", gb.STATIC, 1)] == first[("transformers-bf16", gb.STATIC, 1)]
+    assert first[("transformers-bf16", gb.HF_GENERATE, 2)] == first[("transformers-bf16", gb.STATIC, 2)]
+
+
+def test_the_report_on_the_tiny_rows(cli_rows):
+    import pandas as pd
+
+    _, rows = cli_rows
+    df = pd.DataFrame(rows)
+    assert not len(gr.latest_run(df, "tiny"))  # a CPU run is never the answer
+    run = gr.latest_run(df, "tiny", gpu_only=False)
+    # as if measured on a GPU: memory per kind (the bf16 models hold 3.6x the NVFP4 bytes)
+    run = run.assign(device_type="cuda", loaded_gib=run["model_kind"].map({"nvfp4": 1.0, "bf16-peer": 3.6,
+                                                                           "transformers-bf16": 3.6}),
+                     load_peak_gib=4.0)
+    tg = gr.targets(run)
+    assert list(tg["verdict"].unique())  # every target judged or said not measured
+    mem = tg[tg["target"].str.startswith("loaded GPU memory")]
+    assert set(mem["verdict"]) == {"held"} and set(mem["measured"]) == {"0.28x"}
+    assert set(tg[tg["target"].str.startswith("batch-32")]["verdict"]) == {"not measured"}  # batches 1, 2 only
+    tt = gr.tokens_table(run)
+    assert list(tt.index)[:2] == ["NVFP4 W4A4 (modelopt)", "NVFP4 W4A16 (modelopt)"]
+    assert "tokens/s, batch 2" in tt.columns and not tt.isna().any().any()
+    sp = gr.speedup_table(run)
+    assert "over bf16 peer" in sp.columns and not sp.isna().any().any()
+    assert not gr.memory_table(run).isna().any().any()
+    assert not len(gr.not_ok(run))
+    assert gr.run_summary(run)["complete"].iloc[0] == "yes"
+    gr.figure(run)
+    gr.figure(pd.DataFrame())  # no rows: a panel that says so
+
+
+def test_a_failing_kind_keeps_the_others_rows(monkeypatch, tmp_path):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no memory for the bf16 model")
+
+    monkeypatch.setattr(gb, "load_bf16", broken)
+    rows = gb.bench_generate(**{**TINY, "batches": (1,)}, formats=("compressed-tensors",), activations=("bf16",),
+                             kinds=("nvfp4", "bf16-peer"), workdir=tmp_path)
+    by_kind = {r["model_kind"]: r for r in rows}
+    assert len(rows) == 2
+    assert by_kind["nvfp4"]["status"] == "ok" and by_kind["nvfp4"]["tokens_per_s"] > 0
+    assert by_kind["bf16-peer"]["status"] == "error: RuntimeError: no memory for the bf16 model"
+    assert by_kind["nvfp4"]["check"].startswith("no reference logits")
+    assert not list(tmp_path.iterdir())  # the checkpoint is deleted
+
+
+def test_a_stop_keeps_the_rows_measured_so_far(tmp_path):
+    def progress(msg):
+        if "loading bf16 peer" in msg:
+            raise KeyboardInterrupt  # as the SIGTERM handler of the command raises its own stop
+
+    rows = gb.bench_generate(**{**TINY, "batches": (1,), "progress": progress}, formats=("modelopt",),
+                             activations=("bf16",), kinds=("nvfp4", "bf16-peer"), workdir=tmp_path)
+    assert [(r["model_kind"], r["status"]) for r in rows] == [("nvfp4", "ok")]
+    assert rows[0]["run_complete"] is False and rows[0]["run_note"].startswith("stopped (KeyboardInterrupt)")
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_bf16_models_hold_the_dequantized_weights(tmp_path):
+    from nvfp4lib.formats import dequantize
+    from nvfp4lib.hf import make_checkpoint
+    from nvfp4lib.hf.checkpoint import Checkpoint, read_nvfp4, read_scheme
+
+    path = make_checkpoint(tmp_path / "m", preset="tiny", fmt="compressed-tensors")
+    peer = gb.load_bf16(path, experts="peer", device="cpu")
+    hf = gb.load_bf16(path, experts="transformers", device="cpu")
+    ck, scheme = Checkpoint(path), read_scheme(path)
+    want = {r: dequantize(read_nvfp4(ck, scheme, f"model.layers.1.mlp.experts.3.{r}_proj", "cpu")[0], torch.bfloat16)
+            for r in ("gate", "up", "down")}
+    moe = peer.model.layers[1].mlp.experts.moe
+    inter = moe.intermediate
+    assert torch.equal(moe.w13[3, :inter], want["gate"]) and torch.equal(moe.w13[3, inter:], want["up"])
+    assert torch.equal(moe.w2[3], want["down"])
+    experts = hf.model.layers[1].mlp.experts
+    assert torch.equal(experts.gate_up_proj[3], moe.w13[3]) and torch.equal(experts.down_proj[3], moe.w2[3])
+    q = dequantize(read_nvfp4(ck, scheme, "model.layers.0.self_attn.q_proj", "cpu")[0], torch.bfloat16)
+    assert torch.equal(peer.model.layers[0].self_attn.q_proj.weight, q)
+    assert isinstance(peer.model.layers[0].self_attn.q_proj, torch.nn.Linear)
+    assert all(p.dtype == torch.bfloat16 for p in hf.parameters())
+    with pytest.raises(ValueError, match="experts must be"):
+        gb.load_bf16(path, experts="eager", device="cpu")
+
+
+def test_the_plan_measures_the_peer_first_and_transformers_last():
+    plan = gb._plan(("modelopt", "compressed-tensors"), ("nvfp4", "bf16"), gb.KINDS)
+    assert plan == [("modelopt", [("nvfp4", "nvfp4"), ("nvfp4", "bf16"), ("bf16-peer", "bf16")]),
+                    ("compressed-tensors", [("nvfp4", "nvfp4"), ("nvfp4", "bf16"), ("transformers-bf16", "bf16")])]
+    assert gb._plan(("modelopt",), ("bf16",), ("bf16-peer",)) == [("modelopt", [("bf16-peer", "bf16")])]
+    with pytest.raises(ValueError, match="format"):
+        gb.bench_generate(preset="tiny", formats=("gguf",), device="cpu", progress=None)
