@@ -3,13 +3,16 @@
 - :class:`NVFP4MoE` (:mod:`.moe`): an MoE expert layer with NVFP4 weights, routing to un-permute on the device;
 - :class:`NVFP4Linear` (:mod:`.linear`): one NVFP4 weight on the serving path (W4A4 with a static or per-call
   activation scale, or W4A16);
+- :class:`EPMoE` (:mod:`.ep`): the layer's experts split over a process group (expert parallelism), with the
+  all-gather transport or the symmetric-memory all-to-all (:mod:`.ep_symm`, GPU only);
 - :func:`quantize_rows` (:mod:`.quant`): activations to NVFP4 without a host synchronisation;
 - :func:`reference_moe` (:mod:`.reference`): the layer's exact semantics, to test against;
 - :mod:`.hf` (needs ``transformers``, imported on use): ``swap_moe_blocks`` for Mixtral and Qwen3-MoE models.
 """
+from .ep import EPMoE
 from .linear import NVFP4Linear
 from .moe import NVFP4MoE
 from .quant import global_scale_of, quantize_rows
 from .reference import reference_moe
 
-__all__ = ["NVFP4MoE", "NVFP4Linear", "quantize_rows", "global_scale_of", "reference_moe"]
+__all__ = ["NVFP4MoE", "EPMoE", "NVFP4Linear", "quantize_rows", "global_scale_of", "reference_moe"]

@@ -1,0 +1,275 @@
+"""Expert parallelism (issue 42): :class:`EPMoE`, an MoE layer whose E experts are split over the W ranks of a process
+group, and the :class:`Transport` that moves token rows to the experts' owners and the results back.
+
+Rank r holds experts ``[r·E/W, (r+1)·E/W)`` as an :class:`~.moe.NVFP4MoE` over them (its prepared weights, quantizer
+and static scales are used; its own forward is not). A step on every rank:
+
+1. W4A4: x quantized with the global scale of the whole EP batch (the max of the ranks' ``amax(|x|)``, one
+   :meth:`Transport.all_max`; or the static one), then codes and block scales sent as one byte row per token;
+   W4A16: x in bf16, as bytes;
+2. :meth:`Transport.dispatch`: each token copy reaches its expert's owner, which gets its rows grouped by local
+   expert with device-side offsets (within an expert: source rank, then token order);
+3. the expert GEMMs of the serving path on those rows (W4A4: the intermediate's global scale is again the group's
+   max, over the valid rows only: rows past the offsets are left unspecified by the kernel);
+4. :meth:`Transport.combine`: the results back to the tokens' ranks, weighted by their top-k weights, in x's dtype.
+
+Exactness: the result equals the single-process :class:`~.moe.NVFP4MoE` on the same weights run on the
+concatenation of all ranks' tokens (rank order), taking that batch's rows for this rank — the global scales of W4A4
+are that batch's, which is what one GPU serving it computes. The GEMM rows are the same rows (one row's output does not
+depend on the other rows: the reference backend checks this on the CPU); what differs is the combine's fp32 summation
+order over the k experts of a token: ``"all-gather"`` sums each rank's experts, then the ranks (bit-identical for
+top-2, where a sum of two terms and zeros has one order; up to summation order beyond), ``"symm-mem"`` returns every
+copy's row to its token's rank and runs the single-process un-permute itself (bit-identical for any k).
+
+Capacity, graph-safely: a rank sends at most ``capacity`` tokens per step (a shape, checked on the host: ValueError),
+and a rank's experts take at most ``recv_capacity`` token copies per step (default ``W·capacity·top_k``: never
+exceeded). A smaller ``recv_capacity`` saves memory and GEMM rows, but then the routing decides, on the device,
+whether a step fits. Copies that do not fit are dropped loudly, never silently: their tokens' outputs become NaN, and
+the device counter :attr:`EPMoE.overflow` counts them (summed over the group: every rank sees the same count).
+:meth:`EPMoE.check` reads it (one synchronisation) and raises RuntimeError, resetting it. An eager forward (not being
+captured or compiled) calls ``check()`` itself when ``eager_check=True`` (the default; one read-back per step); a
+captured step cannot, so whoever replays a graph calls ``check()`` when it can afford the synchronisation.
+
+Transports (both graph-capturable, counts on the device, buffers allocated at construction, before any capture):
+
+- :class:`AllGatherTransport` (``"all-gather"``, the baseline, no custom kernels): one all-gather of every rank's
+  token rows with their routing (padded to ``capacity``), each rank computing its experts' copies of all tokens, then
+  one reduce-scatter (fp32) of the per-token partial sums. On NCCL the tensor collectives; on gloo (the CPU tests) the
+  list all-gather and an all-reduce then this rank's slice, the same sums.
+- :class:`~.ep_symm.SymmMemTransport` (``"symm-mem"``, GPU only): an all-to-all over torch symmetric memory.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .ep_transport import Dispatched, EPShape, Transport, _group_of
+from .moe import INTERMEDIATE_DTYPE, NVFP4MoE, _packed
+from .quant import global_scale_of
+from .routing import route
+
+__all__ = ["EPMoE", "EPShape", "Transport", "Dispatched", "AllGatherTransport", "TRANSPORTS", "make_transport",
+           "expert_range"]
+
+TRANSPORTS = ("all-gather", "symm-mem")
+
+
+def expert_range(experts: int, world: int, rank: int) -> range:
+    """The experts rank ``rank`` of ``world`` holds: ``[rank·E/W, (rank+1)·E/W)`` (E a multiple of W)."""
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is not in a group of {world}")
+    if experts % world:
+        raise ValueError(f"experts = {experts} must be a multiple of the EP world size {world}")
+    n = experts // world
+    return range(rank * n, (rank + 1) * n)
+
+
+class AllGatherTransport(Transport):
+    """The baseline: all-gather tokens + routing, reduce-scatter the per-token partial sums (see the module doc)."""
+
+    name = "all-gather"
+
+    def __init__(self, group=None):
+        self.group = _group_of(group)
+        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        self.gloo = dist.get_backend(self.group) == "gloo"
+
+    def setup(self, shape: EPShape) -> None:
+        self.shape = s = shape
+        self.send_bytes = s.row_bytes + 8 * s.top_k  # payload, int32 expert ids, fp32 weights
+        # padding rows: expert ids -1 (owned by no rank, bytes 0xFF); zero payload (a valid NVFP4 row: the reference
+        # backend refuses NaN scales even in rows it does not compute) and weights
+        self.pad = torch.zeros((s.capacity, self.send_bytes), dtype=torch.uint8, device=s.device)
+        self.pad[:, s.row_bytes:s.row_bytes + 4 * s.top_k] = 255
+        self.ranks = torch.arange(s.world, device=s.device, dtype=torch.int32)
+
+    def all_max(self, x, use):
+        x = x.to(torch.float32).reshape(1).clone()
+        dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
+        return x
+
+    def _all_gather(self, send: torch.Tensor) -> torch.Tensor:
+        s = self.shape
+        out = torch.empty((s.world * s.capacity, send.shape[1]), dtype=send.dtype, device=send.device)
+        if self.gloo:  # the list form (older gloo lacks the tensor form): the same bytes
+            dist.all_gather(list(out.chunk(s.world)), send, group=self.group)
+        else:
+            dist.all_gather_into_tensor(out, send, group=self.group)
+        return out
+
+    def _sum_scatter(self, partial: torch.Tensor) -> torch.Tensor:
+        s = self.shape
+        if self.gloo:  # all-reduce, then this rank's slice: the same sums (W = 2: a + b either way)
+            dist.all_reduce(partial, group=self.group)
+            return partial[s.rank * s.capacity:(s.rank + 1) * s.capacity]
+        out = torch.empty((s.capacity, partial.shape[1]), dtype=partial.dtype, device=partial.device)
+        dist.reduce_scatter_tensor(out, partial, group=self.group)
+        return out
+
+    def dispatch(self, payload, topk_ids, topk_weights):
+        s, t, k = self.shape, payload.shape[0], self.shape.top_k
+        n_local = s.local_experts
+        send = torch.cat([payload, topk_ids.to(torch.int32).contiguous().view(torch.uint8),
+                          topk_weights.to(torch.float32).contiguous().view(torch.uint8)], dim=1)
+        if t < s.capacity:
+            send = torch.cat([send, self.pad[t:]])
+        got = self._all_gather(send)
+        ids = got[:, s.row_bytes:s.row_bytes + 4 * k].contiguous().view(torch.int32)
+        weights = got[:, s.row_bytes + 4 * k:].contiguous().view(torch.float32)
+        owner = torch.div(ids, n_local, rounding_mode="floor")  # -1 for padding
+        owned = owner == s.rank
+        # this rank's experts 0 .. E/W-1, every other copy to a sink group after them (its rows are never computed)
+        local = torch.where(owned, ids - s.rank * n_local, n_local)
+        r = route(local, n_local + 1)
+        rows = got[:, :s.row_bytes].index_select(0, r.token[:s.recv_capacity])
+        offsets = torch.clamp(r.offsets[:n_local + 1], max=s.recv_capacity)
+        per_rank = (owner.reshape(-1, 1) == self.ranks).sum(0)
+        dropped = torch.clamp(per_rank - s.recv_capacity, min=0).sum().to(torch.int32).reshape(1)
+        return Dispatched(rows, offsets, dropped, (r, owned, weights, t))
+
+    def combine(self, y, d, out_dtype):
+        s = self.shape
+        r, owned, weights, t = d.state
+        rows = y.shape[0]
+        owned = owned.reshape(-1)
+        fits = r.row < rows
+        copies = y.index_select(0, torch.clamp(r.row, max=rows - 1)).to(torch.float32)
+        val = copies * weights.reshape(-1, 1)
+        # where, not a product with a mask: unspecified rows (and padding weights) may hold NaN
+        val = torch.where((owned & fits).unsqueeze(1), val, torch.zeros((), device=val.device))
+        val = torch.where((owned & ~fits).unsqueeze(1), torch.full((), float("nan"), device=val.device), val)
+        partial = val.view(s.world * s.capacity, s.top_k, -1).sum(dim=1)
+        return self._sum_scatter(partial)[:t].to(out_dtype)
+
+
+def make_transport(name: str, group=None) -> Transport:
+    """A transport by name (:data:`TRANSPORTS`) on ``group`` (default: the world)."""
+    if name == "all-gather":
+        return AllGatherTransport(group)
+    if name == "symm-mem":
+        from .ep_symm import SymmMemTransport
+
+        return SymmMemTransport(group)
+    raise ValueError(f"transport must be one of {TRANSPORTS} or a Transport, got {name!r}")
+
+
+class EPMoE(torch.nn.Module):
+    """The experts of this rank (``w_gate``, ``w_up``, ``w_down``: lists of E/W NVFP4Tensor, the experts of
+    :func:`expert_range`) in an MoE layer of ``experts`` experts spread over ``group`` (see the module doc).
+
+    ``top_k``: copies per token (fixed: buffers are sized by it); ``capacity``: tokens this rank sends per step, at
+    most (every rank passes the same); ``recv_capacity``: token copies a rank's experts take per step (default
+    ``W·capacity·top_k``, never exceeded); ``transport``: a name of :data:`TRANSPORTS` or a :class:`Transport`;
+    ``eager_check``: an eager step raises on overflow (one read-back); other keywords go to
+    :class:`~.moe.NVFP4MoE` (activations, backend, quantizer, input_scales, keep_weights).
+
+    ``forward(x [T, H], topk_ids [T, top_k] (global expert ids), topk_weights)`` with ``T <= capacity``; every rank of
+    the group calls it in the same step (T may differ between ranks)."""
+
+    def __init__(self, w_gate, w_up, w_down, *, experts: int, top_k: int, capacity: int, group=None,
+                 transport="all-gather", recv_capacity: int | None = None, eager_check: bool = True, **layer_kwargs):
+        super().__init__()
+        if isinstance(transport, str):
+            transport = make_transport(transport, group)
+        if not isinstance(transport, Transport):
+            raise TypeError(f"transport must be one of {TRANSPORTS} or a Transport, got {type(transport).__name__}")
+        self.local = NVFP4MoE(w_gate, w_up, w_down, **layer_kwargs)
+        rank, world = transport.rank, transport.world
+        mine = expert_range(experts, world, rank)
+        if self.local.experts != len(mine):
+            raise ValueError(f"rank {rank} of {world} holds {len(mine)} of the {experts} experts ({mine.start} .. "
+                             f"{mine.stop - 1}), but was given {self.local.experts}")
+        if not 1 <= top_k <= experts:
+            raise ValueError(f"top_k = {top_k} must lie in [1, experts = {experts}]")
+        if capacity < 1:
+            raise ValueError(f"capacity = {capacity} must be >= 1 (tokens a rank sends per step)")
+        recv_capacity = world * capacity * top_k if recv_capacity is None else recv_capacity
+        if recv_capacity < 1:
+            raise ValueError(f"recv_capacity = {recv_capacity} must be >= 1 (token copies a rank takes per step)")
+        self.experts, self.top_k, self.capacity, self.recv_capacity = experts, top_k, capacity, recv_capacity
+        self.rank, self.world, self.expert_range = rank, world, mine
+        self.hidden, self.activations, self.device = self.local.hidden, self.local.activations, self.local.device
+        self.eager_check = eager_check
+        h = self.hidden
+        row_bytes = h // 2 + h // 16 if self.activations == "nvfp4" else 2 * h
+        self.transport = transport
+        transport.setup(EPShape(world, rank, experts, top_k, capacity, recv_capacity, row_bytes, h, self.device))
+        self.overflow = torch.zeros(1, dtype=torch.int32, device=self.device)
+
+    @classmethod
+    def shard(cls, w_gate, w_up, w_down, *, transport="all-gather", group=None, **kwargs) -> "EPMoE":
+        """The layer of this rank from all E experts' weight lists (keeps only its own slice)."""
+        if isinstance(transport, str):
+            transport = make_transport(transport, group)
+        mine = expert_range(len(w_gate), transport.world, transport.rank)
+        return cls(*(list(w[mine.start:mine.stop]) for w in (w_gate, w_up, w_down)), experts=len(w_gate),
+                   transport=transport, group=group, **kwargs)
+
+    def extra_repr(self) -> str:
+        return (f"rank={self.rank}/{self.world}, experts={self.expert_range.start}..{self.expert_range.stop - 1} of "
+                f"{self.experts}, top_k={self.top_k}, capacity={self.capacity}, recv_capacity={self.recv_capacity}, "
+                f"transport={self.transport.name!r}")
+
+    def check(self) -> None:
+        """Raise RuntimeError if a step since the last check dropped token copies (one synchronisation); resets."""
+        n = int(self.overflow.item())
+        if n:
+            self.overflow.zero_()
+            raise RuntimeError(f"EP overflow: {n} token copies exceeded recv_capacity = {self.recv_capacity} copies "
+                               f"per rank per step (their tokens' outputs are NaN); build the layer with a larger "
+                               f"recv_capacity (at most world·capacity·top_k = "
+                               f"{self.world * self.capacity * self.top_k} never overflows)")
+
+    def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
+        self._check(x, topk_ids, topk_weights)
+        local, tr, h = self.local, self.transport, self.hidden
+        static = local.input_scales or (None, None)
+        if self.activations == "nvfp4":
+            g = static[0] if static[0] is not None else global_scale_of(tr.all_max(_amax(x), 0))
+            codes, scales, g = local._quantize(x, g)
+            payload = torch.cat([codes.reshape(x.shape[0], -1), scales.view(torch.uint8).reshape(x.shape[0], -1)], 1)
+        else:
+            payload = x.to(torch.bfloat16).contiguous().view(torch.uint8)
+        d = tr.dispatch(payload, topk_ids, topk_weights)
+        self.overflow.add_(d.dropped)
+        if self.activations == "nvfp4":
+            a = _packed(d.rows[:, :h // 2].contiguous(), d.rows[:, h // 2:].contiguous(), g)
+            inter = local.gate_up(a, d.offsets, global_scale=g)
+            if static[1] is not None:
+                g2 = static[1]
+            else:
+                valid = torch.arange(inter.shape[0], device=inter.device) < d.offsets[-1]
+                g2 = global_scale_of(tr.all_max(_amax(torch.where(valid.unsqueeze(1), inter, 0)), 1))
+            codes, scales, g2 = local._quantize(inter, g2)
+            y = local.down(_packed(codes, scales.view(torch.uint8), g2), d.offsets, global_scale=g2)
+        else:
+            rows = d.rows.view(torch.bfloat16)
+            y = local.down(local.gate_up(rows, d.offsets), d.offsets)
+        out = tr.combine(y.to(INTERMEDIATE_DTYPE), d, x.dtype)
+        if self.eager_check and not _capturing():
+            self.check()
+        return out
+
+    def _check(self, x, topk_ids, topk_weights) -> None:
+        if x.dim() != 2 or x.shape[1] != self.hidden or not x.is_floating_point():
+            raise ValueError(f"x must be a float [T, H={self.hidden}] tensor, got {x.dtype} {tuple(x.shape)}")
+        if x.shape[0] > self.capacity:
+            raise ValueError(f"T = {x.shape[0]} tokens exceed this layer's capacity = {self.capacity} tokens per "
+                             f"rank per step (fixed when the buffers were allocated): split the step or rebuild")
+        if topk_ids.dim() != 2 or tuple(topk_ids.shape) != (x.shape[0], self.top_k) or topk_ids.is_floating_point():
+            raise ValueError(f"topk_ids must be an integer [T={x.shape[0]}, top_k={self.top_k}] tensor, got "
+                             f"{topk_ids.dtype} {tuple(topk_ids.shape)}")
+        if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+            raise ValueError(f"topk_weights is {tuple(topk_weights.shape)} but topk_ids is {tuple(topk_ids.shape)}")
+        if not (x.device == topk_ids.device == topk_weights.device == self.device):
+            raise ValueError(f"x ({x.device}), topk_ids ({topk_ids.device}), topk_weights ({topk_weights.device}) "
+                             f"must be on the weights' device {self.device}")
+
+
+def _amax(x: torch.Tensor) -> torch.Tensor:
+    x32 = x.detach().to(torch.float32)
+    return (x32.abs().amax() if x32.numel() else x32.new_zeros(())).reshape(1)
+
+
+def _capturing() -> bool:
+    return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())

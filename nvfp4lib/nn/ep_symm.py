@@ -1,0 +1,185 @@
+"""The all-to-all transport of :mod:`.ep` on torch symmetric memory (``torch.distributed._symmetric_memory``):
+:class:`SymmMemTransport` (``"symm-mem"``), GPU only.
+
+Every rank allocates the same buffers once (``symm_mem.empty`` + ``rendezvous`` on the group) and writes into its
+peers' copies (``get_buffer`` of the peer) directly; ``barrier`` orders the steps. A step:
+
+1. dispatch: the source sorts its T·k copies by global expert (:func:`.routing.route`), writes its per-expert counts
+   into row ``rank`` of every peer's ``counts [W, E]``, barrier; now every rank holds every source's counts, so each
+   source computes on the device where each of its copies lands in its owner's receive buffer (owner's rows grouped by
+   local expert, then source rank, then the source's order) and writes the rows straight there, barrier. The owner's
+   offsets come from the same counts.
+2. combine: the owner writes each result row back into its source's return buffer, at the row the source packed that
+   copy in (computed from the counts again), barrier; the source un-permutes with :func:`.routing.unpermute`, the
+   single-process layer's own combine (bit-identical for any k).
+
+Rows are written with :func:`put_rows`: one ``index_copy_`` per peer into the peer's buffer, a row not for that peer
+going to the buffer's last row (a dump row). That is a torch kernel writing over NVLink, capturable, with every shape
+fixed; its cost is that every peer's launch carries all the step's rows (W× the bytes of a true all-to-all, most of
+them to the dump row). A kernel that reads the destination per row and skips the others is the next step.
+
+Buffers are reused every step without a reset: each is written by peers only after a barrier that its reader passes
+after reading it (stream order), so one step never overwrites what another still reads.
+
+:class:`SymmetricHeap` is what the transport needs of symmetric memory (allocate, a peer's buffer, barrier), so the
+protocol can also run on other heaps (the CPU test runs W ranks as threads of one process on plain tensors).
+"""
+from __future__ import annotations
+
+import torch
+
+from .ep_transport import Dispatched, EPShape, Transport, _group_of
+from .routing import Routing, route, unpermute
+
+__all__ = ["SymmMemTransport", "SymmetricHeap", "TorchSymmetricHeap", "put_rows"]
+
+
+class SymmetricHeap:
+    """Buffers of the same name and shape on every rank of a group, each writable by every rank."""
+
+    rank = 0
+    world = 1
+
+    def alloc(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, device) -> None:
+        """Allocate ``name`` on every rank (collective: every rank calls it, in the same order)."""
+        raise NotImplementedError
+
+    def peer(self, rank: int, name: str) -> torch.Tensor:
+        """Rank ``rank``'s buffer ``name``, as a tensor this rank can write (``rank == self.rank``: its own)."""
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        """Every rank's writes before the barrier are visible to every rank after it (on the device's stream)."""
+        raise NotImplementedError
+
+
+class TorchSymmetricHeap(SymmetricHeap):
+    """torch symmetric memory on a CUDA device: one ``symm_mem.empty`` + ``rendezvous`` per buffer."""
+
+    def __init__(self, group=None):
+        import torch.distributed as dist
+
+        self.group = _group_of(group)
+        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        self.handles: dict = {}
+        self.local: dict = {}
+
+    def alloc(self, name, shape, dtype, device):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"the symm-mem transport needs CUDA tensors (torch symmetric memory), got {device}; use "
+                             "transport='all-gather' elsewhere")
+        t = symm_mem.empty(*shape, dtype=dtype, device=device)
+        self.handles[name] = (symm_mem.rendezvous(t, self.group), tuple(shape), dtype)
+        self.local[name] = t
+        self.peers = {}
+
+    def peer(self, rank, name):
+        if rank == self.rank:
+            return self.local[name]
+        key = (rank, name)
+        if key not in self.peers:  # get_buffer once per (peer, buffer): the same tensor is captured every step
+            handle, shape, dtype = self.handles[name]
+            self.peers[key] = handle.get_buffer(rank, shape, dtype)
+        return self.peers[key]
+
+    def barrier(self):
+        next(iter(self.handles.values()))[0].barrier(channel=0)
+
+
+def put_rows(src: torch.Tensor, src_index: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tensor,
+             peers: list[torch.Tensor]) -> None:
+    """``peers[dst_rank[i]][dst_row[i]] = src[src_index[i]]`` for every i with ``dst_row[i] >= 0`` (the others are
+    skipped); each peer buffer's last row is its dump row (see the module doc)."""
+    rows = src.index_select(0, src_index)
+    for p, buf in enumerate(peers):
+        idx = torch.where((dst_rank == p) & (dst_row >= 0), dst_row, buf.shape[0] - 1)
+        buf.index_copy_(0, idx, rows)
+
+
+def _exclusive_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    return x.cumsum(dim) - x
+
+
+class SymmMemTransport(Transport):
+    """The all-to-all on symmetric memory (see the module doc). ``heap``: a :class:`SymmetricHeap` (default: torch
+    symmetric memory on ``group``)."""
+
+    name = "symm-mem"
+
+    def __init__(self, group=None, *, heap: SymmetricHeap | None = None):
+        self.heap = heap if heap is not None else TorchSymmetricHeap(group)
+        self.rank, self.world = self.heap.rank, self.heap.world
+
+    def setup(self, shape: EPShape) -> None:
+        self.shape = s = shape
+        if s.recv_capacity + 1 > 2**31 - 1:
+            raise ValueError(f"recv_capacity = {s.recv_capacity} is too large")
+        hp = self.heap
+        hp.alloc("counts", (s.world, s.experts), torch.int32, s.device)
+        hp.alloc("recv", (s.recv_capacity + 1, s.row_bytes), torch.uint8, s.device)
+        hp.alloc("ret", (s.capacity * s.top_k + 1, s.hidden), torch.bfloat16, s.device)
+        hp.alloc("amax", (2, s.world), torch.float32, s.device)
+        for name in ("counts", "recv", "ret", "amax"):  # rows never written yet hold valid (zero) values
+            hp.peer(self.rank, name).zero_()
+        hp.barrier()
+
+    def _peers(self, name: str) -> list[torch.Tensor]:
+        return [self.heap.peer(p, name) for p in range(self.world)]
+
+    def all_max(self, x, use):
+        x = x.to(torch.float32).reshape(1)
+        for buf in self._peers("amax"):
+            buf[use, self.rank:self.rank + 1].copy_(x)
+        self.heap.barrier()
+        return self.heap.peer(self.rank, "amax")[use].amax().reshape(1)
+
+    def dispatch(self, payload, topk_ids, topk_weights):
+        s, me = self.shape, self.rank
+        n_local = s.local_experts
+        n = topk_ids.numel()
+        r = route(topk_ids, s.experts)
+        for buf in self._peers("counts"):
+            buf[me].copy_(r.offsets[1:] - r.offsets[:-1])
+        self.heap.barrier()
+        counts = self.heap.peer(me, "counts").to(torch.int64)  # [source, expert], a copy: read again in combine
+        by_dest = counts.view(s.world, s.world, n_local)  # [source, owner, local expert]
+        total = by_dest.sum(0)  # [owner, local expert]: copies each owner receives
+        # the owner's row of this source's first copy of each expert: its experts before, then the sources before
+        first = (_exclusive_cumsum(total, 1) + by_dest[:me].sum(0)).reshape(-1)
+        pos = torch.arange(n, device=payload.device)
+        expert = torch.searchsorted(r.offsets[1:].to(torch.int64), pos, right=True)
+        dst_row = first.index_select(0, expert) + pos - r.offsets.to(torch.int64).index_select(0, expert)
+        fits = dst_row < s.recv_capacity
+        put_rows(payload, r.token, torch.div(expert, n_local, rounding_mode="floor"),
+                 torch.where(fits, dst_row, -1), self._peers("recv"))
+        self.heap.barrier()
+        mine = total[me]
+        offsets = torch.cat([mine.new_zeros(1), mine.cumsum(0)])
+        offsets = torch.clamp(offsets, max=s.recv_capacity).to(torch.int32)
+        dropped = torch.clamp(total.sum(1) - s.recv_capacity, min=0).sum().to(torch.int32).reshape(1)
+        rows = self.heap.peer(me, "recv")[:s.recv_capacity]
+        return Dispatched(rows, offsets, dropped, (r, counts, fits, topk_weights))
+
+    def combine(self, y, d, out_dtype):
+        s, me = self.shape, self.rank
+        n_local = s.local_experts
+        r, counts, fits, topk_weights = d.state
+        mine = counts[:, me * n_local:(me + 1) * n_local]  # [source, local expert]
+        ends = mine.sum(0).cumsum(0)
+        q = torch.arange(y.shape[0], device=y.device)
+        e = torch.clamp(torch.searchsorted(ends, q, right=True), max=n_local - 1)
+        i = q - (ends - mine.sum(0)).index_select(0, e)  # the row's index within its expert
+        upto = mine.cumsum(0).T  # [local expert, source]: copies of sources <= s
+        src = torch.clamp((upto.index_select(0, e) <= i.unsqueeze(1)).sum(1), max=s.world - 1)
+        j = i - (upto - mine.T)[e, src]  # its index among that source's copies of the expert
+        # the source packed its copies by global expert: its row of this copy
+        row = _exclusive_cumsum(counts, 1)[src, me * n_local + e] + j
+        put_rows(y, q, src, torch.where(q < ends[-1], row, -1), self._peers("ret"))
+        self.heap.barrier()
+        n = topk_weights.numel()
+        back = self.heap.peer(me, "ret")[:n]
+        back = torch.where(fits.unsqueeze(1), back, torch.full((), float("nan"), dtype=back.dtype, device=y.device))
+        return unpermute(back, Routing(r.token, r.offsets, r.row), topk_weights, out_dtype)

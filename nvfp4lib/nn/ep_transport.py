@@ -1,0 +1,68 @@
+"""What every expert-parallel transport of :mod:`.ep` shares: the step's fixed sizes (:class:`EPShape`), what a
+dispatch hands the experts (:class:`Dispatched`), and the :class:`Transport` interface itself."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["EPShape", "Dispatched", "Transport"]
+
+
+@dataclass(frozen=True)
+class EPShape:
+    """What a transport sizes its buffers by (all fixed before capture)."""
+
+    world: int
+    rank: int
+    experts: int  # E, over the group
+    top_k: int
+    capacity: int  # tokens a rank sends per step, at most
+    recv_capacity: int  # token copies a rank's experts take per step, at most
+    row_bytes: int  # one token's payload (W4A4: codes + block scales; W4A16: bf16)
+    hidden: int
+    device: torch.device
+
+    @property
+    def local_experts(self) -> int:
+        return self.experts // self.world
+
+
+class Dispatched(NamedTuple):
+    rows: torch.Tensor  # uint8 [recv_capacity, row_bytes]: the received copies grouped by local expert
+    offsets: torch.Tensor  # int32 [E/W + 1]: local expert e owns rows offsets[e] .. offsets[e+1]
+    dropped: torch.Tensor  # int32 [1]: copies of the group's step that did not fit a rank's recv_capacity
+    state: Any  # the transport's own, for combine
+
+
+class Transport:
+    """Moves a step's token rows to their experts' owners and the results back; see the module doc. Subclasses set
+    ``name``, ``rank``, ``world``."""
+
+    name = "?"
+    rank = 0
+    world = 1
+
+    def setup(self, shape: EPShape) -> None:
+        """Allocate the step's buffers (collective on some transports: every rank calls it, in the same order)."""
+        raise NotImplementedError
+
+    def all_max(self, x: torch.Tensor, use: int) -> torch.Tensor:
+        """The max over the group of a float32 ``[1]`` (``use``: 0 or 1, the step's two calls, each its own buffer)."""
+        raise NotImplementedError
+
+    def dispatch(self, payload: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+        raise NotImplementedError
+
+    def combine(self, y: torch.Tensor, d: Dispatched, out_dtype: torch.dtype) -> torch.Tensor:
+        """``y [recv_capacity, H]`` (the experts' rows, in ``d.rows``' order) -> ``[T, H]`` of ``out_dtype`` for this
+        rank's T tokens: ``Σ_j topk_weights[t, j] · y[copy (t, j)]`` in fp32."""
+        raise NotImplementedError
+
+
+def _group_of(group):
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("EP needs torch.distributed initialised (dist.init_process_group) before the layer is built")
+    return group if group is not None else dist.group.WORLD
