@@ -16,13 +16,17 @@ import pandas as pd
 from ..bench import store
 from .experiment import FAST_PATH
 
-__all__ = ["BENCH_COMMITS", "SHAPE_ORDER", "step_rows", "step_table", "run_summary", "fmt"]
+__all__ = ["BENCH_COMMITS", "PREDICTED_US", "SHAPE_ORDER", "step_rows", "step_table", "run_summary", "fmt"]
 
 # Bench runs of the v3 default (label cute-hopper[graph=True], kernel family hopper_rs) behind a step, by commit: the
 # first default (step 14); before/after the commit that made the step's change (15, 20); the runs where `auto` timed
 # the step's candidates (23), and the run at the step's commit (27, 30).
 BENCH_COMMITS = {14: ("366aee7",), 15: ("366aee7", "b19f1e5"), 20: ("417d774", "84fac66"),
                  23: ("db91a56", "30f2014"), 27: ("146899c",), 30: ("c862942",)}
+
+# The step table's predictions that named a time on a benchmark shape, by step and shape (typed when the step was
+# planned, before its run: a prediction is not a measurement). The notebook prints each beside the step's measured time.
+PREDICTED_US = {8: {"S1": 250.0}}
 
 SHAPE_ORDER = ["S1", "S2", "S3", "S4", "S1-dual", "S2-dual", "S3-dual", "S4-dual"]
 DEFAULT_LABEL = "cute-hopper[graph=True]"
