@@ -128,7 +128,7 @@ def markdown(h: dict) -> str:
     n = len(h["runs"])
     ds = H100_SXM_DATASHEET
     lines = [
-        f"{n} separate runs at commit `{h['commit']}` on one {h['gpu']} (`make bench RECORD=--record`, each a "
+        f"{n} separate runs at commit `{h['commit'][:7]}` on one {h['gpu']} (`make bench RECORD=--record`, each a "
         "separate process); every cell is the median over the runs, (min–max) in brackets. Times are each run's median "
         "of calls with the L2 flushed before each, every backend checked against the exact reference first. "
         "**shipped** is `prepare_weights(...)` called as `w(a, offsets)`: graph = CUDA-graph replay, eager = a plain "
