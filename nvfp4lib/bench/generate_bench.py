@@ -54,7 +54,7 @@ import torch
 from .store import new_run_id, provenance
 
 __all__ = ["KINDS", "ACTIVATIONS", "BATCHES", "NEW_TOKENS", "PROMPT_TOKENS", "PRESETS", "TOL", "LABELS",
-           "BF16Experts", "load_bf16", "bench_generate", "add_command"]
+           "load_bf16", "bench_generate", "add_command"]
 
 KINDS = ("nvfp4", "bf16-peer", "transformers-bf16")
 ACTIVATIONS = ("nvfp4", "bf16")  # the NVFP4 model's: W4A4, W4A16
@@ -84,36 +84,11 @@ HF_GENERATE_SHORT = 4  # transformers' generate() timed as t(new_tokens) - t(thi
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-class BF16Experts(torch.nn.Module):
-    """A transformers 5 experts module (``forward(hidden [T, H], top_k_index [T, k], top_k_weights [T, k])``) on the
-    bf16 peer layer: the model's own router and block around it, the peer's grouped products inside."""
-
-    def __init__(self, moe):
-        super().__init__()
-        self.moe = moe
-        self.num_experts = moe.experts
-
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
-        return self.moe(hidden_states, top_k_index, top_k_weights)
-
-
-def _set(model: torch.nn.Module, name: str, value) -> None:
-    parent, _, leaf = name.rpartition(".")
-    owner = model.get_submodule(parent) if parent else model
-    if isinstance(value, torch.nn.Module):
-        setattr(owner, leaf, value)
-    elif leaf in owner._parameters:
-        owner._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
-    else:
-        owner._buffers[leaf] = value
-
-
 def load_bf16(path, *, experts: str = "peer", device="cuda") -> torch.nn.Module:
     """The checkpoint at ``path`` as a bf16 transformers causal LM (eval mode), every NVFP4 weight dequantized once
     (:func:`nvfp4lib.formats.dequantize`, one rounding to bf16), one layer at a time on ``device``.
 
-    ``experts="peer"``: each experts module becomes :class:`BF16Experts` on
+    ``experts="peer"``: each experts module becomes :class:`nvfp4lib.hf.modules.NVFP4Experts` on
     :class:`~nvfp4lib.bench.peers.bf16_moe.BF16GroupedMoE`; ``experts="transformers"``: transformers' own experts
     module, its ``gate_up_proj [E, 2I, H]`` (gate rows first) and ``down_proj [E, H, I]`` filled with the same bf16
     values. The peak while loading is the model plus one layer's NVFP4 experts."""
@@ -121,6 +96,8 @@ def load_bf16(path, *, experts: str = "peer", device="cuda") -> torch.nn.Module:
     from ..hf.archs import EXPERT_RE, arch_of
     from ..hf.checkpoint import KV_CACHE_LEAVES, Checkpoint, CheckpointError, read_config, read_nvfp4, read_scheme
     from ..hf.loader import build_skeleton
+    from ..hf.modules import NVFP4Experts
+    from ..hf.modules import set_module_tensor as _set
     from .peers.bf16_moe import BF16GroupedMoE
 
     if experts not in ("peer", "transformers"):
@@ -161,7 +138,7 @@ def load_bf16(path, *, experts: str = "peer", device="cuda") -> torch.nn.Module:
         if experts == "peer":
             ws = {r: [read_nvfp4(ck, scheme, parts[(e, r)], device, shapes[r])[0] for e in range(n_exp)]
                   for r in shapes}
-            _set(model, name, BF16Experts(BF16GroupedMoE(ws["gate"], ws["up"], ws["down"])))
+            _set(model, name, NVFP4Experts(BF16GroupedMoE(ws["gate"], ws["up"], ws["down"])))
             del ws
         else:  # the same values as BF16GroupedMoE's w13 and w2, in transformers' parameters
             gate_up = torch.empty((n_exp, 2 * inter, hidden), dtype=torch.bfloat16, device=device)

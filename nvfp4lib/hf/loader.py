@@ -40,6 +40,7 @@ from ..nn.moe import NVFP4MoE
 from .archs import EXPERT_RE, Arch, arch_of
 from .checkpoint import KV_CACHE_LEAVES, Checkpoint, CheckpointError, read_config, read_nvfp4, read_scheme
 from .modules import NVFP4Experts
+from .modules import set_module_tensor as _set
 
 __all__ = ["from_pretrained", "build_skeleton"]
 
@@ -63,17 +64,6 @@ def build_skeleton(config: dict, dtype=torch.bfloat16) -> torch.nn.Module:
 def _is_experts(module: torch.nn.Module) -> bool:
     gu, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     return isinstance(gu, torch.nn.Parameter) and isinstance(down, torch.nn.Parameter) and gu.dim() == 3
-
-
-def _set(model: torch.nn.Module, name: str, value) -> None:
-    parent, _, leaf = name.rpartition(".")
-    owner = model.get_submodule(parent) if parent else model
-    if isinstance(value, torch.nn.Module):
-        setattr(owner, leaf, value)
-    elif leaf in owner._parameters:
-        owner._parameters[leaf] = torch.nn.Parameter(value, requires_grad=False)
-    else:
-        owner._buffers[leaf] = value
 
 
 class _Plan:

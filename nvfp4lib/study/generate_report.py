@@ -15,7 +15,7 @@ from matplotlib.ticker import NullLocator
 
 from ..bench.generate_bench import HF_GENERATE, LABELS
 from ..bench.store import dirty_state
-from .plots import caption
+from .plots import caption, shown
 
 __all__ = ["SOURCE", "RECORD_COMMAND", "no_data", "TARGETS", "latest_run", "series", "run_summary", "tokens_table",
            "speedup_table", "memory_table", "not_ok", "targets", "figure"]
@@ -40,17 +40,6 @@ TARGETS = (
     ("batch-32 decode tokens/s over bf16 peer", 32, 1.5, "min"),
     ("loaded GPU memory over bf16 peer", None, 0.35, "max"),
 )
-
-
-def _tidy(df: pd.DataFrame, digits: int = 2) -> pd.DataFrame:
-    """Numbers rounded, a missing one shown as "n/a" (a table a reader meets has no NaN)."""
-    if not len(df):
-        return df
-    out = df.copy()
-    for c in out.columns:
-        if pd.api.types.is_float_dtype(out[c]):
-            out[c] = out[c].round(digits)
-    return out.astype(object).where(out.notna(), "n/a")
 
 
 def latest_run(rows: pd.DataFrame, preset: str = "qwen3-30b-a3b", gpu_only: bool = True) -> pd.DataFrame:
@@ -124,7 +113,7 @@ def tokens_table(run: pd.DataFrame) -> pd.DataFrame:
     batches = sorted(ok["batch"].unique())
     cols = [f"tokens/s, batch {b}" for b in batches] + [f"ms per token, batch {b}" for b in batches]
     df.index.name = "model"
-    return _tidy(df[[c for c in cols if c in df.columns]])
+    return shown(df[[c for c in cols if c in df.columns]])
 
 
 def _tps(ok: pd.DataFrame, name: str, batch: int) -> float:
@@ -149,7 +138,7 @@ def speedup_table(run: pd.DataFrame) -> pd.DataFrame:
     if not len(df):
         return df
     df = df.set_index(["model", "batch"])
-    return _tidy(df.dropna(axis=1, how="all"))
+    return shown(df.dropna(axis=1, how="all"))
 
 
 def memory_table(run: pd.DataFrame) -> pd.DataFrame:
@@ -172,7 +161,7 @@ def memory_table(run: pd.DataFrame) -> pd.DataFrame:
                     "checkpoint GiB": r["checkpoint_gib"] if kind == "nvfp4" else float("nan"),
                     "logits rel err vs peer": r.get("logits_rel_err", float("nan")),
                     "check": r.get("check", "n/a")})
-    return _tidy(pd.DataFrame(out).set_index("model"), 3)
+    return shown(pd.DataFrame(out).set_index("model"), 3)
 
 
 def not_ok(run: pd.DataFrame) -> pd.DataFrame:

@@ -168,14 +168,10 @@ def sources(rows) -> str:
 
 
 def filled(df, missing: str = "—") -> pd.DataFrame:
-    """``df`` for display: a missing cell (not measured, not applicable) shown as a dash instead of NaN, and a float
-    column holding only whole numbers (an integer column that pandas widened for its gaps) shown as integers."""
-    out = df.copy()
-    for c in out.columns:
-        s = out[c]
-        if pd.api.types.is_float_dtype(s) and s.notna().any() and (s.dropna() % 1 == 0).all():
-            out[c] = s.astype("Int64")
-    return out.astype(object).where(out.notna(), missing)
+    """``df`` for display, numbers as they are (:func:`.plots.shown` without rounding): a missing cell as a dash."""
+    from .plots import shown
+
+    return shown(df, None, missing=missing)
 
 
 # what the round notebooks show of the sm_100a compile reports (data/compile.jsonl) of the study's B200 kernel

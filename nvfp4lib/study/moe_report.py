@@ -23,6 +23,7 @@ from ..bench.moe_bench import LABELS, LAYERS, ROUTINGS, TOKENS, floor_bound, moe
 from ..bench.roofline import H100_SXM_DATASHEET
 from ..bench.store import dirty_state
 from .plots import caption
+from .plots import shown as _shown
 
 __all__ = ["NO_DATA", "RECORD_COMMAND", "expected_touched", "predicted_floors", "latest_moe", "not_ok", "runs_used",
            "time_table", "eager_table", "memory_table", "targets", "target_summary", "time_figure",
@@ -359,18 +360,9 @@ def verdict_lines(v: Verdict | None, tg: pd.DataFrame) -> list[str]:
 
 
 def shown(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` as the page shows it: times (columns ending in ``us``) to 0.1, other floats to 0.01, "—" where a value
-    is missing (a case without an ok row), so that no NaN reaches a reader."""
-    out = df.copy()
-    for c in out.columns:
-        col = out[c]
-        if pd.api.types.is_float_dtype(col):
-            digits = 1 if str(c).endswith("us") else 2
-            out[c] = pd.Series([("—" if pd.isna(v) else f"{v:,.{digits}f}") for v in col], index=out.index,
-                               dtype=object)
-        else:
-            out[c] = col.astype(object).where(col.notna(), "—")
-    return out
+    """``df`` as the page shows it (:func:`.plots.shown`): times (columns ending in ``us``) to 0.1, other floats to
+    0.01, "—" where a value is missing (a case without an ok row), so that no NaN reaches a reader."""
+    return _shown(df, 2, time_digits=1)
 
 
 def _miss_text(g: pd.DataFrame) -> str:

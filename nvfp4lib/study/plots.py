@@ -43,6 +43,26 @@ def save(fig, name: str, fig_dir: Path | str = FIG_DIR) -> None:
         plt.close(fig)
 
 
+def shown(df, digits: int | None = 2, *, time_digits: int | None = None, missing: str = "—"):
+    """``df`` as a page shows it, never with a NaN: a missing cell (not measured, not applicable) as ``missing``;
+    floats rounded to ``digits`` (``time_digits`` for columns whose name ends in "us"; None: as they are), and a float
+    column holding only whole numbers (an integer column pandas widened for its gaps) as integers."""
+    if not len(df):
+        return df
+    out = df.copy()
+    for c in out.columns:
+        s = out[c]
+        if not pd.api.types.is_float_dtype(s):
+            continue
+        if s.notna().any() and (s.dropna() % 1 == 0).all():
+            out[c] = s.astype("Int64")
+            continue
+        d = time_digits if time_digits is not None and str(c).endswith("us") else digits
+        if d is not None:
+            out[c] = s.round(d)
+    return out.astype(object).where(out.notna(), missing)
+
+
 def caption(rows, source: str = "data/bench.jsonl") -> str:
     """'NVIDIA H100 80GB HBM3 (SM 1980/1980 MHz, driver 580.159.04), 2026-11-22, run …, data/bench.jsonl'."""
     if rows is None or len(rows) == 0:

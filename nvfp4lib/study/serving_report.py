@@ -19,6 +19,7 @@ from ..bench.roofline import add_floors
 from ..bench.store import HOPPER_KERNELS, dirty_state
 from ..problems import GroupedProblem
 from .plots import caption
+from .plots import shown as _shown
 
 __all__ = ["CALLS", "latest_calls", "missing_calls", "runs_used", "calls_table", "host_scheduled_reference",
            "weight_bytes", "predictions", "targets", "calls_figure", "gather_table", "gather_ab", "gather_variants",
@@ -646,14 +647,8 @@ def gather_now(gather_rows: pd.DataFrame, problems, latest: pd.DataFrame | None 
 
 
 def shown(df: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
-    """``df`` for display: floats rounded to ``digits``, a missing value as '—' (never NaN)."""
-    if not len(df):
-        return df
-    out = df.copy()
-    for c in out.columns:
-        if pd.api.types.is_float_dtype(out[c]):
-            out[c] = out[c].round(digits)
-    return out.astype(object).where(out.notna(), "—")
+    """``df`` for display (:func:`.plots.shown`): floats rounded to ``digits``, a missing value as '—'."""
+    return _shown(df, digits)
 
 
 COLORS = {"graph": "C0", "eager": "C1", "oneshot": "C2", "harness": "C3"}
