@@ -7,6 +7,9 @@ from nvfp4lib.formats import swizzle_scales
 from nvfp4lib.kernels.blackwell import runner as bw
 from nvfp4lib.problems import get_problem, make_inputs
 
+# a module fixture shared by this file's tests: they run in one pytest-xdist worker, so it is built once
+pytestmark = pytest.mark.xdist_group("test_blackwell_compile")
+
 SHIPPED = [(name, dual) for name in bw.CONFIGS for dual in (False, True)]
 
 

@@ -8,6 +8,9 @@ import shutil
 import pytest
 import torch
 
+# a module fixture shared by this file's tests: they run in one pytest-xdist worker, so it is built once
+pytestmark = pytest.mark.xdist_group("test_checkpoint")
+
 pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 

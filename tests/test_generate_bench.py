@@ -7,6 +7,9 @@ import json
 import pytest
 import torch
 
+# a module fixture shared by this file's tests: they run in one pytest-xdist worker, so it is built once
+pytestmark = pytest.mark.xdist_group("test_generate_bench")
+
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 

@@ -13,6 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+# a module fixture shared by this file's tests: they run in one pytest-xdist worker, so it is built once
+pytestmark = pytest.mark.xdist_group("test_hf_model")
+
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 

@@ -12,6 +12,9 @@ from nvfp4lib.kernels.hopper_smem import kernel as hopper
 from nvfp4lib.kernels.hopper_smem.config import SmemConfig
 from nvfp4lib.kernels.hopper_smem.kernel import CONFIGS, SWEEP_CONFIGS, compile_report, get_config, smem_plan, validate
 
+# a module fixture shared by this file's tests: they run in one pytest-xdist worker, so it is built once
+pytestmark = pytest.mark.xdist_group("test_hopper_compile")
+
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
 

@@ -11,6 +11,9 @@ from nvfp4lib.formats import dequantize, quantize
 from nvfp4lib.nn import NVFP4MoE, quantize_rows, reference_moe
 from nvfp4lib.nn.routing import route, unpermute
 
+# a module fixture shared by this file's tests: they run in one pytest-xdist worker, so it is built once
+pytestmark = pytest.mark.xdist_group("test_moe")
+
 # The layer rounds the down GEMM's output and its own output to bf16 (and sums the intermediate in another order
 # before its bf16 rounding); measured against the fp32 reference: 1.7e-3 to 2.6e-3 normwise on every case here.
 TOL = 1e-2
