@@ -36,7 +36,7 @@ def _rows(runs: int, commit: str = "abc1234", slow_triton: float = 3.0):
             prob = get_problem(name)
             base = {"run_id": f"run{r}", "date": f"2026-11-25T0{r}:00:00+00:00", "git_commit": commit,
                     "gpu": "NVIDIA H100 80GB HBM3", "problem": name, "status": "ok", "flops": prob.flops(),
-                    "nvfp4_bytes": prob.nvfp4_bytes(), "floor_us": 10.0}
+                    "nvfp4_bytes": prob.nvfp4_bytes(), "floor_us": 10.0, "iters": 30}
             fam = {"kernel_family": headline.FAMILY}
             rows.append({**base, **fam, "label": headline.DEFAULT, "median_us": 20.0 + r, "info_config": "vl_x"})
             rows.append({**base, **fam, "label": headline.EAGER, "median_us": 25.0 + r, "info_config": "vl_x"})
@@ -57,7 +57,8 @@ def test_headline_statistics_over_runs():
     assert s1["vs_tri"] == pytest.approx((2.0, 2.0, 2.0))  # the fastest Triton label per run
     assert s1["tri_labels"] == ["triton-fast[graph=True]"]
     text = headline.markdown(h)
-    assert "5 separate runs at commit `abc1234`" in text and "**22.0 (20.0–24.0)**" in text
+    assert "5 separate runs of `python -m nvfp4lib bench` at commit `abc1234`" in text
+    assert "median of 30 calls" in text and "**22.0 (20.0–24.0)**" in text
     assert "| 27.0 (25.0–29.0) |" in text  # the eager call beside the graph replay
 
 

@@ -91,6 +91,7 @@ def headline(df) -> dict:
         return out
     sel = add_floors(_current(df[df["run_id"].isin(runs) & (df["status"] == "ok") & df["problem"].isin(PROBLEMS)]))
     out["gpu"] = str(sel["gpu"].iloc[0])
+    out["iters"] = sorted({int(i) for i in sel["iters"].dropna()}) if "iters" in sel else []
     for prob in PROBLEMS:
         p = sel[sel["problem"] == prob]
         per_run = []
@@ -124,13 +125,14 @@ def markdown(h: dict) -> str:
     if not h["runs"]:
         return ("No qualifying run is recorded yet: the headline needs runs of `python -m nvfp4lib bench` (the "
                 "shipped kernel eager and graphed, the fair bf16 peer, Triton) on S1–S4 and the dual forms "
-                "(`make bench RECORD=--record` on an H100, five times).")
+                "(`python -m nvfp4lib bench --record` on an H100, five times).")
     n = len(h["runs"])
     ds = H100_SXM_DATASHEET
     lines = [
-        f"{n} separate runs at commit `{h['commit'][:7]}` on one {h['gpu']} (`make bench RECORD=--record`, each a "
-        "separate process); every cell is the median over the runs, (min–max) in brackets. Times are each run's median "
-        "of calls with the L2 flushed before each, every backend checked against the exact reference first. "
+        f"{n} separate runs of `python -m nvfp4lib bench` at commit `{h['commit'][:7]}` on one {h['gpu']} "
+        "(each a separate process); every cell is the median over the runs, (min–max) in brackets. Times are each "
+        f"run's median of {'/'.join(map(str, h.get('iters') or ['?']))} calls with the L2 flushed before each, every "
+        "backend checked against the exact reference first. "
         "**shipped** is `prepare_weights(...)` called as `w(a, offsets)`: graph = CUDA-graph replay, eager = a plain "
         "call. Floors: **measured** = max(FLOPs / bf16 MMA rate, NVFP4 bytes / copy bandwidth), both rates measured "
         f"in the same run; **datasheet** = the same with the H100 SXM datasheet's {ds['bf16_tflops']:g} TFLOP/s and "
@@ -150,7 +152,7 @@ def markdown(h: dict) -> str:
     lines += ["", f"Graph-replayed, the shipped kernel runs at {min(xm):.2f}–{max(xm):.2f}× the measured floor and "
               f"{min(vs):.2f}–{max(vs):.2f}× faster than the bf16 peer (`torch-bf16-predequant`: both operands "
               "dequantized to bf16 once, global scales folded in, one `torch._grouped_mm` per product, bf16 result; it "
-              "holds the weights in bf16, 3.6× the NVFP4 bytes). Triton: `" + "`, `".join(tri) + "`."]
+              f"holds the weights in bf16, {16 / 4.5:.1f}× the NVFP4 bytes). Triton: `" + "`, `".join(tri) + "`."]
     return "\n".join(lines)
 
 
