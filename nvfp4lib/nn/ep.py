@@ -251,19 +251,13 @@ class EPMoE(torch.nn.Module):
         return out
 
     def _check(self, x, topk_ids, topk_weights) -> None:
-        if x.dim() != 2 or x.shape[1] != self.hidden or not x.is_floating_point():
-            raise ValueError(f"x must be a float [T, H={self.hidden}] tensor, got {x.dtype} {tuple(x.shape)}")
+        self.local._check(x, topk_ids, topk_weights)  # shapes, dtypes, devices: the local layer's own rules
         if x.shape[0] > self.capacity:
             raise ValueError(f"T = {x.shape[0]} tokens exceed this layer's capacity = {self.capacity} tokens per "
                              f"rank per step (fixed when the buffers were allocated): split the step or rebuild")
-        if topk_ids.dim() != 2 or tuple(topk_ids.shape) != (x.shape[0], self.top_k) or topk_ids.is_floating_point():
+        if topk_ids.shape[1] != self.top_k:
             raise ValueError(f"topk_ids must be an integer [T={x.shape[0]}, top_k={self.top_k}] tensor, got "
                              f"{topk_ids.dtype} {tuple(topk_ids.shape)}")
-        if tuple(topk_weights.shape) != tuple(topk_ids.shape):
-            raise ValueError(f"topk_weights is {tuple(topk_weights.shape)} but topk_ids is {tuple(topk_ids.shape)}")
-        if not (x.device == topk_ids.device == topk_weights.device == self.device):
-            raise ValueError(f"x ({x.device}), topk_ids ({topk_ids.device}), topk_weights ({topk_weights.device}) "
-                             f"must be on the weights' device {self.device}")
 
 
 def _amax(x: torch.Tensor) -> torch.Tensor:

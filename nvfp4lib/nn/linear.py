@@ -18,22 +18,9 @@ import torch
 from ..formats import NVFP4Tensor, quantize
 from ..serving import SERVING_BACKENDS, prepare_weights
 from .moe import ACTIVATIONS, resolve_quantizer
-from .quant import quantize_rows
+from .quant import quantize_rows, static_scale
 
 __all__ = ["NVFP4Linear"]
-
-
-def _scale_tensor(scale, device, what: str) -> torch.Tensor | None:
-    """A static activation global scale as float32 ``[1]`` on ``device`` (checked finite and positive once, here)."""
-    if scale is None:
-        return None
-    s = torch.as_tensor(scale, dtype=torch.float32).detach().reshape(-1)
-    if s.numel() != 1:
-        raise ValueError(f"{what} must hold one number, got shape {tuple(torch.as_tensor(scale).shape)}")
-    v = float(s.cpu())
-    if not (v > 0.0 and v != float("inf")):
-        raise ValueError(f"{what} must be finite and > 0, got {v}")
-    return s.to(device)
 
 
 class NVFP4Linear(torch.nn.Module):
@@ -66,7 +53,7 @@ class NVFP4Linear(torch.nn.Module):
         self.bias = bias
         self.activations, self.backend = activations, backend
         self.quantizer = resolve_quantizer(quantizer, self.device)
-        self.input_scale = _scale_tensor(input_scale, self.device, "input_scale")
+        self.input_scale = None if input_scale is None else static_scale(input_scale, self.device, "input_scale")
         self.weight = weight if keep_weight else None
         self.w = prepare_weights([weight], backend=backend, out_dtype=torch.bfloat16, activations=activations)
         self._offsets: dict[int, torch.Tensor] = {}

@@ -23,7 +23,7 @@ import torch
 
 from ..formats import NVFP4Tensor, quantize
 from ..serving import SERVING_BACKENDS, prepare_weights
-from .quant import quantize_rows
+from .quant import quantize_rows, static_scale
 from .routing import route, triton_importable, unpermute
 
 __all__ = ["NVFP4MoE", "ACTIVATIONS", "INTERMEDIATE_DTYPE", "QUANTIZERS", "resolve_quantizer"]
@@ -161,16 +161,8 @@ def _static_scales(scales, device) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(scales, (tuple, list)) or len(scales) != 2:
         raise TypeError(f"input_scales must be a pair (gate_up, down) of numbers or one-element tensors, got "
                         f"{type(scales).__name__}")
-    out = []
-    for what, s in zip(("gate_up", "down"), scales):
-        t = torch.as_tensor(s, dtype=torch.float32).detach().reshape(-1)
-        if t.numel() != 1:
-            raise ValueError(f"input_scales ({what}) must hold one number, got {t.numel()}")
-        v = float(t.cpu())
-        if not (v > 0.0 and v != float("inf")):
-            raise ValueError(f"input_scales ({what}) must be finite and > 0, got {v}")
-        out.append(t.to(device))
-    return out[0], out[1]
+    gate_up, down = (static_scale(s, device, f"input_scales ({what})") for what, s in zip(("gate_up", "down"), scales))
+    return gate_up, down
 
 
 def _packed(codes: torch.Tensor, scale_bytes: torch.Tensor, g: torch.Tensor) -> NVFP4Tensor:

@@ -11,7 +11,7 @@ import torch
 
 from ..formats import BLOCK_SIZE, E2M1_MAX, E4M3_MAX
 
-__all__ = ["check_k", "global_scale_of", "quantize_rows"]
+__all__ = ["check_k", "global_scale_of", "quantize_rows", "static_scale"]
 
 # E2M1 rounding boundaries, as in nvfp4lib.formats: a value rounds up past the first set only when strictly above
 # (its ties go down to an even code), past the second set when at or above (its ties go up to an even code).
@@ -65,3 +65,15 @@ def quantize_rows(x: torch.Tensor, global_scale: torch.Tensor | None = None):
     mag = sum((a > m).to(torch.uint8) for m in _TIES_DOWN) + sum((a >= m).to(torch.uint8) for m in _TIES_UP)
     codes = (mag | (torch.signbit(y).to(torch.uint8) << 3)).reshape(x.shape)
     return codes[..., 0::2] | (codes[..., 1::2] << 4), scales, g
+
+
+def static_scale(scale, device, what: str) -> torch.Tensor:
+    """A static activation global scale (a checkpoint's) as float32 ``[1]`` on ``device``, checked finite and positive
+    once, here: the forward reads nothing back."""
+    t = torch.as_tensor(scale, dtype=torch.float32).detach().reshape(-1)
+    if t.numel() != 1:
+        raise ValueError(f"{what} must hold one number, got shape {tuple(torch.as_tensor(scale).shape)}")
+    v = float(t.cpu())
+    if not (v > 0.0 and v != float("inf")):
+        raise ValueError(f"{what} must be finite and > 0, got {v}")
+    return t.to(device)

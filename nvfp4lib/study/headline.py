@@ -68,14 +68,13 @@ def _current(df):
     predequant peer under its label; every other row as it is."""
     fam = df["kernel_family"] if "kernel_family" in df else None
     notes = df["notes"].fillna("") if "notes" in df else None
-    keep = []
-    for i, label in enumerate(df["label"]):
-        if label in (DEFAULT, EAGER):
-            keep.append(fam is not None and fam.iloc[i] == FAMILY)
-        elif label == PREDEQUANT:
-            keep.append(notes is not None and FAIR_PEER_NOTE in notes.iloc[i])
-        else:
-            keep.append(True)
+    shipped = df["label"].isin((DEFAULT, EAGER))
+    peer = df["label"] == PREDEQUANT
+    keep = ~(shipped | peer)
+    if fam is not None:
+        keep |= shipped & (fam == FAMILY)
+    if notes is not None:
+        keep |= peer & notes.str.contains(FAIR_PEER_NOTE, regex=False)
     return df[keep]
 
 
