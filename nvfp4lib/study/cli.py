@@ -58,6 +58,38 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    """Each backend's call split into its kernels (CUPTI records over many calls, L2 flushed before each) (GPU)."""
+    import json
+
+    import torch
+
+    from ..bench.backends import prepare
+    from ..bench.harness import BackendSpec
+    from ..bench.kernel_profile import format_profile, profile_runner
+    from ..problems import make_inputs
+    from ..timing import L2Flusher
+
+    if not torch.cuda.is_available():
+        print("profile needs a CUDA GPU", file=sys.stderr)
+        return 2
+    flush, results = L2Flusher(), []
+    for prob in _problems(args):
+        inp = make_inputs(prob, seed=args.seed, device="cuda")
+        for spec in [BackendSpec.parse(s) for s in args.backend]:
+            runner = prepare(inp.a, inp.b, inp.b2, backend=spec.backend, **spec.options)
+            prof = profile_runner(runner, iters=args.iters, flush=flush)
+            label = f"{prob.name} {spec.name} {runner.info.get('config', '')}"
+            print(format_profile(label, prof), flush=True)
+            results.append({"problem": prob.name, "backend": spec.name, "config": runner.info.get("config"), **prof})
+            del runner
+    if args.out:
+        with open(args.out, "a") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
+    return 0
+
+
 def cmd_check(args) -> int:
     """Each backend against the exact reference (fp64 accumulation, one rounding to the output dtype) per input
     distribution; rows (normwise and elementwise max relative error, mismatching elements) to build/ or --record."""
@@ -285,6 +317,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1111)
     p.add_argument("--out-dtype", default="float16", choices=["float16", "bfloat16"])
     p.set_defaults(fn=cmd_tune)
+
+    p = sub.add_parser("profile", help="a call's kernels and their GPU time, from CUPTI records (GPU)")
+    add_problems(p)
+    p.add_argument("--backend", action="append", required=True, help="backend[:key=value,...] (repeatable)")
+    p.add_argument("--seed", type=int, default=1111)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--out", type=Path, help="append one JSON line per (problem, backend) to this file")
+    p.set_defaults(fn=cmd_profile)
 
     p = sub.add_parser("check", help="correctness against the exact reference (GPU if present)")
     add_problems(p)
