@@ -9,17 +9,15 @@ on the same weights, run on the concatenation of both ranks' tokens.
   process sharing plain tensors as the symmetric heap: bit-identical for any k.
 """
 import os
-import socket
 import threading
-import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from nvfp4lib.formats import quantize
 from nvfp4lib.nn import EPMoE, NVFP4MoE
 from nvfp4lib.nn.ep_symm import SymmetricHeap, SymmMemTransport
+from tests.ranks import free_port, run_ranks
 
 E, H, INTER, W = 8, 64, 32, 2
 TIMEOUT_S = 120
@@ -112,23 +110,8 @@ def _gloo_worker(rank: int, port: int) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_all_gather_transport_on_two_gloo_processes():
-    ctx = mp.start_processes(_gloo_worker, args=(_free_port(),), nprocs=W, join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=1):  # raises (with the worker's traceback) as soon as a worker fails
-            if time.monotonic() > deadline:
-                pytest.fail(f"the 2 gloo processes did not finish in {TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    run_ranks(_gloo_worker, (free_port(),), W, TIMEOUT_S)
 
 
 # -- the symm-mem protocol on 2 threads -------------------------------------------------------------------------------

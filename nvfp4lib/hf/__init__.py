@@ -2,7 +2,8 @@
 ``safetensors``, the ``hf`` extra; imported on use).
 
 - :func:`from_pretrained` (:mod:`.loader`): a checkpoint folder -> a transformers causal LM whose experts are
-  :class:`~nvfp4lib.nn.NVFP4MoE` and other quantized Linears :class:`~nvfp4lib.nn.NVFP4Linear`;
+  :class:`~nvfp4lib.nn.NVFP4MoE` and other quantized Linears :class:`~nvfp4lib.nn.NVFP4Linear`; with ``ep_group``,
+  each rank's own experts as :class:`~nvfp4lib.nn.EPMoE` (expert parallelism, :mod:`.ep`);
 - :func:`make_checkpoint` (:mod:`.writer`): a randomly initialised NVFP4 checkpoint in either format;
 - :func:`generate` (:mod:`.generate`): greedy decoding with a static KV cache (optionally one CUDA graph per step),
   timed;

@@ -1,13 +1,21 @@
 """Greedy decoding with a static KV cache, timed: the serving loop a loaded checkpoint runs.
 
-:func:`generate` prefills the prompt in one forward, then decodes one token per step for the whole batch. The cache
-is transformers' ``StaticCache`` (its shapes never change, so a step's tensors keep their addresses). With
-``cuda_graph=True`` the decode step (the whole model: attention, NVFP4 Linears, the MoE layers) is captured once as
-one CUDA graph after two eager warm-up steps on a side stream, and replayed for every later step; only the token and
-its position are copied in. The stats row gives decode tokens/s (batch · steps / time) and the time per step over the
-steady-state steps (those after the warm-up steps and the capture: a first call's compiles, tuning and the capture
-itself are left out; eager decoding leaves the same steps out, so both forms are timed alike), the whole decode time,
-the prefill time and the peak GPU memory of the run.
+:func:`generate` prefills the prompt (in one forward, or in chunks of ``prefill_chunk`` positions), then decodes one
+token per step for the whole batch. The cache is transformers' ``StaticCache`` (its shapes never change, so a step's
+tensors keep their addresses). With ``cuda_graph=True`` the decode step (the whole model: attention, NVFP4 Linears,
+the MoE layers) is captured once as one CUDA graph after two eager warm-up steps on a side stream, and replayed for
+every later step; only the token and its position are copied in. The stats row gives decode tokens/s (batch · steps /
+time) and the time per step over the steady-state steps (those after the warm-up steps and the capture: a first call's
+compiles, tuning and the capture itself are left out; eager decoding leaves the same steps out, so both forms are
+timed alike), the whole decode time, the prefill time and the peak GPU memory of the run.
+
+An expert-parallel model (``from_pretrained(..., ep_group=)``, :mod:`.ep`) decodes this rank's batch while the other
+ranks decode theirs, every rank calling generate with the same shapes: the ranks' shapes are checked against each
+other first (one all-gather; a mismatch raises ValueError on every rank, before any step), a batch larger than the
+model's ``ep_capacity`` is refused on every rank, and the prompt is prefilled in chunks of at most ``ep_capacity //
+batch`` positions, so every forward fits the capacity and the ranks step in lockstep. ``cuda_graph=True`` captures the
+EP layers' collectives with the rest (both transports are capturable). The stats add ``ep_world``, the ``global_batch``
+and ``global_tokens_per_s`` (all ranks' tokens over the slowest rank's time).
 """
 from __future__ import annotations
 
@@ -37,8 +45,10 @@ def _sync(device) -> None:
 
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph: bool = False,
-             progress: bool = False) -> Generation:
-    """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` (int ``[B, P]``, or ``[P]`` for one sequence)."""
+             prefill_chunk: int | None = None, progress: bool = False) -> Generation:
+    """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` (int ``[B, P]``, or ``[P]`` for one sequence).
+    ``prefill_chunk``: positions per prefill forward (default: the whole prompt; an expert-parallel model caps it at
+    its capacity, see the module doc)."""
     from transformers import StaticCache
 
     if max_new_tokens < 1:
@@ -51,8 +61,20 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
         raise ValueError(f"input_ids must be [B, P] with P >= 1, got {tuple(ids.shape)}")
     if cuda_graph and device.type != "cuda":
         raise ValueError(f"cuda_graph=True needs the model on a CUDA device, not {device}")
+    if prefill_chunk is not None and prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be >= 1 positions, got {prefill_chunk}")
     ids = ids.to(device)
     batch, prompt = ids.shape
+    chunk = min(prefill_chunk or prompt, prompt)
+    ep = getattr(model, "nvfp4_ep", None)
+    if ep is not None:
+        ep.require_same(batch=batch, prompt_tokens=prompt, max_new_tokens=max_new_tokens, cuda_graph=int(cuda_graph),
+                        prefill_chunk=chunk)
+        if batch > ep.capacity:
+            raise ValueError(f"a decode step of {batch} sequences runs {batch} tokens per rank, more than the "
+                             f"model's ep_capacity = {ep.capacity}: load it with ep_capacity >= {batch} or decode "
+                             "fewer sequences per rank")
+        chunk = min(chunk, ep.capacity // batch)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     cache = StaticCache(config=model.config, max_cache_len=prompt + max_new_tokens)
@@ -62,8 +84,10 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
 
     _sync(device)
     t0 = time.perf_counter()
-    logits = model(input_ids=ids, **kv, use_cache=True,
-                   cache_position=torch.arange(prompt, device=device), logits_to_keep=1).logits
+    for start in range(0, prompt, chunk):
+        end = min(start + chunk, prompt)
+        logits = model(input_ids=ids[:, start:end], **kv, use_cache=True,
+                       cache_position=torch.arange(start, end, device=device), logits_to_keep=1).logits
     out[:, 0] = logits[:, -1].argmax(-1)
     _sync(device)
     t1 = time.perf_counter()
@@ -117,6 +141,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
     steady_s = t2 - t_steady
     stats = {
         "batch": batch, "prompt_tokens": prompt, "new_tokens": max_new_tokens, "cuda_graph": cuda_graph,
+        "prefill_steps": -(-prompt // chunk),
         "prefill_ms": (t1 - t0) * 1e3,
         "decode_s": t2 - t1,
         "timed_steps": steps_n,
@@ -126,6 +151,12 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
         "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
     }
+    if ep is not None:  # every rank's tokens over the slowest rank's steady-state time
+        slowest = float(ep.gathered([steady_s])[:, 0].max())
+        stats.update(ep_world=ep.world, ep_transport=ep.transport, ep_capacity=ep.capacity,
+                     global_batch=batch * ep.world,
+                     global_tokens_per_s=batch * ep.world * steps_n / slowest if steps_n and slowest > 0
+                     else float("nan"))
     report = getattr(model, "nvfp4_load_report", None)
     if report:
         stats.update(model=report["path"], format=report["format"], activations=report["activations"],

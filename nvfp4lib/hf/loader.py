@@ -5,7 +5,7 @@ tensor by tensor, each read from its safetensors file and placed on ``device`` o
 
 - each layer's experts become one :class:`~nvfp4lib.nn.NVFP4MoE` built from the stored codes and scales (no bf16
   copy, no re-quantization; the per-expert NVFP4 tensors are dropped once the serving path holds its own), wrapped
-  in :class:`.modules.NVFP4Experts`;
+  in :class:`.modules.NVFP4Experts` (with ``ep_group``: an :class:`~nvfp4lib.nn.EPMoE` of this rank's experts);
 - every other quantized Linear (attention projections, shared experts, dense MLPs) becomes an
   :class:`~nvfp4lib.nn.NVFP4Linear`;
 - everything else (embeddings, norms, routers, ``lm_head``, excluded modules) is loaded as stored, in the skeleton's
@@ -19,6 +19,10 @@ input, like vLLM: the maximum over its experts (and over gate and up) of the deq
 ``input_scale``, compressed-tensors' ``1/input_global_scale``), so no expert's calibrated range clips; a layer whose
 checkpoint has no activation scales computes one per call (logged). Gate and up keep their own weight global scales
 (the dual GEMM takes one per expert for each), so checkpoints whose gate and up differ load exactly.
+
+Expert parallelism (``ep_group=``): each rank reads and holds only its experts of every MoE layer, as an
+:class:`~nvfp4lib.nn.EPMoE`, and the rest of the model whole; the design (data-parallel attention, lockstep steps, the
+fixed capacity, the activation scales taken over the group) is :mod:`.ep`'s docstring.
 
 Errors (:class:`~.checkpoint.CheckpointError`) name the file and the tensor: a missing tensor, a wrong dtype or
 shape, K not a multiple of 16, an unknown format, a quantized module the model has no Linear or experts for, a tensor
@@ -35,10 +39,12 @@ from pathlib import Path
 
 import torch
 
+from ..nn.ep import EPMoE
 from ..nn.linear import NVFP4Linear
 from ..nn.moe import NVFP4MoE
 from .archs import EXPERT_RE, Arch, arch_of
 from .checkpoint import KV_CACHE_LEAVES, Checkpoint, CheckpointError, read_config, read_nvfp4, read_scheme
+from .ep import ExpertParallel
 from .modules import NVFP4Experts
 from .modules import set_module_tensor as _set
 
@@ -115,36 +121,54 @@ class _Plan:
                     self.plain[f"{arch.to_model(mod)}.{leaf}"] = name
 
 
-def _max_scale(scales: list, what: str, notes: list) -> torch.Tensor | None:
-    present = [s for s in scales if s is not None]
-    if not present:
+def _max_scale(scales: list, what: str, notes: list, ep: ExpertParallel | None) -> torch.Tensor | None:
+    """The layer's activation scale: the maximum of its projections' (None if none has one); under ``ep``, of every
+    rank's projections (one all-gather: every rank calls this for every layer, in the same order)."""
+    present = [float(s) for s in scales if s is not None]  # float32 numbers: exact as Python floats
+    n_present, n, hi, lo = len(present), len(scales), max(present, default=0.0), min(present, default=float("inf"))
+    if ep is not None:
+        g = ep.gathered([n_present, n, hi, lo])  # [world, 4]
+        n_present, n, hi, lo = int(g[:, 0].sum()), int(g[:, 1].sum()), float(g[:, 2].max()), float(g[:, 3].min())
+    if not n_present:
         return None
-    if len(present) != len(scales):
-        raise CheckpointError(f"{what}: {len(present)} of {len(scales)} projections have an activation scale; a "
-                              "checkpoint has them for all or none")
-    t = torch.stack(present)
-    if bool((t != t[0]).any()):
-        notes.append(f"{what}: activation scales differ ({float(t.min()):.4g} .. {float(t.max()):.4g}); the "
-                     "maximum is used for the whole layer")
-    return t.max()
+    if n_present != n:
+        raise CheckpointError(f"{what}: {n_present} of {n} projections have an activation scale; a checkpoint has "
+                              "them for all or none")
+    if hi != lo:
+        notes.append(f"{what}: activation scales differ ({lo:.4g} .. {hi:.4g}); the maximum is used for the whole "
+                     "layer")
+    return torch.tensor(hi, dtype=torch.float32)
 
 
-def from_pretrained(path, *, activations: str = "nvfp4", device="cuda", ep_group=None, backend: str | None = None,
-                    quantizer: str = "auto", progress: bool = False) -> torch.nn.Module:
+def from_pretrained(path, *, activations: str = "nvfp4", device="cuda", ep_group=None, ep_capacity: int | None = None,
+                    ep_transport: str = "all-gather", backend: str | None = None, quantizer: str = "auto",
+                    progress: bool = False) -> torch.nn.Module:
     """A transformers causal LM from the NVFP4 checkpoint folder ``path`` (see the module doc), in eval mode.
 
     ``activations``: "nvfp4" (W4A4, with the checkpoint's static activation scales) or "bf16" (W4A16).
-    ``backend``: the serving backend, default "cute-hopper" on CUDA and "reference" elsewhere. ``ep_group``: expert
-    parallelism is not implemented (None only). The model carries ``nvfp4_load_report`` (what became of each
-    tensor). Architectures: ``qwen3_moe``, ``mixtral``, ``deepseek_v3``."""
-    if ep_group is not None:
-        raise NotImplementedError("from_pretrained: expert parallelism (ep_group) is not implemented; load the model "
-                                  "on one device (ep_group=None)")
+    ``backend``: the serving backend, default "cute-hopper" on CUDA and "reference" elsewhere.
+
+    ``ep_group``: a process group (e.g. ``torch.distributed.group.WORLD``) to split the experts over (expert
+    parallelism, :mod:`.ep`): every rank of it calls from_pretrained with the same arguments and its own ``device``,
+    and gets a model holding its E/W experts of each MoE layer (an :class:`~nvfp4lib.nn.EPMoE`) and all the rest.
+    Then ``ep_capacity`` (required) is the most tokens a rank runs per forward (its batch times the positions of a
+    step; a forward over more raises ValueError), and ``ep_transport`` the EPMoE transport (``"all-gather"``, or
+    ``"symm-mem"`` on CUDA). Every rank must call the model's forward in the same step (:func:`.generate` does). The
+    model then carries ``nvfp4_ep`` (:class:`.ep.ExpertParallel`), else None.
+
+    The model carries ``nvfp4_load_report`` (what became of each tensor). Architectures: ``qwen3_moe``, ``mixtral``,
+    ``deepseek_v3``."""
     if activations not in ("nvfp4", "bf16"):
         raise ValueError(f"activations must be 'nvfp4' or 'bf16', got {activations!r}")
     path, device = Path(path), torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    if ep_group is None and ep_capacity is not None:
+        raise ValueError("ep_capacity is given but ep_group is None: expert parallelism needs the process group")
+    if ep_group is not None and ep_capacity is None:
+        raise ValueError("ep_group needs ep_capacity: the most tokens a rank runs per forward (its batch times the "
+                         "positions of a step), which sizes the expert-parallel buffers")
+    ep = None if ep_group is None else ExpertParallel(ep_group, ep_capacity, ep_transport, device)
     backend = backend or ("cute-hopper" if device.type == "cuda" else "reference")
     scheme = read_scheme(path)
     config = read_config(path)
@@ -155,6 +179,7 @@ def from_pretrained(path, *, activations: str = "nvfp4", device="cuda", ep_group
     plan = _Plan(ckpt, scheme, arch, text_config.num_hidden_layers)
     notes = list(scheme.notes)
     kw = dict(activations=activations, backend=backend, quantizer=quantizer)
+    top_k = getattr(text_config, "num_experts_per_tok", None)
     modules = dict(model.named_modules())
 
     experts_modules = [n for n, m in modules.items() if _is_experts(m)]
@@ -166,7 +191,7 @@ def from_pretrained(path, *, activations: str = "nvfp4", device="cuda", ep_group
                                   f"module {name!r}")
     bar = _progress(progress, len(experts_modules) + len(plan.linears))
     for name in experts_modules:
-        _load_experts(model, modules[name], name, plan, ckpt, scheme, arch, device, kw, notes)
+        _load_experts(model, modules[name], name, plan, ckpt, scheme, arch, device, kw, notes, ep, top_k)
         bar.update(1)
     for name, (mod, lv) in plan.linears.items():
         _load_linear(model, modules.get(name), name, mod, lv, ckpt, scheme, device, kw, notes)
@@ -183,10 +208,12 @@ def from_pretrained(path, *, activations: str = "nvfp4", device="cuda", ep_group
     model.nvfp4_load_report = {
         "path": str(path), "format": scheme.format, "activations": activations, "backend": backend,
         "expert_layers": len(experts_modules), "nvfp4_linears": len(plan.linears), "plain_tensors": n_plain,
-        "not_read": plan.ignored, "notes": notes,
+        "not_read": plan.ignored, "notes": notes, "ep": ep.report() if ep else None,
     }
-    log.info("loaded %s (%s): %d expert layers as NVFP4MoE, %d NVFP4Linear, %d tensors as stored; %d not read",
-             path, scheme.format, len(experts_modules), len(plan.linears), n_plain, len(plan.ignored))
+    model.nvfp4_ep = ep
+    log.info("loaded %s (%s): %d expert layers as %s, %d NVFP4Linear, %d tensors as stored; %d not read",
+             path, scheme.format, len(experts_modules), repr(ep) if ep else "NVFP4MoE", len(plan.linears), n_plain,
+             len(plan.ignored))
     return model
 
 
@@ -206,7 +233,7 @@ def _progress(on: bool, total: int):
     return _Off()
 
 
-def _load_experts(model, module, name, plan, ckpt, scheme, arch, device, kw, notes) -> None:
+def _load_experts(model, module, name, plan, ckpt, scheme, arch, device, kw, notes, ep, top_k) -> None:
     stored = plan.experts.get(name)
     n_exp, two_i, hidden = module.gate_up_proj.shape
     inter = two_i // 2
@@ -224,24 +251,30 @@ def _load_experts(model, module, name, plan, ckpt, scheme, arch, device, kw, not
     shapes = {"gate": (inter, hidden), "up": (inter, hidden), "down": (hidden, inter)}
     w = {"gate": [], "up": [], "down": []}
     a = {"gate": [], "up": [], "down": []}
-    for e in range(n_exp):
+    for e in range(n_exp):  # names only: every rank checks every expert is there, reading none
         for role in ("gate", "up", "down"):
             if (e, role) not in stored:
                 raise CheckpointError(f"{ckpt.path}: missing tensor {cname}.{e}.{arch.proj(role)}."
                                       f"{scheme.fields['codes']}")
+    for e in range(n_exp) if ep is None else ep.experts(n_exp):
+        for role in ("gate", "up", "down"):
             mod, _ = stored[(e, role)]
             t, s = read_nvfp4(ckpt, scheme, mod, device, shapes[role])
             w[role].append(t)
             a[role].append(s)
     input_scales = None
     if kw["activations"] == "nvfp4":
-        gu = _max_scale(a["gate"] + a["up"], f"{cname} (gate and up)", notes)
-        dn = _max_scale(a["down"], f"{cname} (down)", notes)
+        gu = _max_scale(a["gate"] + a["up"], f"{cname} (gate and up)", notes, ep)
+        dn = _max_scale(a["down"], f"{cname} (down)", notes, ep)
         if gu is None or dn is None:
             notes.append(f"{cname}: no activation scales stored; W4A4 computes one per call")
         else:
             input_scales = (gu, dn)
-    moe = NVFP4MoE(w["gate"], w["up"], w["down"], input_scales=input_scales, keep_weights=False, **kw)
+    if ep is None:
+        moe = NVFP4MoE(w["gate"], w["up"], w["down"], input_scales=input_scales, keep_weights=False, **kw)
+    else:
+        moe = EPMoE(w["gate"], w["up"], w["down"], experts=n_exp, top_k=top_k, capacity=ep.capacity, group=ep.group,
+                    transport=ep.transport, input_scales=input_scales, keep_weights=False, **kw)
     _set(model, name, NVFP4Experts(moe))
 
 

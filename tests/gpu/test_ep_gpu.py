@@ -9,12 +9,11 @@ W4A16 is held to 2e-3 normwise and W4A4 to 1e-2 (tests/gpu/test_moe_gpu.py's tol
 case also prints whether it came out bit-identical.
 """
 import os
-import socket
-import time
 
 import pytest
 import torch
-import torch.multiprocessing as mp
+
+from tests.ranks import free_port, run_ranks
 
 pytestmark = pytest.mark.gpu
 
@@ -121,25 +120,9 @@ def _worker(rank: int, port: int, transport: str, activations: str, graphed: boo
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("graphed", [False, True], ids=["eager", "graphed"])
 @pytest.mark.parametrize("activations", ["nvfp4", "bf16"])
 @pytest.mark.parametrize("transport", ["all-gather", "symm-mem"])
 def test_ep_two_gpus(transport, activations, graphed):
     _needs_two_hoppers()
-    ctx = mp.start_processes(_worker, args=(_free_port(), transport, activations, graphed), nprocs=W, join=False,
-                             start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=1):
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {W} processes did not finish in {TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    run_ranks(_worker, (free_port(), transport, activations, graphed), W, TIMEOUT_S)
