@@ -1,6 +1,7 @@
 """Expert-parallel loading (issue 42) on the CPU: ``from_pretrained(..., ep_group=)`` on 2 gloo processes (spawned,
 joined with a timeout), backend "reference", tiny checkpoints written by nvfp4lib.hf.make_checkpoint (Qwen3-MoE and
-Mixtral, ModelOpt and compressed-tensors), against the single-process model loaded in the same process:
+Mixtral in ModelOpt and compressed-tensors, DeepSeek-V3 with its shared expert and dense layer in ModelOpt), against
+the single-process model loaded in the same process:
 
 - logits of the EP model on each rank's batch are bit-identical to the single-process model's on those sequences, in
   W4A16 and W4A4 (the tolerance is zero, and why: with the checkpoint's static activation scales a token's MoE output
@@ -36,7 +37,7 @@ from tests.ranks import free_port, run_ranks  # noqa: E402
 W, CAP = 2, 32
 TIMEOUT_S = 80
 CASES = [("qwen3_moe", "modelopt"), ("qwen3_moe", "compressed-tensors"), ("mixtral", "compressed-tensors"),
-         ("mixtral", "modelopt")]
+         ("mixtral", "modelopt"), ("deepseek_v3", "modelopt")]
 
 
 class _Recorder:
