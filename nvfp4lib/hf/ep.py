@@ -21,7 +21,9 @@ and the ``generate --ep W`` command need of the process group, and the design th
   the single-process load takes it). Each rank reads its own experts' scales and the group takes the maximum (one
   all-gather of four numbers per layer input, :meth:`ExpertParallel.gathered`): the same number, without reading
   another rank's tensors. With the scales static, a token's MoE output does not depend on the other tokens of the
-  step, so an EP model on a rank's batch computes what the single-process model computes on that batch.
+  step, so an EP model on a rank's batch computes what the single-process model computes on that batch. (A checkpoint
+  without activation scales gets EPMoE's per-step scale of the whole EP batch instead: what one process computes on
+  all ranks' sequences together.)
 """
 from __future__ import annotations
 
@@ -48,10 +50,11 @@ class ExpertParallel:
             raise ValueError(f"ep_transport must be one of {TRANSPORTS}, got {transport!r}")
         self.group, self.capacity, self.transport = group, capacity, transport
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-        self.backend = dist.get_backend(group)
-        if self.backend == "nccl" and device.type != "cuda":
+        nccl = dist.get_backend(group) == "nccl"
+        if nccl and device.type != "cuda":
             raise ValueError(f"ep_group is an NCCL group, but the model is to be loaded on {device}: load it on this "
                              "rank's CUDA device, or use a gloo group on the CPU")
+        self.device = device if nccl else torch.device("cpu")  # where the host-side collectives' tensors live
 
     def experts(self, n: int) -> range:
         """The experts of this rank among a layer's ``n``."""
@@ -64,8 +67,7 @@ class ExpertParallel:
         all-gather, which every rank calls at the same point."""
         import torch.distributed as dist
 
-        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
-        mine = torch.tensor(values, dtype=torch.float64, device=device)
+        mine = torch.tensor(values, dtype=torch.float64, device=self.device)
         out = [torch.empty_like(mine) for _ in range(self.world)]
         dist.all_gather(out, mine, group=self.group)
         return torch.stack(out).cpu()
