@@ -139,7 +139,7 @@ def _build():
                     self._issue_x(load_pipe, early, loads)
                     early.advance()
             for kt in cutlass.range(k_tiles, unroll=1):
-                load_pipe.consumer_wait(cons)
+                self._wait_full(load_pipe, cons)
                 loaded = self._load_units(sw_base, cons.index, wg, t)
                 for s in cutlass.range_constexpr(self.nsub):
                     self._decode_mma(s, loaded, tiled_mma, rA, rA32, accs, tCrB, cons.index)
@@ -163,6 +163,19 @@ def _build():
                 cons.advance()
             warpgroup.wait_group(0)
             self._epilogue(nv, accs, tCcC, storage, mC, self._alpha(*scales), row0, tokens, n0, n_valid, wg, t)
+
+        @cute.jit
+        def _wait_full(self, load_pipe, cons):
+            """Until stage ``cons`` has landed. ``wait="suspend"``: the pipeline's wait (try_wait with a suspend-time
+            hint, which ptxas may compile into a NANOSLEEP loop inline); ``"spin"``: try_wait without a hint (the
+            hardware's own time limit per try) in a loop, no sleep (the config knob; see its doc)."""
+            if cutlass.const_expr(getattr(self.cfg, "wait", "suspend") == "spin"):
+                bar = load_pipe.sync_object_full.get_barrier(cons.index)
+                done = cute.arch.mbarrier_try_wait(bar, cons.phase)
+                while not done:
+                    done = cute.arch.mbarrier_try_wait(bar, cons.phase)
+            else:
+                load_pipe.consumer_wait(cons)
 
         @cute.jit
         def _await_x(self):

@@ -28,6 +28,7 @@ from ..hopper_rs.layout import UNIT_BYTES, UNIT_K
 
 EPILOGUES = ("simt", "staged")
 ACTS = ("nvfp4", "bf16")
+WAITS = ("suspend", "spin")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class VarlenConfig:
     epilogue: str = "staged"
     dual: bool = False
     act: str = "nvfp4"
+    wait: str = "suspend"
 
     def with_(self, **changes) -> "VarlenConfig":
         return replace(self, **changes)
@@ -102,6 +104,8 @@ def validate(cfg: VarlenConfig) -> VarlenConfig:
         raise ValueError(f"{n}: ab_stages={cfg.ab_stages}: the loads of one stage overlap the MMA of another (>= 2)")
     if cfg.act not in ACTS:
         raise ValueError(f"{n}: act={cfg.act!r}: must be one of {ACTS}")
+    if cfg.wait not in WAITS:
+        raise ValueError(f"{n}: wait={cfg.wait!r}: must be one of {WAITS}")
     if cfg.epilogue not in EPILOGUES:
         raise ValueError(f"{n}: epilogue={cfg.epilogue!r}: must be one of {EPILOGUES}")
     acts = cfg.ab_stages * cfg.tile_k * cfg.tile_n * 2
@@ -113,16 +117,17 @@ def validate(cfg: VarlenConfig) -> VarlenConfig:
     return cfg
 
 
-def _name(dual: bool, tm: int, tn: int, tk: int, st: int, ts: int, epi: str, act: str = "nvfp4") -> str:
+def _name(dual: bool, tm: int, tn: int, tk: int, st: int, ts: int, epi: str, act: str = "nvfp4",
+          wait: str = "suspend") -> str:
     return (f"vl_{'a16_' if act == 'bf16' else ''}{'dual_' if dual else ''}m{tm}_t{tn}_k{tk}_s{st}"
-            + (f"_v{ts}" if ts else "") + ("_e" if epi == "staged" else ""))
+            + (f"_v{ts}" if ts else "") + ("_e" if epi == "staged" else "") + ("_w" if wait == "spin" else ""))
 
 
 def make(dual: bool, tile_m: int, tile_n: int, ab_stages: int, token_step: int = 0, tile_k: int = 128,
-         epilogue: str = "staged", act: str = "nvfp4") -> VarlenConfig:
-    return validate(VarlenConfig(_name(dual, tile_m, tile_n, tile_k, ab_stages, token_step, epilogue, act),
+         epilogue: str = "staged", act: str = "nvfp4", wait: str = "suspend") -> VarlenConfig:
+    return validate(VarlenConfig(_name(dual, tile_m, tile_n, tile_k, ab_stages, token_step, epilogue, act, wait),
                                  tile_m=tile_m, tile_n=tile_n, token_step=token_step, tile_k=tile_k,
-                                 ab_stages=ab_stages, epilogue=epilogue, dual=dual, act=act))
+                                 ab_stages=ab_stages, epilogue=epilogue, dual=dual, act=act, wait=wait))
 
 
 # The tilings `auto` chooses among: those of the host-scheduled kernel's AUTO_CANDIDATES (each ran exact on the H100
@@ -143,6 +148,15 @@ CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     # stages (142 KB, one CTA per SM) were 1.26-1.4x slower than with 6: two CTAs per SM beat a deeper pipeline
     *(make(dual, 64 if dual else 128, tn, st, act=act) for act in ACTS for dual in (False, True)
       for tn, st in ((16, 8), (32, 6))),
+    # The consumer's wait without the suspend-time hint (wait="spin", names ending _w), an A/B of the study shapes'
+    # tilings. Why (H100 ncu source counters, S4, 2026-11-27): this kernel's GEMM ran 7% (S4) to 11% (S3) more cycles
+    # than the host-scheduled kernel's with the same tiling, same PTX loop; in its SASS the stage wait is an inline
+    # TRYWAIT + NANOSLEEP.SYNCS loop (20,525 tries for 12,288 waits, the top stall: 233 of 1,384 samples) where the
+    # host-scheduled kernel's tries once inline and retries out of line (2,476 retries, no samples).
+    *(make(False, 128, tn, st, token_step=ts, wait="spin") for tn, st, ts in ((128, 3, 0), (128, 4, 0), (96, 3, 0),
+                                                                              (256, 3, 32))),
+    *(make(True, tm, tn, st, token_step=ts, epilogue=e, wait="spin")
+      for tm, tn, st, ts, e in ((128, 128, 3, 0, "simt"), (64, 96, 3, 0, "staged"), (64, 256, 3, 32, "staged"))),
 )}
 
 

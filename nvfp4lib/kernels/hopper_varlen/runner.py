@@ -100,6 +100,9 @@ def device_index(device) -> int:
     return dev.index if dev.index is not None else torch.cuda.current_device()
 
 
+COUNTER_SETS = 4  # streams whose fused-call counters are made zeroed with the weights (Scratch)
+
+
 class Scratch:
     """What a call's kernels share on the current CUDA stream: the fp16 activation buffer ``[R >= rows, K_pad]`` and the
     fused call's counters (int32 [4]: its epoch and tickets, two done words; zeros at first, then carried from call to
@@ -107,13 +110,20 @@ class Scratch:
     allocation costs as much host time as a launch), the buffer doubled when a call has more rows. Calls on one
     stream are ordered, so reuse is safe; calls on two streams at once (one set of prepared weights serving two
     streams) each get their own. Outgrown buffers are kept for the owner's lifetime (a CUDA graph may have captured
-    one; doubling bounds them to the size of the largest)."""
+    one; doubling bounds them to the size of the largest).
+
+    The counters of the first :data:`COUNTER_SETS` streams are slices of one zeroed tensor made here, with the
+    weights: a stream first seen while a CUDA graph is being captured (the graph's own stream) gets zeroed counters
+    without a zero-fill kernel being captured into the graph. (It was: every replay ran a fill kernel before the
+    prologue, ~0.7 us plus a launch gap, H100 kernel profile of 2026-11-27.) Past them, counters are zeroed on
+    allocation as before."""
 
     def __init__(self, k_pad: int, device):
         self.k_pad, self.device = k_pad, device
         self._index = device_index(device)
         self._x: dict = {}  # CUDA stream handle -> (buffer, counters)
         self._old: list[torch.Tensor] = []
+        self._counters = list(torch.zeros(COUNTER_SETS, 4, dtype=torch.int32, device=device).unbind(0))
 
     def __call__(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(x16, counters) for a call of ``rows`` rows on the current stream."""
@@ -121,7 +131,9 @@ class Scratch:
         pair = self._x.get(stream)
         if pair is None or pair[0].shape[0] < rows:
             if pair is None:
-                size, count = 128, torch.zeros(4, dtype=torch.int32, device=self.device)
+                count = (self._counters.pop(0) if self._counters
+                         else torch.zeros(4, dtype=torch.int32, device=self.device))
+                size = 128
             else:
                 self._old.append(pair[0])
                 size, count = 2 * pair[0].shape[0], pair[1]
