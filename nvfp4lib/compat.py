@@ -20,13 +20,18 @@ It writes every ``c`` and returns the list of them. ``custom_kernel_dual(data)``
 sfb2_reordered, c)`` with the shapes above (its plain scales are on the GPU too, but the reordered ones are what is
 read, as for the group task); it writes ``c`` and returns it.
 
-Only what is on the GPU is read: the codes and the reordered scales, turned back into row-major scales by a few
-torch ops on the device (no host round trip, no synchronisation). The tasks have no global scales (1 here) and
-always L = 1; anything else is refused with a TypeError/ValueError naming the problem. :func:`study_tuple` builds
-the tuples from :class:`nvfp4lib.problems.GroupedInputs`.
+Only what is on the GPU is read: the codes and the reordered scales. Where every tensor lies as the task lays it
+out (:func:`_task_row`), both entry points are one one-shot call (:func:`nvfp4lib.serving.oneshot_run`: one gather
+reads them in place, then the prologue and the GEMM; no weights prepared); otherwise the reordered scales are turned
+back into row-major scales by a few torch ops on the device (no host round trip, no synchronisation) and the weights
+are prepared for the call. The tasks have no global scales (1 here) and always L = 1; anything else is refused with
+a TypeError/ValueError naming the problem. :func:`study_tuple` builds the tuples from
+:class:`nvfp4lib.problems.GroupedInputs`.
 """
 from __future__ import annotations
 
+import functools
+import math
 import operator
 
 import torch
@@ -176,7 +181,8 @@ def dual_operands(data, backend: str = "reference"):
 def custom_kernel(data, *, backend: str = "cute-hopper", config: str = "auto") -> list[torch.Tensor]:
     """The ``nvfp4_group_gemm`` entry point: write each group's ``c`` and return the list of them.
 
-    Groups sharing N and K run as prepared weights (:func:`nvfp4lib.serving.prepare_weights`, ``config`` resolved
+    Where the task's tensors can be read in place (:func:`_fast_group`), one one-shot call. Otherwise groups sharing N
+    and K run as prepared weights (:func:`nvfp4lib.serving.prepare_weights`, ``config`` resolved
     from the tuning cache or the shape heuristic, never timed here); others through
     :func:`nvfp4lib.api.grouped_gemm` (one prepared-weights call per distinct (N, K): the same kernel)."""
     from .api import grouped_gemm
@@ -185,7 +191,8 @@ def custom_kernel(data, *, backend: str = "cute-hopper", config: str = "auto") -
     _check_backend(backend)
     if backend == "cute-hopper" and config == "auto":
         fast = _fast_group(data)
-        if fast is not None:  # the task's own tensors read in place: one gather launch, the prologue, the GEMM
+        if fast is not None and fast[-1].type == "cuda":
+            # the task's own tensors read in place: one gather launch, the prologue, the GEMM
             from .serving import oneshot_run
 
             table, ms, n, k, cs, device = fast
@@ -204,6 +211,15 @@ def custom_kernel(data, *, backend: str = "cute-hopper", config: str = "auto") -
 
 
 _ONES: dict = {}
+_HALF = (torch.float16,)
+
+
+def _one(device) -> int:
+    """The address of a float32 1 on ``device``, kept: the tasks' global scales (they carry none)."""
+    one = _ONES.get(device)
+    if one is None:
+        one = _ONES[device] = torch.ones((), dtype=torch.float32, device=device)
+    return one.data_ptr()
 
 
 def _blocked(t, rows: int, cols: int, index: int) -> bool:
@@ -214,56 +230,110 @@ def _blocked(t, rows: int, cols: int, index: int) -> bool:
             and t.shape == (32, 4, -(-rows // 128), 4, rk, 1) and t.stride()[:5] == (16, 4, 512 * rk, 1, 512))
 
 
+@functools.cache
+def _gather():
+    """:mod:`.kernels.hopper_varlen.gather`, imported once (kernels are imported lazily; an import statement per
+    group would cost ~1 µs of a call's host time)."""
+    from .kernels.hopper_varlen import gather
+
+    return gather
+
+
+def _task_row(index: int, gs: int, m: int, n: int, k: int, ta, sa, tb, sb, tc, tb2=None, sb2=None):
+    """The one-shot gather's table row (:data:`.kernels.hopper_varlen.gather.FIELDS`, ``F`` ints) of one task GEMM
+    ``c = A·Bᵀ`` (with ``tb2, sb2``: the dual's ``silu(A·Bᵀ) * (A·B2ᵀ)``), or None unless the gather can read every
+    tensor in place: the codes ``[rows, K/2, 1]`` and ``c [M, N, 1]`` (float16) with row-major rows, the reordered
+    scales blocked (:func:`_blocked`), all on device ``index``; N a multiple of 8 (the kernel stores output rows in
+    16-byte chunks), K of 16, M >= 0; the weights' codes 8-byte aligned (:func:`.gather.codes_readable`). ``gs``: the
+    address of the global scale (:func:`_one`). Raises what a non-tensor's attribute read raises (callers catch it)."""
+    if m < 0 or k <= 0 or k % BLOCK_SIZE or n <= 0 or n % 8:
+        return None
+    kh, cols = k // 2, k // BLOCK_SIZE
+    for t, dtypes, rows, width in ((ta, _CODE_DTYPES, m, kh), (tb, _CODE_DTYPES, n, kh), (tc, _HALF, m, n),
+                                   (tb2, _CODE_DTYPES, n, kh))[: 3 if tb2 is None else 4]:
+        if (t.dtype not in dtypes or t.get_device() != index or t.shape != (rows, width, 1)
+                or t.stride()[:2] != (width, 1)):
+            return None
+    if not (_blocked(sa, m, cols, index) and _blocked(sb, n, cols, index)
+            and (tb2 is None or _blocked(sb2, n, cols, index))):
+        return None
+    bc, bs = tb.data_ptr(), sb.data_ptr()
+    uc, us = (bc, bs) if tb2 is None else (tb2.data_ptr(), sb2.data_ptr())
+    gather = _gather()
+    if not gather.codes_readable(bc, uc):
+        return None
+    return [ta.data_ptr(), sa.data_ptr(), m, bc, bs, uc, us, gs, gs, gs] + [0] * (gather.F - 10)
+
+
+_NOT_IN_PLACE = (TypeError, ValueError, IndexError, AttributeError)  # a malformed tuple: the checked path names it
+
+
 def _fast_group(data):
     """(address table, rows per group, N, K, the groups' c, device) for an ``nvfp4_group_gemm`` tuple that the
-    one-shot gather can read in place — every tensor where and as the task lays it out, groups sharing N and K —
-    else None (then :func:`group_operands` checks everything and names what is wrong)."""
-    from .kernels.hopper_varlen.gather import F, codes_readable
-
+    one-shot gather can read in place — every group's tensors as :func:`_task_row` needs them, the groups sharing N
+    and K — else None (then :func:`group_operands` checks everything and names what is wrong). On any device: the
+    caller runs it on CUDA only."""
     try:
         abc, _, reordered, sizes = data
-        first = abc[0][0]
-        device = first.device
-        if device.type != "cuda" or not (len(abc) == len(reordered) == len(sizes)):
+        if not (len(abc) == len(reordered) == len(sizes)):
             return None
-        idx = device.index  # (int comparisons: this loop runs per call, over every group)
-        one = _ONES.get(device)
-        if one is None:
-            one = _ONES[device] = torch.ones((), dtype=torch.float32, device=device)
-        gs, pad = one.data_ptr(), [0] * (F - 10)
+        first = abc[0][0]
+        device, index = first.device, first.get_device()
+        gs = _one(device)
         table, ms, cs, nk = [], [], [], None
-        for g in range(len(abc)):
+        for g in range(len(abc)):  # (this loop runs per call, over every group: one helper call per group)
             m, n, k, l_ = sizes[g]
-            ta, tb, tc = abc[g]
-            sa, sb = reordered[g]
-            if l_ != 1 or m < 0 or k % 16 or (n, k) != (nk or (n, k)) or n % 8:
+            if l_ != 1 or (n, k) != (nk or (n, k)):
                 return None
             nk = (n, k)
-            for t, rows in ((ta, m), (tb, n)):
-                if (t.dtype not in _CODE_DTYPES or t.get_device() != idx or t.shape != (rows, k // 2, 1)
-                        or t.stride()[:2] != (k // 2, 1)):
-                    return None
-            if not (_blocked(sa, m, k // 16, idx) and _blocked(sb, n, k // 16, idx)):
+            ta, tb, tc = abc[g]
+            sa, sb = reordered[g]
+            row = _task_row(index, gs, m, n, k, ta, sa, tb, sb, tc)
+            if row is None:
                 return None
-            if (tc.dtype != torch.float16 or tc.get_device() != idx or tc.shape != (m, n, 1)
-                    or tc.stride()[:2] != (n, 1)):
-                return None
-            bc, bs = tb.data_ptr(), sb.data_ptr()
-            if not codes_readable(bc):
-                return None
-            table += [ta.data_ptr(), sa.data_ptr(), m, bc, bs, bc, bs, gs, gs, gs] + pad
+            table += row
             ms.append(m)
             cs.append(tc)
-    except (TypeError, ValueError, IndexError, AttributeError):
+    except _NOT_IN_PLACE:
         return None
     return table, ms, nk[0], nk[1], cs, device
 
 
+def _fast_dual(data):
+    """(address table, M, N, K, the ``[M, N]`` view of ``c``, device) for an ``nvfp4_dual_gemm`` tuple that the
+    one-shot gather can read in place (its tensors as :func:`_task_row` needs them; ``c`` 16-byte aligned besides:
+    the GEMM writes it directly), else None (then :func:`dual_operands` checks everything). On any device: the caller
+    runs it on CUDA only. Every shape the task allows takes it (M and N multiples of 128, K of 256); so do other M
+    and K; N not a multiple of 8 falls back, and the checked path then refuses it for cute-hopper too."""
+    try:
+        ta, tb1, tb2, _, _, _, sa, sb1, sb2, tc = data
+        m, n, _ = tc.shape
+        k = 2 * ta.shape[1]
+        row = _task_row(ta.get_device(), _one(ta.device), m, n, k, ta, sa, tb1, sb1, tc, tb2, sb2)
+        if row is None or tc.data_ptr() & 15:
+            return None
+        return row, m, n, k, tc.view(m, n), ta.device
+    except _NOT_IN_PLACE:
+        return None
+
+
 def custom_kernel_dual(data, *, backend: str = "cute-hopper", config: str = "auto") -> torch.Tensor:
-    """The ``nvfp4_dual_gemm`` entry point: ``c = silu(A·B1ᵀ) * (A·B2ᵀ)`` written into the harness's ``c``, returned."""
+    """The ``nvfp4_dual_gemm`` entry point: ``c = silu(A·B1ᵀ) * (A·B2ᵀ)`` written into the harness's ``c``, returned.
+
+    Where the task's tensors can be read in place (:func:`_fast_dual`), one one-shot call (the gather, the prologue
+    and the dual GEMM writing ``c``; no weights prepared); otherwise, or with a named ``config``, the weights are
+    prepared for the call (:func:`nvfp4lib.serving.prepare_weights`)."""
     from .serving import prepare_weights
 
     _check_backend(backend)
+    if backend == "cute-hopper" and config == "auto":
+        fast = _fast_dual(data)
+        if fast is not None and fast[-1].type == "cuda":
+            from .serving import oneshot_run
+
+            table, m, n, k, c, device = fast
+            if oneshot_run(table, m, 1, n, k, True, torch.float16, device, swizzled=True, out=c) is not None:
+                return data[9]
     a, b1, b2, c = dual_operands(data, backend)
     c.copy_(prepare_weights([b1], [b2], backend=backend, config=config, check_scales=False)([a])[0])
     return data[9]
@@ -272,10 +342,20 @@ def custom_kernel_dual(data, *, backend: str = "cute-hopper", config: str = "aut
 # --------------------------------------------------------------------------- building the tuples
 
 
-def _unit_global_scale(t: NVFP4Tensor, what: str) -> None:
-    # a builder, not a call: reading the (possibly device) scalar once is fine here
-    if float(t.global_scale) != 1.0:
-        raise ValueError(f"{what} has global scale {float(t.global_scale)}: the harness's tuples carry none (1 only)")
+def _folded_scales(t: NVFP4Tensor, what: str) -> torch.Tensor:
+    """``t``'s block scales with its global scale folded in, since the tuples carry none: the scales themselves for 1;
+    for a power of two whose product with every block scale is an E4M3 value, those products (the same dequantized
+    values, exactly: the dual problems' uniform weights, 2^-8 × {1, 2}); anything else is refused. (A builder, not a
+    call: reading the possibly device scalar once is fine here.)"""
+    g = float(t.global_scale)
+    if g == 1.0:
+        return t.scales
+    wide = t.scales.float() * g
+    folded = wide.to(torch.float8_e4m3fn)
+    if math.frexp(g)[0] != 0.5 or not torch.equal(folded.float(), wide):
+        raise ValueError(f"{what} has global scale {g}: the harness's tuples carry none, and it folds into the block "
+                         "scales exactly only as a power of two whose products with them are E4M3 values")
+    return folded
 
 
 def _task_codes(t: NVFP4Tensor) -> torch.Tensor:
@@ -283,9 +363,11 @@ def _task_codes(t: NVFP4Tensor) -> torch.Tensor:
     return codes.view(_FP4) if _FP4 is not None else codes
 
 
-def _task_scales(t: NVFP4Tensor, device) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, cols = t.scales.shape
-    return t.scales.unsqueeze(-1).cpu(), scales_cute_view(swizzle_scales(t.scales), rows, cols).to(device)
+def _task_scales(t: NVFP4Tensor, device, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(plain ``[rows, K/16, 1]`` on the CPU, reordered 6-d on ``device``) scales of ``t``, its global scale folded."""
+    scales = _folded_scales(t, what)
+    rows, cols = scales.shape
+    return scales.unsqueeze(-1).cpu(), scales_cute_view(swizzle_scales(scales), rows, cols).to(device)
 
 
 def _task_output(m: int, n: int, device) -> torch.Tensor:
@@ -293,25 +375,23 @@ def _task_output(m: int, n: int, device) -> torch.Tensor:
 
 
 def study_tuple(inputs):
-    """The harness's tuple for :class:`nvfp4lib.problems.GroupedInputs` (global scales must be 1), on their device.
+    """The harness's tuple for :class:`nvfp4lib.problems.GroupedInputs`, on their device. The tuples carry no global
+    scales: each must be 1 or fold into the block scales exactly (:func:`_folded_scales`), else ValueError.
 
     Single GEMMs give the ``nvfp4_group_gemm`` tuple (plain scales on the CPU, as the task has them); a dual problem
     of one group gives the ``nvfp4_dual_gemm`` tuple (plain scales on the device). Outputs are NaN-filled."""
     a, b, b2 = inputs.a, inputs.b, inputs.b2
-    for what, ts in (("a", a), ("b", b), ("b2", b2 or [])):
-        for g, t in enumerate(ts):
-            _unit_global_scale(t, f"{what}[{g}]")
     device = a[0].device
     if b2 is not None:
         if len(a) != 1:
             raise ValueError(f"the nvfp4_dual_gemm task is one GEMM; this problem has {len(a)} groups")
         (x,), (w1,), (w2,) = a, b, b2
-        plain, perm = zip(*(_task_scales(t, device) for t in (x, w1, w2)))
+        plain, perm = zip(*(_task_scales(t, device, what) for t, what in ((x, "a[0]"), (w1, "b[0]"), (w2, "b2[0]"))))
         return (_task_codes(x), _task_codes(w1), _task_codes(w2), *(p.to(device) for p in plain), *perm,
                 _task_output(x.shape[0], w1.shape[0], device))
     abc, plain, perm, sizes = [], [], [], []
-    for x, w in zip(a, b):
-        (pa, ra), (pb, rb) = _task_scales(x, device), _task_scales(w, device)
+    for g, (x, w) in enumerate(zip(a, b)):
+        (pa, ra), (pb, rb) = _task_scales(x, device, f"a[{g}]"), _task_scales(w, device, f"b[{g}]")
         abc.append((_task_codes(x), _task_codes(w), _task_output(x.shape[0], w.shape[0], device)))
         plain.append((pa, pb))
         perm.append((ra, rb))

@@ -13,7 +13,7 @@ import torch
 from .formats import NVFP4Tensor, quantize
 
 __all__ = [
-    "GroupedProblem", "GroupedInputs", "make_inputs", "BENCHMARK", "DUAL", "CORRECTNESS",
+    "GroupedProblem", "GroupedInputs", "make_inputs", "BENCHMARK", "DUAL", "CORRECTNESS", "TASK",
     "SUITES", "get_problem", "suite",
 ]
 
@@ -185,6 +185,17 @@ M_SWEEP = tuple(
     for n, k in ((4096, 7168), (7168, 2048)) for g in (1, 8, 32) for m in (1, 8, 16, 32, 64, 128, 256, 512, 1024)
 )
 
+# The GPU MODE nvfp4_dual_gemm task (reference-kernels, problems/nvidia/nvfp4_dual_gemm/task.yml): one GEMM each, M
+# tokens x N weight rows x K (the task keeps M and N multiples of 128, K of 256). Its benchmarks T1-T4, then the
+# distinct shapes of its tests T5-T13. Suite "task" holds the benchmarks as the single GEMM and as the dual, side by
+# side: the group tuple and the dual tuple at one size (the calls bench's harness form times both).
+_TASK_SPEC = (
+    (256, 4096, 7168), (512, 4096, 7168), (256, 3072, 4096), (512, 3072, 7168),
+    (1536, 512, 7168), (256, 512, 256), (3072, 1024, 1536), (7168, 1024, 256), (7168, 2304, 2048),
+    (4608, 384, 7168), (7168, 384, 2304), (512, 768, 7168), (4096, 768, 512),
+)
+TASK = tuple(GroupedProblem(f"T{i + 1}", (m,), (n,), (k,), tags=("task",)) for i, (m, n, k) in enumerate(_TASK_SPEC))
+
 SUITES: dict[str, tuple[GroupedProblem, ...]] = {
     "benchmark": BENCHMARK,
     "dual": DUAL,
@@ -192,6 +203,8 @@ SUITES: dict[str, tuple[GroupedProblem, ...]] = {
     "correctness-dual": tuple(p.with_dual() for p in CORRECTNESS),
     "edge": EDGE,
     "m-sweep": M_SWEEP,
+    "task": tuple(q for p in TASK[:4] for q in (p, p.with_dual())),
+    "task-dual": tuple(p.with_dual() for p in TASK),
 }
 
 

@@ -529,11 +529,12 @@ def _cuda(index: int) -> torch.device:
 
 
 def oneshot_run(table: list[int], rows: int, groups: int, n: int, k: int, dual: bool, out_dtype, device, *,
-                swizzled: bool = False) -> torch.Tensor | None:
+                swizzled: bool = False, out: torch.Tensor | None = None) -> torch.Tensor | None:
     """The one-shot call from an address table (the group rows of :func:`.kernels.hopper_varlen.gather.group_table`,
     or the study's harness with its scales in the blocked layout: ``swizzled``): one gather launch (weights and
-    activation rows packed from the callers' tensors in place, offsets, global scales), the prologue and the GEMM.
-    None where the kernel cannot take it."""
+    activation rows packed from the callers' tensors in place, offsets, global scales), the prologue and the GEMM,
+    writing C ``[rows, N]`` into ``out`` where given (the caller checked it: contiguous, 16-byte aligned, of
+    ``out_dtype`` on ``device``). None where the kernel cannot take it."""
     key = (device, dual, out_dtype, groups, n, k, rows)
     shot = _ONESHOTS.get(key)
     if shot is None:
@@ -546,7 +547,7 @@ def oneshot_run(table: list[int], rows: int, groups: int, n: int, k: int, dual: 
         if len(_ONESHOTS) > 4096:
             _ONESHOTS.clear()
         shot = _ONESHOTS[key] = OneShot.get(cfg, groups, n, k, out_dtype, device)
-    return shot.run(table, rows, swz_a=swizzled, swz_b=swizzled)
+    return shot.run(table, rows, swz_a=swizzled, swz_b=swizzled, out=out)
 
 
 @torch.library.custom_op("nvfp4lib::grouped_mm", mutates_args=())

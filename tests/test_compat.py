@@ -7,9 +7,10 @@ keeps on the GPU simply sits on the CPU here, and the reference backend computes
 import pytest
 import torch
 
-from nvfp4lib import get_problem, make_inputs
+from nvfp4lib import compat, get_problem, make_inputs
 from nvfp4lib.compat import custom_kernel, custom_kernel_dual, dual_operands, group_operands, study_tuple
 from nvfp4lib.formats import NVFP4Tensor, scales_cute_view, swizzle_scales, unswizzle_scales
+from nvfp4lib.kernels.hopper_varlen.gather import FIELDS, F
 from nvfp4lib.reference import reference_grouped_gemm
 
 FP4 = torch.float4_e2m1fn_x2
@@ -261,3 +262,107 @@ def test_study_tuple_dual():
         assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
     out = custom_kernel_dual(built, backend="reference")
     assert torch.equal(out[..., 0], reference_grouped_gemm([a], [b1], [b2])[0])
+
+
+# --------------------------------------------------------------------------- the tables read in place
+
+
+def _dual(m, n, k, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    a, b1, b2 = _operand(m, k, gen), _operand(n, k, gen), _operand(n, k, gen)
+    return (a, b1, b2), _dual_tuple(a, b1, b2)
+
+
+def _ones_at(device):
+    return compat._ONES[device].data_ptr()
+
+
+@pytest.mark.parametrize("m,n,k", [(256, 512, 256), (72, 96, 192), (1, 8, 16), (130, 264, 2880)])
+def test_dual_table_points_at_the_task_tensors(m, n, k):
+    _, data = _dual(m, n, k)
+    table, tm, tn, tk, c, device = compat._fast_dual(data)
+    assert (tm, tn, tk, device) == (m, n, k, data[0].device) and len(table) == F
+    gs = _ones_at(device)
+    ta, tb1, tb2, _, _, _, sa, sb1, sb2, tc = data
+    assert table[:10] == [ta.data_ptr(), sa.data_ptr(), m, tb1.data_ptr(), sb1.data_ptr(), tb2.data_ptr(),
+                          sb2.data_ptr(), gs, gs, gs]
+    assert dict(zip(FIELDS, table))["b2_codes"] == tb2.data_ptr() and not any(table[10:])
+    assert c.shape == (m, n) and c.data_ptr() == tc.data_ptr() and c.is_contiguous()
+    assert float(compat._ONES[device]) == 1.0
+
+
+def test_group_table_points_at_each_groups_tensors():
+    a, b = _group((40, 0, 130), 64, 96)
+    data = _group_tuple(a, b)
+    table, ms, n, k, cs, _ = compat._fast_group(data)
+    assert (ms, n, k, len(table)) == ([40, 0, 130], 64, 96, 3 * F)
+    for g, ((ta, tb, tc), (sa, sb)) in enumerate(zip(data[0], data[2])):
+        row = dict(zip(FIELDS, table[g * F:(g + 1) * F]))
+        assert (row["a_codes"], row["a_scales"], row["a_rows"]) == (ta.data_ptr(), sa.data_ptr(), ms[g])
+        assert row["b_codes"] == row["b2_codes"] == tb.data_ptr()
+        assert row["b_scales"] == row["b2_scales"] == sb.data_ptr()
+        assert cs[g] is tc
+    a, b = _group((40, 72), (64, 128), 96)  # groups differing in N: no one table
+    assert compat._fast_group(_group_tuple(a, b)) is None
+
+
+def _misaligned_codes(t):
+    """``t``'s codes in the task's layout, one byte past an 8-byte boundary."""
+    rows, half, _ = t.shape
+    buf = torch.zeros(rows * half + 1, dtype=torch.uint8)
+    buf[1:] = t.view(torch.uint8).flatten()
+    return buf[1:].view(rows, half, 1).view(FP4)
+
+
+def _wide_rows(t):
+    """``t`` with rows farther apart than their width (not row-major): the same values."""
+    wide = torch.zeros((t.shape[0], t.shape[1] + 8, 1), dtype=torch.uint8)
+    wide[:, : t.shape[1]] = t.view(torch.uint8)
+    return wide[:, : t.shape[1]].view(t.dtype)
+
+
+def _offset_out(c):
+    """A NaN c [M, N, 1] that starts 8 bytes past a 16-byte boundary."""
+    m, n, _ = c.shape
+    return torch.full((m * n + 4,), float("nan"), dtype=torch.float16)[4:].view(m, n, 1)
+
+
+@pytest.mark.parametrize("slot,change", [
+    (6, lambda t: t.contiguous()),                        # sfa_reordered as a plain 6-d tensor (other strides)
+    (8, lambda t: t.contiguous()),                        # sfb2_reordered likewise
+    (2, _misaligned_codes),                               # b2's codes not 8-byte aligned (the gather reads pairs)
+    (1, _wide_rows),                                      # b1's rows padded
+    (0, _wide_rows),                                      # a's rows padded
+    (9, lambda c: c.permute(1, 0, 2).contiguous().permute(1, 0, 2)),  # c column-major
+    (9, _offset_out),                                     # c not 16-byte aligned (the GEMM writes it directly)
+])
+def test_dual_non_canonical_layouts_fall_back_and_stay_exact(slot, change):
+    (a, b1, b2), data = _dual(72, 96, 192, seed=slot)
+    assert compat._fast_dual(data) is not None
+    bad = data[:slot] + (change(data[slot]),) + data[slot + 1:]
+    assert compat._fast_dual(bad) is None
+    out = custom_kernel_dual(bad, backend="reference")
+    assert out is bad[9] and torch.equal(out[..., 0], reference_grouped_gemm([a], [b1], [b2])[0])
+
+
+def test_dual_shapes_the_kernel_cannot_take_fall_back():
+    _, data = _dual(64, 100, 192)  # N not a multiple of 8: the kernel stores rows in 16-byte chunks
+    assert compat._fast_dual(data) is None
+    assert compat._fast_dual(data[:9]) is None  # not the task's tuple: the checked path names the problem
+    _, data = _dual(64, 96, 192)
+    assert compat._fast_dual(data[:2] + (data[2].view(torch.int8),) + data[3:]) is None  # not the task's dtype
+
+
+def test_study_tuple_folds_power_of_two_global_scales():
+    from nvfp4lib.problems import GroupedInputs, GroupedProblem
+
+    x = make_inputs(GroupedProblem("D2", (40,), (64,), (256,), dual=True), seed=4, mode="uniform")
+    assert float(x.b[0].global_scale) == 2.0**-8  # the dual problems' uniform weights
+    built = study_tuple(x)
+    assert compat._fast_dual(built) is not None
+    out = custom_kernel_dual(built, backend="reference")
+    assert torch.equal(out[..., 0], reference_grouped_gemm(x.a, x.b, x.b2)[0])
+    for gs in (0.75, 2.0**-20):  # not a power of two; products below E4M3's range
+        w = NVFP4Tensor(x.b[0].data, x.b[0].scales, gs)
+        with pytest.raises(ValueError, match=r"b\[0\] has global scale"):
+            study_tuple(GroupedInputs(x.problem, x.a, [w], x.b2, 4, "uniform"))

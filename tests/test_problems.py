@@ -109,3 +109,14 @@ def test_heavy_mode_has_outliers_per_row():
     assert bool((big >= 1).all()) and bool((big <= HEAVY_OUTLIERS).all())
     assert make_inputs(GroupedProblem.uniform_nk("h", (8,), 64, 256), seed=4, mode="heavy").a[0].data.equal(
         x.a[0].data)
+
+
+def test_task_suites_are_the_dual_tasks_shapes():
+    from nvfp4lib.problems import TASK
+
+    assert [(p.m, p.n, p.k) for p in TASK[:4]] == [((256,), (4096,), (7168,)), ((512,), (4096,), (7168,)),
+                                                  ((256,), (3072,), (4096,)), ((512,), (3072,), (7168,))]
+    assert [p.name for p in suite("task")] == ["T1", "T1-dual", "T2", "T2-dual", "T3", "T3-dual", "T4", "T4-dual"]
+    duals = suite("task-dual")
+    assert len(duals) == len(TASK) == 13 and all(p.dual and p.groups == 1 for p in duals)
+    assert all(p.m[0] % 128 == 0 and p.n[0] % 128 == 0 and p.k[0] % 256 == 0 for p in duals)  # as the task keeps them

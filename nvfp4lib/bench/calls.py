@@ -8,8 +8,10 @@ Per problem and backend (``bench_calls``), on fresh seeded inputs, each form che
 - ``eager``: prepared weights, a fresh activation set each call, no graph;
 - ``oneshot``: the public ``grouped_gemm`` / ``grouped_dual_gemm_silu`` with new weights each call (a few weight sets
   cycled; compiled kernels and the tuning cache warm): the weight packing is inside the call;
-- ``harness``: the study's harness style, ``compat.custom_kernel`` on the GPU MODE task tuple, a list of fresh
-  inputs each called once (when :mod:`nvfp4lib.compat` can build the tuple).
+- ``harness``: the study's harness style, ``compat.custom_kernel`` on the GPU MODE task tuple
+  (``compat.custom_kernel_dual`` on the dual task's), a list of fresh inputs each called once (when
+  :func:`nvfp4lib.compat.study_tuple` can build the tuple: the dual task is one GEMM, so of the dual problems only
+  single-group ones, e.g. suite ``task``, which holds the dual task's benchmark shapes in both forms).
 
 Every timed call is preceded by an L2 flush; CUDA events bracket the call (``median_us``: what the GPU sees) and
 ``host_us`` is the host time of the call itself (``perf_counter`` around it, no synchronisation). A call that costs
@@ -272,7 +274,7 @@ def _one(call, prob, w, inputs, acts, refs, ref_w, nbytes, iters, flush, api, co
     if call == "harness":
         try:
             tuples = [compat.study_tuple(x) for x in inputs]
-        except ValueError as e:  # the dual task is one GEMM without global scales: grouped dual problems are not
+        except ValueError as e:  # the dual task is one GEMM: grouped dual problems are not task inputs
             return {"status": f"skipped: not a task input ({str(e)[:200]})"}
         entry = compat.custom_kernel_dual if prob.dual else compat.custom_kernel
         got = entry(tuples[1])

@@ -1,13 +1,14 @@
 """One-shot calls on a Hopper GPU (skipped without one): new weights every call through the one-launch gather, the
-public functions and the study's harness, exact against the reference; a non-contiguous operand or another layout
-of the harness's scales falls back to the checked path and is still exact."""
+public functions and the study's harness (the group tuple and the dual tuple, every shape of the dual task), exact
+against the reference; a non-contiguous operand or another layout of the harness's scales falls back to the checked
+path and is still exact."""
 import pytest
 import torch
 
 import nvfp4lib
 from nvfp4lib import compat
 from nvfp4lib.formats import NVFP4Tensor, quantize
-from nvfp4lib.problems import BENCHMARK, DUAL, GroupedProblem, make_inputs
+from nvfp4lib.problems import BENCHMARK, DUAL, GroupedProblem, make_inputs, suite
 from nvfp4lib.reference import reference_grouped_gemm, relative_error
 from nvfp4lib.serving import oneshot
 
@@ -87,6 +88,63 @@ def test_harness_with_copied_scales_takes_the_checked_path():
     assert compat._fast_group(data) is None
     got = compat.custom_kernel(data)
     assert relative_error([c[..., 0] for c in got], reference_grouped_gemm(inp.a, inp.b)) <= TOL
+
+
+# the dual task's shapes (problems.TASK), and beside them M and N not multiples of 128, N not of 64, K not of 128
+_DUAL_SHAPES = suite("task-dual") + tuple(
+    GroupedProblem(f"x{m}-{n}-{k}-dual", (m,), (n,), (k,), dual=True)
+    for m, n, k in ((72, 96, 192), (1, 264, 2880), (200, 136, 7168), (1000, 4104, 512)))
+
+
+def _no_prepare(monkeypatch):
+    from nvfp4lib import serving
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the harness's fast path prepared weights")
+
+    monkeypatch.setattr(serving, "prepare_weights", refuse)
+
+
+@pytest.mark.parametrize("prob", _DUAL_SHAPES, ids=lambda p: p.name)
+def test_dual_harness_reads_the_task_tensors_in_place(prob, monkeypatch):
+    inp = make_inputs(prob, seed=9, mode="uniform", device="cuda")
+    data = compat.study_tuple(inp)  # (the weights' global scale 2^-8 folded into their block scales: exact)
+    assert compat._fast_dual(data) is not None
+    _no_prepare(monkeypatch)
+    got = compat.custom_kernel_dual(data)  # c starts NaN: an unwritten element fails the check
+    assert got is data[9]
+    assert relative_error([got[..., 0]], reference_grouped_gemm(inp.a, inp.b, inp.b2)) <= TOL
+
+
+def test_dual_harness_with_copied_scales_takes_the_checked_path():
+    inp = make_inputs(suite("task-dual")[5], seed=9, mode="uniform", device="cuda")
+    data = compat.study_tuple(inp)
+    data = data[:6] + tuple(t.contiguous() for t in data[6:9]) + data[9:]  # other strides, same values
+    assert compat._fast_dual(data) is None
+    got = compat.custom_kernel_dual(data)
+    assert relative_error([got[..., 0]], reference_grouped_gemm(inp.a, inp.b, inp.b2)) <= TOL
+
+
+@pytest.mark.parametrize("prob", suite("task")[1::2], ids=lambda p: p.name)
+def test_dual_tuple_per_call_against_the_group_tuple(prob, monkeypatch):
+    """Time per call (:func:`nvfp4lib.bench.calls.time_both`, L2 flushed) of the dual tuple's fast path, the group
+    tuple at the same size and the dual tuple's checked path (weights prepared every call), printed (run with -s);
+    the fast path must beat the checked one. The recorded comparison: ``calls --suite task``."""
+    from nvfp4lib.bench.calls import time_both
+    from nvfp4lib.timing import L2Flusher
+
+    dual = compat.study_tuple(make_inputs(prob, seed=3, mode="uniform", device="cuda"))
+    group = compat.study_tuple(make_inputs(prob.with_dual(False), seed=3, mode="uniform", device="cuda"))
+    flush = L2Flusher()
+    fast = time_both(lambda i: compat.custom_kernel_dual(dual), 20, flush)
+    single = time_both(lambda i: compat.custom_kernel(group), 20, flush)
+    monkeypatch.setattr(compat, "_fast_dual", lambda data: None)
+    checked = time_both(lambda i: compat.custom_kernel_dual(dual), 5, flush)
+    ratio = fast["per_call_us"] / single["per_call_us"]
+    print(f"\n{prob.name}: dual tuple {fast['per_call_us']:.1f} us per call (b2b {fast['b2b_us']:.1f}), group tuple "
+          f"{single['per_call_us']:.1f} (b2b {single['b2b_us']:.1f}): x{ratio:.2f}; dual tuple with the weights "
+          f"prepared per call {checked['per_call_us']:.1f} ({torch.cuda.get_device_name()})")
+    assert fast["per_call_us"] < checked["per_call_us"]
 
 
 def test_oneshot_from_a_new_thread():

@@ -13,10 +13,10 @@ pinned tables (:data:`SLOTS`), which small plans' gathers read in place and larg
 :data:`TABLE_ON_HOST_PROGRAMS`); the fp16 rows of the prologue are per stream too (:class:`.runner.Scratch`). A
 :class:`_Lane` per (row count, stream) binds them, so that a call is: one ``struct.pack_into`` of the table, at most
 one driver copy, the gather as a prepared driver launch (:func:`.gather.bind_plan`, after its first launch through
-Triton), the output's allocation and the TVM-FFI call (one call in :data:`EVENT_EVERY` also waits for and
-records a driver event). Calls on one stream run in order, so
-each call may overwrite what the previous one's GEMM read; a call on another stream gets its own buffers. A call
-allocates only its output. One-shot calls cannot be captured in a CUDA graph (the captured launch would read a ring
+Triton), the output's allocation (none where the caller gives ``out``) and the TVM-FFI call (one call in
+:data:`EVENT_EVERY` also waits for and records a driver event). Calls on one stream run in order, so each call may
+overwrite what the previous one's GEMM read; a call on another stream gets its own buffers. A call allocates at most
+its output. One-shot calls cannot be captured in a CUDA graph (the captured launch would read a ring
 slot that later calls overwrite): prepare the weights and capture ``w(a)`` instead.
 """
 from __future__ import annotations
@@ -152,7 +152,7 @@ class _Lane:
         self.on_host = plan.grid <= TABLE_ON_HOST_PROGRAMS
         self.launch = None  # the prepared gather launch (its parameter 2: the table's address)
 
-    def __call__(self, table: list[int]) -> torch.Tensor:
+    def __call__(self, table: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
         plan, buf, shot = self.plan, self.buf, self.shot
         at = buf.table(plan.header, table, self.on_host)
         launch = self.launch
@@ -167,8 +167,8 @@ class _Lane:
             if launch is None:
                 self.launch = bind_plan(plan, at, buf.packed, self.small, swz_a=swz_a, swz_b=swz_b, post=POST_SCALE)
         buf.done()
-        # (sizes as arguments, not a tuple: .runner's note at OUT_DTYPES)
-        out = torch.empty(plan.rows, shot.n, dtype=shot.out_dtype, device=shot.device)
+        if out is None:  # (sizes as arguments, not a tuple: .runner's note at OUT_DTYPES)
+            out = torch.empty(plan.rows, shot.n, dtype=shot.out_dtype, device=shot.device)
         if plan.rows:
             a_codes, a_scales, offsets, gs_a, gs_b = self.views
             shot._call(a_codes, a_scales, self.x16, buf.weights, out, offsets, gs_a, gs_b, self.count)
@@ -202,11 +202,14 @@ class OneShot:
             plan = _PLANS[key] = cls(cfg, groups, n, k, out_dtype, device)
         return plan
 
-    def run(self, table: list[int], rows: int, *, swz_a: bool = False, swz_b: bool = False) -> torch.Tensor:
-        """``table``: G·F ints (:data:`.gather.FIELDS` per group); ``rows``: T. Returns C ``[T, N]``."""
+    def run(self, table: list[int], rows: int, *, swz_a: bool = False, swz_b: bool = False,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+        """``table``: G·F ints (:data:`.gather.FIELDS` per group); ``rows``: T. Returns C ``[T, N]``: ``out`` where
+        given (unchecked here: a contiguous, 16-byte-aligned ``[T, N]`` tensor of the out dtype on the device, which
+        the caller checked), else a new tensor."""
         if torch._C._cuda_getDevice() != self._index:  # the driver calls act on the current device's context
             with torch.cuda.device(self._index):
-                return self.run(table, rows, swz_a=swz_a, swz_b=swz_b)
+                return self.run(table, rows, swz_a=swz_a, swz_b=swz_b, out=out)
         if torch._C._cuda_isCurrentStreamCapturing():
             raise RuntimeError("a one-shot call (new weights every call) cannot be captured in a CUDA graph: prepare "
                                "the weights once (nvfp4lib.prepare_weights) and capture w(a) instead")
@@ -214,7 +217,7 @@ class OneShot:
         lane = self._lanes.get((rows, stream, swz_a, swz_b))
         if lane is None:
             lane = self._lane(rows, stream, swz_a, swz_b)
-        return lane(table)
+        return lane(table, out)
 
     def _lane(self, rows: int, stream: int, swz_a: bool, swz_b: bool) -> _Lane:
         plan = self._plans.get(rows)
