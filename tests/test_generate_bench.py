@@ -1,7 +1,8 @@
 """generate-bench without a GPU: the tiny preset end to end on the CPU (reference backend, no CUDA graphs) into a
-temporary rows file, a model kind that fails beside one that works, a stop that keeps the rows measured so far, the
-bf16 models' weights against the NVFP4 checkpoint's, and notebook 12's report on the tiny run's rows (relabelled as a
-GPU run's in memory, never written to data/)."""
+temporary rows file (each row appended as it is made), a model kind that fails beside one that works, a stop and a
+time budget that keep the rows measured so far and say why the others are missing, the priority order, the bf16
+models' weights against the NVFP4 checkpoint's, and notebook 12's report on the tiny run's rows (relabelled as a GPU
+run's in memory, never written to data/)."""
 import json
 
 import pytest
@@ -12,6 +13,8 @@ pytestmark = pytest.mark.xdist_group("test_generate_bench")
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
+
+import pandas as pd  # noqa: E402
 
 from nvfp4lib.bench import generate_bench as gb  # noqa: E402
 from nvfp4lib.study import generate_report as gr  # noqa: E402
@@ -35,14 +38,19 @@ def test_the_tiny_preset_runs_end_to_end(cli_rows):
     want = {(k, a, gb.STATIC, False, b) for k, a in (("nvfp4", "nvfp4"), ("nvfp4", "bf16"), ("bf16-peer", "bf16"),
                                                      ("transformers-bf16", "bf16")) for b in (1, 2)}
     want |= {("transformers-bf16", "bf16", gb.HF_GENERATE, False, b) for b in (1, 2)}
-    assert got == want and len(rows) == len(want)
+    assert got == want and len(rows) == len(want)  # --out holds each row once: appended as made, not again at the end
     assert len({r["run_id"] for r in rows}) == 1
+    # priority order: the bf16 peer (the reference), the NVFP4 models, transformers' model last
+    assert [r["label"] for r in rows[::2]] == ["bf16 peer", "NVFP4 W4A4", "NVFP4 W4A16", "transformers bf16",
+                                              "transformers bf16"]
+    assert [r["run_elapsed_s"] for r in rows] == sorted(r["run_elapsed_s"] for r in rows)
     for r in rows:
         assert r["status"] == "ok", r["status"]
         assert r["check"] in ("ok", "reference"), r["check"]
         assert r["tokens_per_s"] > 0 and r["ms_per_token"] > 0 and r["timed_steps"] > 0
         assert r["format"] == "modelopt" and r["preset"] == "tiny" and r["gpu"] and r["git_tree"] is not None
-        assert r["run_complete"] is True and r["device_type"] == "cpu"
+        assert r["planned_rows"] == len(rows) and r["device_type"] == "cpu" and r["budget_s"] is None
+        assert r["wall_s"] > 0 and r["load_s"] > 0 and r["checkpoint_write_s"] > 0
         assert r.get("loaded_gib") is None  # memory is measured on a GPU only
     # the W4A16 model and transformers' own agree with the bf16 peer within bf16 noise; W4A4 carries its own error
     err = {(r["model_kind"], r["activations"]): r["logits_rel_err"] for r in rows}
@@ -56,8 +64,6 @@ def test_the_tiny_preset_runs_end_to_end(cli_rows):
 
 
 def test_the_report_on_the_tiny_rows(cli_rows):
-    import pandas as pd
-
     _, rows = cli_rows
     df = pd.DataFrame(rows)
     assert not len(gr.latest_run(df, "tiny"))  # a CPU run is never the answer
@@ -100,14 +106,41 @@ def test_a_failing_kind_keeps_the_others_rows(monkeypatch, tmp_path):
 
 def test_a_stop_keeps_the_rows_measured_so_far(tmp_path):
     def progress(msg):
-        if "loading bf16 peer" in msg:
+        if "loading NVFP4 W4A16" in msg:
             raise KeyboardInterrupt  # as the SIGTERM handler of the command raises its own stop
 
-    rows = gb.bench_generate(**{**TINY, "batches": (1,), "progress": progress}, formats=("modelopt",),
-                             activations=("bf16",), kinds=("nvfp4", "bf16-peer"), workdir=tmp_path)
-    assert [(r["model_kind"], r["status"]) for r in rows] == [("nvfp4", "ok")]
-    assert rows[0]["run_complete"] is False and rows[0]["run_note"].startswith("stopped (KeyboardInterrupt)")
+    sunk = []
+    rows = gb.bench_generate(**{**TINY, "batches": (1, 2), "progress": progress}, formats=("modelopt",),
+                             activations=("bf16",), kinds=("nvfp4", "bf16-peer"), workdir=tmp_path, sink=sunk.append)
+    assert sunk == rows  # each row handed on as it was made
+    stopped = "not reached: the run was stopped (KeyboardInterrupt)"
+    assert [(r["model_kind"], r["batch"], r["status"].split(" after")[0]) for r in rows] == [
+        ("bf16-peer", 1, "ok"), ("bf16-peer", 2, "ok"), ("nvfp4", 1, stopped), ("nvfp4", 2, stopped)]
+    assert {r["planned_rows"] for r in rows} == {4}
+    assert gr.completeness(pd.DataFrame(rows)).startswith("no: 2 of 4 planned rows measured (not reached: the run was")
+    assert gr.completeness(pd.DataFrame(rows[:3])).endswith("1 rows never written (the process was killed))")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_time_budget_skips_the_parts_after_it(tmp_path, monkeypatch):
+    """A part started within the budget decodes every batch; no part starts after it; the rows say so."""
+    clock = {"s": 0.0}  # the run's clock, moved on by hand once the bf16 peer is loaded
+    monkeypatch.setattr(gb._Run, "elapsed", lambda self: clock["s"])
+
+    def progress(msg):
+        if "bf16 peer loaded" in msg:
+            clock["s"] = 100.0
+
+    rows = gb.bench_generate(**{**TINY, "batches": (1, 2), "progress": progress}, formats=("modelopt",),
+                             activations=("nvfp4", "bf16"), kinds=("nvfp4", "bf16-peer"), workdir=tmp_path,
+                             budget_s=50)
+    skipped = "skipped: the time budget of 50 s was spent (at 100 s); lower-priority parts were not started"
+    assert [(r["label"], r["batch"], r["status"]) for r in rows] == [("bf16 peer", 1, "ok"), ("bf16 peer", 2, "ok")] + [
+        (label, b, skipped) for label in ("NVFP4 W4A4", "NVFP4 W4A16") for b in (1, 2)]
+    assert rows[-1]["check"].startswith("no logits") and rows[0]["budget_s"] == 50
+    assert gr.completeness(pd.DataFrame(rows)) == f"no: 2 of 6 planned rows measured ({skipped.split(';')[0]})"
+    with pytest.raises(ValueError, match="budget_s must be > 0"):
+        gb.bench_generate(preset="tiny", device="cpu", budget_s=0, progress=None)
 
 
 def test_the_bf16_models_hold_the_dequantized_weights(tmp_path):
@@ -135,9 +168,9 @@ def test_the_bf16_models_hold_the_dequantized_weights(tmp_path):
         gb.load_bf16(path, experts="eager", device="cpu")
 
 
-def test_the_plan_measures_the_peer_first_and_transformers_last():
+def test_the_plan_measures_the_targets_first_and_transformers_last():
     plan = gb._plan(("modelopt", "compressed-tensors"), ("nvfp4", "bf16"), gb.KINDS)
-    assert plan == [("modelopt", [("nvfp4", "nvfp4"), ("nvfp4", "bf16"), ("bf16-peer", "bf16")]),
+    assert plan == [("modelopt", [("bf16-peer", "bf16"), ("nvfp4", "nvfp4"), ("nvfp4", "bf16")]),
                     ("compressed-tensors", [("nvfp4", "nvfp4"), ("nvfp4", "bf16"), ("transformers-bf16", "bf16")])]
     assert gb._plan(("modelopt",), ("bf16",), ("bf16-peer",)) == [("modelopt", [("bf16-peer", "bf16")])]
     with pytest.raises(ValueError, match="format"):

@@ -14,10 +14,12 @@ shape holds ~61 GB, the NVFP4 one ~17 GB):
 - ``"transformers-bf16"``: transformers' own model with the same dequantized weights, as users run it (its own
   experts code, ``config._experts_implementation``, and attention, both recorded).
 
-The bf16 models are built once (their weights are the dequantized values, the same in either format up to
-compressed-tensors' one rounding of a reciprocal): the peer from the first format's checkpoint, after its NVFP4 models
-(so that a run cut short still has the comparison the targets need), transformers' model from the last one, last of
-all (its capture attempt is the riskiest step); one checkpoint is on disk at a time.
+The parts run in priority order (:func:`_plan`), so that a run cut short keeps what matters most: on the first
+format's checkpoint the bf16 peer (the reference every later row is checked against, and the targets' denominator),
+then the NVFP4 model per activations mode (W4A4, W4A16): every row issue 40's targets need; then the other formats'
+NVFP4 models; transformers' model last of all, on the last format's checkpoint (the lowest priority, and its capture
+attempt is the riskiest step). The bf16 models are built once (their weights are the dequantized values, the same in
+either format up to compressed-tensors' one rounding of a reciprocal); one checkpoint is on disk at a time.
 
 Each model decodes every batch with :func:`nvfp4lib.hf.generate` (a static KV cache; ``cuda_graph=True`` on a GPU),
 timed over the steady-state steps only (after the warm-up and capture steps: compiles and the capture are not
@@ -30,14 +32,35 @@ Model kinds, labels and loops are named by :data:`KINDS`, :data:`LABELS`, ``loop
 :data:`HF_GENERATE`) and ``cuda_graph``; the report (:mod:`nvfp4lib.study.generate_report`) reads them.
 
 Correctness, cheaply: every model's logits over the first prompt (one forward, no cache) are compared with the bf16
-peer's (``logits_rel_err``, normwise, fp32): the W4A16 model and transformers' model must agree within bf16 noise
-(:data:`TOL`); W4A4's error is its own quantization's and is bounded loosely (a wrong scale or expert is O(1)).
+peer's (``logits_rel_err``, normwise, fp32) as its rows are made: the W4A16 model and transformers' model must agree
+within bf16 noise (:data:`TOL`); W4A4's error is its own quantization's and is bounded loosely (a wrong scale or
+expert is O(1)).
 
-A row per (model, loop, batch): tokens/s, ms per token, batch, activations, format, model kind, the GPU memory the
-loaded model holds (``loaded_gib``: allocated after loading minus before) and its peak while loading
-(``load_peak_gib``), the decode's peak, the check, and :func:`~nvfp4lib.bench.store.provenance` with a ``run_id``.
-A model kind that fails (load, check or decode) gives rows with its error as ``status``; the others are kept. Rows are
-returned, never stored here (``python -m nvfp4lib generate-bench --record`` appends them to ``data/generate.jsonl``).
+A row per planned (model, loop, batch), each final when made and handed to ``sink`` at once (``generate-bench
+--out`` appends it to the file then, so a run that is killed keeps every row measured): tokens/s, ms per token, batch,
+activations, format, model kind, the GPU memory the loaded model holds (``loaded_gib``: allocated after loading minus
+before) and its peak while loading (``load_peak_gib``), the decode's peak, the check, the times spent (checkpoint
+writing, loading, the decode call with its compiles and capture: ``wall_s``; ``run_elapsed_s``) and
+:func:`~nvfp4lib.bench.store.provenance` with a ``run_id``; every row carries ``planned_rows``, so a reader tells a
+run that ended early. A model kind that fails (load, check or decode) gives rows with its error as ``status``; the
+others are kept. With ``budget_s``, no part (a checkpoint, a model) starts after that many seconds: the rows not
+measured say "skipped: ...";
+a stop (SIGTERM, Ctrl-C) gives them "not reached: ...". Rows are returned, never stored here (``python -m nvfp4lib
+generate-bench --record`` appends them to ``data/generate.jsonl``; ``record`` merges an ``--out`` file there).
+
+Runtime of the ``qwen3-30b-a3b`` preset on a fresh H100 machine, estimated step by step (not measured yet; each row's
+times will say): the start (imports, CUDA context) ~15 s; writing a checkpoint, 18,432 expert matrices drawn,
+quantized and copied one at a time plus ~17 GB of safetensors, 40-90 s; the bf16 peer, 61 GB dequantized expert by
+expert, 40-60 s to load, ~10 s to decode both batches (``torch._grouped_mm``: nothing to compile); each NVFP4 model
+20-40 s to load and ~10 s to decode, plus its kernels' compiles on first use: per activations mode the Linears' three
+weight shapes (q, k/v, o) at batch 1 (16-token tiles) and batch 32 (256-token tiles with 32-token steps:
+``tuning.PREFERENCE``) and the experts' two (16-token tiles at both batches: at most 4 rows per expert) = 8 configs,
+the three 32-step ones ~30 s each (``prepare_s`` of ``vl_*_v32_e`` rows in ``data/bench.jsonl``: 25-40 s on the H100
+host; the W4A16 one took 45 s against W4A4's 26 s on a 2-core development CPU), the rest 2-5 s: W4A4 ~110 s, W4A16
+~150 s. The targets (the first format's three models) thus take ~7.5-8.5 minutes; the second format adds 2-3
+(compiles done), transformers' model 1.5-3 (its eager steps, its generate() and a capture attempt). The default run
+is longer than a 10-minute machine command: run it under ``timeout`` with ``budget_s`` (notebook 12 gives the
+command).
 """
 from __future__ import annotations
 
@@ -184,7 +207,10 @@ def load_bf16(path, *, experts: str = "peer", device="cuda") -> torch.nn.Module:
 def _free() -> None:
     gc.collect()
     if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError:  # a stop inside a CUDA graph's capture leaves it open: the cache is kept, not an error
+            pass
 
 
 def _sync(device: torch.device) -> None:
@@ -241,6 +267,10 @@ class _Interrupted(BaseException):
     is, so that no ``except Exception`` on the way swallows it."""
 
 
+class _OutOfTime(BaseException):
+    """The time budget is spent: nothing new starts (a BaseException for the same reason as :class:`_Interrupted`)."""
+
+
 def _loops(kind: str, graph: bool) -> list[tuple[str, bool]]:
     """The (loop, cuda_graph) a model kind is decoded with, in order: transformers' model eagerly and by its own
     generate() first, the capture attempt last."""
@@ -250,12 +280,11 @@ def _loops(kind: str, graph: bool) -> list[tuple[str, bool]]:
 
 
 def _plan(formats, activations, kinds) -> list[tuple[str, list[tuple[str, str]]]]:
-    """Per format, the (model kind, activations) measured on its checkpoint, in order (see the module doc)."""
+    """Per format, the (model kind, activations) measured on its checkpoint, in priority order (the module doc)."""
     plan = []
     for i, fmt in enumerate(formats):
-        want = [("nvfp4", a) for a in activations if "nvfp4" in kinds]
-        if i == 0 and "bf16-peer" in kinds:
-            want.append(("bf16-peer", "bf16"))
+        want = [("bf16-peer", "bf16")] if i == 0 and "bf16-peer" in kinds else []
+        want += [("nvfp4", a) for a in activations if "nvfp4" in kinds]
         if i == len(formats) - 1 and "transformers-bf16" in kinds:
             want.append(("transformers-bf16", "bf16"))
         if want:
@@ -264,21 +293,63 @@ def _plan(formats, activations, kinds) -> list[tuple[str, list[tuple[str, str]]]
 
 
 class _Run:
-    """One run's state: the rows so far, the check's logits, the prompts, the progress printer."""
+    """One run's state: its planned rows, the rows so far (each handed to ``sink`` as it is made), the first prompt's
+    logits per model, the prompts, the clock and the budget."""
 
-    def __init__(self, base: dict, device: torch.device, batches, prompts: torch.Tensor, new_tokens: int, say):
-        self.base, self.device, self.batches, self.prompts = base, device, tuple(batches), prompts
-        self.new_tokens, self.say = new_tokens, say
+    def __init__(self, base: dict, device: torch.device, batches, prompts: torch.Tensor, new_tokens: int, say,
+                 plan, budget_s: float | None, sink, t0: float):
+        self.device, self.batches, self.prompts, self.new_tokens = device, tuple(batches), prompts, new_tokens
+        self.say, self.sink, self.budget_s, self.t0 = say, sink, budget_s, t0  # t0: the run's start (perf_counter)
         self.graph = device.type == "cuda"
+        self.planned = [(fmt, kind, act, loop, cg, b) for fmt, want in plan for kind, act in want
+                        for loop, cg in _loops(kind, self.graph) for b in self.batches]
+        self.base = {**base, "planned_rows": len(self.planned), "budget_s": budget_s}
         self.rows: list[dict] = []
+        self.done: set = set()
         self.logits: dict = {}  # (kind, activations, format) -> the first prompt's logits, fp32 on the CPU
 
-    def failed(self, kind: str, act: str, fmt: str, status: str, **fields) -> None:
-        for loop, cg in _loops(kind, self.graph):
-            for b in self.batches:
-                self.rows.append({**self.base, "model_kind": kind, "activations": act, "format": fmt,
-                                  "label": LABELS[(kind, act)], **fields, "loop": loop, "cuda_graph": cg, "batch": b,
-                                  "status": status})
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def in_time(self) -> None:
+        """Raise :class:`_OutOfTime` once the budget is spent."""
+        if self.budget_s is not None and self.elapsed() > self.budget_s:
+            raise _OutOfTime(f"the time budget of {self.budget_s:.0f} s was spent (at {self.elapsed():.0f} s); "
+                             "lower-priority parts were not started")
+
+    def _check(self, kind: str, act: str, fmt: str) -> dict:
+        """The row's check of its model's logits against the bf16 peer's (measured first: see the module doc)."""
+        ref = next(((k, v) for k, v in self.logits.items() if k[0] == "bf16-peer"), None)
+        got = self.logits.get((kind, act, fmt))
+        if got is None:
+            return {"check": "no logits (the model was not loaded, or its check's forward failed)"}
+        if kind == "bf16-peer":
+            return {"logits_rel_err": 0.0, "check": "reference"}
+        if ref is None:
+            return {"check": "no reference logits (the bf16 peer was not measured before this model, or failed)"}
+        tol = TOL["transformers-bf16" if kind == "transformers-bf16" else act]
+        err = _rel_err(got, ref[1])
+        return {"logits_ref": f"bf16-peer ({ref[0][2]})", "logits_rel_err": err, "logits_tol": tol,
+                "check": "ok" if err <= tol else f"above tol: rel_err {err:.3g} > {tol}"}
+
+    def add(self, key: tuple, status: str, head: dict | None = None, **fields) -> dict:
+        """Make the row of the planned ``key`` (format, kind, activations, loop, cuda_graph, batch), hand it on."""
+        fmt, kind, act, loop, cg, batch = key
+        row = {**self.base, "model_kind": kind, "activations": act, "format": fmt, "label": LABELS[(kind, act)],
+               **(head or {}), "loop": loop, "cuda_graph": cg, "batch": batch, **fields, "status": status,
+               "run_elapsed_s": self.elapsed(), **self._check(kind, act, fmt)}
+        self.rows.append(row)
+        self.done.add(key)
+        if self.sink is not None:
+            self.sink(row)
+        return row
+
+    def rest(self, status: str, part: tuple | None = None, head: dict | None = None) -> None:
+        """Rows with ``status`` for the planned keys not made yet (of one ``part``, (format, kind, activations), if
+        given)."""
+        for key in self.planned:
+            if key not in self.done and (part is None or key[:3] == part):
+                self.add(key, status, head)
 
     def _load(self, kind: str, act: str, ckpt: Path):
         from ..hf import from_pretrained
@@ -287,10 +358,10 @@ class _Run:
             return from_pretrained(ckpt, activations=act, device=self.device)
         return load_bf16(ckpt, experts="peer" if kind == "bf16-peer" else "transformers", device=self.device)
 
-    def measure(self, kind: str, act: str, fmt: str, ckpt: Path, ckpt_gib: float) -> None:
+    def measure(self, kind: str, act: str, fmt: str, head: dict, ckpt: Path) -> None:
         """Load one model, check its logits, decode every batch with each of its loops, free it."""
-        dev, label = self.device, LABELS[(kind, act)]
-        head = {"checkpoint_gib": ckpt_gib}
+        dev, label, part, head = self.device, LABELS[(kind, act)], (fmt, kind, act), dict(head)
+        self.in_time()
         _free()
         self.say(f"{fmt}: loading {label} ...")
         mem0 = torch.cuda.memory_allocated(dev) if self.graph else 0
@@ -302,8 +373,8 @@ class _Run:
             _sync(dev)
         except Exception as e:  # any failure of one model is its rows' status: the others' rows are kept
             self.say(f"{fmt}: {label}: {_error(e)}")
-            self.failed(kind, act, fmt, _error(e), **head)
             _free()
+            self.rest(_error(e), part, head)
             return
         head["load_s"] = time.perf_counter() - t0
         if self.graph:
@@ -316,25 +387,27 @@ class _Run:
             f", {head['loaded_gib']:.2f} GiB (peak while loading {head['load_peak_gib']:.2f} GiB)" if self.graph
             else ""))
         try:
-            with torch.no_grad():
-                self.logits[(kind, act, fmt)] = model(input_ids=self.prompts[:1].to(dev),
-                                                      use_cache=False).logits.float().cpu()
-        except Exception as e:
-            head["check_status"] = f"logits: {_error(e)}"
-            self.say(f"{fmt}: {label}: the check's forward failed: {_error(e)}")
-        for loop, cg in _loops(kind, self.graph):
-            for b in self.batches:
-                self._decode(model, kind, act, fmt, head, loop, cg, b)
-        del model
-        _free()
+            try:
+                with torch.no_grad():
+                    self.logits[(kind, act, fmt)] = model(input_ids=self.prompts[:1].to(dev),
+                                                           use_cache=False).logits.float().cpu()
+            except Exception as e:
+                head["check_status"] = f"logits: {_error(e)}"
+                self.say(f"{fmt}: {label}: the check's forward failed: {_error(e)}")
+            for loop, cg in _loops(kind, self.graph):
+                for b in self.batches:
+                    self._decode(model, (fmt, kind, act, loop, cg, b), head)
+        finally:
+            del model
+            _free()
 
-    def _decode(self, model, kind, act, fmt, head, loop, cuda_graph, batch) -> None:
+    def _decode(self, model, key: tuple, head: dict) -> None:
         from ..hf import generate
 
-        row = {**self.base, "model_kind": kind, "activations": act, "format": fmt, "label": LABELS[(kind, act)],
-               **head, "loop": loop, "cuda_graph": cuda_graph, "batch": batch}
-        what = f"{fmt}: {row['label']}, {loop} {'graphed' if cuda_graph else 'eager'}, batch {batch}"
+        fmt, kind, act, loop, cuda_graph, batch = key
+        what = f"{fmt}: {LABELS[(kind, act)]}, {loop} {'graphed' if cuda_graph else 'eager'}, batch {batch}"
         ids = self.prompts[:batch]
+        t0 = time.perf_counter()
         try:
             if loop == HF_GENERATE:
                 stats = _hf_generate(model, ids.to(self.device), self.new_tokens, self.device)
@@ -344,34 +417,13 @@ class _Run:
                 toks = out[:, ids.shape[1]:].cpu()
                 stats = {k: stats[k] for k in ("prefill_ms", "decode_s", "timed_steps", "steady_s", "tokens_per_s",
                                                "ms_per_token")} | {"decode_peak_gib": stats["peak_memory_gib"]}
-            row.update(stats, status="ok", first_tokens=toks[0, :8].tolist())
-            self.say(f"{what}: {row['tokens_per_s']:.1f} tokens/s, {row['ms_per_token']:.2f} ms per token")
         except Exception as e:
-            row["status"] = _error(e)
             self.say(f"{what}: {_error(e)}")
-        self.rows.append(row)
-
-    def check(self) -> None:
-        """Each row's ``logits_rel_err`` against the bf16 peer (else transformers' model), and ``check``: "ok",
-        "reference", "above tol: ..." or why there is none."""
-        refs = [k for k in self.logits if k[0] == "bf16-peer"] or [k for k in self.logits
-                                                                  if k[0] == "transformers-bf16"]
-        for r in self.rows:
-            key = (r["model_kind"], r["activations"], r["format"])
-            if not refs:
-                r["check"] = "no reference logits (the bf16 models were not measured or failed)"
-                continue
-            ref = refs[0]
-            r["logits_ref"] = f"{ref[0]} ({ref[2]})"
-            if key == ref:
-                r.update(logits_rel_err=0.0, check="reference")
-            elif key not in self.logits:
-                r["check"] = "no logits (the model failed before its check)"
-            else:
-                tol = TOL["transformers-bf16" if r["model_kind"] == "transformers-bf16" else r["activations"]]
-                err = _rel_err(self.logits[key], self.logits[ref])
-                r.update(logits_rel_err=err, logits_tol=tol,
-                         check="ok" if err <= tol else f"above tol: rel_err {err:.3g} > {tol}")
+            self.add(key, _error(e), head, wall_s=time.perf_counter() - t0)
+            return
+        row = self.add(key, "ok", head, **stats, first_tokens=toks[0, :8].tolist(), wall_s=time.perf_counter() - t0)
+        self.say(f"{what}: {row['tokens_per_s']:.1f} tokens/s, {row['ms_per_token']:.2f} ms per token "
+                 f"({row['wall_s']:.0f} s with its compiles and capture)")
 
 
 def _set_eager_fused(on: bool | None):
@@ -390,7 +442,8 @@ def _set_eager_fused(on: bool | None):
 def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compressed-tensors"),
                    activations=ACTIVATIONS, batches=BATCHES, kinds=KINDS, new_tokens: int = NEW_TOKENS,
                    prompt_tokens: int = PROMPT_TOKENS, seed: int = 0, device=None, workdir=None,
-                   sizes: dict | None = None, eager_fused: bool | None = False, progress=print) -> list[dict]:
+                   sizes: dict | None = None, eager_fused: bool | None = False, budget_s: float | None = None,
+                   sink=None, progress=print) -> list[dict]:
     """Rows (see the module doc) with provenance; nothing is stored here.
 
     ``preset``: :data:`PRESETS` (``tiny``: the CPU smoke test; ``sizes`` override a preset's fields, e.g.
@@ -398,9 +451,12 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
     ``workdir``: where the temporary checkpoints go (default: the system's temporary folder). ``eager_fused``: the
     serving kernel's ``EAGER_FUSED`` knob for the run (restored after; None: as shipped). Off by default here: the
     eager W4A4 calls (the check, prefill and warm-up steps) then run the captured form's kernels, so each config
-    compiles once, not twice; the timed steps replay the graph, which runs those kernels either way. A stop (SIGTERM,
-    raised by :func:`add_command`'s handler, or Ctrl-C) returns the rows measured so far, marked
-    ``run_complete=False``."""
+    compiles once, not twice; the timed steps replay the graph, which runs those kernels either way.
+
+    ``budget_s``: write no checkpoint and load no model after this many seconds (a model loaded before decodes all its
+    batches; the rows not measured say so). ``sink``: a
+    callable given each row as soon as it is made (the command appends it to ``--out``). A stop (SIGTERM, raised by
+    :func:`add_command`'s handler, or Ctrl-C) ends the run with a row for every planned row not measured."""
     from ..hf.checkpoint import FORMATS
     from ..hf.writer import PRESETS as SIZES
     from ..hf.writer import checkpoint_bytes, make_checkpoint
@@ -415,6 +471,8 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
     if not formats or not batches or min(batches) < 1:
         raise ValueError(f"name at least one format and batches >= 1 (got formats {list(formats)}, batches "
                          f"{list(batches)})")
+    if budget_s is not None and not budget_s > 0:
+        raise ValueError(f"budget_s must be > 0 seconds, got {budget_s}")
     if new_tokens < 8:
         raise ValueError(f"new_tokens must be >= 8 (the first steps are warm-up and capture, not timed), got "
                          f"{new_tokens}")
@@ -446,10 +504,12 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
                                                                  "top_k", "heads", "kv_heads", "head_dim", "vocab")},
             "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "seed": seed, "device_type": device.type,
             **knobs}
-    run = _Run(base, device, batches, prompts, new_tokens, say)
-    interrupted = None
+    plan = _plan(formats, activations, kinds)
+    run = _Run(base, device, batches, prompts, new_tokens, say, plan, budget_s, sink, t_start)
+    stop = None
     try:
-        for fmt, want in _plan(formats, activations, kinds):
+        for fmt, want in plan:
+            run.in_time()
             tmp = Path(tempfile.mkdtemp(prefix=f"nvfp4lib-generate-{fmt}-", dir=workdir))
             try:
                 say(f"{fmt}: writing the {preset} checkpoint to {tmp} ...")
@@ -461,27 +521,27 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
                 except Exception as e:
                     say(f"{fmt}: writing the checkpoint failed: {_error(e)}")
                     for kind, act in want:
-                        run.failed(kind, act, fmt, f"checkpoint {_error(e)}")
+                        run.rest(f"checkpoint {_error(e)}", (fmt, kind, act))
                     continue
                 finally:
                     _free()
-                ckpt_gib = checkpoint_bytes(ckpt) / 2**30
-                say(f"{fmt}: written in {time.perf_counter() - t0:.1f} s ({ckpt_gib:.2f} GiB)")
+                head = {"checkpoint_gib": checkpoint_bytes(ckpt) / 2**30,
+                        "checkpoint_write_s": time.perf_counter() - t0}
+                say(f"{fmt}: written in {head['checkpoint_write_s']:.1f} s ({head['checkpoint_gib']:.2f} GiB)")
                 for kind, act in want:
-                    run.measure(kind, act, fmt, ckpt, ckpt_gib)
+                    run.measure(kind, act, fmt, head, ckpt)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
+    except _OutOfTime as e:
+        stop = f"skipped: {e}"
     except (KeyboardInterrupt, _Interrupted) as e:
-        interrupted = f"stopped ({type(e).__name__}) after {time.perf_counter() - t_start:.0f} s"
-        say(interrupted + ": keeping the rows measured so far")
+        stop = f"not reached: the run was stopped ({str(e) or type(e).__name__}) after {run.elapsed():.0f} s"
     finally:
         if old_fused is not None:
             _set_eager_fused(old_fused)
-    run.check()
-    for r in run.rows:
-        r["run_complete"] = interrupted is None
-        if interrupted:
-            r["run_note"] = interrupted
+    if stop:
+        say(stop + "; the rows measured so far are kept")
+        run.rest(stop)
     return run.rows
 
 
@@ -520,8 +580,8 @@ def add_command(sub, add_record_args, write) -> None:
     p.add_argument("--layers", type=int, help="override the preset's decoder layers (a quick GPU check: e.g. 4)")
     p.add_argument("--format", dest="formats", nargs="+", choices=["modelopt", "compressed-tensors"],
                    default=["modelopt", "compressed-tensors"],
-                   help="checkpoint formats, one checkpoint each (written, measured, deleted in turn); the bf16 "
-                        "peer is built from the first one's, transformers' model from the last one's")
+                   help="checkpoint formats, one checkpoint each (written, measured, deleted in turn), in this "
+                        "order; the bf16 peer is built from the first one's, transformers' model from the last one's")
     p.add_argument("--batch", dest="batches", nargs="+", type=int, default=list(BATCHES))
     p.add_argument("--activations", nargs="+", choices=list(ACTIVATIONS), default=list(ACTIVATIONS),
                    help="the NVFP4 model's: nvfp4 (W4A4), bf16 (W4A16)")
@@ -540,10 +600,18 @@ def add_command(sub, add_record_args, write) -> None:
                    help="the serving kernel's EAGER_FUSED knob for the run (rows carry it): off (default here) "
                         "compiles each W4A4 config once, for eager and captured calls alike; the timed steps replay "
                         "the graph either way")
+    p.add_argument("--budget-s", type=float,
+                   help="write no checkpoint and load no model after this many seconds (parts run in priority "
+                        "order: the targets' first); each row not measured says why. Under `timeout`, leave room for "
+                        "the part that is running (e.g. `timeout -k 30 560 ... --budget-s 480`): a SIGTERM keeps "
+                        "every row measured too (each is appended to --out as it is made)")
     add_record_args(p, GENERATE, "generate")
 
     def run(args) -> int:
+        import copy
         import signal
+
+        from .store import append_rows
 
         def stop(signum, frame):
             raise _Interrupted(signal.Signals(signum).name)
@@ -555,17 +623,23 @@ def add_command(sub, add_record_args, write) -> None:
                                   prompt_tokens=args.prompt_tokens, seed=args.seed, device=args.device,
                                   workdir=args.workdir, sizes={"layers": args.layers} if args.layers else None,
                                   eager_fused={"on": True, "off": False, "shipped": None}[args.eager_fused],
-                                  progress=lambda m: print(m, flush=True))
+                                  budget_s=args.budget_s, progress=lambda m: print(m, flush=True),
+                                  sink=(lambda row: append_rows(args.out, [row])) if args.out else None)
         except (ValueError, ImportError) as e:  # refused before measuring anything
             print(f"generate-bench: {e}")
             return 2
         finally:
             signal.signal(signal.SIGTERM, old)
         _print_table(rows)
-        write(args, rows, GENERATE.name)
+        if args.out:
+            print(f"\nthe {len(rows)} rows were appended to {args.out} as they were made")
+        rest = copy.copy(args)
+        rest.out = None  # (--out has them already)
+        write(rest, rows, GENERATE.name)
+        # transformers' capture may fail (its row says how); every other row must have measured and passed its check
         ok = all(r["status"] == "ok" for r in rows if not (r["loop"] == STATIC and r["cuda_graph"]
                                                           and r["model_kind"] == "transformers-bf16"))
         checked = all(r.get("check") in ("ok", "reference") for r in rows)
-        return 0 if rows and ok and checked and rows[0]["run_complete"] else 1
+        return 0 if rows and ok and checked else 1
 
     p.set_defaults(fn=run)

@@ -17,11 +17,15 @@ from ..bench.generate_bench import HF_GENERATE, LABELS
 from ..bench.store import dirty_state
 from .plots import caption, shown
 
-__all__ = ["SOURCE", "RECORD_COMMAND", "no_data", "TARGETS", "latest_run", "series", "run_summary", "tokens_table",
-           "speedup_table", "memory_table", "not_ok", "targets", "figure"]
+__all__ = ["SOURCE", "RECORD_COMMAND", "TIMED_COMMANDS", "no_data", "TARGETS", "latest_run", "series", "run_summary",
+           "completeness", "tokens_table", "speedup_table", "memory_table", "not_ok", "targets", "figure"]
 
 SOURCE = "data/generate.jsonl"
 RECORD_COMMAND = "python -m nvfp4lib generate-bench --record"
+# On a machine that limits a command to 10 minutes: the targets first, then what the budget leaves time for, every row
+# written to the --out file as it is made; then the rows merged into data/ where the repository lives
+TIMED_COMMANDS = ("timeout -k 30 560 python -m nvfp4lib generate-bench --budget-s 480 --out generate.jsonl --no-record",
+                  f"python -m nvfp4lib record generate.jsonl --into {SOURCE}")
 
 
 def no_data(preset: str = "qwen3-30b-a3b") -> str:
@@ -29,7 +33,8 @@ def no_data(preset: str = "qwen3-30b-a3b") -> str:
     return (f"No GPU run of generate-bench for the {preset} preset is recorded yet ({SOURCE} holds none). To make "
             f"one, on the H100: `{RECORD_COMMAND}` (both checkpoint formats, W4A4 and W4A16, the bf16 peer model and "
             "transformers' own, batch 1 and 32; most of its time goes to compiling the kernels and writing the two "
-            "checkpoints).")
+            "checkpoints); on a machine that limits a command to 10 minutes, `" + "`, then `".join(TIMED_COMMANDS)
+            + "` (the targets' rows first, the rest as the budget allows).")
 
 PEER = LABELS[("bf16-peer", "bf16")]
 TRANSFORMERS = LABELS[("transformers-bf16", "bf16")]
@@ -94,8 +99,21 @@ def run_summary(run: pd.DataFrame) -> pd.DataFrame:
                     f"{int(r['model_moe_intermediate'])}",
            "prompt tokens": int(r["prompt_tokens"]), "new tokens": int(r["new_tokens"]),
            "kernel knobs": ", ".join(f"{k}={int(v)}" for k, v in knobs.items()) or "n/a",
-           "complete": "yes" if bool(run["run_complete"].all()) else f"no ({r.get('run_note', 'stopped')})"}
+           "complete": completeness(run)}
     return pd.DataFrame([out]).set_index("run_id")
+
+
+def completeness(run: pd.DataFrame) -> str:
+    """"yes" when every row the run planned was measured; else how many were, and why the others were not (their
+    rows' status: a time budget, a stop; none where the process was killed before it could write them)."""
+    planned = int(run["planned_rows"].iloc[0])
+    measured = ~run["status"].str.startswith(("skipped", "not reached"))
+    if len(run) == planned and bool(measured.all()):
+        return "yes"
+    why = sorted({s.split(";")[0] for s in run.loc[~measured, "status"]})
+    if len(run) < planned:
+        why.append(f"{planned - len(run)} rows never written (the process was killed)")
+    return f"no: {int(measured.sum())} of {planned} planned rows measured ({'; '.join(why)})"
 
 
 def tokens_table(run: pd.DataFrame) -> pd.DataFrame:
