@@ -122,6 +122,23 @@ def test_a_stop_keeps_the_rows_measured_so_far(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_a_stop_inside_a_capture_still_stops(tmp_path, monkeypatch):
+    """A SIGTERM inside a CUDA graph's capture surfaces as the capture's own error (a RuntimeError whose context is
+    the stop): the run stops there, instead of recording the error as the model's and going on."""
+    import nvfp4lib.hf
+
+    def capture(*args, **kwargs):
+        try:
+            raise gb._Interrupted("SIGTERM")
+        except gb._Interrupted:
+            raise RuntimeError("operation failed due to a previous error during capture") from None
+
+    monkeypatch.setattr(nvfp4lib.hf, "generate", capture)
+    rows = gb.bench_generate(**{**TINY, "batches": (1, 2)}, formats=("modelopt",), activations=("bf16",),
+                             kinds=("bf16-peer", "nvfp4"), workdir=tmp_path)
+    assert [r["status"].split(" after")[0] for r in rows] == ["not reached: the run was stopped (SIGTERM)"] * 4
+
+
 def test_a_time_budget_skips_the_parts_after_it(tmp_path, monkeypatch):
     """A part started within the budget decodes every batch; no part starts after it; the rows say so."""
     clock = {"s": 0.0}  # the run's clock, moved on by hand once the bf16 peer is loaded

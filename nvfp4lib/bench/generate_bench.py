@@ -267,6 +267,16 @@ class _Interrupted(BaseException):
     is, so that no ``except Exception`` on the way swallows it."""
 
 
+def _unless_stopped(e: Exception) -> None:
+    """Raise :class:`_Interrupted` if ``e`` comes from a stop: a stop raised inside a CUDA graph's capture is replaced
+    by the capture's own error, which an ``except Exception`` would take for the model's failure."""
+    cause = e
+    while cause is not None:
+        if isinstance(cause, (_Interrupted, KeyboardInterrupt)):
+            raise _Interrupted(str(cause) or type(cause).__name__) from e
+        cause = cause.__context__
+
+
 class _OutOfTime(BaseException):
     """The time budget is spent: nothing new starts (a BaseException for the same reason as :class:`_Interrupted`)."""
 
@@ -372,6 +382,7 @@ class _Run:
             model = self._load(kind, act, ckpt)
             _sync(dev)
         except Exception as e:  # any failure of one model is its rows' status: the others' rows are kept
+            _unless_stopped(e)
             self.say(f"{fmt}: {label}: {_error(e)}")
             _free()
             self.rest(_error(e), part, head)
@@ -392,6 +403,7 @@ class _Run:
                     self.logits[(kind, act, fmt)] = model(input_ids=self.prompts[:1].to(dev),
                                                            use_cache=False).logits.float().cpu()
             except Exception as e:
+                _unless_stopped(e)
                 head["check_status"] = f"logits: {_error(e)}"
                 self.say(f"{fmt}: {label}: the check's forward failed: {_error(e)}")
             for loop, cg in _loops(kind, self.graph):
@@ -418,6 +430,7 @@ class _Run:
                 stats = {k: stats[k] for k in ("prefill_ms", "decode_s", "timed_steps", "steady_s", "tokens_per_s",
                                                "ms_per_token")} | {"decode_peak_gib": stats["peak_memory_gib"]}
         except Exception as e:
+            _unless_stopped(e)
             self.say(f"{what}: {_error(e)}")
             self.add(key, _error(e), head, wall_s=time.perf_counter() - t0)
             return
@@ -519,6 +532,7 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
                                            **(sizes or {}))
                     _sync(device)
                 except Exception as e:
+                    _unless_stopped(e)
                     say(f"{fmt}: writing the checkpoint failed: {_error(e)}")
                     for kind, act in want:
                         run.rest(f"checkpoint {_error(e)}", (fmt, kind, act))
