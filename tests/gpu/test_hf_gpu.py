@@ -49,7 +49,8 @@ def ckpts(tmp_path_factory):
 
 ARCH_FMT = [("qwen3_moe", "modelopt"), ("mixtral", "compressed-tensors"), ("deepseek_v3", "modelopt")]
 # The inputs, by the kernel configs their row counts run (tuning.PREFERENCE): "rows4", 2 sequences of 2 tokens, runs
-# every Linear and expert layer on the decode tiles (16 tokens; ~3 s to compile per weight shape); "rows48", 2 of 24,
+# the Linears and the experts' down GEMM on the decode tiles (16 tokens; ~3 s to compile per weight shape; these
+# small layers' gate/up weights are packed in 128-row tiles, whose configs have 128-token tiles); "rows48", 2 of 24,
 # runs the Linears on the 256-token tiles with 32-token steps (~30 s per shape): the input the whole-model test has
 # always used (an H100 measured DeepSeek-V3 W4A4 at 0.126 with it).
 INPUTS = {"rows4": (2, 2), "rows48": (2, 24)}
