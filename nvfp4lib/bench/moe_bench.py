@@ -83,13 +83,25 @@ NVFP4_BACKEND, PEER_BACKEND = "nvfp4-moe", "bf16-grouped-mm"
 #   its product with up, the down product's output), each ~1.7e-3 normwise on normal data; 4-7e-3 in all on the CPU
 #   test shapes (tests/test_moe_bench.py). 2e-2 leaves a 3x margin and still fails a wrong expert or row by far.
 TOL = {"nvfp4": 1e-2, "bf16": 1e-2, "peer": 2e-2}
+# the expert-parallel bench's defaults (nvfp4lib.bench.ep_bench, `moe-bench --ep W`): issue 42's layers and T per rank
+EP_LAYERS = ("deepseek-v3", "qwen3-moe")
+EP_TOKENS = (1, 8, 64, 4096)
+EP_ITERS = 50
+EP_TRANSPORTS = ("all-gather", "symm-mem")  # nvfp4lib.nn.ep.TRANSPORTS (not imported here: the parser stays light)
 
 
 def get_layer(name: str) -> MoELayer:
+    """A layer of :data:`LAYERS` by name (or its ``like``), or a shape ``"E,k,H,I"`` (a layer named after it)."""
     for layer in LAYERS:
         if name in (layer.name, layer.like):
             return layer
-    raise ValueError(f"unknown MoE layer {name!r}; known: {', '.join(x.name for x in LAYERS)}")
+    parts = name.split(",")
+    if len(parts) == 4 and all(p.strip().isdigit() for p in parts):
+        e, k, h, i = (int(p) for p in parts)
+        if not (1 <= k <= e and h > 0 and i > 0):
+            raise ValueError(f"layer shape {name!r}: need 1 <= top-k <= experts and positive sizes (E,k,H,I)")
+        return MoELayer(f"E{e}-k{k}-H{h}-I{i}", e, k, h, i, like="custom shape")
+    raise ValueError(f"unknown MoE layer {name!r}; known: {', '.join(x.name for x in LAYERS)}, or a shape E,k,H,I")
 
 
 def routing_seed(seed: int, tokens: int, routing: str) -> int:
@@ -341,15 +353,26 @@ def _print_row(r: dict) -> None:
           f"{r['floor_us']:9.1f} us  x{ratio}  {eager}  {r['status'][:60]}", flush=True)
 
 
-def add_command(sub, add_record_args, write) -> None:
-    """``python -m nvfp4lib moe-bench``: the parser and the command, registered on ``sub`` (argparse subparsers)."""
+def _layer_arg(text: str) -> str:
+    get_layer(text)  # a known name, or "E,k,H,I"
+    return text
+
+
+def add_command(sub, add_record_args, write, ep_run=None) -> None:
+    """``python -m nvfp4lib moe-bench``: the parser and the command, registered on ``sub`` (argparse subparsers).
+    With ``--ep W`` (under torchrun) ``ep_run(args, write)`` runs instead: the expert-parallel bench,
+    :func:`.ep_bench.run_command` (passed in by the command line: ep_bench builds on this module)."""
     from .store import MOE
 
     p = sub.add_parser("moe-bench", help="time NVFP4MoE and its bf16 peer per layer, T and routing (GPU); rows to "
-                                         "build/ (data/ with --record)")
-    p.add_argument("--layer", nargs="+", choices=[x.name for x in LAYERS], help="default: all three")
-    p.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
-    p.add_argument("--routing", nargs="+", choices=list(ROUTINGS), default=list(ROUTINGS))
+                                         "build/ (data/ with --record); --ep W: the expert-parallel layer on W GPUs")
+    p.add_argument("--layer", nargs="+", type=_layer_arg, metavar="LAYER",
+                   help=f"{', '.join(x.name for x in LAYERS)}, or a shape E,k,H,I (experts, top-k, hidden, "
+                        f"intermediate); default: all three (--ep: {' '.join(EP_LAYERS)})")
+    p.add_argument("--tokens", nargs="+", type=int,
+                   help=f"tokens per call (--ep: per rank); default {' '.join(map(str, TOKENS))} (--ep: "
+                        f"{' '.join(map(str, EP_TOKENS))})")
+    p.add_argument("--routing", nargs="+", choices=list(ROUTINGS), help="default: both (--ep: uniform)")
     p.add_argument("--mode", nargs="+", choices=list(MODES), default=list(MODES),
                    help="the layer's activations: nvfp4 (W4A4), bf16 (W4A16); a mode the backend lacks is recorded "
                         "as such")
@@ -358,16 +381,32 @@ def add_command(sub, add_record_args, write) -> None:
                    help="how W4A4 quantizes on the fly (the same bits; triton: two launches instead of ~45 kernels)")
     p.add_argument("--no-peer", action="store_true", help="skip the bf16 peer")
     p.add_argument("--seed", type=int, default=2121)
-    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--iters", type=int, help=f"replays per timing; default 30 (--ep: {EP_ITERS} per graph)")
+    g = p.add_argument_group("expert parallelism (issue 42)")
+    g.add_argument("--ep", type=int, metavar="W",
+                   help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
+                        "W`; per layer, T per rank, transport and form: the step split into dispatch, experts and "
+                        "combine, checked against the single-GPU layer, beside the bf16 EP peer and one GPU on all "
+                        "W·T tokens; rows to build/ep.jsonl (--record: data/ep.jsonl)")
+    g.add_argument("--transport", nargs="+", choices=list(EP_TRANSPORTS), help="--ep: default both")
+    g.add_argument("--graphs", choices=["auto", "on", "off"], default="auto",
+                   help="--ep: time CUDA-graph replays (auto: on a GPU; the CPU runs eagerly)")
+    g.add_argument("--step-timeout", type=float, default=300.0, metavar="S",
+                   help="--ep: seconds one stage of one config may take, and every host wait and collective, before "
+                        "the process ends (exit 124) instead of hanging")
     add_record_args(p, MOE, "moe")
 
     def run(args) -> int:
+        if args.ep is not None:
+            if ep_run is None:
+                raise SystemExit("moe-bench --ep: no expert-parallel runner was registered with this parser")
+            return ep_run(args, write)
         if not torch.cuda.is_available():
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
-        rows = bench_moe(args.layer or LAYERS, args.tokens, args.routing, modes=tuple(args.mode), iters=args.iters,
-                         seed=args.seed, backend=args.backend, peer=not args.no_peer, quantizer=args.quantizer,
-                         progress=_print_row)
+        rows = bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
+                         modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
+                         peer=not args.no_peer, quantizer=args.quantizer, progress=_print_row)
         write(args, rows, MOE.name)
         return 0 if all(r["status"] == "ok" or "NotImplementedError" in r["status"] for r in rows) else 1
 

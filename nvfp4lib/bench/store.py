@@ -28,6 +28,7 @@ COMPILE = DATA_DIR / "compile.jsonl"
 PROBES = DATA_DIR / "probes.jsonl"
 CALLS = DATA_DIR / "calls.jsonl"  # the serving path per call form (nvfp4lib.bench.calls)
 MOE = DATA_DIR / "moe.jsonl"  # the MoE layer against its bf16 peer (nvfp4lib.bench.moe_bench)
+EP = DATA_DIR / "ep.jsonl"  # the MoE layer over several GPUs, per phase (nvfp4lib.bench.ep_bench, moe-bench --ep W)
 GENERATE = DATA_DIR / "generate.jsonl"  # NVFP4 checkpoints decoded against bf16 (nvfp4lib.bench.generate_bench)
 GATHER = DATA_DIR / "gather.jsonl"  # the one-shot gather alone per shape and knob (nvfp4lib.bench.gather_bench)
 # Where commands write their rows unless asked to record them: git-ignored, so running a command never

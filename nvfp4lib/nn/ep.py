@@ -161,19 +161,24 @@ class EPMoE(torch.nn.Module):
     most (every rank passes the same); ``recv_capacity``: token copies a rank's experts take per step (default
     ``W·capacity·top_k``, never exceeded); ``transport``: a name of :data:`TRANSPORTS` or a :class:`Transport`;
     ``eager_check``: an eager step raises on overflow (one read-back); other keywords go to
-    :class:`~.moe.NVFP4MoE` (activations, backend, quantizer, input_scales, keep_weights).
+    :class:`~.moe.NVFP4MoE` (activations, backend, quantizer, input_scales, keep_weights). ``local_layer``: what builds
+    this rank's experts from its weight lists and those keywords (default :class:`~.moe.NVFP4MoE`); it must offer what
+    the step uses of NVFP4MoE: ``experts``, ``hidden``, ``activations``, ``device``, ``input_scales``, ``_check``,
+    ``gate_up(rows, offsets)`` and ``down(rows, offsets)`` (with ``global_scale=`` and ``_quantize`` in W4A4) — e.g. the
+    benchmark's bf16 peer (:mod:`nvfp4lib.bench.ep_bench`).
 
     ``forward(x [T, H], topk_ids [T, top_k] (global expert ids), topk_weights)`` with ``T <= capacity``; every rank of
     the group calls it in the same step (T may differ between ranks)."""
 
     def __init__(self, w_gate, w_up, w_down, *, experts: int, top_k: int, capacity: int, group=None,
-                 transport="all-gather", recv_capacity: int | None = None, eager_check: bool = True, **layer_kwargs):
+                 transport="all-gather", recv_capacity: int | None = None, eager_check: bool = True,
+                 local_layer=None, **layer_kwargs):
         super().__init__()
         if isinstance(transport, str):
             transport = make_transport(transport, group)
         if not isinstance(transport, Transport):
             raise TypeError(f"transport must be one of {TRANSPORTS} or a Transport, got {type(transport).__name__}")
-        self.local = NVFP4MoE(w_gate, w_up, w_down, **layer_kwargs)
+        self.local = (local_layer or NVFP4MoE)(w_gate, w_up, w_down, **layer_kwargs)
         rank, world = transport.rank, transport.world
         mine = expert_range(experts, world, rank)
         if self.local.experts != len(mine):
@@ -222,9 +227,20 @@ class EPMoE(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> torch.Tensor:
         self._check(x, topk_ids, topk_weights)
-        local, tr, h = self.local, self.transport, self.hidden
-        static = local.input_scales or (None, None)
+        d, g = self.dispatch(x, topk_ids, topk_weights)
+        out = self.combine(self.run_experts(d, g), d, x.dtype)
+        if self.eager_check and not _capturing():
+            self.check()
+        return out
+
+    # The step's three phases, in the forward's order (a benchmark times them apart: nvfp4lib.bench.ep_bench)
+
+    def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
+        """Steps 1-2 of the module doc: ``(Dispatched, g)``, ``g`` the activations' global scale (W4A4) or None."""
+        local, tr = self.local, self.transport
+        g = None
         if self.activations == "nvfp4":
+            static = local.input_scales or (None, None)
             g = static[0] if static[0] is not None else global_scale_of(tr.all_max(_amax(x), 0))
             codes, scales, g = local._quantize(x, g)
             payload = torch.cat([codes.reshape(x.shape[0], -1), scales.view(torch.uint8).reshape(x.shape[0], -1)], 1)
@@ -232,7 +248,14 @@ class EPMoE(torch.nn.Module):
             payload = x.to(torch.bfloat16).contiguous().view(torch.uint8)
         d = tr.dispatch(payload, topk_ids, topk_weights)
         self.overflow.add_(d.dropped)
+        return d, g
+
+    def run_experts(self, d: Dispatched, g) -> torch.Tensor:
+        """Step 3: this rank's experts on the received rows, ``[recv_capacity, H]`` (rows past the offsets
+        unspecified)."""
+        local, tr, h = self.local, self.transport, self.hidden
         if self.activations == "nvfp4":
+            static = local.input_scales or (None, None)
             a = _packed(d.rows[:, :h // 2].contiguous(), d.rows[:, h // 2:].contiguous(), g)
             inter = local.gate_up(a, d.offsets, global_scale=g)
             if static[1] is not None:
@@ -241,14 +264,13 @@ class EPMoE(torch.nn.Module):
                 valid = torch.arange(inter.shape[0], device=inter.device) < d.offsets[-1]
                 g2 = global_scale_of(tr.all_max(_amax(torch.where(valid.unsqueeze(1), inter, 0)), 1))
             codes, scales, g2 = local._quantize(inter, g2)
-            y = local.down(_packed(codes, scales.view(torch.uint8), g2), d.offsets, global_scale=g2)
-        else:
-            rows = d.rows.view(torch.bfloat16)
-            y = local.down(local.gate_up(rows, d.offsets), d.offsets)
-        out = tr.combine(y.to(INTERMEDIATE_DTYPE), d, x.dtype)
-        if self.eager_check and not _capturing():
-            self.check()
-        return out
+            return local.down(_packed(codes, scales.view(torch.uint8), g2), d.offsets, global_scale=g2)
+        rows = d.rows.view(torch.bfloat16)
+        return local.down(local.gate_up(rows, d.offsets), d.offsets)
+
+    def combine(self, y: torch.Tensor, d: Dispatched, out_dtype: torch.dtype) -> torch.Tensor:
+        """Step 4: the experts' rows back to their tokens' ranks, weighted, ``[T, H]`` of ``out_dtype``."""
+        return self.transport.combine(y.to(INTERMEDIATE_DTYPE), d, out_dtype)
 
     def _check(self, x, topk_ids, topk_weights) -> None:
         self.local._check(x, topk_ids, topk_weights)  # shapes, dtypes, devices: the local layer's own rules

@@ -298,8 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_record_args(p, CALLS, "calls")
     p.set_defaults(fn=cmd_calls)
 
+    from ..bench.ep_bench import run_command as run_ep_bench  # moe-bench --ep W: the layer over W GPUs (torchrun)
     from ..bench.moe_bench import add_command as add_moe_bench  # moe-bench: NVFP4MoE against its bf16 peer (GPU)
-    add_moe_bench(sub, _add_record_args, _write)
+    add_moe_bench(sub, _add_record_args, _write, ep_run=run_ep_bench)
     from ..bench.generate_bench import add_command as add_generate_bench  # generate-bench: NVFP4 model vs bf16 (GPU)
     add_generate_bench(sub, _add_record_args, _write)
 

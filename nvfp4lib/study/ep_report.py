@@ -1,0 +1,373 @@
+"""Expert parallelism (issue 42): the verdict, tables and figures of notebook 13.
+
+Two parts, both pure pandas and matplotlib (no GPU):
+
+- the measured part reads ``data/ep.jsonl`` (rows of :mod:`nvfp4lib.bench.ep_bench`, ``moe-bench --ep W`` under
+  torchrun): the latest run measured on several GPUs (:func:`verdict`), its step split into dispatch, experts and
+  combine against one GPU (:func:`phase_table`, :func:`phase_figure`), and the issue's targets checked from its rows
+  (:func:`targets`);
+- the computed part needs no measurement: from published model configs (:mod:`.ep_models`), the NVFP4 weight bytes
+  of real MoE models and how many GPUs of each kind they need with expert parallelism (:func:`fit_table`,
+  :func:`fit_figure`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from ..bench.moe_bench import EP_LAYERS, EP_TOKENS, EP_TRANSPORTS, LABELS, MoELayer
+from ..bench.store import dirty_state
+from .ep_models import MODELS, ModelConfig
+from .plots import caption
+from .plots import shown as _shown
+
+__all__ = ["RECORD_COMMAND", "MERGE_COMMAND", "NO_DATA", "DECODE_MAX_T", "PREFILL_T", "TRANSPORT_LIMIT_US",
+           "THROUGHPUT_MIN", "PEER_MIN", "GPUS", "RESERVE", "Verdict", "ep_rows", "verdict", "verdict_lines",
+           "phase_table", "targets", "target_summary", "phase_figure", "nvfp4_bytes", "fit_table", "fit_figure",
+           "shown", "targets_text"]
+
+RECORD_COMMAND = ("timeout -k 30 480 torchrun --nproc_per_node 2 -m nvfp4lib moe-bench --ep 2 --out ep.jsonl "
+                  "--no-record")
+MERGE_COMMAND = "python -m nvfp4lib record ep.jsonl --into data/ep.jsonl"
+NO_DATA = ("No run of the expert-parallel bench on several GPUs is recorded yet: data/ep.jsonl holds no GPU rows, so "
+           "no target below is judged. To make one, on a host with 2 GPUs: `" + RECORD_COMMAND + "`, then here `"
+           + MERGE_COMMAND + "` (or `--record` on a checkout that is the commit itself).")
+
+# issue 42's targets (2 GPUs of one host)
+DECODE_MAX_T = 64  # decode: T <= 64 tokens per rank
+PREFILL_T = 4096
+TRANSPORT_LIMIT_US = 40.0  # dispatch + combine per layer step at decode, graphed
+THROUGHPUT_MIN = 1.7  # T = 4096: EP throughput over one GPU running the same W·T tokens with all experts
+PEER_MIN = 2.0  # at decode: the bf16 EP peer's step over the NVFP4 EP step, same transport
+MODES = {"nvfp4": LABELS["nvfp4"], "bf16": LABELS["bf16"]}
+SHORT = {"nvfp4": "W4A4", "bf16": "W4A16", "peer": "bf16 peer"}
+TRANSPORT_SHORT = {"all-gather": "AG", "symm-mem": "SM"}
+
+
+def targets_text() -> list[str]:
+    """The targets as the page states them (numbers from this module's constants)."""
+    return ["exact: every EP row within its tolerance of the single-GPU layer (both transports, both modes, "
+            "graphed)",
+            f"decode (T <= {DECODE_MAX_T} per rank): dispatch + combine <= {TRANSPORT_LIMIT_US:g} us per layer step",
+            f"T = {PREFILL_T} per rank: throughput >= {THROUGHPUT_MIN:g}x one GPU running the same W·T tokens",
+            f"decode: >= {PEER_MIN:g}x faster than the bf16 EP peer on the same transport"]
+
+
+# --- the measured rows ----------------------------------------------------------------------------------------------
+
+def ep_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows measured on GPUs over several ranks (the CPU tests' rows, gpu "none (CPU)", never count)."""
+    if rows is None or not len(rows) or "world" not in rows:
+        return pd.DataFrame()
+    sel = rows[(rows["world"] >= 2) & (rows["gpu"] != "none (CPU)")]
+    return sel.reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The run the answer rests on: the latest GPU run with ok EP rows, its rows, and what else is recorded."""
+
+    run_id: str
+    latest: pd.DataFrame
+    older_runs: int
+
+    @property
+    def commit(self) -> str:
+        return str(self.latest["git_commit"].iloc[0])[:7]
+
+
+def verdict(rows: pd.DataFrame) -> Verdict | None:
+    """The latest run (run ids start with the UTC time) of :func:`ep_rows` holding an ok EP row; None without one."""
+    g = ep_rows(rows)
+    if not len(g):
+        return None
+    ok = g[(g["status"] == "ok") & (g["form"] == "ep")]
+    if not len(ok):
+        return None
+    run = sorted(ok["run_id"].unique())[-1]
+    return Verdict(run, g[g["run_id"] == run].reset_index(drop=True), g["run_id"].nunique() - 1)
+
+
+def _one(df, **match):
+    sel = df
+    for k, v in match.items():
+        sel = sel[sel[k].isna()] if v is None else sel[sel[k] == v]
+    return sel.iloc[0] if len(sel) else None
+
+
+def _val(r, col) -> float:
+    if r is None or col not in r or r["status"] != "ok":
+        return float("nan")
+    v = r[col]
+    return float(v) if v is not None and not (isinstance(v, float) and np.isnan(v)) else float("nan")
+
+
+def phase_table(latest: pd.DataFrame) -> pd.DataFrame:
+    """Per (layer, T per rank, transport, form): the step and its phases (us, see ``PHASES`` in the rows), one GPU's
+    time on all W·T tokens (NVFP4 modes), one GPU's time over the EP step (the throughput ratio), the error against
+    the single-GPU layer and the status."""
+    if not len(latest):
+        return pd.DataFrame()
+    out = []
+    ep = latest[latest["form"] == "ep"]
+    for r in ep.itertuples():
+        row = r._asdict()
+        one = _one(latest, form="single", layer=r.layer, tokens=r.tokens, kind=r.kind) if r.kind != "peer" else None
+        single = _val(one, "single_us")
+        out.append({"layer": r.layer, "T per rank": int(r.tokens), "transport": r.transport,
+                    "form": SHORT.get(r.kind, r.kind), "step us": row.get("step_us"),
+                    "dispatch us": row.get("dispatch_us"), "experts us": row.get("experts_us"),
+                    "combine us": row.get("combine_us"), "dispatch + combine us": row.get("transport_us"),
+                    "unaccounted us": row.get("overlap_us"), "one GPU us": single,
+                    "one GPU / EP": single / row["step_us"] if row.get("step_us") else float("nan"),
+                    "rel err": row.get("rel_err"), "bit-identical": row.get("bit_identical"),
+                    "status": str(r.status)[:80]})
+    df = pd.DataFrame(out)
+    order = {t: i for i, t in enumerate(EP_TRANSPORTS)}
+    df = df.assign(_l=df["layer"].map({n: i for i, n in enumerate(EP_LAYERS)}).fillna(9),
+                   _t=df["transport"].map(order).fillna(9),
+                   _f=df["form"].map({v: i for i, v in enumerate(SHORT.values())}).fillna(9))
+    df = df.sort_values(["_l", "T per rank", "_t", "_f"]).drop(columns=["_l", "_t", "_f"])
+    return df.set_index(["layer", "T per rank", "transport", "form"])
+
+
+def targets(latest: pd.DataFrame) -> pd.DataFrame:
+    """Each target of issue 42 per (layer, T, transport, NVFP4 mode) where it applies: measured, limit, verdict
+    ('holds', 'misses', or 'no data': a time it needs has no ok row)."""
+    cols = ["layer", "T", "transport", "mode", "target", "measured", "limit", "verdict"]
+    if not len(latest):
+        return pd.DataFrame(columns=cols)
+    out = []
+
+    def add(r, target, measured, limit, holds_if_below=True):
+        if np.isnan(measured) or np.isnan(limit):
+            v = "no data"
+        else:
+            v = "holds" if (measured <= limit if holds_if_below else measured >= limit) else "misses"
+        out.append({"layer": r["layer"], "T": int(r["tokens"]), "transport": r["transport"],
+                    "mode": SHORT[r["kind"]], "target": target, "measured": measured, "limit": limit, "verdict": v})
+
+    ep = latest[(latest["form"] == "ep") & latest["kind"].isin(list(MODES))]
+    for _, r in ep.iterrows():
+        err = float(r["rel_err"]) if "rel_err" in r and pd.notna(r.get("rel_err")) else float("nan")
+        add(r, "exact: rel err within tolerance, graphed" if r.get("graph") else "exact (eager)", err,
+            float(r.get("tol", np.nan)))
+        if r["tokens"] <= DECODE_MAX_T:
+            add(r, f"decode: dispatch + combine <= {TRANSPORT_LIMIT_US:g} us", _val(r, "transport_us"),
+                TRANSPORT_LIMIT_US)
+            peer = _one(latest, form="ep", layer=r["layer"], tokens=r["tokens"], transport=r["transport"],
+                        kind="peer")
+            add(r, f"decode: >= {PEER_MIN:g}x faster than the bf16 EP peer",
+                _val(peer, "step_us") / _val(r, "step_us"), PEER_MIN, holds_if_below=False)
+        if r["tokens"] == PREFILL_T:
+            one = _one(latest, form="single", layer=r["layer"], tokens=r["tokens"], kind=r["kind"])
+            add(r, f"T={PREFILL_T}: >= {THROUGHPUT_MIN:g}x one GPU's throughput",
+                _val(one, "single_us") / _val(r, "step_us"), THROUGHPUT_MIN, holds_if_below=False)
+    return pd.DataFrame(out, columns=cols)
+
+
+def target_summary(tg: pd.DataFrame) -> pd.DataFrame:
+    """Per (target, transport, mode): how many cases hold, miss or lack data, the worst measured value, and where it
+    misses."""
+    if not len(tg):
+        return pd.DataFrame()
+    out = []
+    for (target, transport, mode), g in tg.groupby(["target", "transport", "mode"], sort=False):
+        judged = g[g["verdict"] != "no data"]
+        miss = g[g["verdict"] == "misses"]
+        higher_is_better = "faster" in target or "throughput" in target
+        worst = (judged["measured"].min() if higher_is_better else judged["measured"].max()) if len(judged) \
+            else np.nan
+        out.append({"target": target, "transport": transport, "mode": mode,
+                    "holds": int((g["verdict"] == "holds").sum()), "misses": len(miss),
+                    "no data": len(g) - len(judged), "worst measured": worst,
+                    "missed on": ", ".join(f"{r.layer} T={r.T}" for r in miss.itertuples()) or "—"})
+    return pd.DataFrame(out).set_index(["target", "transport", "mode"])
+
+
+def verdict_lines(v: Verdict | None, tg: pd.DataFrame) -> list[str]:
+    """The answer in a few lines: the run (GPUs, commit, date), how many target checks hold, each target's count."""
+    if v is None:
+        return [NO_DATA]
+    lt = v.latest
+    first = lt.iloc[0]
+    gpus = ", ".join(sorted(set(str(g) for gs in lt["gpus_ranks"] for g in gs))) if "gpus_ranks" in lt \
+        else first["gpu"]
+    ok = lt[lt["status"] == "ok"]
+    out = [f"Verdict from run {v.run_id}: {int(first['world'])} ranks on {gpus}, commit {v.commit} (dirty tree: "
+           f"{dirty_state(first.get('git_dirty'))}), {str(first['date'])[:10]}, "
+           f"{'CUDA graphs' if bool(first.get('graph')) else 'eager'}; {len(ok)} of {len(lt)} rows ok"]
+    judged = tg[tg["verdict"] != "no data"] if len(tg) else tg
+    held = int((judged["verdict"] == "holds").sum()) if len(judged) else 0
+    out.append(f"Targets of issue 42: {held} of {len(judged)} checks hold"
+               + (f", {len(tg) - len(judged)} without data" if len(tg) > len(judged) else "")
+               + ("; every one holds" if len(judged) and held == len(judged) else ""))
+    for target, g in tg.groupby("target", sort=False) if len(tg) else []:
+        j = g[g["verdict"] != "no data"]
+        out.append(f"  {target}: {int((j['verdict'] == 'holds').sum())} of {len(j)} hold")
+    if v.older_runs:
+        out.append(f"({v.older_runs} older GPU run(s) in data/ep.jsonl are not part of this verdict)")
+    return out
+
+
+def shown(df: pd.DataFrame) -> pd.DataFrame:
+    """As the page shows it: times to 0.1 us, other floats to 3 significant places' worth, never a NaN."""
+    if not len(df):
+        return df
+    out = df.copy()
+    for c in out.columns:
+        if str(c).startswith("rel err") or c in ("measured", "worst measured", "limit"):
+            out[c] = out[c].map(lambda v: "—" if v is None or (isinstance(v, float) and np.isnan(v))
+                                else (f"{v:.3g}" if isinstance(v, float) else v))
+    return _shown(out, 2, time_digits=1)
+
+
+PHASE_COLORS = {"dispatch": "C0", "experts": "C2", "combine": "C1", "one GPU": "0.55"}
+
+
+def phase_figure(latest: pd.DataFrame, source: str = "data/ep.jsonl"):
+    """One panel per (layer, T per rank): per transport and form a stacked bar of dispatch, experts and combine (each
+    timed as its own graph), the whole step's time as a black tick, and one GPU's time on all W·T tokens (grey)."""
+    ep = latest[(latest["form"] == "ep") & (latest["status"] == "ok")]
+    layers = [x for x in EP_LAYERS if x in set(ep["layer"])] + sorted(set(ep["layer"]) - set(EP_LAYERS))
+    tokens = sorted(set(int(t) for t in ep["tokens"]))
+    fig, axes = plt.subplots(len(layers), len(tokens), figsize=(3.3 * len(tokens) + 1, 3.4 * len(layers)),
+                             squeeze=False)
+    for i, layer in enumerate(layers):
+        for j, t in enumerate(tokens):
+            ax = axes[i][j]
+            names, x = [], 0
+            for transport in [tr for tr in EP_TRANSPORTS if tr in set(ep["transport"])]:
+                for kind in ("nvfp4", "bf16", "peer"):
+                    r = _one(ep, layer=layer, tokens=t, transport=transport, kind=kind)
+                    if r is None:
+                        continue
+                    bottom = 0.0
+                    for phase in ("dispatch", "experts", "combine"):
+                        v = max(_val(r, f"{phase}_us"), 0.0)
+                        ax.bar(x, v, 0.7, bottom=bottom, color=PHASE_COLORS[phase],
+                               label=phase if (i, j, x) == (0, 0, 0) else None)
+                        bottom += v
+                    ax.hlines(_val(r, "step_us"), x - 0.4, x + 0.4, colors="k", lw=2,
+                              label="whole step" if (i, j, x) == (0, 0, 0) else None)
+                    form = "peer" if kind == "peer" else SHORT[kind]
+                    names.append(f"{TRANSPORT_SHORT.get(transport, transport)}\n{form}")
+                    x += 1
+            for kind in ("nvfp4", "bf16"):
+                r = _one(latest[latest["status"] == "ok"], form="single", layer=layer, tokens=t, kind=kind)
+                if r is None:
+                    continue
+                ax.bar(x, _val(r, "single_us"), 0.7, color=PHASE_COLORS["one GPU"],
+                       label="one GPU, all W·T tokens" if (i, j) == (0, 0) and kind == "nvfp4" else None)
+                names.append(f"1 GPU\n{SHORT[kind]}")
+                x += 1
+            ax.set_xticks(range(len(names)), names, fontsize=6)
+            ax.set_title(f"{layer}, T={t} per rank", fontsize=9)
+            ax.grid(axis="y", alpha=0.2)
+            if j == 0:
+                ax.set_ylabel("us per layer step (median)")
+    world = int(latest["world"].iloc[0]) if len(latest) else 0
+    fig.suptitle(f"EP over {world} GPUs: each step's dispatch, experts and combine (separate graphs) against one "
+                 "GPU (AG: all-gather, SM: symmetric memory; peer: the bf16 EP peer)", fontsize=10)
+    handles = {}
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 0.95))
+    fig.tight_layout()
+    commits = ", ".join(dict.fromkeys(str(c)[:7] for c in latest["git_commit"]))
+    fig.text(0.01, -0.02, f"{caption(latest, source)}, commit {commits}", fontsize=7, ha="left", va="top")
+    return fig
+
+
+# --- the computed part: which models fit ---------------------------------------------------------------------------
+
+# GPU memory as nvidia-smi reports it on the machines this project measures on (the device notes' KINDS.md:
+# 81559 MiB per H100 80GB HBM3, 143771 MiB per H200)
+GPUS = {"H100 80 GB": 81559 * 2**20, "H200 141 GB": 143771 * 2**20}
+RESERVE = 0.3  # of each GPU's memory left for the KV cache, activations, CUDA graphs and the runtime
+EP_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+HOST_GPUS = 8  # GPUs of one host: EP past it spans hosts
+
+
+def nvfp4_bytes(m: ModelConfig, experts_fmt: str = "nvfp4") -> dict:
+    """Weight bytes as a ModelOpt NVFP4 checkpoint stores them: the routed experts in NVFP4 (codes 0.5 B per weight,
+    an E4M3 scale per 16, an fp32 global scale per matrix: :meth:`~nvfp4lib.bench.moe_bench.MoELayer.expert_bytes`),
+    everything else in bf16 (attention, shared experts, dense layers, routers, norms, embeddings, LM head).
+    ``experts_fmt="bf16"``: the experts in bf16 too, for comparison."""
+    layer = MoELayer(m.name, m.experts, m.top_k, m.hidden, m.moe_intermediate)
+    p = m.params()
+    experts = m.moe_layers * layer.weight_bytes(experts_fmt)
+    rest = 2 * (m.total_params() - p["routed experts"])
+    return {"experts": experts, "rest": rest, "total": experts + rest}
+
+
+def gpus_needed(m: ModelConfig, capacity: float, reserve: float = RESERVE, experts_fmt: str = "nvfp4"):
+    """The smallest EP size (a divisor of the expert count among :data:`EP_SIZES`) at which each GPU's share — its
+    experts plus a full copy of the rest — fits ``(1 - reserve) · capacity``; (size, bytes per GPU), or (None, the
+    rest's bytes) when the rest alone does not fit (pure EP cannot serve it: the rest needs tensor parallelism)."""
+    b = nvfp4_bytes(m, experts_fmt)
+    budget = (1 - reserve) * capacity
+    for g in EP_SIZES:
+        if g > m.experts or m.experts % g:
+            continue
+        per = b["experts"] / g + b["rest"]
+        if per <= budget:
+            return g, per
+    return None, b["rest"]
+
+
+def fit_table(models=MODELS, gpus: dict = GPUS, reserve: float = RESERVE) -> pd.DataFrame:
+    """Per model: parameters (computed, and as published), the NVFP4 checkpoint's bytes (experts, and the rest in
+    bf16 that every EP rank holds), and per GPU kind the GPUs it needs with expert parallelism (NVFP4 experts; bf16
+    experts beside it), the weight bytes each then holds, and how many tokens of KV cache (bf16) the reserved part
+    of one GPU holds."""
+    out = []
+    for m in models:
+        b = nvfp4_bytes(m)
+        row = {"model": m.name, "params B": m.total_params() / 1e9, "published B": m.published_b,
+               "experts E": m.experts, "NVFP4 experts GB": b["experts"] / 1e9, "rest (bf16) GB": b["rest"] / 1e9,
+               "NVFP4 checkpoint GB": b["total"] / 1e9}
+        for name, cap in gpus.items():
+            g, per = gpus_needed(m, cap, reserve)
+            gb, _ = gpus_needed(m, cap, reserve, "bf16")
+            row[f"{name}: GPUs (NVFP4)"] = g if g is not None else "no fit"
+            row[f"{name}: weight GB per GPU"] = per / 1e9 if g is not None else float("nan")
+            row[f"{name}: GPUs (bf16 experts)"] = gb if gb is not None else "no fit"
+            row[f"{name}: KV tokens per GPU (k)"] = reserve * cap / m.kv_bytes_per_token() / 1e3
+        out.append(row)
+    return pd.DataFrame(out).set_index("model")
+
+
+def fit_figure(models=MODELS, gpus: dict = GPUS, reserve: float = RESERVE):
+    """Weight GB per GPU against the EP size, per model (NVFP4 experts solid, bf16 experts dotted), with each GPU
+    kind's weight budget ``(1 - reserve) · memory`` as a horizontal line."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    for i, m in enumerate(models):
+        for fmt, style in (("nvfp4", "-"), ("bf16", ":")):
+            b = nvfp4_bytes(m, fmt)
+            sizes = [g for g in EP_SIZES if g <= m.experts and m.experts % g == 0]
+            ax.plot(sizes, [(b["experts"] / g + b["rest"]) / 1e9 for g in sizes], style, marker="o", ms=3,
+                    color=f"C{i}", label=f"{m.name}, {'NVFP4' if fmt == 'nvfp4' else 'bf16'} experts")
+    for (name, cap), color in zip(gpus.items(), ("k", "0.5")):
+        ax.axhline((1 - reserve) * cap / 1e9, color=color, lw=1.2, ls="--",
+                   label=f"{name}: {(1 - reserve):.0%} of {cap / 1e9:.1f} GB for weights")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("GPUs (EP size; the rest of the model replicated on each)")
+    ax.set_ylabel("weight GB per GPU")
+    ax.set_xticks(list(EP_SIZES), [str(g) for g in EP_SIZES])
+    ax.grid(which="both", alpha=0.2)
+    ax.legend(fontsize=6.5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("Published MoE configs: weight bytes per GPU under expert parallelism", fontsize=10)
+    fig.text(0.01, -0.02, "computed from each model's config.json (nvfp4lib/study/ep_models.py); no measurement",
+             fontsize=7, ha="left", va="top")
+    return fig
+
+
+def grid_text() -> str:
+    return (f"layers {', '.join(EP_LAYERS)}; T per rank {', '.join(map(str, EP_TOKENS))}; transports "
+            f"{', '.join(EP_TRANSPORTS)}; forms W4A4, W4A16, the bf16 EP peer, one GPU")
