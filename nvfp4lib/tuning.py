@@ -99,14 +99,18 @@ def forget_memory() -> None:
 # of 30 cases (1.3-1.6x faster than the 256-token tiles on DeepSeek, e.g. its T=8 down GEMM 355 vs 557 us); at 16 rows
 # per group (Mixtral T=64) the 32-token tiles with 6 stages (1.13-1.3x). Both hold two CTAs per SM (~110 KB of shared
 # memory, 72-82 registers); the same tiles with 8 stages and one CTA per SM were 1.26-1.4x slower.
+# The stage wait without a suspend hint (the _w configs, VarlenConfig.wait): A/B on the H100 on 2026-11-27 (one run,
+# graph replay, each tiling with and without): S3 33.9 -> 32.5 us, S2 71.3 -> 70.1, S2-dual 137.3 -> 136.4, S4 17.8 ->
+# 17.8, S4-dual 26.5 -> 27.0. Taken where it was not slower: the single GEMM's tilings from 128 rows per group up and
+# the dual 256-token tiling; the dual 128-token tiling keeps the hinted wait.
 PREFERENCE = (
     (4, ("vl_m128_t16_k128_s8_e", "vl_dual_m64_t16_k128_s8_e")),
     (16, ("vl_m128_t32_k128_s6_e", "vl_dual_m64_t32_k128_s6_e")),
-    (128, ("vl_m128_t256_k128_s3_v32_e", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m128_t128_k128_s3")),
-    (256, ("vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s4_e", "vl_dual_m128_t128_k128_s3",
-           "vl_dual_m64_t96_k128_s3_e")),
-    (1 << 30, ("vl_m128_t128_k128_s4_e", "vl_m128_t128_k128_s3_e", "vl_dual_m128_t128_k128_s3",
-               "vl_dual_m64_t96_k128_s3_e")),
+    (128, ("vl_m128_t256_k128_s3_v32_e_w", "vl_dual_m64_t256_k128_s3_v32_e_w", "vl_dual_m128_t128_k128_s3")),
+    (256, ("vl_m128_t128_k128_s3_e_w", "vl_m128_t128_k128_s4_e_w", "vl_dual_m128_t128_k128_s3",
+           "vl_dual_m64_t96_k128_s3_e_w")),
+    (1 << 30, ("vl_m128_t128_k128_s4_e_w", "vl_m128_t128_k128_s3_e_w", "vl_dual_m128_t128_k128_s3",
+               "vl_dual_m64_t96_k128_s3_e_w")),
 )
 
 
