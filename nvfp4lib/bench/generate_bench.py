@@ -449,7 +449,7 @@ def _set_eager_fused(on: bool | None):
     old = kernel.EAGER_FUSED
     if on is not None:
         kernel.EAGER_FUSED = on
-    return old, {f"kernel_{k}": v for k, v in kernel.knobs().items()}
+    return old, {f"kernel_{k}": v for k, v in kernel.call_knobs().items()}
 
 
 def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compressed-tensors"),
