@@ -82,13 +82,13 @@ def test_tuning_cache_on_disk(tmp_path, monkeypatch):
     tuning.forget_memory()
     assert tuning.m_bucket(1024, 8) == 128 and tuning.m_bucket(0, 8) == 1 and tuning.m_bucket(129, 1) == 256
     single = [n for n, c in CONFIGS.items() if not c.dual]
-    assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e_w"
+    assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e"
     assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s3_e_w"  # S3, S4: one wave
-    assert tuning.heuristic(False, 512, single) == "vl_m128_t128_k128_s4_e_w"
+    assert tuning.heuristic(False, 512, single) == "vl_m128_t128_k128_s4_e"
     # decode tiers (a few rows per expert); a layout without decode tiles falls through to the next tier
     assert tuning.heuristic(False, 1, single) == "vl_m128_t16_k128_s8_e"
     assert tuning.heuristic(False, 16, single) == "vl_m128_t32_k128_s6_e"
-    assert tuning.heuristic(False, 32, single) == "vl_m128_t256_k128_s3_v32_e_w"
+    assert tuning.heuristic(False, 32, single) == "vl_m128_t256_k128_s3_v32_e"
     dual64 = [n for n, c in CONFIGS.items() if c.dual and c.tile_m == 64 and c.act == "nvfp4"]
     dual128 = [n for n, c in CONFIGS.items() if c.dual and c.tile_m == 128 and c.act == "nvfp4"]
     assert tuning.heuristic(True, 4, dual64) == "vl_dual_m64_t16_k128_s8_e"

@@ -25,12 +25,13 @@ PREDICTED_LAUNCHES, PREDICTED_LAUNCH_US = 2, 6.0
 
 
 class Sources(NamedTuple):
-    """What an outcome is computed from: the rows of data/calls.jsonl and data/gather.jsonl, the problems, and the
-    host-scheduled kernel's graph times (:func:`serving_report.host_scheduled_reference`)."""
+    """What an outcome is computed from: the rows of data/calls.jsonl and data/gather.jsonl, the problems, the
+    host-scheduled kernel's graph times (:func:`serving_report.host_scheduled_reference`) and data/bench.jsonl."""
     calls: pd.DataFrame
     gather: pd.DataFrame
     problems: list
     reference: pd.DataFrame | None = None
+    bench: pd.DataFrame | None = None  # data/bench.jsonl: the serving kernel's graph replays per config
 
 
 # an outcome: (text, the run ids it rests on), or None where data/ has no rows for it
@@ -236,6 +237,58 @@ def gather_first(commit: str = "6ce62ac", development=None) -> Outcome:
 
 _DEV_WEIGHTS_US = {"S1": 153.7, "S2": 82.4, "S3": 21.9, "S4": 12.8, "S1-dual": 300.4, "S4-dual": 21.4}
 
+def _graph_rows(src: Sources, commit: str) -> pd.DataFrame:
+    """The bench's graph-replay rows of the cute-hopper backend at ``commit`` (status ok)."""
+    b = src.bench
+    if b is None or not len(b) or "label" not in b:
+        return pd.DataFrame()
+    ok = b[(b["status"] == "ok") & (b["backend"] == "cute-hopper") & b["label"].astype(str).str.contains("graph=True")]
+    return ok[ok["git_commit"].astype(str).str[:7] == commit[:7]]
+
+
+def bench_commits(before: str, after: str, shapes=("S1", "S2", "S3", "S4", "S1-dual", "S2-dual", "S3-dual", "S4-dual"),
+                  label: str = "cute-hopper[graph=True]") -> Outcome:
+    """The shipped call's graph replay (``label``: the serving kernel as ``auto`` picks it) at two commits: the
+    median over each commit's runs."""
+    def measure(src: Sources):
+        med = {}
+        runs = []
+        for c in (before, after):
+            r = _graph_rows(src, c)
+            r = r[r["label"] == label] if len(r) else r
+            if not len(r):
+                return None
+            med[c] = r.groupby("problem")["median_us"].median()
+            runs += sorted(set(r["run_id"]))
+        b, a = med[before], med[after]
+        n_b, n_a = (len(set(_graph_rows(src, c).loc[lambda d: d["label"] == label, "run_id"])) for c in (before, after))
+        text = (f"graph us, {before} ({n_b} run{'s' * (n_b > 1)}) → {after} ({n_a} run{'s' * (n_a > 1)}): "
+                + ", ".join(f"{s} {_f(b[s])} → {_f(a[s])}" for s in shapes if s in a.index and s in b.index))
+        return text, runs
+    return measure
+
+
+def bench_ab(commit: str, pairs, reference_prefix: str = "rs_") -> Outcome:
+    """In the runs at ``commit``: per (shape, config A, config B) the graph replays of both configs, beside the
+    host-scheduled kernel's config (name starting ``reference_prefix``) timed in the same run."""
+    def measure(src: Sources):
+        r = _graph_rows(src, commit)
+        if not len(r):
+            return None
+        med = r.groupby(["problem", "config"])["median_us"].median()
+        parts = []
+        for shape, a, b in pairs:
+            if (shape, a) not in med.index or (shape, b) not in med.index:
+                continue
+            ref = [c for (p, c) in med.index if p == shape and str(c).startswith(reference_prefix)]
+            parts.append(f"{shape} {_f(med[(shape, a)])} → {_f(med[(shape, b)])}"
+                         + (f" (host-scheduled {_f(med[(shape, ref[0])])})" if ref else ""))
+        if not parts:
+            return None
+        return "graph us: " + ", ".join(parts), sorted(set(r["run_id"]))
+    return measure
+
+
 ROUNDS = (
     Round("the serving path: prepared weights, the call `w(a_packed, offsets)` scheduled from device offsets; one-shot "
           "calls pack new weights in one pass", "826ad80",
@@ -295,6 +348,29 @@ ROUNDS = (
           "S1's weights ~110 → 90-95 us", gather_knob("674dc09", "whole")),
     Round("eager calls not under capture run one kernel (EAGER_FUSED)", "8909dba",
           "-3 to -6 us of host time per eager call; graph replays unchanged", runs_compare("6b02f58", "8909dba")),
+    Round("graph replays without a captured zero-fill: a stream's fused-call counters were zeroed by a kernel that "
+          "the first call on the capture stream put into the graph (a kernel profile, `python -m nvfp4lib profile`, "
+          "found three kernels per replay); now made zeroed with the weights", "398d015",
+          "-1.0 to -1.7 us per graph replay on every shape (the 0.7 us fill, and the prologue starting ~1 us later "
+          "behind it)", bench_commits("4741697", "cacb795", shapes=("S2", "S3", "S4", "S2-dual", "S4-dual"))),
+    Round("the stage wait without a suspend-time hint (`wait=\"spin\"`, configs `*_w`): ncu found the serving "
+          "GEMM 7-11% more cycles than the host-scheduled one with the same tiling and PTX loop, its SASS an inline "
+          "TRYWAIT + NANOSLEEP loop at the top stall (A/B in one run at cacb795, the same kernels as 398d015)",
+          "398d015",
+          "the gap to the host-scheduled kernel closes: S3 33.9 → ~31, S2-dual 137 → ~128 us",
+          bench_ab("cacb795", (("S4", "vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s3_e_w"),
+                               ("S3", "vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s3_e_w"),
+                               ("S2", "vl_m128_t256_k128_s3_v32_e", "vl_m128_t256_k128_s3_v32_e_w"),
+                               ("S2-dual", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m64_t256_k128_s3_v32_e_w"),
+                               ("S4-dual", "vl_dual_m128_t128_k128_s3", "vl_dual_m128_t128_k128_s3_w")))),
+    Round("the spin wait adopted for every single-GEMM tiling from 128 rows per group and the dual 256-token tiling "
+          "(S1 was not in the A/B); the headline's shapes against its five runs", "63083e2",
+          "S1-S4 and the duals 1-3 us faster than at 4741697; S2-S4 still behind the host-scheduled kernel",
+          bench_commits("4741697", "63083e2")),
+    Round("the spin wait kept only at 256 rows per group (S3, S4: measured no slower); S1's graph replay had "
+          "regressed by 41 us with it (its eager call, the fused kernel with the same wait, had not: 128.4 us), a "
+          "failure not understood yet", "after 63083e2", "S1 back to ~128 us; S3 ~32.5, S4 ~17.8 (not run on a GPU "
+          "at this commit)", measured_by="not run: the session's GPU time was spent"),
 )
 
 
