@@ -5,25 +5,18 @@ present, checked exact against the single-process layer, timed per phase, with p
 no processes: layer shapes, the defaults, the runtime estimate, the refusal to run outside torchrun."""
 import json
 import os
-import socket
 import time
 
 import pytest
-import torch.multiprocessing as mp
 
 from nvfp4lib.bench import ep_bench as eb
 from nvfp4lib.bench import moe_bench as mb
+from tests.ranks import free_port, run_ranks
 
 W = 2
 TIMEOUT_S = 120
 TINY = "8,2,64,32"  # E, k, H, I
 TOKENS = (1, 3)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, out: str) -> None:
@@ -44,16 +37,7 @@ def _rank(rank: int, port: int, out: str) -> None:
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("ep") / "ep.jsonl"
-    ctx = mp.start_processes(_rank, args=(_free_port(), str(out)), nprocs=W, join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not ctx.join(timeout=1):  # raises (with the worker's traceback) as soon as a rank fails
-            if time.monotonic() > deadline:
-                pytest.fail(f"the {W} ranks did not finish in {TIMEOUT_S} s")
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
+    run_ranks(_rank, (free_port(), str(out)), W, TIMEOUT_S)
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
