@@ -83,7 +83,7 @@ def test_tuning_cache_on_disk(tmp_path, monkeypatch):
     assert tuning.m_bucket(1024, 8) == 128 and tuning.m_bucket(0, 8) == 1 and tuning.m_bucket(129, 1) == 256
     single = [n for n, c in CONFIGS.items() if not c.dual]
     assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e"
-    assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s3_e_w"  # S3, S4: one wave
+    assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s3_e"  # S3, S4: one wave
     assert tuning.heuristic(False, 512, single) == "vl_m128_t128_k128_s4_e"
     # decode tiers (a few rows per expert); a layout without decode tiles falls through to the next tier
     assert tuning.heuristic(False, 1, single) == "vl_m128_t16_k128_s8_e"

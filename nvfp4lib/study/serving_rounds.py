@@ -367,10 +367,10 @@ ROUNDS = (
           "(S1 was not in the A/B); the headline's shapes against its five runs", "63083e2",
           "S1-S4 and the duals 1-3 us faster than at 4741697; S2-S4 still behind the host-scheduled kernel",
           bench_commits("4741697", "63083e2")),
-    Round("the spin wait kept only at 256 rows per group (S3, S4: measured no slower); S1's graph replay had "
+    Round("the spin wait taken back from every tier (kept as the named `*_w` configs): S1's graph replay had "
           "regressed by 41 us with it (its eager call, the fused kernel with the same wait, had not: 128.4 us), a "
-          "failure not understood yet", "after 63083e2", "S1 back to ~128 us; S3 ~32.5, S4 ~17.8 (not run on a GPU "
-          "at this commit)", measured_by="not run: the session's GPU time was spent"),
+          "failure not understood yet", "after 63083e2", "every shape back to the hinted wait's times at cacb795 "
+          "and before (S1 ~128 us)", measured_by="not run: the session's GPU time was spent"),
 )
 
 
