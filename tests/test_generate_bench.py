@@ -192,3 +192,75 @@ def test_the_plan_measures_the_targets_first_and_transformers_last():
     assert gb._plan(("modelopt",), ("bf16",), ("bf16-peer",)) == [("modelopt", [("bf16-peer", "bf16")])]
     with pytest.raises(ValueError, match="format"):
         gb.bench_generate(preset="tiny", formats=("gguf",), device="cpu", progress=None)
+
+
+def test_profile_step_is_wired_to_the_bench_and_refused_without_a_gpu(monkeypatch, capsys):
+    """--profile-step N reaches bench_generate as profile_steps (absent: None); on the CPU, and below 2 replays, the
+    run is refused before anything is measured (the profile itself needs a GPU: not run here)."""
+    seen = []
+    monkeypatch.setattr(gb, "bench_generate", lambda **kw: seen.append(kw) or [])
+    args = ["generate-bench", "--preset", "tiny", "--device", "cpu", "--no-record"]
+    main(args + ["--profile-step", "7"])
+    main(args)
+    assert [kw["profile_steps"] for kw in seen] == [7, None]
+    monkeypatch.undo()
+    assert main(args + ["--profile-step", "5"]) == 2
+    assert "profile_steps profiles a CUDA graph's replays: it needs a CUDA GPU" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="profile_steps must be >= 2"):
+        gb.bench_generate(**TINY, profile_steps=1)
+
+
+def test_generate_hands_its_step_to_inspect_step(tmp_path):
+    from nvfp4lib.hf import from_pretrained, generate, make_checkpoint
+
+    model = from_pretrained(make_checkpoint(tmp_path / "m", preset="tiny", fmt="modelopt"), device="cpu")
+    seen = []
+    out, _ = generate(model, torch.tensor([[1, 2]]), 3, inspect_step=lambda eager, replay: seen.append((eager, replay)))
+    assert len(seen) == 1 and callable(seen[0][0]) and seen[0][1] is None  # no graph without cuda_graph
+    seen[0][0]()  # one more eager step of the last position
+    assert generate(model, torch.tensor([[1, 2]]), 3)[0].tolist() == out.tolist()
+
+
+def _profiled_run(timing_rows: list[dict]) -> list[dict]:
+    """A profile run's rows as _Run makes them, from made-up profiles (the shapes profile_runner and module_profile
+    return), beside a copy of ``timing_rows``' first row per model as its decode rows."""
+    base = {**{k: v for k, v in timing_rows[0].items() if k in ("preset", "model_layers", "prompt_tokens")},
+            "run_id": "9999-profile", "device_type": "cuda", "profile_steps": 20, "gpu": "test"}
+    plan = [("modelopt", [("bf16-peer", "bf16"), ("nvfp4", "bf16")])]
+    run = gb._Run(base, torch.device("cpu"), (1,), None, 8, lambda msg: None, plan, None, None, 0.0, profile_steps=20)
+    us = {"bf16-peer": {"torch GEMM": 50.0, "torch grouped GEMM": 70.0, "attention": 10.0},
+          "nvfp4": {"serving kernel": 90.0, "nvfp4lib Triton": 5.0, "torch GEMM": 2.0, "attention": 10.0}}
+    for kind, act in (("bf16-peer", "bf16"), ("nvfp4", "bf16")):
+        key = ("modelopt", kind, act, gb.STATIC, True, 1)
+        run.add(key, "ok", {}, ms_per_token=0.2)
+        cats = {c: {"us": v, "kernels": 3} for c, v in us[kind].items()}
+        total = sum(us[kind].values())
+        got = {"graph": {"categories": cats, "kernels": 3 * len(cats), "sum_us": total, "span_us": total + 8.0,
+                         "gap_us": 8.0, "iters": 20},
+               "eager-modules": {"modules": {"Linear" if kind == "bf16-peer" else "NVFP4Linear": cats}, "iters": 2},
+               "profile_s": 1.0}
+        run._profile_rows(key, {}, got, 0.2)
+    return run.rows
+
+
+def test_the_report_on_a_profile_run(cli_rows):
+    _, rows = cli_rows
+    prof = _profiled_run(rows)
+    assert {r["profile"] for r in prof if r.get("profile")} == {"graph", "eager-modules"}
+    assert gr.completeness(pd.DataFrame(prof)) == "yes"  # the profile rows are extra to the planned ones
+    timing = pd.DataFrame(rows).assign(device_type="cuda")
+    both = pd.concat([timing, pd.DataFrame(prof)], ignore_index=True)
+    assert set(gr.latest_run(both, "tiny")["run_id"]) == set(timing["run_id"])  # a profile run is never the answer
+    prun = gr.profile_run(both, "tiny")
+    assert set(prun["run_id"]) == {"9999-profile"} and not len(gr.profile_run(timing, "tiny"))
+    st = gr.step_table(prun)
+    assert list(st.columns) == ["NVFP4 W4A16, batch 1", "bf16 peer, batch 1"]
+    assert list(st.index[:5]) == ["serving kernel", "nvfp4lib Triton", "attention", "torch grouped GEMM", "torch GEMM"]
+    assert st.loc["serving kernel", "bf16 peer, batch 1"] == 0 and st.loc["step span", "bf16 peer, batch 1"] == 138
+    assert st.loc["timed step (decode)", "NVFP4 W4A16, batch 1"] == 200
+    d = gr.step_delta(prun)
+    assert d.loc["torch GEMM", "NVFP4 W4A16, batch 1 - bf16 peer"] == -48
+    assert d.loc["all kernels (sum)", "NVFP4 W4A16, batch 1 - bf16 peer"] == 107 - 130
+    mt = gr.module_table(prun)
+    assert list(mt.index) == ["Linear", "NVFP4Linear"] and mt.loc["NVFP4Linear", "bf16 peer, batch 1"] == 0
+    assert "not recorded yet" in gr.no_profile("tiny").lower()

@@ -48,6 +48,19 @@ measured say "skipped: ...";
 a stop (SIGTERM, Ctrl-C) gives them "not reached: ...". Rows are returned, never stored here (``python -m nvfp4lib
 generate-bench --record`` appends them to ``data/generate.jsonl``; ``record`` merges an ``--out`` file there).
 
+Where a step's time goes (``profile_steps``, ``generate-bench --profile-step N``; GPU only): after each graphed decode
+of :func:`nvfp4lib.hf.generate` (its timing done), the captured decode step is replayed N times under the profiler
+(:func:`~nvfp4lib.bench.kernel_profile.profile_runner`, CUPTI's kernel records, back to back as decoding replays it),
+and :data:`MODULE_STEPS` eager steps run with a ``record_function`` range around every module's forward
+(:func:`~nvfp4lib.bench.kernel_profile.module_profile`: a graph's replay keeps no CPU-side ranges, so the split by
+module is the eager steps'; with ``eager_fused`` off, the default, the NVFP4 models' eager calls run the captured
+form's kernels). Their rows, made with the decode row's fields, carry ``profile``: ``"graph"`` (one per kernel
+category, :data:`~nvfp4lib.bench.kernel_profile.CATEGORIES`: ``us_per_step``, ``kernels_per_step``, and the step's
+``step_kernels``, ``step_sum_us``, ``step_span_us``, ``step_gap_us``) or ``"eager-modules"`` (one per innermost module
+class and category). Every row of such a run carries ``profile_steps`` (None otherwise), and notebook 12's answer
+ignores those runs (they are short: :data:`PROFILE_COMMAND`); a failed profile gives one row with its error as
+status.
+
 Runtime of the ``qwen3-30b-a3b`` preset on a fresh H100 machine, estimated step by step (not measured yet; each row's
 times will say): the start (imports, CUDA context) ~15 s; writing a checkpoint, 18,432 expert matrices drawn,
 quantized and copied one at a time plus ~17 GB of safetensors, 40-90 s; the bf16 peer, 61 GB dequantized expert by
@@ -76,8 +89,8 @@ import torch
 
 from .store import new_run_id, provenance
 
-__all__ = ["KINDS", "ACTIVATIONS", "BATCHES", "NEW_TOKENS", "PROMPT_TOKENS", "PRESETS", "TOL", "LABELS",
-           "load_bf16", "bench_generate", "add_command"]
+__all__ = ["KINDS", "ACTIVATIONS", "MODULE_STEPS", "PROFILE_COMMAND", "BATCHES", "NEW_TOKENS", "PROMPT_TOKENS",
+           "PRESETS", "TOL", "LABELS", "load_bf16", "bench_generate", "add_command"]
 
 KINDS = ("nvfp4", "bf16-peer", "transformers-bf16")
 ACTIVATIONS = ("nvfp4", "bf16")  # the NVFP4 model's: W4A4, W4A16
@@ -103,6 +116,11 @@ STATIC, HF_GENERATE = "nvfp4lib.hf.generate", "transformers.generate"
 # - W4A4 quantizes activations too: 0.15 (tiny), 0.22 (the 48-layer model) against the peer; its bound only catches
 #   what is broken.
 TOL = {"nvfp4": 0.6, "bf16": 5e-2, "transformers-bf16": 5e-2}
+MODULE_STEPS = 2  # eager steps of --profile-step's split by module (each step's kernels are the same)
+# The profile run: the targets' models (one format), both batches, few decode steps (the profile replays its own);
+# ~4-5 minutes on an H100 (the module doc's estimate, less the second format and transformers' model)
+PROFILE_COMMAND = ("timeout -k 30 560 python -m nvfp4lib generate-bench --format modelopt --kinds nvfp4 bf16-peer "
+                   "--new-tokens 12 --profile-step 20 --budget-s 420 --out generate.jsonl --no-record")
 HF_GENERATE_SHORT = 4  # transformers' generate() timed as t(new_tokens) - t(this many): prefill and first steps cancel
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -307,10 +325,11 @@ class _Run:
     logits per model, the prompts, the clock and the budget."""
 
     def __init__(self, base: dict, device: torch.device, batches, prompts: torch.Tensor, new_tokens: int, say,
-                 plan, budget_s: float | None, sink, t0: float):
+                 plan, budget_s: float | None, sink, t0: float, profile_steps: int | None = None):
         self.device, self.batches, self.prompts, self.new_tokens = device, tuple(batches), prompts, new_tokens
         self.say, self.sink, self.budget_s, self.t0 = say, sink, budget_s, t0  # t0: the run's start (perf_counter)
         self.graph = device.type == "cuda"
+        self.profile_steps = profile_steps
         self.planned = [(fmt, kind, act, loop, cg, b) for fmt, want in plan for kind, act in want
                         for loop, cg in _loops(kind, self.graph) for b in self.batches]
         self.base = {**base, "planned_rows": len(self.planned), "budget_s": budget_s}
@@ -419,13 +438,15 @@ class _Run:
         fmt, kind, act, loop, cuda_graph, batch = key
         what = f"{fmt}: {LABELS[(kind, act)]}, {loop} {'graphed' if cuda_graph else 'eager'}, batch {batch}"
         ids = self.prompts[:batch]
+        profiled = None
         t0 = time.perf_counter()
         try:
             if loop == HF_GENERATE:
                 stats = _hf_generate(model, ids.to(self.device), self.new_tokens, self.device)
                 toks = stats.pop("tokens")
             else:
-                out, stats = generate(model, ids, self.new_tokens, cuda_graph=cuda_graph)
+                inspect, profiled = self._profiler(model) if self.profile_steps and cuda_graph else (None, None)
+                out, stats = generate(model, ids, self.new_tokens, cuda_graph=cuda_graph, inspect_step=inspect)
                 toks = out[:, ids.shape[1]:].cpu()
                 stats = {k: stats[k] for k in ("prefill_ms", "decode_s", "timed_steps", "steady_s", "tokens_per_s",
                                                "ms_per_token")} | {"decode_peak_gib": stats["peak_memory_gib"]}
@@ -436,7 +457,49 @@ class _Run:
             return
         row = self.add(key, "ok", head, **stats, first_tokens=toks[0, :8].tolist(), wall_s=time.perf_counter() - t0)
         self.say(f"{what}: {row['tokens_per_s']:.1f} tokens/s, {row['ms_per_token']:.2f} ms per token "
-                 f"({row['wall_s']:.0f} s with its compiles and capture)")
+                 f"({row['wall_s']:.0f} s with its compiles, capture{' and profile' if profiled else ''})")
+        if profiled is not None:
+            self._profile_rows(key, head, profiled, row["ms_per_token"])
+
+    def _profiler(self, model):
+        """(``inspect_step`` for :func:`~nvfp4lib.hf.generate`, the dict it fills: the step's profiles, or the
+        error that stopped them: a failed profile leaves the decode row as it was)."""
+        from .kernel_profile import module_profile, profile_runner, step_summary
+
+        got = {}
+
+        def inspect(eager, replay):
+            t0 = time.perf_counter()
+            try:
+                got["graph"] = step_summary(profile_runner(replay, iters=self.profile_steps))
+                got["eager-modules"] = module_profile(eager, model, iters=MODULE_STEPS)
+            except Exception as e:
+                _unless_stopped(e)
+                got["error"] = _error(e)
+            got["profile_s"] = time.perf_counter() - t0
+
+        return inspect, got
+
+    def _profile_rows(self, key: tuple, head: dict, got: dict, ms_per_token: float) -> None:
+        """The rows of one decode's profiles (the module doc), made with its key."""
+        common = {"profile_iters": self.profile_steps, "profile_s": got.get("profile_s"),
+                  "decode_ms_per_token": ms_per_token}
+        if "error" in got:
+            self.say(f"the profile failed: {got['error']}")
+            self.add(key, f"profile {got['error']}", head, profile="graph", **common)
+            return
+        g = got["graph"]
+        step = {"step_kernels": g["kernels"], "step_sum_us": g["sum_us"], "step_span_us": g["span_us"],
+                "step_gap_us": g["gap_us"]}
+        for cat, v in g["categories"].items():
+            self.add(key, "ok", head, profile="graph", category=cat, us_per_step=v["us"],
+                     kernels_per_step=v["kernels"], **step, **common)
+        for module, cats in got["eager-modules"]["modules"].items():
+            for cat, v in cats.items():
+                self.add(key, "ok", head, profile="eager-modules", module=module, category=cat, us_per_step=v["us"],
+                         kernels_per_step=v["kernels"], **{**common, "profile_iters": MODULE_STEPS})
+        self.say(f"profile: {g['kernels']} kernels per step, {g['sum_us']:.0f} us of kernels in a span of "
+                 f"{g['span_us']:.0f} us ({got['profile_s']:.0f} s)")
 
 
 def _set_eager_fused(on: bool | None):
@@ -456,7 +519,7 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
                    activations=ACTIVATIONS, batches=BATCHES, kinds=KINDS, new_tokens: int = NEW_TOKENS,
                    prompt_tokens: int = PROMPT_TOKENS, seed: int = 0, device=None, workdir=None,
                    sizes: dict | None = None, eager_fused: bool | None = False, budget_s: float | None = None,
-                   sink=None, progress=print) -> list[dict]:
+                   profile_steps: int | None = None, sink=None, progress=print) -> list[dict]:
     """Rows (see the module doc) with provenance; nothing is stored here.
 
     ``preset``: :data:`PRESETS` (``tiny``: the CPU smoke test; ``sizes`` override a preset's fields, e.g.
@@ -465,6 +528,8 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
     serving kernel's ``EAGER_FUSED`` knob for the run (restored after; None: as shipped). Off by default here: the
     eager W4A4 calls (the check, prefill and warm-up steps) then run the captured form's kernels, so each config
     compiles once, not twice; the timed steps replay the graph, which runs those kernels either way.
+
+    ``profile_steps``: replays of each graphed decode step to profile (the module doc; None: no profile).
 
     ``budget_s``: write no checkpoint and load no model after this many seconds (a model loaded before decodes all its
     batches; the rows not measured say so). ``sink``: a
@@ -486,6 +551,8 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
                          f"{list(batches)})")
     if budget_s is not None and not budget_s > 0:
         raise ValueError(f"budget_s must be > 0 seconds, got {budget_s}")
+    if profile_steps is not None and profile_steps < 2:
+        raise ValueError(f"profile_steps must be >= 2 replays, got {profile_steps}")
     if new_tokens < 8:
         raise ValueError(f"new_tokens must be >= 8 (the first steps are warm-up and capture, not timed), got "
                          f"{new_tokens}")
@@ -495,6 +562,8 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
     if device.type != "cuda" and preset != "tiny":
         raise ValueError(f"the {preset} preset is measured on a CUDA GPU (none here, or device={str(device)!r}); "
                          "--preset tiny runs on the CPU (reference backend, no CUDA graphs)")
+    if profile_steps and device.type != "cuda":
+        raise ValueError(f"profile_steps profiles a CUDA graph's replays: it needs a CUDA GPU (device={str(device)!r})")
     for module in ("transformers", "safetensors"):
         try:
             __import__(module)
@@ -516,9 +585,9 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
             **{f"model_{k}": v for k, v in shape.items() if k in ("layers", "hidden", "experts", "moe_intermediate",
                                                                  "top_k", "heads", "kv_heads", "head_dim", "vocab")},
             "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "seed": seed, "device_type": device.type,
-            **knobs}
+            "profile_steps": profile_steps, **knobs}
     plan = _plan(formats, activations, kinds)
-    run = _Run(base, device, batches, prompts, new_tokens, say, plan, budget_s, sink, t_start)
+    run = _Run(base, device, batches, prompts, new_tokens, say, plan, budget_s, sink, t_start, profile_steps)
     stop = None
     try:
         for fmt, want in plan:
@@ -570,7 +639,18 @@ def _transformers_version() -> str | None:
 
 # --------------------------------------------------------------------------------------------------- command
 
+def _print_profile(rows: list[dict]) -> None:
+    """The --profile-step rows of the graph replays: per model and batch, each category's GPU time per step."""
+    rows = [r for r in rows if r.get("profile") == "graph" and r["status"] == "ok"]
+    if rows:
+        print(f"\n{'model':<18} {'batch':>5} {'category':<20} {'us/step':>9} {'kernels':>8}")
+    for r in rows:
+        print(f"{r['label']:<18} {r['batch']:>5} {r['category']:<20} {r['us_per_step']:9.1f} "
+              f"{r['kernels_per_step']:8.0f}")
+
+
 def _print_table(rows: list[dict]) -> None:
+    profiled, rows = rows, [r for r in rows if not r.get("profile")]
     print(f"\n{'format':<19} {'model':<18} {'loop':<22} {'graph':<6} {'batch':>5} {'tokens/s':>10} {'ms/token':>9} "
           f"{'loaded GiB':>10} {'rel err':>9}  status")
     for r in rows:
@@ -580,6 +660,7 @@ def _print_table(rows: list[dict]) -> None:
         err = f"{r['logits_rel_err']:9.2e}" if r.get("logits_rel_err") is not None else f"{'-':>9}"
         print(f"{r['format']:<19} {r['label']:<18} {r['loop']:<22} {str(r['cuda_graph']):<6} {r['batch']:>5} {tps} "
               f"{ms} {gib} {err}  {r['status'][:50]}; check: {r.get('check', '-')[:40]}")
+    _print_profile(profiled)
 
 
 def add_command(sub, add_record_args, write) -> None:
@@ -619,6 +700,10 @@ def add_command(sub, add_record_args, write) -> None:
                         "order: the targets' first); each row not measured says why. Under `timeout`, leave room for "
                         "the part that is running (e.g. `timeout -k 30 560 ... --budget-s 480`): a SIGTERM keeps "
                         "every row measured too (each is appended to --out as it is made)")
+    p.add_argument("--profile-step", type=int, metavar="N", dest="profile_steps",
+                   help="after each graphed decode, profile its step: N graph replays under the profiler (GPU time "
+                        f"per kernel category) and {MODULE_STEPS} eager steps split by module; rows with a `profile` "
+                        "field (GPU only; e.g. 20)")
     add_record_args(p, GENERATE, "generate")
 
     def run(args) -> int:
@@ -637,7 +722,8 @@ def add_command(sub, add_record_args, write) -> None:
                                   prompt_tokens=args.prompt_tokens, seed=args.seed, device=args.device,
                                   workdir=args.workdir, sizes={"layers": args.layers} if args.layers else None,
                                   eager_fused={"on": True, "off": False, "shipped": None}[args.eager_fused],
-                                  budget_s=args.budget_s, progress=lambda m: print(m, flush=True),
+                                  budget_s=args.budget_s, profile_steps=args.profile_steps,
+                                  progress=lambda m: print(m, flush=True),
                                   sink=(lambda row: append_rows(args.out, [row])) if args.out else None)
         except (ValueError, ImportError) as e:  # refused before measuring anything
             print(f"generate-bench: {e}")

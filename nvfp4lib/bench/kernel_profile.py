@@ -11,14 +11,74 @@ GEMM. The CUDA-event time of :mod:`nvfp4lib.timing` is their sum plus the gaps b
 
 The flush kernels are told apart by running the flusher alone under the profiler first (their names), not by
 guessing. Needs a GPU; returns a dict, prints nothing.
+
+For a whole model's step (``generate-bench --profile-step``), each kernel also gets a category (:data:`CATEGORIES`,
+:func:`categorize`: the serving kernel, nvfp4lib's Triton kernels, torch's GEMMs, attention, ...), summed per call by
+:func:`by_category`; :func:`module_profile` splits an eager call's kernels by the module that launched them (a CUDA
+graph's replay keeps no CPU-side record of its modules, so the split needs eager calls: the same kernels where the
+model runs the captured form eagerly, as generate-bench's NVFP4 models do).
 """
 from __future__ import annotations
 
+import re
 import statistics
+from collections import defaultdict
 
 import torch
 
-__all__ = ["profile_runner", "format_profile"]
+__all__ = ["CATEGORIES", "categorize", "by_category", "step_summary", "profile_runner", "module_profile", "owner",
+           "format_profile"]
+
+# A kernel's category: the first whose pattern ``re.search``es its full name. The order matters: the serving kernel's
+# CuTe names hold "cutlass" and the module path ("nvfp4libkernels...": the class name is in the name CuTe DSL mangles);
+# cuDNN's and PyTorch's fused attention hold "cutlass"/"sdpa" too; nvfp4lib's Triton kernels are named by their function
+# (nn/quant_triton.py, nn/routing_triton.py, kernels/hopper_varlen/gather_triton.py: tests/test_kernel_profile.py
+# checks every launched one lands here).
+CATEGORIES = (
+    ("serving kernel", r"GroupedVarlenGemmSm90|ActivationDecodeSm90|DecodeThenGemmSm90|nvfp4libkernels"),
+    ("nvfp4lib Triton", r"^(_amax_kernel|_quant_kernel|_route_kernel|_unpermute_kernel|gather)$"),
+    ("attention", r"flash|fmha|sdpa|[Aa]ttention"),
+    ("torch grouped GEMM", r"GroupProblemShape|grouped_mm|GroupedGemm|group_gemm"),
+    ("torch GEMM", r"cutlass|cublas|xmma|nvjet|gemm|gemv|s16816|wgmma"),
+    ("torch elementwise", r"elementwise|CatArrayBatchedCopy|index_kernel|gather_kernel|scatter|copy_kernel|"
+                          r"fill_kernel|triton_poi"),
+    ("torch reduction", r"reduce|[Ss]oft[Mm]ax|[Tt]op[Kk]|[Ss]ort|[Ss]can|cub::|triton_red|triton_per"),
+    ("memcpy/memset", r"^Mem(cpy|set)"),
+    ("other", r""),
+)
+_COMPILED = tuple((name, re.compile(rx)) for name, rx in CATEGORIES)
+
+
+def categorize(name: str) -> str:
+    """The category (:data:`CATEGORIES`) of a kernel's full name."""
+    return next(cat for cat, rx in _COMPILED if rx.search(name))
+
+
+def _tally(pairs) -> dict:
+    out = {cat: {"us": 0.0, "kernels": 0} for cat, _ in CATEGORIES}
+    for cat, us in pairs:
+        out[cat]["us"] += us
+        out[cat]["kernels"] += 1
+    return {cat: v for cat, v in out.items() if v["kernels"]}
+
+
+def by_category(kernels) -> dict:
+    """``{category: {"us": summed time, "kernels": count}}`` over ``(full kernel name, us)`` pairs, in
+    :data:`CATEGORIES`' order (categories with no kernel left out)."""
+    return _tally((categorize(name), us) for name, us in kernels)
+
+
+def step_summary(prof: dict) -> dict:
+    """A :func:`profile_runner` result of one step per call, summed: ``categories`` (as :func:`by_category`, of the
+    kernels' median times), ``kernels`` per step, ``sum_us`` (the kernels' median times added), ``span_us`` (the step's
+    first kernel start to last kernel end) and ``gap_us`` = span - sum (idle GPU time between kernels; negative where
+    kernels overlap, as a programmatic-dependent launch lets them)."""
+    if "error" in prof:
+        raise RuntimeError(f"the step's profile: {prof['error']}")
+    total = sum(k["median_us"] for k in prof["kernels"])
+    return {"categories": _tally((k["category"], k["median_us"]) for k in prof["kernels"]),
+            "kernels": prof["kernels_per_call"], "sum_us": total, "span_us": prof["span_us"],
+            "gap_us": prof["span_us"] - total, "iters": prof["iters"]}
 
 
 def _kernel_records(fn, iters: int) -> list[tuple[str, float, float]]:
@@ -33,7 +93,8 @@ def _kernel_records(fn, iters: int) -> list[tuple[str, float, float]]:
         torch.cuda.synchronize()
     out = []
     for e in prof.events():
-        if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start:
+        if (e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start
+                and not e.is_user_annotation):  # (a record_function's range on the GPU timeline is not a kernel)
             out.append((e.name, float(e.time_range.start), float(e.time_range.end)))
     return sorted(out, key=lambda r: r[1])
 
@@ -68,10 +129,77 @@ def profile_runner(runner, *, iters: int = 30, flush=None) -> dict:
     for j in range(per):
         kernels.append({
             "name": _short(calls[0][j][0]),
+            "category": categorize(calls[0][j][0]),
             "median_us": statistics.median(c[j][2] - c[j][1] for c in calls),
             "start_us": statistics.median(c[j][1] - c[0][1] for c in calls),
         })
     return {"span_us": statistics.median(spans), "kernels_per_call": per, "kernels": kernels, "iters": iters}
+
+
+_RANGE = "nvfp4lib.module:"  # the prefix of module_profile's record_function ranges
+
+
+class _ModuleRanges:
+    """A ``record_function`` range named after its class around every module's forward of ``model`` (hooks, removed
+    on exit)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model, self.handles, self.open = model, [], []
+
+    def _enter(self, module, args):
+        rf = torch.autograd.profiler.record_function(_RANGE + type(module).__name__)
+        rf.__enter__()
+        self.open.append(rf)
+
+    def _exit(self, module, args, out):
+        self.open.pop().__exit__(None, None, None)
+
+    def __enter__(self):
+        for m in self.model.modules():
+            self.handles += [m.register_forward_pre_hook(self._enter), m.register_forward_hook(self._exit)]
+        return self
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        while self.open:  # a forward that raised left its ranges open
+            self.open.pop().__exit__(None, None, None)
+
+
+def owner(event) -> str:
+    """The class of the innermost module (a :class:`_ModuleRanges` range) around a profiler's CPU event, or
+    "(no module)"."""
+    while event is not None:
+        if event.name.startswith(_RANGE):
+            return event.name[len(_RANGE):]
+        event = event.cpu_parent
+    return "(no module)"
+
+
+def module_profile(fn, model: torch.nn.Module, *, iters: int = 2) -> dict:
+    """GPU time per call of ``fn()`` (eager: it runs ``model``'s forward) split by the innermost module whose forward
+    launched each kernel (its class name; the kernel's launching CPU event by CUPTI's correlation id) and by category:
+    ``{"modules": {module: {category: {"us", "kernels"}}}, "iters"}``, sums divided by ``iters``."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with _ModuleRanges(model), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    events = prof.events()
+    cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU}
+    per = defaultdict(list)
+    for e in events:
+        if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start and not e.is_user_annotation:
+            per[owner(cpu.get(e.linked_correlation_id))].append((e.name, (e.time_range.end - e.time_range.start)
+                                                                 / iters))
+    modules = {}
+    for m, ks in per.items():
+        modules[m] = {c: {"us": v["us"], "kernels": v["kernels"] / iters} for c, v in by_category(ks).items()}
+    return {"modules": modules, "iters": iters}
 
 
 def format_profile(label: str, prof: dict) -> str:

@@ -9,6 +9,11 @@ time) and the time per step over the steady-state steps (those after the warm-up
 compiles, tuning and the capture itself are left out; eager decoding leaves the same steps out, so both forms are
 timed alike), the whole decode time, the prefill time and the peak GPU memory of the run.
 
+``inspect_step`` (for a profiler, e.g. ``generate-bench --profile-step``) is called once after the last step and the
+stats, with two zero-argument callables: one eager decode step, and the captured graph's replay (None without
+``cuda_graph``). Both decode the last position again (the static cache keeps its shapes; its last entry is rewritten
+with the same values), so the step they run is the one the timed steps ran.
+
 An expert-parallel model (``from_pretrained(..., ep_group=)``, :mod:`.ep`) decodes this rank's batch while the other
 ranks decode theirs, every rank calling generate with the same shapes: the ranks' shapes are checked against each
 other first (one all-gather; a mismatch raises ValueError on every rank, before any step), a batch larger than the
@@ -45,10 +50,10 @@ def _sync(device) -> None:
 
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph: bool = False,
-             prefill_chunk: int | None = None, progress: bool = False) -> Generation:
+             prefill_chunk: int | None = None, progress: bool = False, inspect_step=None) -> Generation:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` (int ``[B, P]``, or ``[P]`` for one sequence).
     ``prefill_chunk``: positions per prefill forward (default: the whole prompt; an expert-parallel model caps it at
-    its capacity, see the module doc)."""
+    its capacity, see the module doc). ``inspect_step``: see the module doc."""
     from transformers import StaticCache
 
     if max_new_tokens < 1:
@@ -161,4 +166,6 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
     if report:
         stats.update(model=report["path"], format=report["format"], activations=report["activations"],
                      backend=report["backend"])
+    if inspect_step is not None:
+        inspect_step(step, graph.replay if graph is not None else None)
     return Generation(torch.cat([ids, out], dim=1), stats)

@@ -3,8 +3,10 @@
 Reads rows of ``data/generate.jsonl`` (written by :mod:`nvfp4lib.bench.generate_bench`: one row per model, loop and
 batch). The answer rests on one run, the latest of the preset asked for (:func:`latest_run`); every ratio is taken
 within it (one GPU, one commit). Issue 40's targets (:data:`TARGETS`) compare the NVFP4 model, graphed, with the bf16
-peer model, graphed: batch-1 and batch-32 decode tokens/s, and the GPU memory the loaded model holds. Pure pandas and
-matplotlib: no GPU.
+peer model, graphed: batch-1 and batch-32 decode tokens/s, and the GPU memory the loaded model holds. A run made with
+``--profile-step`` (its rows carry ``profile_steps``) is never the answer's run: it is the latest such run that
+:func:`profile_run` finds, for the section on where a decode step's time goes (:func:`step_table`,
+:func:`step_delta`, :func:`module_table`). Pure pandas and matplotlib: no GPU.
 """
 from __future__ import annotations
 
@@ -13,12 +15,14 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import NullLocator
 
-from ..bench.generate_bench import HF_GENERATE, LABELS
+from ..bench.generate_bench import HF_GENERATE, LABELS, PROFILE_COMMAND
+from ..bench.kernel_profile import CATEGORIES
 from ..bench.store import dirty_state
 from .plots import caption, shown
 
 __all__ = ["SOURCE", "RECORD_COMMAND", "TIMED_COMMANDS", "no_data", "TARGETS", "latest_run", "series", "run_summary",
-           "completeness", "tokens_table", "speedup_table", "memory_table", "not_ok", "targets", "figure"]
+           "completeness", "profile_run", "no_profile", "step_table", "step_delta", "module_table", "tokens_table",
+           "speedup_table", "memory_table", "not_ok", "targets", "figure"]
 
 SOURCE = "data/generate.jsonl"
 RECORD_COMMAND = "python -m nvfp4lib generate-bench --record"
@@ -47,12 +51,20 @@ TARGETS = (
 )
 
 
-def latest_run(rows: pd.DataFrame, preset: str = "qwen3-30b-a3b", gpu_only: bool = True) -> pd.DataFrame:
+def _profiled(rows: pd.DataFrame) -> pd.Series:
+    """Whether each row comes from a ``--profile-step`` run."""
+    return rows["profile_steps"].notna() if "profile_steps" in rows else pd.Series(False, index=rows.index)
+
+
+def latest_run(rows: pd.DataFrame, preset: str = "qwen3-30b-a3b", gpu_only: bool = True,
+               profiled: bool = False) -> pd.DataFrame:
     """The rows of the latest run (largest ``run_id``: it starts with the run's UTC time) of ``preset``, measured on
-    a GPU unless ``gpu_only=False``; empty if there is none."""
+    a GPU unless ``gpu_only=False``, made without ``--profile-step`` (with it, if ``profiled``); empty if there is
+    none."""
     if rows is None or not len(rows) or not {"preset", "run_id", "device_type"} <= set(rows.columns):
         return pd.DataFrame()
-    sel = rows[(rows["preset"] == preset) & ((rows["device_type"] == "cuda") | (not gpu_only))]
+    sel = rows[(rows["preset"] == preset) & ((rows["device_type"] == "cuda") | (not gpu_only))
+               & (_profiled(rows) == profiled)]
     if not len(sel):
         return pd.DataFrame()
     return sel[sel["run_id"] == sorted(sel["run_id"].unique())[-1]].reset_index(drop=True)
@@ -107,6 +119,8 @@ def completeness(run: pd.DataFrame) -> str:
     """"yes" when every row the run planned was measured; else how many were, and why the others were not (their
     rows' status: a time budget, a stop; none where the process was killed before it could write them)."""
     planned = int(run["planned_rows"].iloc[0])
+    if "profile" in run:  # a profile's rows are extra to the planned ones
+        run = run[run["profile"].isna()]
     measured = ~run["status"].str.startswith(("skipped", "not reached"))
     if len(run) == planned and bool(measured.all()):
         return "yes"
@@ -114,6 +128,91 @@ def completeness(run: pd.DataFrame) -> str:
     if len(run) < planned:
         why.append(f"{planned - len(run)} rows never written (the process was killed)")
     return f"no: {int(measured.sum())} of {planned} planned rows measured ({'; '.join(why)})"
+
+
+def profile_run(rows: pd.DataFrame, preset: str = "qwen3-30b-a3b") -> pd.DataFrame:
+    """The latest GPU run of ``preset`` made with ``--profile-step`` (all its rows), or an empty frame."""
+    return latest_run(rows, preset, profiled=True)
+
+
+def no_profile(preset: str = "qwen3-30b-a3b") -> str:
+    """What the notebook prints where no profile of ``preset`` is recorded."""
+    return (f"Not recorded yet: no GPU run of generate-bench --profile-step for the {preset} preset in {SOURCE}. To "
+            f"make one on the H100: `{PROFILE_COMMAND}`, then `{TIMED_COMMANDS[1]}`.")
+
+
+def _profile_rows(run: pd.DataFrame, kind: str) -> pd.DataFrame:
+    if not len(run) or "profile" not in run:
+        return pd.DataFrame()
+    sel = run[(run["profile"] == kind) & (run["status"] == "ok")]
+    return sel.assign(model=[f"{r['label']}, batch {int(r['batch'])}" for _, r in sel.iterrows()])
+
+
+def _models(sel: pd.DataFrame) -> list[str]:
+    """The profiled models' column names in the run's order: batch by batch, the bf16 peer last within each."""
+    keys = sel.assign(_p=sel["model_kind"] == "bf16-peer").sort_values(["batch", "_p"], kind="stable")
+    return list(dict.fromkeys(keys["model"]))
+
+
+_ORDER = [c for c, _ in CATEGORIES]
+
+
+def _step_us(run: pd.DataFrame) -> pd.DataFrame:
+    sel = _profile_rows(run, "graph")
+    if not len(sel):
+        return pd.DataFrame()
+    cols = _models(sel)
+    t = sel.pivot_table(index="category", columns="model", values="us_per_step", aggfunc="sum")
+    t = t.reindex([c for c in _ORDER if c in t.index])[cols]
+    first = sel.groupby("model").first()
+    totals = pd.DataFrame({
+        "all kernels (sum)": first["step_sum_us"], "step span": first["step_span_us"],
+        "gaps (span - sum)": first["step_gap_us"], "timed step (decode)": first["decode_ms_per_token"] * 1e3,
+        "kernels per step": first["step_kernels"]}).T[cols]
+    return pd.concat([t, totals]).fillna(0.0)
+
+
+def step_table(run: pd.DataFrame) -> pd.DataFrame:
+    """GPU time per decode step (us; what ms per token calls a token) per kernel category, one column per profiled
+    model and batch (the graph's replays: the median time of each kernel of the step, added up per category), then
+    the step's totals: the kernels' sum, the span from its first kernel's start to its last one's end, the gaps
+    between (span - sum), the step time the decode timed, and the kernels per step."""
+    t = _step_us(run)
+    t.index.name = "us per step"
+    return shown(t, 1)
+
+
+def step_delta(run: pd.DataFrame) -> pd.DataFrame:
+    """Each NVFP4 model's GPU time per step per category minus the bf16 peer's at the same batch (us; negative: the
+    NVFP4 model spends less), from :func:`step_table`."""
+    t = _step_us(run)
+    sel = _profile_rows(run, "graph")
+    if not len(t):
+        return pd.DataFrame()
+    out = {}
+    for _, g in sel.groupby("batch"):
+        peer = g[g["model_kind"] == "bf16-peer"]["model"]
+        if not len(peer):
+            continue
+        for m in dict.fromkeys(g[g["model_kind"] == "nvfp4"]["model"]):
+            out[f"{m} - bf16 peer"] = t[m] - t[peer.iloc[0]]
+    if not out:
+        return pd.DataFrame()
+    df = pd.DataFrame(out).drop(index=["kernels per step"])
+    df.index.name = "us per step"
+    return shown(df, 1)
+
+
+def module_table(run: pd.DataFrame) -> pd.DataFrame:
+    """GPU time per decode step (us) per innermost module class that launched the kernels (the eager steps: a
+    graph's replay keeps no module ranges), one column per profiled model and batch, largest first."""
+    sel = _profile_rows(run, "eager-modules")
+    if not len(sel):
+        return pd.DataFrame()
+    t = sel.pivot_table(index="module", columns="model", values="us_per_step", aggfunc="sum")[_models(sel)]
+    t = t.loc[t.max(axis=1).sort_values(ascending=False).index]
+    t.index.name = "us per step, by module"
+    return shown(t.fillna(0.0), 1)
 
 
 def tokens_table(run: pd.DataFrame) -> pd.DataFrame:
