@@ -214,13 +214,6 @@ def _times(step, iters: int, rg: RankGroup, flush) -> list[float]:
     return out
 
 
-def _stats(ts: list[float]) -> dict:
-    s = sorted(ts)
-    n = len(s)
-    return {"median_us": statistics.median(s), "min_us": s[0], "p10_us": s[int(0.1 * (n - 1))],
-            "p90_us": s[int(0.9 * (n - 1))]}
-
-
 def _err_parts(out: torch.Tensor, ref: torch.Tensor) -> dict:
     o, r = out.double(), ref.double()
     finite = bool(torch.isfinite(o).all())
@@ -464,7 +457,7 @@ def _measure_ep(cfg: _Config, EPMoE, layer, kind, transport, t, local, mine, x, 
         out[f"{name}_us"] = max(meds)
         out[f"{name}_us_ranks"] = meds
     slowest = max(range(rg.world), key=lambda r: statistics.median(timed["step"][r]))
-    out.update(_stats(timed["step"][slowest]))  # median_us == step_us: the slowest rank's replays
+    out.update(mb.time_stats(timed["step"][slowest]))  # median_us == step_us: the slowest rank's replays
     out["combine_us"] = out["transport_us"] - out["dispatch_us"]
     out["overlap_us"] = out["step_us"] - (out["transport_us"] + out["experts_us"])
     out["status"] = "ok"
@@ -540,7 +533,7 @@ def _single_row(cfg: _Config, one, batch, layer, kind, t, routing, seed, w_seed,
                 t0 = time.perf_counter()
                 step()
                 ts.append((time.perf_counter() - t0) * 1e6)
-        return {**res, **_stats(ts), "single_us": statistics.median(ts), "status": "ok"}
+        return {**res, **mb.time_stats(ts), "single_us": statistics.median(ts), "status": "ok"}
 
     try:
         row.update(cfg.stage(f"one GPU T={t}", measure, share=True, only_rank=0)[0])

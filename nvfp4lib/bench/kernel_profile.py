@@ -81,9 +81,15 @@ def step_summary(prof: dict) -> dict:
             "gap_us": prof["span_us"] - total, "iters": prof["iters"]}
 
 
+def _is_kernel(e) -> bool:
+    """Whether a profiler event is a CUDA kernel (a record_function's range on the GPU timeline is not)."""
+    from torch.autograd import DeviceType
+
+    return e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start and not e.is_user_annotation
+
+
 def _kernel_records(fn, iters: int) -> list[tuple[str, float, float]]:
     """(name, start us, end us) of every CUDA kernel that ``fn`` launches when run ``iters`` times."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -91,11 +97,7 @@ def _kernel_records(fn, iters: int) -> list[tuple[str, float, float]]:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    out = []
-    for e in prof.events():
-        if (e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start
-                and not e.is_user_annotation):  # (a record_function's range on the GPU timeline is not a kernel)
-            out.append((e.name, float(e.time_range.start), float(e.time_range.end)))
+    out = [(e.name, float(e.time_range.start), float(e.time_range.end)) for e in prof.events() if _is_kernel(e)]
     return sorted(out, key=lambda r: r[1])
 
 
@@ -117,8 +119,8 @@ def profile_runner(runner, *, iters: int = 30, flush=None) -> dict:
         runner()
 
     records = [r for r in _kernel_records(step, iters) if r[0] not in flush_names]
-    # calls: runs of kernels separated by a flush; here, by gaps longer than any call's own gaps would be is fragile,
-    # so count kernels per call instead: the runner launches the same kernels every call
+    # the calls are told apart by count, not by the gaps between them: the runner launches the same kernels, in the
+    # same order, every call
     if not records or len(records) % iters:
         return {"error": f"{len(records)} kernel records for {iters} calls: not a whole number per call",
                 "names": sorted({_short(n) for n, _, _ in records})}
@@ -193,7 +195,7 @@ def module_profile(fn, model: torch.nn.Module, *, iters: int = 2) -> dict:
     cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU}
     per = defaultdict(list)
     for e in events:
-        if e.device_type == DeviceType.CUDA and e.time_range.end > e.time_range.start and not e.is_user_annotation:
+        if _is_kernel(e):
             per[owner(cpu.get(e.linked_correlation_id))].append((e.name, (e.time_range.end - e.time_range.start)
                                                                  / iters))
     modules = {}

@@ -199,13 +199,19 @@ def _graph_of(fn, x, ids, w):
     return graph, out
 
 
+def time_stats(ts: list[float]) -> dict:
+    """Median, minimum and the 10th and 90th percentile (nearest lower rank) of microsecond samples, as the MoE rows
+    carry them."""
+    s = sorted(ts)
+    n = len(s)
+    return {"median_us": statistics.median(s), "min_us": s[0], "p10_us": s[int(0.1 * (n - 1))],
+            "p90_us": s[int(0.9 * (n - 1))]}
+
+
 def _time_graph(graph, iters: int, flush) -> dict:
     from .harness import time_runner
 
-    ts = time_runner(graph.replay, iters=iters, warmup=3, flush=flush)
-    s = sorted(ts)
-    return {"iters": iters, "median_us": statistics.median(ts), "min_us": s[0],
-            "p10_us": s[int(0.1 * (iters - 1))], "p90_us": s[int(0.9 * (iters - 1))]}
+    return {"iters": iters, **time_stats(time_runner(graph.replay, iters=iters, warmup=3, flush=flush))}
 
 
 def _measure(fn, x, ids, w, ref, tol: float, iters: int, flush) -> dict:

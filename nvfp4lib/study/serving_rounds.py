@@ -237,6 +237,7 @@ def gather_first(commit: str = "6ce62ac", development=None) -> Outcome:
 
 _DEV_WEIGHTS_US = {"S1": 153.7, "S2": 82.4, "S3": 21.9, "S4": 12.8, "S1-dual": 300.4, "S4-dual": 21.4}
 
+
 def _graph_rows(src: Sources, commit: str) -> pd.DataFrame:
     """The bench's graph-replay rows of the cute-hopper backend at ``commit`` (status ok)."""
     b = src.bench
@@ -246,25 +247,24 @@ def _graph_rows(src: Sources, commit: str) -> pd.DataFrame:
     return ok[ok["git_commit"].astype(str).str[:7] == commit[:7]]
 
 
-def bench_commits(before: str, after: str, shapes=("S1", "S2", "S3", "S4", "S1-dual", "S2-dual", "S3-dual", "S4-dual"),
-                  label: str = "cute-hopper[graph=True]") -> Outcome:
+def bench_commits(before: str, after: str, shapes=None, label: str = "cute-hopper[graph=True]") -> Outcome:
     """The shipped call's graph replay (``label``: the serving kernel as ``auto`` picks it) at two commits: the
-    median over each commit's runs."""
+    median over each commit's runs, on ``shapes`` (default: the sources' problems)."""
     def measure(src: Sources):
-        med = {}
-        runs = []
+        med, runs = {}, {}
         for c in (before, after):
             r = _graph_rows(src, c)
             r = r[r["label"] == label] if len(r) else r
             if not len(r):
                 return None
             med[c] = r.groupby("problem")["median_us"].median()
-            runs += sorted(set(r["run_id"]))
+            runs[c] = sorted(set(r["run_id"]))
         b, a = med[before], med[after]
-        n_b, n_a = (len(set(_graph_rows(src, c).loc[lambda d: d["label"] == label, "run_id"])) for c in (before, after))
-        text = (f"graph us, {before} ({n_b} run{'s' * (n_b > 1)}) → {after} ({n_a} run{'s' * (n_a > 1)}): "
-                + ", ".join(f"{s} {_f(b[s])} → {_f(a[s])}" for s in shapes if s in a.index and s in b.index))
-        return text, runs
+        names = shapes or [p.name for p in src.problems]
+        counts = {c: f"{len(runs[c])} run{'s' * (len(runs[c]) > 1)}" for c in runs}
+        text = (f"graph us, {before} ({counts[before]}) → {after} ({counts[after]}): "
+                + ", ".join(f"{s} {_f(b[s])} → {_f(a[s])}" for s in names if s in a.index and s in b.index))
+        return text, runs[before] + runs[after]
     return measure
 
 
