@@ -140,6 +140,27 @@ def test_bench_moe_refuses_without_a_gpu():
         mb.bench_moe(["qwen3-moe"], [1], ["uniform"])
 
 
+def test_profiled_row_prints_its_kernels_and_the_flag_reaches_bench_moe(capsys, monkeypatch):
+    prof = {"span_us": 12.5, "kernels_per_call": 2, "iters": 3,
+            "kernels": [{"name": "_route_kernel", "category": "nvfp4lib Triton", "median_us": 2.0, "start_us": 0.0},
+                        {"name": "GroupedVarlenGemmSm90", "category": "serving kernel", "median_us": 9.0,
+                         "start_us": 3.5}]}
+    row = {"layer": "qwen3-moe", "tokens": 1, "routing": "uniform", "label": "NVFP4 W4A4", "median_us": 14.0,
+           "ratio": 2.0, "floor_us": 7.0, "status": "ok", "profile": prof}
+    mb._print_row(row)
+    out = capsys.readouterr().out
+    assert "span 12.5 us, 2 kernels per call" in out and "+    9.0 us  GroupedVarlenGemmSm90" in out
+    seen = {}
+    monkeypatch.setattr(mb.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(mb, "bench_moe", lambda *a, **k: seen.update(k) or [])
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    mb.add_command(parser.add_subparsers(), lambda p, *a: None, lambda *a: None)
+    args = parser.parse_args(["moe-bench", "--layer", "qwen3-moe", "--tokens", "1", "--profile"])
+    assert args.fn(args) == 0 and seen["profile"] is True
+
+
 # --- the report, on synthetic rows ---------------------------------------------------------------------------------
 
 SYNTH = "SYNTHETIC-test-row"  # marks every row below: made up here, never measured, never written to data/

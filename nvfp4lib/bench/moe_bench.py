@@ -214,8 +214,9 @@ def _time_graph(graph, iters: int, flush) -> dict:
     return {"iters": iters, **time_stats(time_runner(graph.replay, iters=iters, warmup=3, flush=flush))}
 
 
-def _measure(fn, x, ids, w, ref, tol: float, iters: int, flush) -> dict:
-    """Capture, poison, replay once and check, time, check again."""
+def _measure(fn, x, ids, w, ref, tol: float, iters: int, flush, profile: bool = False) -> dict:
+    """Capture, poison, replay once and check, time, check again; with ``profile``, the replay's kernels
+    (:func:`~nvfp4lib.bench.kernel_profile.profile_runner`, L2 flushed before each) as ``profile``."""
     graph, out = _graph_of(fn, x, ids, w)
     out.fill_(float("nan"))
     graph.replay()
@@ -227,6 +228,10 @@ def _measure(fn, x, ids, w, ref, tol: float, iters: int, flush) -> dict:
     err2 = _rel_err(out, ref)
     if not err2 <= tol:
         return {"status": f"wrong after timing: rel_err {err2:.3g}", "rel_err": err2, "tol": tol}
+    if profile:
+        from .kernel_profile import profile_runner
+
+        timing["profile"] = profile_runner(graph.replay, iters=iters, flush=flush)
     del graph
     return {**timing, **_measure_eager(fn, x, ids, w, ref, tol, iters, flush), "rel_err": err, "tol": tol,
             "status": "ok"}
@@ -252,13 +257,14 @@ def _free() -> None:
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
               seed: int = 2121, backend: str = "cute-hopper", peer: bool = True, ceilings: dict | None = None,
-              quantizer: str = "auto", progress=print) -> list[dict]:
+              quantizer: str = "auto", profile: bool = False, progress=print) -> list[dict]:
     """Rows (one per layer, T, routing and mode, plus the peer's) with provenance; nothing is stored here.
 
     ``layers``: :class:`MoELayer` or their names; ``modes``: the layer's activations, ``"nvfp4"`` (W4A4) and/or
     ``"bf16"`` (W4A16); ``backend``: the layer's serving backend; ``quantizer``: how W4A4 quantizes on the fly
-    (:data:`nvfp4lib.nn.moe.QUANTIZERS`, recorded in each row). A mode the backend cannot build is recorded as a row
-    with that status and no time."""
+    (:data:`nvfp4lib.nn.moe.QUANTIZERS`, recorded in each row); ``profile``: each graph replay's kernels, their
+    durations and starts, as the row's ``profile`` (:func:`~nvfp4lib.bench.kernel_profile.profile_runner`). A mode
+    the backend cannot build is recorded as a row with that status and no time."""
     if not torch.cuda.is_available():
         raise RuntimeError("bench_moe needs a CUDA GPU (none here): it times graph-captured MoE layers on the device. "
                            "Run `python -m nvfp4lib moe-bench --record` on the H100; recorded rows are in "
@@ -333,7 +339,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                         try:
                             if act not in refs:
                                 refs[act] = reference_moe(x, ids, w, gate, up, down, activations=act)
-                            row.update(_measure(mod, x, ids, w, refs[act], TOL[kind], iters, flush))
+                            row.update(_measure(mod, x, ids, w, refs[act], TOL[kind], iters, flush, profile))
                         except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
                             row["status"] = f"error: {type(e).__name__}: {str(e)[:400]}"
                         _free()
@@ -357,6 +363,10 @@ def _print_row(r: dict) -> None:
              else f"eager {r.get('eager_status', '-')[:30]}")
     print(f"  {r['layer']:<12} T={r['tokens']:<5} {r['routing']:<8} {r['label']:<12} {t} us  floor "
           f"{r['floor_us']:9.1f} us  x{ratio}  {eager}  {r['status'][:60]}", flush=True)
+    if r.get("profile"):
+        from .kernel_profile import format_profile
+
+        print(format_profile("    graph replay", r["profile"]), flush=True)
 
 
 def _layer_arg(text: str) -> str:
@@ -388,6 +398,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     p.add_argument("--no-peer", action="store_true", help="skip the bf16 peer")
     p.add_argument("--seed", type=int, default=2121)
     p.add_argument("--iters", type=int, help=f"replays per timing; default 30 (--ep: {EP_ITERS} per graph)")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile each graph replay kernel by kernel (CUPTI): the row's profile field")
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -412,7 +424,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             return 2
         rows = bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                          modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
-                         peer=not args.no_peer, quantizer=args.quantizer, progress=_print_row)
+                         peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,
+                         progress=_print_row)
         write(args, rows, MOE.name)
         return 0 if all(r["status"] == "ok" or "NotImplementedError" in r["status"] for r in rows) else 1
 
