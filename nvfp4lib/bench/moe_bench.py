@@ -257,14 +257,17 @@ def _free() -> None:
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
               seed: int = 2121, backend: str = "cute-hopper", peer: bool = True, ceilings: dict | None = None,
-              quantizer: str = "auto", profile: bool = False, progress=print) -> list[dict]:
+              quantizer: str = "auto", profile: bool = False, gemv_max_tokens: int | None = None,
+              progress=print) -> list[dict]:
     """Rows (one per layer, T, routing and mode, plus the peer's) with provenance; nothing is stored here.
 
     ``layers``: :class:`MoELayer` or their names; ``modes``: the layer's activations, ``"nvfp4"`` (W4A4) and/or
     ``"bf16"`` (W4A16); ``backend``: the layer's serving backend; ``quantizer``: how W4A4 quantizes on the fly
     (:data:`nvfp4lib.nn.moe.QUANTIZERS`, recorded in each row); ``profile``: each graph replay's kernels, their
     durations and starts, as the row's ``profile`` (:func:`~nvfp4lib.bench.kernel_profile.profile_runner`). A mode
-    the backend cannot build is recorded as a row with that status and no time."""
+    the backend cannot build is recorded as a row with that status and no time. ``gemv_max_tokens``: the NVFP4
+    layers' decode-path limit (:attr:`~nvfp4lib.nn.NVFP4MoE.gemv_max_tokens`; None: the default), recorded in each
+    NVFP4 row with whether the step took that path (``gemv``)."""
     if not torch.cuda.is_available():
         raise RuntimeError("bench_moe needs a CUDA GPU (none here): it times graph-captured MoE layers on the device. "
                            "Run `python -m nvfp4lib moe-bench --record` on the H100; recorded rows are in "
@@ -297,6 +300,8 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                     built[kind] = BF16GroupedMoE(gate, up, down)
                 else:
                     built[kind] = NVFP4MoE(gate, up, down, activations=kind, backend=backend, quantizer=quantizer)
+                    if gemv_max_tokens is not None:
+                        built[kind].gemv_max_tokens = gemv_max_tokens
                 torch.cuda.synchronize()
                 # what building allocated, plus, for the NVFP4 layer, the weight lists it was given and keeps
                 built[kind + ":held"] = torch.cuda.memory_allocated() - before + (
@@ -334,6 +339,9 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                         row["status"] = mod
                     else:
                         row["held_bytes"] = built[kind + ":held"]
+                        if kind != "peer":
+                            row["gemv_max_tokens"] = mod.gemv_max_tokens
+                            row["gemv"] = bool(mod._gemv_step(x))
                         # the peer has W4A16 semantics; W4A4 is checked on the activations the layer quantized
                         act = "bf16" if kind in ("peer", "bf16") else "nvfp4"
                         try:
@@ -398,6 +406,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     p.add_argument("--no-peer", action="store_true", help="skip the bf16 peer")
     p.add_argument("--seed", type=int, default=2121)
     p.add_argument("--iters", type=int, help=f"replays per timing; default 30 (--ep: {EP_ITERS} per graph)")
+    p.add_argument("--gemv-max-tokens", type=int, metavar="N",
+                   help="the NVFP4 layers' decode path for steps of at most N tokens (0: never; default: the layer's)")
     p.add_argument("--profile", action="store_true",
                    help="also profile each graph replay kernel by kernel (CUPTI): the row's profile field")
     g = p.add_argument_group("expert parallelism (issue 42)")
@@ -425,6 +435,7 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
         rows = bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                          modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                          peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,
+                         gemv_max_tokens=args.gemv_max_tokens,
                          progress=_print_row)
         write(args, rows, MOE.name)
         return 0 if all(r["status"] == "ok" or "NotImplementedError" in r["status"] for r in rows) else 1

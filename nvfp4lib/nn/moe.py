@@ -12,6 +12,10 @@
    mode the down GEMM reads it as it is: its weights were prepared with ``activations="bf16"``);
 4. the down GEMM (bf16 out), then the weighted un-permute, a deterministic gather and sum in fp32.
 
+Decode steps (at most ``gemv_max_tokens`` tokens, :data:`.moe_gemv.GEMV_MAX_TOKENS` by default) on the Hopper
+backend run instead as weight-streaming GEMVs on the same packed weights (:mod:`.moe_gemv`): no routing, the same
+numbers up to the order of fp32 sums.
+
 No step reads a value back to the host, so the forward can be captured in a CUDA graph, and ``torch.compile(
 fullgraph=True)`` traces it (the GEMMs are the custom ops ``nvfp4lib::grouped_mm`` and, in W4A16 mode,
 ``nvfp4lib::grouped_mm_a16``). The layer lives on the device of
@@ -23,6 +27,7 @@ import torch
 
 from ..formats import NVFP4Tensor, quantize
 from ..serving import SERVING_BACKENDS, prepare_weights
+from .moe_gemv import GEMV_MAX_TOKENS, gemv_moe
 from .quant import quantize_rows, static_scale
 from .routing import route, triton_importable, unpermute
 
@@ -99,6 +104,9 @@ class NVFP4MoE(torch.nn.Module):
                                        activations=activations)
         self.down = prepare_weights(w_down, backend=backend, out_dtype=INTERMEDIATE_DTYPE, activations=activations)
         self.w_gate, self.w_up, self.w_down = (w_gate, w_up, w_down) if keep_weights else (None, None, None)
+        # steps of at most this many tokens take the GEMV decode path (:mod:`.moe_gemv`) where it can run; 0: never
+        self.gemv_max_tokens = GEMV_MAX_TOKENS
+        self._gemv = None  # (gate_up, down) GemvWeights, made on first use
 
     @classmethod
     def from_float(cls, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, **kwargs) -> "NVFP4MoE":
@@ -119,6 +127,8 @@ class NVFP4MoE(torch.nn.Module):
         """``x [T, H]``, ``topk_ids [T, k]`` (int, in ``[0, E)``), ``topk_weights [T, k]`` -> ``[T, H]`` in x's
         dtype: ``Σ_j topk_weights[t, j] · down_e(silu(gate_e(x_t)) · up_e(x_t))``, ``e = topk_ids[t, j]``."""
         self._check(x, topk_ids, topk_weights)
+        if self._gemv_step(x):
+            return self._forward_gemv(x, topk_ids, topk_weights)
         r = route(topk_ids, self.experts)
         if self.activations == "nvfp4":
             # Quantize the T rows, then gather the T·k copies: quantization is row-local with one global scale for
@@ -133,6 +143,21 @@ class NVFP4MoE(torch.nn.Module):
             # the intermediate is already bf16 (INTERMEDIATE_DTYPE): the down GEMM's activations as they are
             y = self.down(self.gate_up(x.to(torch.bfloat16).index_select(0, r.token), r.offsets), r.offsets)
         return unpermute(y, r, topk_weights, x.dtype)
+
+    def _gemv_step(self, x: torch.Tensor) -> bool:
+        """Whether this step takes the GEMV decode path: 1 to ``gemv_max_tokens`` tokens, the Hopper backend's packed
+        weights on a CUDA device, Triton importable, not traced by torch.compile (which keeps the GEMM path)."""
+        return (0 < x.shape[0] <= self.gemv_max_tokens and self.backend == "cute-hopper" and x.is_cuda
+                and triton_importable() and not torch.compiler.is_compiling())
+
+    def _forward_gemv(self, x, topk_ids, topk_weights) -> torch.Tensor:
+        if self._gemv is None:
+            from ..kernels.hopper_varlen.gemv_triton import gemv_weights
+
+            self._gemv = (gemv_weights(self.gate_up.impl.weights), gemv_weights(self.down.impl.weights))
+        quant = self._quantize if self.activations == "nvfp4" else None
+        return gemv_moe(x, topk_ids, topk_weights, *self._gemv, quantize=quant,
+                        static=self.input_scales or (None, None))
 
     def _quantize(self, x: torch.Tensor, global_scale: torch.Tensor | None = None):
         if self.quantizer == "triton" and not torch.compiler.is_compiling():
