@@ -146,3 +146,40 @@ def test_swapped_model_generates_greedily_under_a_cuda_graph(arch, activations):
             buf[0, p] = logits[0, p - 1].argmax()
     torch.cuda.synchronize()
     assert torch.equal(buf, eager), (buf.tolist(), eager.tolist())
+
+
+@pytest.mark.parametrize("activations", ["nvfp4", "bf16"])
+def test_decode_gemv_path_agrees_with_the_gemm_path_and_replays(activations):
+    """Steps of at most gemv_max_tokens tokens take the GEMV path: against the reference and the grouped-GEMM path
+    (the same layer, gemv_max_tokens=0), for T = 1..8 including every copy on one expert's block of experts, then in
+    a CUDA graph replayed with new routings."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs sm_90")
+    layer = _layer(e=16, activations=activations)
+    for t in (1, 3, 8):
+        x = torch.randn(t, 256, device="cuda").to(torch.bfloat16)
+        for ids, w in (_routing(t, 16, 4, t), (torch.arange(4, device="cuda").repeat(t, 1), torch.full(
+                (t, 4), 0.25, device="cuda"))):
+            assert layer._gemv_step(x)
+            got = layer(x, ids, w).float()
+            layer.gemv_max_tokens = 0
+            gemm = layer(x, ids, w).float()
+            layer.gemv_max_tokens = 8
+            ref = reference_moe(x, ids, w, layer.w_gate, layer.w_up, layer.w_down, activations=activations).float()
+            assert ((got - ref).norm() / ref.norm()).item() < 1e-2
+            assert ((got - gemm).norm() / gemm.norm()).item() < 1e-2
+    x = torch.randn(2, 256, device="cuda").to(torch.bfloat16)
+    ids, w = _routing(2, 16, 4, 7)
+    layer(x, ids, w)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(x, ids, w)
+    for seed in range(8, 12):
+        new_ids, new_w = _routing(2, 16, 4, seed)
+        ids.copy_(new_ids)
+        w.copy_(new_w)
+        out.fill_(float("nan"))
+        graph.replay()
+        ref = reference_moe(x, ids, w, layer.w_gate, layer.w_up, layer.w_down, activations=activations).float()
+        assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2, seed
