@@ -6,9 +6,10 @@ gather, no un-permute; W4A16 is three launches (gate/up, down forming the interm
 sums, the weighted combine), W4A4 adds its two quantizations and the intermediate's finalize. The numbers are the
 grouped GEMM path's up to the order of fp32 sums.
 
-Why (prediction, 2026-11-27, before any GPU run): the H200 profile of the Qwen3-like layer at T = 1 spent 15.0 + 8.2
-µs in its two GEMMs for 19 MB of weights; streaming them at 2-2.5 TB/s with every SM busy takes 8-10 µs, and the
-routing, gather and un-permute (~7 µs) go; the W4A16 call from ~34 µs to ~12-15 µs on the H100.
+Off by default (:data:`GEMV_MAX_TOKENS`): measured slower. Why it was built (prediction, 2026-11-27, before any GPU
+run): the H200 profile of the Qwen3-like layer at T = 1 spent 15.0 + 8.2 µs in its two GEMMs for 19 MB of weights;
+streaming them at 2-2.5 TB/s with every SM busy takes 8-10 µs, and the routing, gather and un-permute (~7 µs) go; the
+W4A16 call from ~34 µs to ~12-15 µs on the H100.
 """
 from __future__ import annotations
 
@@ -16,9 +17,14 @@ import torch
 
 __all__ = ["GEMV_MAX_TOKENS", "PROGRAMS", "pick_split", "gemv_moe"]
 
-# Steps of at most this many tokens take the GEMV path (a token copy re-reads its expert's rows: past a few copies
-# per expert the grouped GEMM's reuse wins)
-GEMV_MAX_TOKENS = 8
+# Steps of at most this many tokens take the GEMV path by default (a token copy re-reads its expert's rows: past a few
+# copies per expert the grouped GEMM's reuse wins). Off: measured slower than the GEMM path on every layer. Outcome
+# (H100, one run with the path on then off, data/moe.jsonl, notebook 11's rounds): Qwen3-like T = 1 W4A16 58.6 us
+# against 35.0; the GEMVs streamed 0.8-1.1 TB/s (their CUDA-core decode and in-register reductions cost more per byte
+# than the tensor-core GEMM's), and the down GEMV forming the intermediate from 8 K-slices of partials read them ~16
+# times per element. What was predicted fails on the decode's instruction cost, not on the launch chain; split-K in
+# the tensor-core GEMM is the next lever. Kept as a knob (NVFP4MoE.gemv_max_tokens) for that A/B.
+GEMV_MAX_TOKENS = 0
 PROGRAMS = 1024  # programs a GEMV aims for (K is split until it has about this many; ~8 per SM of an H100)
 MIN_CHUNKS = 2  # 64-column units of K per program at least
 

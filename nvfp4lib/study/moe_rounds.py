@@ -236,6 +236,26 @@ def _loop_back(r: Reader) -> str | None:
             + f"; T <= {DECODE_MAX_T}: " + _per_label(small, pct, "{:+.1%}", names={PEER: "bf16 (untouched)"}))
 
 
+
+def _gemv_ab(r: Reader) -> str | None:
+    """The decode path's rows (``gemv`` true) against the GEMM path's (``gemv_max_tokens`` 0) at one commit."""
+    d = r.rows[r.rows["commit"] == "2c539d9"] if len(r.rows) else r.rows
+    if not len(d) or "gemv" not in d:
+        return None
+    on = d[d["gemv"].eq(True)].set_index(KEY)["median_us"]
+    off = d[d["gemv"].eq(False)].set_index(KEY)["median_us"]
+    ratio = (on / off).dropna()
+    if not len(ratio):
+        return None
+    r.used["2c539d9"] = sorted(set(d["run_id"]))
+    q16 = [f"{on[k]:.1f} us against {off[k]:.1f}" for k in ratio.index if k[0] == "qwen3-moe" and k[1] == 1
+           and k[3] == W4A16]
+    return (f"GEMV over GEMM graph time {_span(ratio)}x over {len(ratio)} cases (above one: slower)"
+            + (f"; Qwen3-like T = 1 W4A16 {q16[0]}" if q16 else "")
+            + ". The GEMVs' CUDA-core decode and reductions cost more per weight byte than the tensor-core "
+            "GEMM's, and re-read weights per token copy: the path stays off (GEMV_MAX_TOKENS = 0)")
+
+
 ROUNDS = (
     Round("NVFP4MoE end to end on cute-hopper, W4A4 only (W4A16 not built): the first moe-bench run",
           _floors_prediction, ("b3d663e",), _first_run),
@@ -266,6 +286,10 @@ ROUNDS = (
     Round("GEMMs of at most 32 groups find their tile in a loop again (kernel.LOOP_GROUPS), the warp search above",
           "Mixtral-like layer (8 experts): T >= 512 2-8% faster in a graph; T <= 64 unchanged within +-3%.",
           ("c81fa1a",), _loop_back, "the A/B of both forms on one H100, one process each (a development run)"),
+    Round("Decode steps (T <= 8) as weight-streaming Triton GEMVs on the packed weights: no routing, gather or "
+          "un-permute; K split to ~1024 programs (nn/moe_gemv.py). An A/B in one run: the same commit, path off",
+          "Qwen3-like T = 1, W4A16: from ~35 us to ~12-15 us (the two GEMMs streaming 19 MB at 2-2.5 TB/s instead of "
+          "~0.8, the routing, gather and un-permute gone).", ("2c539d9",), _gemv_ab),
 )
 
 
