@@ -80,3 +80,18 @@ def test_the_layer_gives_the_same_output_with_either_quantizer():
         outs.append(layer(x.to(DEV), ids.to(DEV), tw.to(DEV)))
         assert f"quantizer='{q}'" in repr(layer)
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_index_fuses_the_gather(static):
+    """index: the rows x[index] quantized with x's global scale, bit for bit the torch form then the gather."""
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3)) * 4
+    index = torch.tensor([4, 0, 0, 2, 3, 1, 4, 4])
+    gs = torch.tensor([0.0123]) if static else None
+    codes, scales, g = quantize_rows(x, gs)
+    got = quantize_rows_triton(x.to(DEV), None if gs is None else gs.to(DEV), index.to(DEV))
+    assert torch.equal(got[0].cpu(), codes[index])
+    assert torch.equal(got[1].view(torch.uint8).cpu(), scales.view(torch.uint8)[index])
+    assert torch.equal(got[2].cpu(), g)
+    empty = quantize_rows_triton(x.to(DEV), None if gs is None else gs.to(DEV), index[:0].to(DEV))
+    assert empty[0].shape == (0, 32) and empty[1].shape == (0, 4) and torch.equal(empty[2].cpu(), g)

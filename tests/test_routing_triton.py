@@ -56,3 +56,14 @@ def test_unpermute_sums_the_weighted_copies(dtype):
     assert torch.equal(got, again)  # deterministic
     torch_form = unpermute(y, r, w, dtype)  # CPU: the torch form, the same sums to fp32 rounding
     assert torch.allclose(got.double(), torch_form.double(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-6, atol=1e-6)
+
+
+def test_gather_rows_gives_index_select():
+    from nvfp4lib.nn.routing import gather_rows
+    from nvfp4lib.nn.routing_triton import gather_rows_triton
+
+    x = torch.randn(5, 2500, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    index = torch.tensor([3, 3, 0, 4, 1, 2, 0])
+    assert torch.equal(gather_rows_triton(x.to(DEV), index.to(DEV)).cpu(), x.index_select(0, index))
+    assert torch.equal(gather_rows(x, index), x.index_select(0, index))  # the CPU form
+    assert gather_rows_triton(x.to(DEV), index[:0].to(DEV)).shape == (0, 2500)

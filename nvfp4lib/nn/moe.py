@@ -29,7 +29,7 @@ from ..formats import NVFP4Tensor, quantize
 from ..serving import SERVING_BACKENDS, prepare_weights
 from .moe_gemv import GEMV_MAX_TOKENS, gemv_moe
 from .quant import quantize_rows, static_scale
-from .routing import route, triton_importable, unpermute
+from .routing import gather_rows, route, triton_importable, unpermute
 
 __all__ = ["NVFP4MoE", "ACTIVATIONS", "INTERMEDIATE_DTYPE", "QUANTIZERS", "resolve_quantizer"]
 
@@ -131,17 +131,17 @@ class NVFP4MoE(torch.nn.Module):
             return self._forward_gemv(x, topk_ids, topk_weights)
         r = route(topk_ids, self.experts)
         if self.activations == "nvfp4":
-            # Quantize the T rows, then gather the T·k copies: quantization is row-local with one global scale for
-            # the call, so this gives the bits of quantizing the gathered rows, k times cheaper.
+            # The T·k copies quantized in packed order with x's global scale: quantization is row-local, so these
+            # are the bits of quantizing x then gathering (the Triton quantizer reads each copy's row itself, one
+            # launch instead of a quantization and two gathers; the torch form gathers after quantizing)
             static = self.input_scales or (None, None)
-            codes, scales, g = self._quantize(x, static[0])
-            h = self.gate_up(_packed(codes.index_select(0, r.token), scales.view(torch.uint8).index_select(0, r.token),
-                                     g), r.offsets, global_scale=g)
+            codes, scales, g = self._quantize(x, static[0], r.token)
+            h = self.gate_up(_packed(codes, scales.view(torch.uint8), g), r.offsets, global_scale=g)
             codes, scales, g = self._quantize(h, static[1])
             y = self.down(_packed(codes, scales.view(torch.uint8), g), r.offsets, global_scale=g)
         else:
             # the intermediate is already bf16 (INTERMEDIATE_DTYPE): the down GEMM's activations as they are
-            y = self.down(self.gate_up(x.to(torch.bfloat16).index_select(0, r.token), r.offsets), r.offsets)
+            y = self.down(self.gate_up(gather_rows(x.to(torch.bfloat16), r.token), r.offsets), r.offsets)
         return unpermute(y, r, topk_weights, x.dtype)
 
     def _gemv_step(self, x: torch.Tensor) -> bool:
@@ -159,12 +159,16 @@ class NVFP4MoE(torch.nn.Module):
         return gemv_moe(x, topk_ids, topk_weights, *self._gemv, quantize=quant,
                         static=self.input_scales or (None, None))
 
-    def _quantize(self, x: torch.Tensor, global_scale: torch.Tensor | None = None):
+    def _quantize(self, x: torch.Tensor, global_scale: torch.Tensor | None = None, index=None):
+        """(codes, scales, global scale) of x's rows, or of the rows ``x[index]`` with x's global scale."""
         if self.quantizer == "triton" and not torch.compiler.is_compiling():
             from .quant_triton import quantize_rows_triton
 
-            return quantize_rows_triton(x.contiguous(), global_scale)
-        return quantize_rows(x, global_scale)
+            return quantize_rows_triton(x.contiguous(), global_scale, index)
+        codes, scales, g = quantize_rows(x, global_scale)
+        if index is None:
+            return codes, scales, g
+        return codes.index_select(0, index), scales.view(torch.uint8).index_select(0, index).view(scales.dtype), g
 
     def _check(self, x, topk_ids, topk_weights) -> None:
         # shapes and dtypes only: static under torch.compile, no read-back

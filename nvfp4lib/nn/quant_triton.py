@@ -25,13 +25,17 @@ ROWS_PER_PROGRAM = 4
 
 
 @triton.jit
-def _tile(x, rows, nblk, R: tl.constexpr, CB: tl.constexpr):
-    """The even and odd elements (fp32) of this program's [R rows, CB blocks, 8 pairs] tile, its mask and indices."""
+def _tile(x, rows, nblk, R: tl.constexpr, CB: tl.constexpr, index, HAS_INDEX: tl.constexpr):
+    """The even and odd elements (fp32) of this program's [R rows, CB blocks, 8 pairs] tile, its mask and indices
+    (output row r reads x's row ``index[r]`` with ``HAS_INDEX``, else row r)."""
     r = tl.program_id(0) * R + tl.arange(0, R)[:, None, None]
     b = tl.program_id(1) * CB + tl.arange(0, CB)[None, :, None]
     j = tl.arange(0, 8)[None, None, :]
     ok = (r < rows) & (b < nblk) & (j < 8)
-    off = r.to(tl.int64) * (nblk * 16) + b * 16 + 2 * j
+    src = r.to(tl.int64)
+    if HAS_INDEX:
+        src = tl.load(index + r, mask=r < rows, other=0).to(tl.int64)
+    off = src * (nblk * 16) + b * 16 + 2 * j
     ev = tl.load(x + off, mask=ok, other=0.0).to(tl.float32)
     od = tl.load(x + off + 1, mask=ok, other=0.0).to(tl.float32)
     return ev, od, ok, r, b, j
@@ -39,7 +43,7 @@ def _tile(x, rows, nblk, R: tl.constexpr, CB: tl.constexpr):
 
 @triton.jit
 def _amax_kernel(x, amax_bits, rows, nblk, R: tl.constexpr, CB: tl.constexpr):
-    ev, od, ok, r, b, j = _tile(x, rows, nblk, R, CB)
+    ev, od, ok, r, b, j = _tile(x, rows, nblk, R, CB, x, False)
     m = tl.max(tl.max(tl.max(tl.maximum(tl.abs(ev), tl.abs(od)), axis=2), axis=1), axis=0)
     # |x| >= 0: its float bits order as int32, so an integer max is the float max
     tl.atomic_max(amax_bits, m.to(tl.int32, bitcast=True))
@@ -56,8 +60,8 @@ def _e2m1(y):
 
 
 @triton.jit
-def _quant_kernel(x, g_in, amax_bits, codes, scales, g_out, rows, nblk, HAVE_G: tl.constexpr, R: tl.constexpr,
-                  CB: tl.constexpr):
+def _quant_kernel(x, g_in, amax_bits, codes, scales, g_out, index, rows, nblk, HAVE_G: tl.constexpr,
+                  R: tl.constexpr, CB: tl.constexpr, HAS_INDEX: tl.constexpr):
     if HAVE_G:
         g = tl.load(g_in).to(tl.float32)
     else:  # global_scale_of: amax / (6 * 448); 1 where amax is 0; at least the smallest subnormal
@@ -67,7 +71,7 @@ def _quant_kernel(x, g_in, amax_bits, codes, scales, g_out, rows, nblk, HAVE_G: 
         g = tl.maximum(g, tl.full([], 1, tl.int32).to(tl.float32, bitcast=True))
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(g_out, g)
-    ev, od, ok, r, b, j = _tile(x, rows, nblk, R, CB)
+    ev, od, ok, r, b, j = _tile(x, rows, nblk, R, CB, index, HAS_INDEX)
     bmax = tl.max(tl.maximum(tl.abs(ev), tl.abs(od)), axis=2)  # [R, CB]
     s = tl.minimum(tl.math.div_rn(tl.math.div_rn(bmax, 6.0), g), 448.0)
     # E4M3 of s, round to nearest even: below 2^-6 in steps of 2^-9; above, the fp32 mantissa rounded to 3 bits in
@@ -90,23 +94,37 @@ def _quant_kernel(x, g_in, amax_bits, codes, scales, g_out, rows, nblk, HAVE_G: 
     tl.store(scales + r2.to(tl.int64) * nblk + b2, code.to(tl.uint8), mask=(r2 < rows) & (b2 < nblk))
 
 
-def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = None):
-    """:func:`nvfp4lib.nn.quant.quantize_rows` in two Triton launches: the same outputs, bit for bit. ``x`` a
-    contiguous float tensor ``[..., K]`` on a device Triton runs on (a CUDA GPU, or the CPU under
-    ``TRITON_INTERPRET=1``); no host synchronisation."""
+def _grid(rows: int, nblk: int) -> tuple[int, int]:
+    return max(1, -(-rows // ROWS_PER_PROGRAM)), -(-nblk // BLOCKS_PER_PROGRAM)
+
+
+def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = None, index: torch.Tensor | None = None):
+    """:func:`nvfp4lib.nn.quant.quantize_rows` in two Triton launches (one with ``global_scale``): the same outputs,
+    bit for bit. ``x`` a contiguous float tensor ``[..., K]`` on a device Triton runs on (a CUDA GPU, or the CPU
+    under ``TRITON_INTERPRET=1``); no host synchronisation. ``index`` (int ``[R]``, 2-D ``x`` only): the outputs are
+    the rows ``x[index]`` quantized (the gather fused in; the global scale is still x's), ``[R, K/2]`` and ``[R,
+    K/16]``."""
     k = check_k(x)
     if not x.is_contiguous():
         raise ValueError("quantize_rows (triton): x must be contiguous; pass x.contiguous()")
+    if index is not None and (x.dim() != 2 or index.dim() != 1):
+        raise ValueError(f"quantize_rows (triton): index needs a 2-D x and a 1-D index, got {tuple(x.shape)} and "
+                         f"{tuple(index.shape)}")
     rows, nblk = x.numel() // k, k // BLOCK_SIZE
-    grid = (max(1, -(-rows // ROWS_PER_PROGRAM)), -(-nblk // BLOCKS_PER_PROGRAM))
-    codes = torch.empty((*x.shape[:-1], k // 2), dtype=torch.uint8, device=x.device)
-    scales = torch.empty((*x.shape[:-1], nblk), dtype=torch.uint8, device=x.device)
+    lead = tuple(x.shape[:-1]) if index is None else (index.numel(),)
+    out_rows = rows if index is None else index.numel()
+    codes = torch.empty((*lead, k // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((*lead, nblk), dtype=torch.uint8, device=x.device)
     g = torch.empty(1, dtype=torch.float32, device=x.device)
-    amax_bits = torch.zeros(1, dtype=torch.int32, device=x.device)
     have_g = global_scale is not None
+    # the amax word is zeroed (a memset launch) only where a global scale is computed
+    amax_bits = g.view(torch.int32) if have_g else torch.zeros(1, dtype=torch.int32, device=x.device)
     tile = {"R": ROWS_PER_PROGRAM, "CB": BLOCKS_PER_PROGRAM}
     if not have_g:
-        launch(_amax_kernel, grid, (x, amax_bits, rows, nblk), tile)
+        launch(_amax_kernel, _grid(rows, nblk), (x, amax_bits, rows, nblk), tile)
     g_in = global_scale.to(torch.float32).reshape(1) if have_g else g
-    launch(_quant_kernel, grid, (x, g_in, amax_bits, codes, scales, g, rows, nblk), {"HAVE_G": have_g, **tile})
+    # (at least one program, also for no rows: program 0 writes the global scale)
+    launch(_quant_kernel, _grid(out_rows, nblk),
+           (x, g_in, amax_bits, codes, scales, g, x if index is None else index, out_rows, nblk),
+           {"HAVE_G": have_g, **tile, "HAS_INDEX": index is not None})
     return codes, scales.view(torch.float8_e4m3fn), g

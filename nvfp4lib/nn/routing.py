@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Routing", "route", "unpermute", "triton_importable"]
+__all__ = ["Routing", "route", "unpermute", "gather_rows", "triton_importable"]
 
 
 class Routing(NamedTuple):
@@ -55,6 +55,16 @@ def route(topk_ids: torch.Tensor, experts: int) -> Routing:
     # a scatter with distinct indices: deterministic, unlike a scatter-add of the outputs
     row = torch.empty_like(order).scatter_(0, order, torch.arange(ids.numel(), device=ids.device))
     return Routing(torch.div(order, k, rounding_mode="floor"), offsets, row)
+
+
+def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[index]``: the rows of a 2-D ``x`` in packed order; on a CUDA device one Triton launch
+    (:func:`.routing_triton.gather_rows_triton`), else ``index_select``."""
+    if _triton_form(x):
+        from .routing_triton import gather_rows_triton
+
+        return gather_rows_triton(x, index)
+    return x.index_select(0, index)
 
 
 def unpermute(y: torch.Tensor, routing: Routing, topk_weights: torch.Tensor,

@@ -22,12 +22,13 @@ import triton.language as tl
 
 from ..kernels.common.triton_launch import launch
 
-__all__ = ["ROUTE_MAX_COPIES", "route_triton", "unpermute_triton"]
+__all__ = ["ROUTE_MAX_COPIES", "route_triton", "unpermute_triton", "gather_rows_triton"]
 
 ROUTE_MAX_COPIES = 128
 _MAX_EXPERTS = 1023  # offsets [E+1] in one block of at most 1024
 _BJ = 32  # copies compared per step
 _BN = 256  # output columns per un-permute program
+_GATHER_BN = 1024  # elements per gather program
 
 
 @triton.jit
@@ -62,6 +63,27 @@ def _unpermute_kernel(y, row, w, out, cols, K: tl.constexpr, BN: tl.constexpr):
         wt = tl.load(w + t * K + j).to(tl.float32)
         acc += tl.load(y + r * cols + c, mask=m, other=0.0).to(tl.float32) * wt
     tl.store(out + t.to(tl.int64) * cols + c, acc.to(out.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _gather_rows_kernel(x, index, out, cols, BN: tl.constexpr):
+    r = tl.program_id(0)
+    c = tl.program_id(1) * BN + tl.arange(0, BN)
+    m = c < cols
+    src = tl.load(index + r).to(tl.int64)
+    tl.store(out + r.to(tl.int64) * cols + c, tl.load(x + src * cols + c, mask=m), mask=m)
+
+
+def gather_rows_triton(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[index]`` for a 2-D ``x`` and a 1-D integer ``index`` in one launch (torch's index_select took a generic
+    ~3.7 µs kernel for 8 bf16 rows of 2048 on the H200, moe-bench --profile). Indices are not checked."""
+    x = x.contiguous()
+    rows, cols = index.numel(), x.shape[1]
+    out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
+    if rows and cols:
+        launch(_gather_rows_kernel, (rows, triton.cdiv(cols, _GATHER_BN)), (x, index, out, cols),
+               {"BN": _GATHER_BN})
+    return out
 
 
 def route_triton(topk_ids: torch.Tensor, experts: int):

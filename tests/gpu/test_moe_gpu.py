@@ -23,6 +23,16 @@ def _routing(t, e, k, seed):
     return ids, w
 
 
+def _captured(layer, x, ids, w):
+    """(graph, its output) of one layer call, after an eager call (compiles, allocator warm-up)."""
+    layer(x, ids, w)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(x, ids, w)
+    return graph, out
+
+
 @pytest.mark.parametrize("activations", ["nvfp4", "bf16"])
 @pytest.mark.parametrize("t", [1, 16, 300])
 def test_layer_matches_reference(t, activations):
@@ -45,11 +55,7 @@ def test_graph_replay_with_new_routing(activations):
     t = 64
     x = torch.randn(t, 256, device="cuda").to(torch.bfloat16)
     ids, w = _routing(t, 8, 2, 1)
-    layer(x, ids, w)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = layer(x, ids, w)
+    graph, out = _captured(layer, x, ids, w)
     for seed in range(2, 6):
         new_ids, new_w = _routing(t, 8, 2, seed)
         ids.copy_(new_ids)
@@ -170,11 +176,7 @@ def test_decode_gemv_path_agrees_with_the_gemm_path_and_replays(activations):
             assert ((got - gemm).norm() / gemm.norm()).item() < 1e-2
     x = torch.randn(2, 256, device="cuda").to(torch.bfloat16)
     ids, w = _routing(2, 16, 4, 7)
-    layer(x, ids, w)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = layer(x, ids, w)
+    graph, out = _captured(layer, x, ids, w)
     for seed in range(8, 12):
         new_ids, new_w = _routing(2, 16, 4, seed)
         ids.copy_(new_ids)
