@@ -61,7 +61,7 @@ def _triton_entry_points(path: Path) -> set[str]:
 
 def test_every_triton_kernel_nvfp4lib_launches_is_its_own_category():
     nn = sorted((ROOT / "nvfp4lib/nn").glob("*_triton.py"))
-    files = [*nn, ROOT / "nvfp4lib/kernels/hopper_varlen/gather_triton.py"]
+    files = [*nn, *(ROOT / "nvfp4lib/kernels/hopper_varlen").glob("*_triton.py")]
     names = set().union(*(_triton_entry_points(f) for f in files))
     assert {"_amax_kernel", "_quant_kernel", "_route_kernel", "_unpermute_kernel", "gather"} <= names
     assert {n: kp.categorize(n) for n in names} == {n: "nvfp4lib Triton" for n in names}

@@ -32,11 +32,12 @@ __all__ = ["CATEGORIES", "categorize", "by_category", "step_summary", "profile_r
 # A kernel's category: the first whose pattern ``re.search``es its full name. The order matters: the serving kernel's
 # CuTe names hold "cutlass" and the module path ("nvfp4libkernels...": the class name is in the name CuTe DSL mangles);
 # cuDNN's and PyTorch's fused attention hold "cutlass"/"sdpa" too; nvfp4lib's Triton kernels are named by their function
-# (nn/quant_triton.py, nn/routing_triton.py, kernels/hopper_varlen/gather_triton.py: tests/test_kernel_profile.py
-# checks every launched one lands here).
+# (nn/quant_triton.py, nn/routing_triton.py, kernels/hopper_varlen/gather_triton.py and gemv_triton.py:
+# tests/test_kernel_profile.py checks every launched one lands here).
 CATEGORIES = (
     ("serving kernel", r"GroupedVarlenGemmSm90|ActivationDecodeSm90|DecodeThenGemmSm90|nvfp4libkernels"),
-    ("nvfp4lib Triton", r"^(_amax_kernel|_quant_kernel|_route_kernel|_unpermute_kernel|gather)$"),
+    ("nvfp4lib Triton", r"^(_amax_kernel|_quant_kernel|_route_kernel|_unpermute_kernel|_gather_rows_kernel|gather|"
+                        r"_gemv_kernel|_finalize_kernel|_combine_kernel)$"),
     ("attention", r"flash|fmha|sdpa|[Aa]ttention"),
     ("torch grouped GEMM", r"GroupProblemShape|grouped_mm|GroupedGemm|group_gemm"),
     ("torch GEMM", r"cutlass|cublas|xmma|nvjet|gemm|gemv|s16816|wgmma"),
