@@ -237,6 +237,16 @@ def _loop_back(r: Reader) -> str | None:
 
 
 
+def _fused_gather(r: Reader) -> str | None:
+    p = r.pair("2c539d9", "6fc5c7f")
+    if not len(p):
+        return None
+    t1 = p[p["tokens"] == 1]
+    return (f"2c539d9 (GEMM path rows) -> 6fc5c7f, uniform, graph replay, {len(p)} cases, time after - before: "
+            + _per_label(p, lambda g: g["after"] - g["before"], "{:+.1f} us", labels=(W4A4, W4A16))
+            + "; T = 1: " + _per_label(t1, lambda g: g["after"] - g["before"], "{:+.1f} us", labels=(W4A4, W4A16)))
+
+
 def _gemv_ab(r: Reader) -> str | None:
     """The decode path's rows (``gemv`` true) against the GEMM path's (``gemv_max_tokens`` 0) at one commit."""
     d = r.rows[r.rows["commit"] == "2c539d9"] if len(r.rows) else r.rows
@@ -290,6 +300,9 @@ ROUNDS = (
           "un-permute; K split to ~1024 programs (nn/moe_gemv.py). An A/B in one run: the same commit, path off",
           "Qwen3-like T = 1, W4A16: from ~35 us to ~12-15 us (the two GEMMs streaming 19 MB at 2-2.5 TB/s instead of "
           "~0.8, the routing, gather and un-permute gone).", ("2c539d9",), _gemv_ab),
+    Round("W4A4 quantizes the token copies in packed order in one Triton launch (the gather fused into the quantizer, "
+          "no memset with a static scale); W4A16 gathers its bf16 rows in one Triton launch instead of index_select",
+          "", ("2c539d9", "6fc5c7f"), _fused_gather),
 )
 
 
