@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from nvfp4lib.bench.moe_bench import _graph_of
 from nvfp4lib.nn import NVFP4MoE, reference_moe
 
 pytestmark = pytest.mark.gpu
@@ -21,16 +22,6 @@ def _routing(t, e, k, seed):
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).cuda()
     w = torch.softmax(torch.randn(t, k, generator=g), -1).cuda()
     return ids, w
-
-
-def _captured(layer, x, ids, w):
-    """(graph, its output) of one layer call, after an eager call (compiles, allocator warm-up)."""
-    layer(x, ids, w)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = layer(x, ids, w)
-    return graph, out
 
 
 @pytest.mark.parametrize("activations", ["nvfp4", "bf16"])
@@ -55,7 +46,7 @@ def test_graph_replay_with_new_routing(activations):
     t = 64
     x = torch.randn(t, 256, device="cuda").to(torch.bfloat16)
     ids, w = _routing(t, 8, 2, 1)
-    graph, out = _captured(layer, x, ids, w)
+    graph, out = _graph_of(layer, x, ids, w)  # an eager call, then the capture
     for seed in range(2, 6):
         new_ids, new_w = _routing(t, 8, 2, seed)
         ids.copy_(new_ids)
@@ -176,7 +167,7 @@ def test_decode_gemv_path_agrees_with_the_gemm_path_and_replays(activations):
             assert ((got - gemm).norm() / gemm.norm()).item() < 1e-2
     x = torch.randn(2, 256, device="cuda").to(torch.bfloat16)
     ids, w = _routing(2, 16, 4, 7)
-    graph, out = _captured(layer, x, ids, w)
+    graph, out = _graph_of(layer, x, ids, w)  # an eager call, then the capture
     for seed in range(8, 12):
         new_ids, new_w = _routing(2, 16, 4, seed)
         ids.copy_(new_ids)
