@@ -1,5 +1,9 @@
 """Decode-sized MoE steps as weight-streaming GEMVs (Triton), read from the serving kernel's packed weights.
 
+Not taken by default: on the H100 these GEMVs ran 1.09-6.59x slower than the grouped GEMM path on the MoE bench's
+decode cases (the recorded A/B, notebook 11's rounds; :data:`nvfp4lib.nn.moe_gemv.GEMV_MAX_TOKENS`). Kept, tested
+and memchecked as a knob for the next A/B.
+
 At a few tokens per step the grouped GEMM (:mod:`.kernel`) is bound neither by bandwidth nor by its tensor cores: an
 H200 kernel profile of the Qwen3-like layer at T = 1 (2026-11-27, ``moe-bench --profile``) put its gate/up GEMM at
 15.0 µs and its down GEMM at 8.2 µs for 12.6 and 6.3 MB of weights (~0.8 TB/s), one CTA per 64-128 weight rows
