@@ -11,10 +11,8 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1", allow_module_level=True)
 
 from nvfp4lib.formats import quantize  # noqa: E402
-from nvfp4lib.kernels.common.sm90 import POST_SCALE  # noqa: E402
-from nvfp4lib.kernels.hopper_rs.layout import prepack_weights  # noqa: E402
 from nvfp4lib.kernels.hopper_varlen.gemv_triton import GemvWeights, combine, finalize, gemv  # noqa: E402
-from nvfp4lib.kernels.hopper_varlen.runner import stack_uniform  # noqa: E402
+from nvfp4lib.kernels.hopper_varlen.runner import pack_torch  # noqa: E402
 from nvfp4lib.nn import reference_moe  # noqa: E402
 from nvfp4lib.nn.moe_gemv import gemv_moe, pick_split  # noqa: E402
 from nvfp4lib.nn.quant import quantize_rows  # noqa: E402
@@ -26,10 +24,7 @@ def _packed(mats, tile_m, dual):
     """GemvWeights of NVFP4Tensor lists (one, or gate and up), packed as PackedWeights packs them (torch form)."""
     n, k = mats[0][0].shape
     n_pad, k_pad = -(-n // tile_m) * tile_m, -(-k // 128) * 128
-    st = [stack_uniform(w, n_pad, k_pad) for w in mats]
-    blocks = tile_m * (2 if dual else 1) // 128
-    packed = prepack_weights([m[:2] for m in st], 2, blocks)
-    gs_b = torch.stack([st[0][2], st[-1][2]], dim=1).mul_(POST_SCALE).contiguous()
+    packed, gs_b = pack_torch(mats[0], mats[1] if dual else None, n_pad, k_pad, tile_m * (2 if dual else 1) // 128)
     return GemvWeights(packed.to(DEV).view(-1, 128), gs_b.to(DEV), n, k, k_pad, tile_m, dual, len(mats[0]))
 
 

@@ -51,10 +51,9 @@ def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefe
     """Rows (problem × part × kcu × warps × prefetch × once × rows_first × whole) with provenance; nothing is
     stored here."""
     from ..kernels.common.sm90 import POST_SCALE
-    from ..kernels.hopper_rs.layout import prepack_weights
     from ..kernels.hopper_varlen import gather as G
     from ..kernels.hopper_varlen.config import NWG
-    from ..kernels.hopper_varlen.runner import stack_uniform
+    from ..kernels.hopper_varlen.runner import pack_torch
     from ..serving import _oneshot_config
 
     kcus, warps = tuple(kcus or (G.KCU,)), tuple(warps or (G.WARPS,))
@@ -70,7 +69,7 @@ def bench_gather(problems: list[GroupedProblem], *, kcus=None, warps=None, prefe
         n_pad, k_pad = -(-n // cfg.tile_m) * cfg.tile_m, -(-k // cfg.tile_k) * cfg.tile_k
         blocks = cfg.tile_m * (2 if prob.dual else 1) // (64 * NWG)
         sets = [x.b] if x.b2 is None else [x.b, x.b2]
-        want = prepack_weights([stack_uniform(w, n_pad, k_pad)[:2] for w in sets], NWG, blocks)
+        want = pack_torch(x.b, x.b2, n_pad, k_pad, blocks)[0]
         table = G.group_table(x.a, x.b, x.b2)
         if table is None:
             raise ValueError(f"{prob.name}: the inputs cannot be read in place (not contiguous or misaligned)")

@@ -87,6 +87,19 @@ def _code_f32(bits):
 
 
 @triton.jit
+def _silu_up(part, row, cols, m, R, HALF, SPLIT: tl.constexpr):
+    """``silu(Σ_s gate) · Σ_s up`` (fp32) of copy ``row`` at intermediate columns ``cols`` of gate/up partials
+    ``[SPLIT, R, 2, HALF]`` (zero where ``m`` is false)."""
+    g = tl.zeros(cols.shape, dtype=tl.float32)
+    u = tl.zeros(cols.shape, dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        base = (s * R + row).to(tl.int64) * (2 * HALF)
+        g += tl.load(part + base + cols, mask=m, other=0.0)
+        u += tl.load(part + base + HALF + cols, mask=m, other=0.0)
+    return g / (1.0 + tl.exp(-g)) * u
+
+
+@triton.jit
 def _act(act, act_sc, part, row, kk, K, ACT: tl.constexpr, SPLIT_IN: tl.constexpr, R, HALF: tl.constexpr):
     """The activations of one copy at K columns ``kk`` (fp32; zero past K)."""
     m = kk < K
@@ -99,13 +112,7 @@ def _act(act, act_sc, part, row, kk, K, ACT: tl.constexpr, SPLIT_IN: tl.constexp
         sc = tl.load(act_sc + row * (K // 16) + kk // 16, mask=m, other=0).to(tl.float8e4nv, bitcast=True)
         v = mag * sc.to(tl.float32)
     else:  # the gate/up partials of the copy: bf16(silu(gate) · up)
-        g = tl.zeros(kk.shape, dtype=tl.float32)
-        u = tl.zeros(kk.shape, dtype=tl.float32)
-        for s in tl.static_range(SPLIT_IN):
-            base = (s * R + row).to(tl.int64) * (2 * HALF)
-            g += tl.load(part + base + kk, mask=m, other=0.0)
-            u += tl.load(part + base + HALF + kk, mask=m, other=0.0)
-        v = (g / (1.0 + tl.exp(-g)) * u).to(tl.bfloat16).to(tl.float32)
+        v = _silu_up(part, row, kk, m, R, HALF, SPLIT_IN).to(tl.bfloat16).to(tl.float32)
     return v
 
 
@@ -202,13 +209,7 @@ def _finalize_kernel(part, h, R, HALF, SPLIT: tl.constexpr, BN: tl.constexpr):
     r = tl.program_id(0)
     c = tl.program_id(1) * BN + tl.arange(0, BN)
     m = c < HALF
-    g = tl.zeros([BN], dtype=tl.float32)
-    u = tl.zeros([BN], dtype=tl.float32)
-    for s in tl.static_range(SPLIT):
-        base = (s * R + r).to(tl.int64) * (2 * HALF)
-        g += tl.load(part + base + c, mask=m, other=0.0)
-        u += tl.load(part + base + HALF + c, mask=m, other=0.0)
-    tl.store(h + r.to(tl.int64) * HALF + c, (g / (1.0 + tl.exp(-g)) * u).to(h.dtype.element_ty), mask=m)
+    tl.store(h + r.to(tl.int64) * HALF + c, _silu_up(part, r, c, m, R, HALF, SPLIT).to(h.dtype.element_ty), mask=m)
 
 
 def finalize(partials: torch.Tensor, out_dtype=torch.bfloat16) -> torch.Tensor:

@@ -75,10 +75,7 @@ class PackedWeights:
         blocks = tile_m * (2 if self.dual else 1) // (64 * NWG)
         table = group_table(None, b, b2)
         if table is None:  # parts not readable in place: the torch form, ~20 passes
-            sets = [b] if b2 is None else [b, b2]
-            mats = [stack_uniform(w, n_pad, self.k_pad) for w in sets]
-            packed = prepack_weights([m[:2] for m in mats], NWG, blocks)
-            self.gs_b = torch.stack([mats[0][2], mats[-1][2]], dim=1).mul_(POST_SCALE).contiguous()
+            packed, self.gs_b = pack_torch(b, b2, n_pad, self.k_pad, blocks)
         else:
             packed, _, _, _, _, self.gs_b = launch(torch.tensor(table, dtype=torch.int64).to(device), self.groups,
                                                    self.n, self.k, n_pad, self.k_pad, NWG, blocks, self.dual, 0,
@@ -140,6 +137,15 @@ class Scratch:
             pair = self._x[stream] = (torch.empty((max(rows, size), self.k_pad), dtype=torch.float16,
                                                   device=self.device), count)
         return pair
+
+
+def pack_torch(b: list[NVFP4Tensor], b2: list[NVFP4Tensor] | None, n_pad: int, k_pad: int, blocks: int):
+    """(the packed weights ``[ctas, K_pad/64, NWG·blocks, 2304]``, ``gs_b`` fp32 ``[G, 2]``: each matrix's global
+    scale × 2^14, gate then up) of :class:`PackedWeights`, in torch on any device: the form used where the Triton
+    pass cannot read the parts in place."""
+    mats = [stack_uniform(w, n_pad, k_pad) for w in ([b] if b2 is None else [b, b2])]
+    packed = prepack_weights([m[:2] for m in mats], NWG, blocks)
+    return packed, torch.stack([mats[0][2], mats[-1][2]], dim=1).mul_(POST_SCALE).contiguous()
 
 
 def stack_uniform(w: list[NVFP4Tensor], n_pad: int, k_pad: int):
