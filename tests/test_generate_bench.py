@@ -221,6 +221,29 @@ def test_generate_hands_its_step_to_inspect_step(tmp_path):
     assert generate(model, torch.tensor([[1, 2]]), 3)[0].tolist() == out.tolist()
 
 
+def test_inspect_step_runs_its_steps_within_the_cache(tmp_path):
+    """transformers' StaticCache advances its own position with every step (the cache_position passed is not
+    read): a profiler's extra steps need room in the cache, and a step past the room is refused before it runs, not
+    written past the cache's end (issue 40: an index_copy_ assert on the H100 with --profile-step 20)."""
+    from nvfp4lib.hf import from_pretrained, generate, make_checkpoint
+
+    model = from_pretrained(make_checkpoint(tmp_path / "m", preset="tiny", fmt="modelopt"), device="cpu")
+    ran = []
+
+    def inspect(eager, replay):
+        for _ in range(5):
+            eager()
+            ran.append(1)
+        with pytest.raises(RuntimeError, match="more than inspect_steps = 5"):
+            eager()
+
+    out, _ = generate(model, torch.tensor([[1, 2]]), 12, inspect_step=inspect, inspect_steps=5)
+    assert len(ran) == 5 and out.shape == (1, 14)
+    assert generate(model, torch.tensor([[1, 2]]), 12)[0].tolist() == out.tolist()  # the room changes no token
+    with pytest.raises(ValueError, match="inspect_steps must be >= 1"):
+        generate(model, torch.tensor([[1, 2]]), 3, inspect_step=inspect, inspect_steps=0)
+
+
 def _profiled_run(timing_rows: list[dict]) -> list[dict]:
     """A profile run's rows as _Run makes them, from made-up profiles (the shapes profile_runner and module_profile
     return), beside a copy of ``timing_rows``' first row per model as its decode rows."""

@@ -446,7 +446,8 @@ class _Run:
                 toks = stats.pop("tokens")
             else:
                 inspect, profiled = self._profiler(model) if self.profile_steps and cuda_graph else (None, None)
-                out, stats = generate(model, ids, self.new_tokens, cuda_graph=cuda_graph, inspect_step=inspect)
+                out, stats = generate(model, ids, self.new_tokens, cuda_graph=cuda_graph, inspect_step=inspect,
+                                      inspect_steps=self._inspect_steps())
                 toks = out[:, ids.shape[1]:].cpu()
                 stats = {k: stats[k] for k in ("prefill_ms", "decode_s", "timed_steps", "steady_s", "tokens_per_s",
                                                "ms_per_token")} | {"decode_peak_gib": stats["peak_memory_gib"]}
@@ -460,6 +461,11 @@ class _Run:
                  f"({row['wall_s']:.0f} s with its compiles, capture{' and profile' if profiled else ''})")
         if profiled is not None:
             self._profile_rows(key, head, profiled, row["ms_per_token"])
+
+    def _inspect_steps(self) -> int:
+        """The decode steps :meth:`_profiler`'s inspect runs: profile_runner's first call and its replays, and
+        module_profile's first call and its steps (generate's cache is made that much longer)."""
+        return 1 + (self.profile_steps or 0) + 1 + MODULE_STEPS
 
     def _profiler(self, model):
         """(``inspect_step`` for :func:`~nvfp4lib.hf.generate`, the dict it fills: the step's profiles, or the

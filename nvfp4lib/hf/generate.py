@@ -11,8 +11,13 @@ timed alike), the whole decode time, the prefill time and the peak GPU memory of
 
 ``inspect_step`` (for a profiler, e.g. ``generate-bench --profile-step``) is called once after the last step and the
 stats, with two zero-argument callables: one eager decode step, and the captured graph's replay (None without
-``cuda_graph``). Both decode the last position again (the static cache keeps its shapes; its last entry is rewritten
-with the same values), so the step they run is the one the timed steps ran.
+``cuda_graph``). Each call decodes one more position with the last token: transformers' ``StaticCache`` (5.x) keeps its
+own position counter on the device and ignores the ``cache_position`` passed to it, so every step, the captured one
+included, writes the next entry. The cache is therefore allocated ``inspect_steps`` positions longer than the decode
+needs, and the callables refuse (RuntimeError) a call past that room; without the room, a profiler's extra steps
+wrote past the cache's end (a device-side ``index_copy_`` assert, seen on the H100 with ``--profile-step 20``). The
+timed steps attend over the longer cache (its unused entries masked), a little more work per step than without an
+``inspect_step``.
 
 An expert-parallel model (``from_pretrained(..., ep_group=)``, :mod:`.ep`) decodes this rank's batch while the other
 ranks decode theirs, every rank calling generate with the same shapes: the ranks' shapes are checked against each
@@ -38,6 +43,26 @@ WARMUP_STEPS = 2  # eager decode steps before the capture (lazy allocations, com
 TIMED_FROM = WARMUP_STEPS + 2
 
 
+INSPECT_STEPS = 64  # inspect_step's default room: decode steps past max_new_tokens that the cache holds
+
+
+def _counted(room: int, *fns):
+    """``fns`` (None kept) sharing one budget of ``room`` calls: a call past it raises RuntimeError before it runs (it
+    would write past the cache's end)."""
+    used = [0]
+
+    def wrap(fn):
+        def call():
+            if used[0] >= room:
+                raise RuntimeError(f"inspect_step ran more than inspect_steps = {room} decode steps: the cache has "
+                                   "room for no more; pass a larger inspect_steps to generate")
+            used[0] += 1
+            return fn()
+        return call
+
+    return [None if fn is None else wrap(fn) for fn in fns]
+
+
 class Generation(NamedTuple):
     tokens: torch.Tensor  # int64 [B, P + N]: the prompt then the N generated tokens
     stats: dict  # one row: tokens_per_s, ms_per_token, prefill_ms, peak_memory_gib, ...
@@ -50,10 +75,12 @@ def _sync(device) -> None:
 
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph: bool = False,
-             prefill_chunk: int | None = None, progress: bool = False, inspect_step=None) -> Generation:
+             prefill_chunk: int | None = None, progress: bool = False, inspect_step=None,
+             inspect_steps: int = INSPECT_STEPS) -> Generation:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` (int ``[B, P]``, or ``[P]`` for one sequence).
     ``prefill_chunk``: positions per prefill forward (default: the whole prompt; an expert-parallel model caps it at
-    its capacity, see the module doc). ``inspect_step``: see the module doc."""
+    its capacity, see the module doc). ``inspect_step``, ``inspect_steps`` (the most steps it may run): see the module
+    doc."""
     from transformers import StaticCache
 
     if max_new_tokens < 1:
@@ -66,6 +93,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
         raise ValueError(f"input_ids must be [B, P] with P >= 1, got {tuple(ids.shape)}")
     if cuda_graph and device.type != "cuda":
         raise ValueError(f"cuda_graph=True needs the model on a CUDA device, not {device}")
+    if inspect_step is not None and inspect_steps < 1:
+        raise ValueError(f"inspect_steps must be >= 1 (the steps inspect_step may run), got {inspect_steps}")
     if prefill_chunk is not None and prefill_chunk < 1:
         raise ValueError(f"prefill_chunk must be >= 1 positions, got {prefill_chunk}")
     ids = ids.to(device)
@@ -82,7 +111,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
         chunk = min(chunk, ep.capacity // batch)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    cache = StaticCache(config=model.config, max_cache_len=prompt + max_new_tokens)
+    room = inspect_steps if inspect_step is not None else 0
+    cache = StaticCache(config=model.config, max_cache_len=prompt + max_new_tokens + room)
     # transformers 5.24 renamed the forward's past_key_values to cache (the old name warns until 5.40)
     kv = {"cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values": cache}
     out = torch.empty((batch, max_new_tokens), dtype=torch.long, device=device)
@@ -167,5 +197,5 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
         stats.update(model=report["path"], format=report["format"], activations=report["activations"],
                      backend=report["backend"])
     if inspect_step is not None:
-        inspect_step(step, graph.replay if graph is not None else None)
+        inspect_step(*_counted(room, step, graph.replay if graph is not None else None))
     return Generation(torch.cat([ids, out], dim=1), stats)
