@@ -105,8 +105,12 @@ def forget_memory() -> None:
 # A/B) at 170.6 us in graph replay against 129.6 (its eager call, the fused kernel with the same wait: 128.4), a
 # failure not understood. Until it is, every tier keeps the hinted wait (the configs measured at cacb795 and before);
 # the _w configs stay as named configs for the next A/B.
+# Up to 4 rows per group, the 16-token tiles' split-K form (_x: a call splits K only where its tiles leave SMs idle,
+# hopper_varlen.config.choose_splits; otherwise it runs as the plain tile). Prediction and outcome: beside the configs
+# in hopper_varlen/config.py.
 PREFERENCE = (
-    (4, ("vl_m128_t16_k128_s8_e", "vl_dual_m64_t16_k128_s8_e")),
+    (4, ("vl_m128_t16_k128_s8_e_x", "vl_dual_m64_t16_k128_s8_e_x", "vl_m128_t16_k128_s8_e",
+         "vl_dual_m64_t16_k128_s8_e")),
     (16, ("vl_m128_t32_k128_s6_e", "vl_dual_m64_t32_k128_s6_e")),
     (128, ("vl_m128_t256_k128_s3_v32_e", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m128_t128_k128_s3")),
     (256, ("vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s4_e", "vl_dual_m128_t128_k128_s3",

@@ -99,7 +99,7 @@ def test_a16_configs_mirror_the_fastest_nvfp4_ones():
     from nvfp4lib.tuning import PREFERENCE
 
     preferred = {n for _, names in PREFERENCE for n in names}
-    assert len(A16) == 10
+    assert len(A16) == 12
     for name in A16:
         nv = name.replace("vl_a16_", "vl_", 1)
         assert nv in preferred and CONFIGS[name] == CONFIGS[nv].with_(name=name, act="bf16")
@@ -211,7 +211,7 @@ def test_tuning_key_and_heuristic_know_the_activation_type():
     single = [n for n in A16 if not CONFIGS[n].dual]
     fake = types.SimpleNamespace(activations="bf16", candidates=single, weights=types.SimpleNamespace(dual=False))
     assert _CuteHopperImpl._heuristic(fake, 128) == "vl_a16_m128_t256_k128_s3_v32_e"
-    assert _CuteHopperImpl._heuristic(fake, 2) == "vl_a16_m128_t16_k128_s8_e"
+    assert _CuteHopperImpl._heuristic(fake, 2) == "vl_a16_m128_t16_k128_s8_e_x"
     assert _CuteHopperImpl._heuristic(fake, 1024) == "vl_a16_m128_t128_k128_s4_e"
     dual64 = [n for n in A16 if CONFIGS[n].dual and CONFIGS[n].tile_m == 64]
     fake = types.SimpleNamespace(activations="bf16", candidates=dual64, weights=types.SimpleNamespace(dual=True))

@@ -86,12 +86,12 @@ def test_tuning_cache_on_disk(tmp_path, monkeypatch):
     assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s3_e"  # S3, S4: one wave
     assert tuning.heuristic(False, 512, single) == "vl_m128_t128_k128_s4_e"
     # decode tiers (a few rows per expert); a layout without decode tiles falls through to the next tier
-    assert tuning.heuristic(False, 1, single) == "vl_m128_t16_k128_s8_e"
+    assert tuning.heuristic(False, 1, single) == "vl_m128_t16_k128_s8_e_x"
     assert tuning.heuristic(False, 16, single) == "vl_m128_t32_k128_s6_e"
     assert tuning.heuristic(False, 32, single) == "vl_m128_t256_k128_s3_v32_e"
     dual64 = [n for n, c in CONFIGS.items() if c.dual and c.tile_m == 64 and c.act == "nvfp4"]
     dual128 = [n for n, c in CONFIGS.items() if c.dual and c.tile_m == 128 and c.act == "nvfp4"]
-    assert tuning.heuristic(True, 4, dual64) == "vl_dual_m64_t16_k128_s8_e"
+    assert tuning.heuristic(True, 4, dual64) == "vl_dual_m64_t16_k128_s8_e_x"
     assert tuning.heuristic(True, 2, dual128) == "vl_dual_m128_t128_k128_s3"
 
 
@@ -292,3 +292,44 @@ def test_one_shot_table_ring_never_overwrites_a_table_in_use(slots, every):
     assert driver_calls <= 2 * -(-(10 * slots + 3) // every)
     with pytest.raises(ValueError, match="two blocks"):
         _Ring(16, 16)
+
+
+def test_split_k_only_where_the_tiles_leave_sms_idle(monkeypatch):
+    """choose_splits: a split_k config splits K when its grid has at most one CTA per SM, to about two per SM, at
+    most MAX_SPLITS slices of at least MIN_SPLIT_K_TILES K tiles, none empty; never for other configs or with the
+    SPLIT_K knob off."""
+    from nvfp4lib.kernels.hopper_varlen import config as vc
+
+    dual, single = CONFIGS["vl_dual_m64_t16_k128_s8_e_x"], CONFIGS["vl_m128_t16_k128_s8_e_x"]
+    assert vc.choose_splits(dual, 8, 128, 768, 2048, 132) == 2  # Qwen3-like T=1 gate/up: 96 CTAs
+    assert vc.choose_splits(single, 8, 128, 2048, 768, 132) == 2  # its down GEMM: 128 CTAs, 6 K tiles
+    assert vc.choose_splits(single, 2, 8, 4096, 14336, 132) == 4  # Mixtral-like T=1 down: 64 CTAs
+    assert vc.choose_splits(single, 2, 8, 1024, 4096, 132) == 8  # 16 CTAs: MAX_SPLITS
+    assert vc.choose_splits(single, 64, 128, 768, 2048, 132) == 1  # Qwen3-like T=8: 384 CTAs
+    assert vc.choose_splits(single, 0, 8, 1024, 4096, 132) == 1  # no rows
+    assert vc.choose_splits(single, 1, 1, 1024, 1152, 132) == 3  # 9 K tiles: 4 slices of 3 would leave one empty
+    assert vc.choose_splits(CONFIGS["vl_m128_t16_k128_s8_e"], 2, 8, 1024, 4096, 132) == 1
+    monkeypatch.setattr(vc, "SPLIT_K", False)
+    assert vc.choose_splits(single, 2, 8, 1024, 4096, 132) == 1
+    assert {c.act for c in CONFIGS.values() if c.split_k} == {"nvfp4", "bf16"}
+    assert all(n.endswith("_x") == c.split_k for n, c in CONFIGS.items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n, c in CONFIGS.items() if c.split_k])
+def test_split_k_configs_show_the_slice_count_in_their_ptx(name, monkeypatch):
+    """A split_k config's GEMM (and, for NVFP4 activations, its fused call) counts each tile's CTAs at one acq_rel
+    atomic, zeroes the count from the last CTA, and reads the other slices' fp32 sums at GPU scope; the same tiling
+    without split_k has none of it."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from nvfp4lib.kernels.hopper_varlen.report import compile_report
+
+    cfg = CONFIGS[name]
+    ptx = compile_report(cfg, groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"]
+    assert ptx.count("atom.acq_rel.gpu.global.add.u32") == 1 and "st.relaxed.gpu.global.u32" in ptx
+    assert "ld.relaxed.gpu.global.f32" in ptx and "fence.acq_rel.gpu" in ptx
+    plain = compile_report(CONFIGS[name.removesuffix("_x")], groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"]
+    assert "atom.acq_rel.gpu" not in plain and "ld.relaxed.gpu.global.f32" not in plain
+    if cfg.act == "nvfp4":
+        assert _compile_call(cfg, 2048, fused=True).ptx.count("atom.acq_rel.gpu.global.add.u32") == 1

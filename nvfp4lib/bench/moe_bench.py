@@ -258,7 +258,7 @@ def _free() -> None:
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
               seed: int = 2121, backend: str = "cute-hopper", peer: bool = True, ceilings: dict | None = None,
               quantizer: str = "auto", profile: bool = False, gemv_max_tokens: int | None = None,
-              progress=print) -> list[dict]:
+              split_k: bool | None = None, progress=print) -> list[dict]:
     """Rows (one per layer, T, routing and mode, plus the peer's) with provenance; nothing is stored here.
 
     ``layers``: :class:`MoELayer` or their names; ``modes``: the layer's activations, ``"nvfp4"`` (W4A4) and/or
@@ -267,7 +267,9 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
     durations and starts, as the row's ``profile`` (:func:`~nvfp4lib.bench.kernel_profile.profile_runner`). A mode
     the backend cannot build is recorded as a row with that status and no time. ``gemv_max_tokens``: the NVFP4
     layers' decode-path limit (:attr:`~nvfp4lib.nn.NVFP4MoE.gemv_max_tokens`; None: the default), recorded in each
-    NVFP4 row with whether the step took that path (``gemv``)."""
+    NVFP4 row with whether the step took that path (``gemv``). ``split_k``: the serving kernel's
+    :data:`~nvfp4lib.kernels.hopper_varlen.config.SPLIT_K` knob for the run (None: as it is), recorded in every
+    NVFP4 row."""
     if not torch.cuda.is_available():
         raise RuntimeError("bench_moe needs a CUDA GPU (none here): it times graph-captured MoE layers on the device. "
                            "Run `python -m nvfp4lib moe-bench --record` on the H100; recorded rows are in "
@@ -286,6 +288,10 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
     from ..nn.moe import resolve_quantizer
 
     quantizer = resolve_quantizer(quantizer, "cuda")  # rows record the quantizer that ran
+    from ..kernels.hopper_varlen import config as vl_config
+
+    if split_k is not None:
+        vl_config.SPLIT_K = split_k
     run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
     rows = []
     for li, layer in enumerate(layers):
@@ -341,6 +347,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                         row["held_bytes"] = built[kind + ":held"]
                         if kind != "peer":
                             row["gemv_max_tokens"] = mod.gemv_max_tokens
+                            row["split_k"] = vl_config.SPLIT_K
                             row["gemv"] = bool(mod._gemv_step(x))
                         # the peer has W4A16 semantics; W4A4 is checked on the activations the layer quantized
                         act = "bf16" if kind in ("peer", "bf16") else "nvfp4"
@@ -410,6 +417,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                    help="the NVFP4 layers' decode path for steps of at most N tokens (0: never; default: the layer's)")
     p.add_argument("--profile", action="store_true",
                    help="also profile each graph replay kernel by kernel (CUPTI): the row's profile field")
+    p.add_argument("--split-k", choices=["on", "off"],
+                   help="the serving kernel's split-K at decode (SPLIT_K; default: as shipped, on); rows carry it")
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -436,7 +445,7 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                          modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                          peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,
                          gemv_max_tokens=args.gemv_max_tokens,
-                         progress=_print_row)
+                         split_k=None if args.split_k is None else args.split_k == "on", progress=_print_row)
         write(args, rows, MOE.name)
         return 0 if all(r["status"] == "ok" or "NotImplementedError" in r["status"] for r in rows) else 1
 

@@ -162,6 +162,11 @@ def _build():
                             prod.advance()
                 cons.advance()
             warpgroup.wait_group(0)
+            self._finish(nv, accs, tCcC, storage, mC, scales, row0, tokens, n0, n_valid, wg, t)
+
+        @cute.jit
+        def _finish(self, nv: int, accs, tCcC, storage, mC, scales, row0, tokens, n0, n_valid, wg, t):
+            """After the mainloop: the epilogue (a subclass may first combine K slices, :mod:`..hopper_varlen`)."""
             self._epilogue(nv, accs, tCcC, storage, mC, self._alpha(*scales), row0, tokens, n0, n_valid, wg, t)
 
         @cute.jit

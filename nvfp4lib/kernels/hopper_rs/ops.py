@@ -291,7 +291,32 @@ def _build() -> SimpleNamespace:
     def load_acquire(addr, *, loc=None, ip=None):
         return cutlass.Int32(_asm("ld.acquire.gpu.global.u32 $0, [$1];", 1, _i64((addr,), loc, ip), "=r,l", True)[0])
 
+    # split-K (hopper_varlen, ``split_k`` configs): the CTAs of one output tile count themselves at a global u32; the
+    # last one sums the others' fp32 partials and runs the epilogue
+    @dsl_user_op
+    def fence_acq_rel(*, loc=None, ip=None):
+        """Order this thread's global accesses before (release) and after (acquire) at GPU scope."""
+        _asm("fence.acq_rel.gpu;", 0, [], "", True)
+
+    @dsl_user_op
+    def split_arrive(count, slot, last, *, loc=None, ip=None):
+        """Count this CTA in at global ``count`` (acq_rel, GPU scope); store 1 to the shared word ``slot`` if it is the
+        tile's last CTA (the old count was ``last``), which also zeroes the count for the next call, else 0."""
+        _asm("{\n.reg .u32 v, r;\n.reg .pred p;\n"
+             "atom.acq_rel.gpu.global.add.u32 v, [$0], 1;\nsetp.eq.u32 p, v, $2;\nmov.u32 r, 0;\n"
+             "@p st.relaxed.gpu.global.u32 [$0], r;\nselp.u32 r, 1, 0, p;\nst.shared.u32 [$1], r;\n}", 0,
+             [cutlass.Int64(count).ir_value(loc=loc, ip=ip), cutlass.Int32(slot).ir_value(loc=loc, ip=ip),
+              cutlass.Int32(last).ir_value(loc=loc, ip=ip)], "l,r,r", True)
+
+    @dsl_user_op
+    def load_f32_gpu(addr, *, loc=None, ip=None):
+        """An fp32 another CTA of this kernel wrote (relaxed, GPU scope: from L2, never a stale L1 line)."""
+        return cutlass.Float32(llvm.inline_asm(cutlass.Float32.mlir_type, _i64((addr,), loc, ip),
+                                               "ld.relaxed.gpu.global.f32 $0, [$1];", "=f,l", has_side_effects=True,
+                                               is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
     return SimpleNamespace(
+        fence_acq_rel=fence_acq_rel, split_arrive=split_arrive, load_f32_gpu=load_f32_gpu,
         zero32=zero32, _asm=_asm, load_unit=load_unit, decode_unit=decode_unit, copy16=copy16,
         cp_async8=cp_async8,
         cp_async_arrive=cp_async_arrive, load_raw16=load_raw16, stamp_to=stamp_to, _silu_mul=_silu_mul,

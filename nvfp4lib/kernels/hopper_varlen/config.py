@@ -37,7 +37,9 @@ class VarlenConfig:
     per CTA (the widest wgmma N), ``token_step`` (a tile of w tokens runs a wgmma N of w rounded up to it; 0: always
     ``tile_n``), ``tile_k`` K per pipeline stage, ``ab_stages`` pipeline depth, ``epilogue``: per-element stores
     ("simt") or a shared-memory tile copied out in 16-byte row chunks ("staged"), ``act`` the activations' type
-    (:data:`ACTS`: NVFP4 through the fp16 prologue, or bf16 straight into wgmma)."""
+    (:data:`ACTS`: NVFP4 through the fp16 prologue, or bf16 straight into wgmma), ``split_k``: a call may split every
+    tile's K over several CTAs (how many is the call's, :func:`choose_splits`; the tile's last CTA to finish adds the
+    others' fp32 partial sums, in split order, and runs the epilogue)."""
 
     name: str
     tile_m: int = 128
@@ -49,6 +51,7 @@ class VarlenConfig:
     dual: bool = False
     act: str = "nvfp4"
     wait: str = "suspend"
+    split_k: bool = False
 
     def with_(self, **changes) -> "VarlenConfig":
         return replace(self, **changes)
@@ -118,16 +121,19 @@ def validate(cfg: VarlenConfig) -> VarlenConfig:
 
 
 def _name(dual: bool, tm: int, tn: int, tk: int, st: int, ts: int, epi: str, act: str = "nvfp4",
-          wait: str = "suspend") -> str:
+          wait: str = "suspend", split_k: bool = False) -> str:
     return (f"vl_{'a16_' if act == 'bf16' else ''}{'dual_' if dual else ''}m{tm}_t{tn}_k{tk}_s{st}"
-            + (f"_v{ts}" if ts else "") + ("_e" if epi == "staged" else "") + ("_w" if wait == "spin" else ""))
+            + (f"_v{ts}" if ts else "") + ("_e" if epi == "staged" else "") + ("_w" if wait == "spin" else "")
+            + ("_x" if split_k else ""))
 
 
 def make(dual: bool, tile_m: int, tile_n: int, ab_stages: int, token_step: int = 0, tile_k: int = 128,
-         epilogue: str = "staged", act: str = "nvfp4", wait: str = "suspend") -> VarlenConfig:
-    return validate(VarlenConfig(_name(dual, tile_m, tile_n, tile_k, ab_stages, token_step, epilogue, act, wait),
+         epilogue: str = "staged", act: str = "nvfp4", wait: str = "suspend", split_k: bool = False) -> VarlenConfig:
+    return validate(VarlenConfig(_name(dual, tile_m, tile_n, tile_k, ab_stages, token_step, epilogue, act, wait,
+                                       split_k),
                                  tile_m=tile_m, tile_n=tile_n, token_step=token_step, tile_k=tile_k,
-                                 ab_stages=ab_stages, epilogue=epilogue, dual=dual, act=act, wait=wait))
+                                 ab_stages=ab_stages, epilogue=epilogue, dual=dual, act=act, wait=wait,
+                                 split_k=split_k))
 
 
 # The tilings `auto` chooses among: those of the host-scheduled kernel's AUTO_CANDIDATES (each ran exact on the H100
@@ -148,6 +154,14 @@ CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     # stages (142 KB, one CTA per SM) were 1.26-1.4x slower than with 6: two CTAs per SM beat a deeper pipeline
     *(make(dual, 64 if dual else 128, tn, st, act=act) for act in ACTS for dual in (False, True)
       for tn, st in ((16, 8), (32, 6))),
+    # Split-K at decode (split_k, names ending _x): the 16-token decode tilings, whose calls may split each tile's K
+    # over several CTAs when the tiles alone leave SMs idle (choose_splits). Why: a Qwen3-like layer at T=1 runs its
+    # gate/up GEMM as 96 CTAs and its down GEMM as 128 on 132 SMs, each streaming ~12 GB/s (H200 profile,
+    # 2026-11-27: 15.0 and 8.2 us, ~0.8 TB/s); a Mixtral-like down GEMM at T=1 fills 64 SMs. Prediction (2026-11-27,
+    # before any run): Qwen3-like T=1 gate/up 15 -> 8-10 us and down 8 -> 5-6 us (two CTAs per tile: twice the CTAs
+    # at about the same rate each), the layer 32.5 -> ~25 us (W4A16) and 43 -> ~35 us (W4A4); Mixtral-like T=1's
+    # down GEMM (4 splits) about 2x faster.
+    *(make(dual, 64 if dual else 128, 16, 8, act=act, split_k=True) for act in ACTS for dual in (False, True)),
     # The consumer's wait without the suspend-time hint (wait="spin", names ending _w), an A/B of the study shapes'
     # tilings. Why (H100 ncu source counters, S4, 2026-11-27): this kernel's GEMM ran 7% (S4) to 11% (S3) more cycles
     # than the host-scheduled kernel's with the same tiling, same PTX loop; in its SASS the stage wait is an inline
@@ -183,12 +197,35 @@ def max_token_tiles(rows: int, groups: int, tile_n: int) -> int:
     return min(rows, (rows + groups * (tile_n - 1)) // tile_n)
 
 
+SPLIT_K = True  # the knob: off, split_k configs run one CTA per tile (moe-bench --split-k off: the A/B)
+MAX_SPLITS = 8  # K slices of one tile at most (choose_splits)
+MIN_SPLIT_K_TILES = 2  # K tiles per slice at least
+SPLIT_TILES = 1024  # tiles a split call counts at most: the per-stream counters (runner.SplitScratch)
+
+
+def choose_splits(cfg: VarlenConfig, rows: int, groups: int, n: int, k_pad: int, sms: int) -> int:
+    """K slices per tile for a call of ``rows`` rows (1 for a config without ``split_k``, or with :data:`SPLIT_K`
+    off): none while the grid
+    (:func:`max_token_tiles` x weight blocks) has more CTAs than ``sms``; else enough to bring it to about two CTAs
+    per SM (the decode tilings' shared memory fits two), at most :data:`MAX_SPLITS`, each slice at least
+    :data:`MIN_SPLIT_K_TILES` K tiles."""
+    if not (cfg.split_k and SPLIT_K):
+        return 1
+    ctas = max_token_tiles(rows, groups, cfg.tile_n) * -(-n // cfg.tile_m)
+    if ctas == 0 or ctas > sms or ctas > SPLIT_TILES:
+        return 1
+    k_tiles = k_pad // cfg.tile_k
+    slices = max(1, min(MAX_SPLITS, k_tiles // MIN_SPLIT_K_TILES, 2 * sms // ctas))
+    per = -(-k_tiles // slices)  # K tiles per slice, the last one's fewer: no slice left empty
+    return -(-k_tiles // per)
+
+
 MAX_FUSED_CTAS = (1 << 20) - 1  # CTAs of one call (the fused kernel's ticket field: kernel_fused)
 
 
 def check_grid(cfg: VarlenConfig, rows: int, groups: int, n: int) -> None:
     """Raise ValueError where a call of ``rows`` rows would launch more CTAs than the fused call counts."""
-    ctas = max_token_tiles(rows, groups, cfg.tile_n) * -(-n // cfg.tile_m)
+    ctas = max_token_tiles(rows, groups, cfg.tile_n) * -(-n // cfg.tile_m)  # (split calls have few: choose_splits)
     if ctas > MAX_FUSED_CTAS:
         raise ValueError(f"{rows} rows over {groups} groups need up to {ctas} CTAs of config {cfg.name}; one call "
                          f"launches at most {MAX_FUSED_CTAS}: split the rows over several calls")

@@ -33,7 +33,7 @@ weights' ``gs_B·2^14`` alone (the ``gs_A`` argument is not read).
 """
 from __future__ import annotations
 
-from ..hopper_rs.layout import UNIT_BYTES, UNIT_K
+from ..hopper_rs.layout import UNIT_BYTES, UNIT_K, UNIT_ROWS
 from ..hopper_rs.mainloop import tile_class
 from ..hopper_rs.ops import ACT_SMEM, ACT_THREADS, ops
 from .config import NWG, ROW_BYTES, VarlenConfig, validate
@@ -88,6 +88,7 @@ def kernel_classes():
 def _build():
     import cutlass
     import cutlass.cute as cute
+    import cutlass.pipeline as pipeline
 
     o = ops()
     decode_act16, zero32 = o.decode_act16, o.zero32
@@ -155,14 +156,36 @@ def _build():
             self.w_rows = self.stage_units * UNIT_BYTES // ROW_BYTES  # 128-byte rows per stage
             self.a16 = cfg.act == "bf16"  # bf16 activations as they are, weights decoded to bf16
             self.op_dtype = cutlass.BFloat16 if self.a16 else cutlass.Float16
+            self.split_k = cfg.split_k
+            self._split = None  # (set while a kernel is traced: partials, counters, slices, this slice, the tile)
 
         @cute.jit
         def __call__(self, mW: cute.Tensor, mX: cute.Tensor, mC: cute.Tensor, mOffsets: cute.Tensor,
-                     mGsA: cute.Tensor, mGsB: cute.Tensor, stream):
+                     mGsA: cute.Tensor, mGsB: cute.Tensor, mPart: cute.Tensor, mSplits: cute.Tensor, stream):
             sx_layout, sw_layout, tma_w, tW, tma_x, tX = self._operands(mW, mX)
             tiles_max = self._grid(mC)
-            self.kernel(tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, sw_layout, sx_layout).launch(
-                grid=(tiles_max, 1, 1), block=(self.threads, 1, 1), stream=stream, use_pdl=True)
+            self.kernel(tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, mPart, mSplits, sw_layout, sx_layout).launch(
+                grid=(tiles_max * self._slices(mPart), 1, 1), block=(self.threads, 1, 1), stream=stream,
+                use_pdl=True)
+
+        @cute.jit
+        def _slices(self, mPart):
+            """K slices per tile: the partials' first mode (``split_k`` configs; the call's
+            :func:`~.config.choose_splits`), else 1 (the partials are not read)."""
+            if cutlass.const_expr(self.split_k):
+                return cute.size(mPart, mode=[0])
+            return 1
+
+        @cute.jit
+        def _tile_of(self, bidx, mPart, mSplits):
+            """(this CTA's tile, its K slice): CTAs ``tile·S .. tile·S + S-1`` share a tile; stashes what
+            :meth:`_tile` and :meth:`_finish` need in ``self._split``."""
+            tile, split = bidx, 0
+            if cutlass.const_expr(self.split_k):
+                tile = bidx // self._slices(mPart)
+                split = bidx - tile * self._slices(mPart)
+            self._split = (mPart, mSplits, self._slices(mPart), split, tile)
+            return tile
 
         @cute.jit
         def _grid(self, mC):
@@ -275,11 +298,12 @@ def _build():
 
         @cute.kernel
         def kernel(self, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom, tX: cute.Tensor,
-                   mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor, sw_layout: cute.Layout,
-                   sx_layout: cute.ComposedLayout):
+                   mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor, mPart: cute.Tensor,
+                   mSplits: cute.Tensor, sw_layout: cute.Layout, sx_layout: cute.ComposedLayout):
             self._fused = None
             bidx, _, _ = cute.arch.block_idx()
-            group, tok_row0, tokens, n0 = self._schedule(mOffsets, cute.size(mC, mode=[0]), bidx)
+            tile = self._tile_of(bidx, mPart, mSplits)
+            group, tok_row0, tokens, n0 = self._schedule(mOffsets, cute.size(mC, mode=[0]), tile)
             if tokens > 0:
                 storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
                 self._run_tile(storage, tma_w, tW, tma_x, tX, mC, mGsA, mGsB, group, tok_row0, tokens, n0,
@@ -306,17 +330,18 @@ def _build():
         @cute.jit
         def call_fused(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor,
                        mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
-                       mCount: cute.Tensor, stream):
+                       mCount: cute.Tensor, mPart: cute.Tensor, mSplits: cute.Tensor, stream):
             sx_layout, sw_layout, tma_w, tW, tma_x, tX = self._operands(mW, mX)
-            tiles_max = self._grid(mC)
-            self.kernel_fused(tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, sw_layout, sx_layout, mCodes, mScales,
-                              mX, mCount, cutlass.min(tiles_max, PROLOGUE_CTAS)).launch(
-                grid=(tiles_max, 1, 1), block=(self.threads, 1, 1), stream=stream)
+            grid = self._grid(mC) * self._slices(mPart)
+            self.kernel_fused(tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, mPart, mSplits, sw_layout, sx_layout,
+                              mCodes, mScales, mX, mCount, cutlass.min(grid, PROLOGUE_CTAS)).launch(
+                grid=(grid, 1, 1), block=(self.threads, 1, 1), stream=stream)
 
         @cute.kernel
         def kernel_fused(self, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom, tX: cute.Tensor,
                          mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
-                         sw_layout: cute.Layout, sx_layout: cute.ComposedLayout, mCodes: cute.Tensor,
+                         mPart: cute.Tensor, mSplits: cute.Tensor, sw_layout: cute.Layout,
+                         sx_layout: cute.ComposedLayout, mCodes: cute.Tensor,
                          mScales: cute.Tensor, mX: cute.Tensor, mCount: cute.Tensor, n_pro: cutlass.Int32):
             """:meth:`kernel` with the prologue inside (:meth:`_prologue_slice`, :meth:`_await_x`). The tile is the
             block index, as in :meth:`kernel`; warps 1.. of each CTA take a ticket (the order in which CTAs started);
@@ -327,7 +352,8 @@ def _build():
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
             self._fused = (storage.ticket.data_ptr().toint(), n_pro, mCodes, mScales, mX, mCount.iterator.toint())
             bidx, _, _ = cute.arch.block_idx()
-            group, tok_row0, tokens, n0 = self._schedule(mOffsets, cute.size(mC, mode=[0]), bidx)
+            tile = self._tile_of(bidx, mPart, mSplits)
+            group, tok_row0, tokens, n0 = self._schedule(mOffsets, cute.size(mC, mode=[0]), tile)
             if tokens > 0:
                 self._run_tile(storage, tma_w, tW, tma_x, tX, mC, mGsA, mGsB, group, tok_row0, tokens, n0,
                                sw_layout, sx_layout)
@@ -402,8 +428,14 @@ def _build():
             load_pipe, sW, sX, sXv = self._ring(nv, storage, sw_layout, sx_layout)
 
             group = scales[2]
+            k0, k_tiles = 0, self.k_tiles  # this CTA's K tiles: all, or its slice's (split_k)
+            if cutlass.const_expr(self.split_k):
+                slices, split = self._split[2], self._split[3]
+                per = (self.k_tiles + slices - 1) // slices
+                k0 = split * per
+                k_tiles = cutlass.min(per, self.k_tiles - k0)
             # weights: stage tiles of w_rows 128-byte rows, CTA-block-major (a block's K tiles adjacent)
-            w_tile0 = (group * self.n_blocks + n0 // self.cfg.tile_m) * self.k_tiles
+            w_tile0 = (group * self.n_blocks + n0 // self.cfg.tile_m) * self.k_tiles + k0
             gW = cute.local_tile(tW, (self.w_rows, ROW_BYTES), (None, 0))
             tWs, tWg = cute.nvgpu.cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                                                         cute.group_modes(gW, 0, 2))
@@ -412,9 +444,8 @@ def _build():
             tXs, tXg = cute.nvgpu.cpasync.tma_partition(
                 tma_x, 0, cute.make_layout(1), cute.zipped_divide(sX, (self.step, UNIT_K)),
                 cute.zipped_divide(cute.domain_offset((tok_row0, 0), tX), (self.step, UNIT_K)))
-            loads = (tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, boxes)
-            self._mainloop(nv, storage, load_pipe, loads, sXv, mC, scales, tok_row0, tokens, n0, n_valid,
-                           self.k_tiles)
+            loads = (tma_w, tWs, tWg, w_tile0, tma_x, tXs, tXg, k0, boxes)
+            self._mainloop(nv, storage, load_pipe, loads, sXv, mC, scales, tok_row0, tokens, n0, n_valid, k_tiles)
 
         @cute.jit
         def _alpha(self, mGsA, mGsB, group):
@@ -429,8 +460,71 @@ def _build():
 
         @cute.jit
         def _x_box(self, loads, j, prod, s: int):
-            """Box j of 64-K block s of stage ``prod`` (the partition starts at the tile's first token row)."""
+            """Box j of 64-K block s of stage ``prod`` (the partition starts at the tile's first token row; a K slice
+            at its first K tile, ``loads[7]``)."""
+            if cutlass.const_expr(self.split_k):
+                return (j, (loads[7] + prod.count) * self.nsub + s)
             return (j, prod.count * self.nsub + s)
+
+        # -- split-K (split_k configs): the tile's last CTA adds the K slices and runs the epilogue ----------------
+        @cute.jit
+        def _finish(self, nv: int, accs, tCcC, storage, mC, scales, row0, tokens, n0, n_valid, wg, t):
+            if cutlass.const_expr(self.split_k):
+                last = cutlass.Int32(1)
+                if self._split[2] > 1:
+                    last = self._add_slices(accs, tCcC, storage, row0, tokens, n0, n_valid, wg)
+                if last != 0:
+                    self._epilogue(nv, accs, tCcC, storage, mC, self._alpha(*scales), row0, tokens, n0, n_valid, wg, t)
+            else:
+                self._epilogue(nv, accs, tCcC, storage, mC, self._alpha(*scales), row0, tokens, n0, n_valid, wg, t)
+
+        def _part_rows(self, wg, b: int):
+            """(the partials' column of block b's first weight row, the block's first row within the tile): dual
+            configs keep gate in columns 0 .. N-1 and up in N .. 2N-1 (warpgroup 0 holds gate, 1 up)."""
+            if self.dual:
+                return wg * self.n + b * UNIT_ROWS, b * UNIT_ROWS
+            return (wg * self.blocks + b) * UNIT_ROWS, (wg * self.blocks + b) * UNIT_ROWS
+
+        @cute.jit
+        def _add_slices(self, accs, tCcC, storage, row0, tokens, n0, n_valid, wg):
+            """This CTA's fp32 partial sums (unscaled) to its slice of ``mPart [S, R, W]``; then one thread counts the
+            CTA in at the tile's counter (:func:`~..hopper_rs.ops` ``split_arrive``: acq_rel, GPU scope, after every
+            thread's fence). The last CTA of the tile (returns 1; the others 0) sums the S slices in slice order — its
+            own from registers, the others' from L2 — into ``accs``, so the result does not depend on which CTA
+            finished last, and zeroes the counter for the next call."""
+            mPart, mSplits, slices, split, tile = self._split
+            size = cute.size(accs[0])
+            for b in cutlass.range_constexpr(self.blocks):
+                c0, r0 = self._part_rows(wg, b)
+                for i in cutlass.range_constexpr(size):
+                    m, n = tCcC[i]
+                    if n < tokens and r0 + m < n_valid:
+                        mPart[split, row0 + n, n0 + c0 + m] = accs[b][i]
+            o.fence_acq_rel()
+            bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
+            bar.arrive_and_wait()
+            slot = storage.ticket.data_ptr().toint()  # (the fused call's ticket is read before the mainloop ends)
+            tidx, _, _ = cute.arch.thread_idx()
+            if tidx == 0:
+                o.split_arrive((mSplits.iterator + tile).toint(), slot, slices - 1)
+            bar.arrive_and_wait()
+            last = o.load_shared_u32(slot)
+            if last != 0:
+                o.fence_acq_rel()
+                for b in cutlass.range_constexpr(self.blocks):
+                    c0, r0 = self._part_rows(wg, b)
+                    for i in cutlass.range_constexpr(size):
+                        m, n = tCcC[i]
+                        if n < tokens and r0 + m < n_valid:
+                            total = cutlass.Float32(0.0)
+                            at = mPart.iterator + (row0 + n) * mPart.stride[1] + n0 + c0 + m  # slice 0's
+                            for q in cutlass.range(slices, unroll=1):
+                                v = accs[b][i]
+                                if q != split:
+                                    v = o.load_f32_gpu((at + q * mPart.stride[0]).toint())
+                                total = total + v
+                            accs[b][i] = total
+            return last
 
     class DecodeThenGemmSm90:
         """The prologue and the GEMM of an NVFP4-activation call from one host function: a call costs one TVM-FFI
@@ -445,11 +539,12 @@ def _build():
         @cute.jit
         def __call__(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, mW: cute.Tensor,
                      mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
-                     mCount: cute.Tensor, stream):
+                     mCount: cute.Tensor, mPart: cute.Tensor, mSplits: cute.Tensor, stream):
             if cutlass.const_expr(self.fused):
-                self.gemm.call_fused(mCodes, mScales, mX, mW, mC, mOffsets, mGsA, mGsB, mCount, stream)
+                self.gemm.call_fused(mCodes, mScales, mX, mW, mC, mOffsets, mGsA, mGsB, mCount, mPart, mSplits,
+                                     stream)
             else:
                 self.prologue(mCodes, mScales, mX, stream)
-                self.gemm(mW, mX, mC, mOffsets, mGsA, mGsB, stream)
+                self.gemm(mW, mX, mC, mOffsets, mGsA, mGsB, mPart, mSplits, stream)
 
     return ActivationDecodeSm90, GroupedVarlenGemmSm90, DecodeThenGemmSm90

@@ -29,7 +29,7 @@ from ..common import driver
 from ..common.triton_launch import plain
 from .config import NWG, ROW_BYTES, VarlenConfig, check_grid
 from .gather import F, Plan, bind_plan, launch_plan, views
-from .runner import E4M3, OUT_DTYPES, POST_SCALE, Scratch, compile_call, device_index, require_hopper
+from .runner import E4M3, OUT_DTYPES, POST_SCALE, Scratch, compile_call, device_index, no_splits, require_hopper
 
 _PLANS: dict = {}
 # Pinned tables per stream, reused in blocks of EVENT_EVERY: the call that starts a block records a driver event after
@@ -171,7 +171,8 @@ class _Lane:
             out = torch.empty(plan.rows, shot.n, dtype=shot.out_dtype, device=shot.device)
         if plan.rows:
             a_codes, a_scales, offsets, gs_a, gs_b = self.views
-            shot._call(a_codes, a_scales, self.x16, buf.weights, out, offsets, gs_a, gs_b, self.count)
+            shot._call(a_codes, a_scales, self.x16, buf.weights, out, offsets, gs_a, gs_b, self.count,
+                       *shot.no_split)
         return out
 
 
@@ -188,6 +189,7 @@ class OneShot:
         self.k_pad = -(-k // cfg.tile_k) * cfg.tile_k
         self.blocks = cfg.tile_m * (2 if self.dual else 1) // (64 * NWG)
         self._call = compile_call(cfg, groups, n, self.k_pad, OUT_DTYPES[out_dtype])  # (never .kernel.EAGER_FUSED)
+        self.no_split = no_splits(cfg, n, device)  # (one-shot calls do not split K)
         self._index = device_index(device)
         self.x16 = Scratch(self.k_pad, device)  # the prologue's fp16 rows, per stream like everything the GEMM reads
         self._plans: dict = {}  # rows -> gather plan (a serving loop repeats its row counts)

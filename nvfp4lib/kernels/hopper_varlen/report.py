@@ -45,18 +45,29 @@ def gemm_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype
          else _fake(cutlass.Float16, (cute.sym_int(), k_pad)))
     return (_fake(cutlass.Uint8, (cute.sym_int(), 128)), x,
             _fake(getattr(cutlass, out_dtype), (cute.sym_int(), n)), _fake(cutlass.Int32, (groups + 1,), 4),
-            _fake(cutlass.Float32, (cute.sym_int(),), 4), _fake(cutlass.Float32, (groups, 2), 8), env_stream())
+            _fake(cutlass.Float32, (cute.sym_int(),), 4), _fake(cutlass.Float32, (groups, 2), 8),
+            *split_arguments(cfg, n), env_stream())
+
+
+def split_arguments(cfg: VarlenConfig, n: int):
+    """(the K slices' fp32 partial sums [S, R, W] (W = N, or 2N for dual: gate then up), the tiles' counters int32
+    [tiles]): read by ``split_k`` configs only; every config takes them (one calling convention)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    return (_fake(cutlass.Float32, (cute.sym_int(), cute.sym_int(), n * (2 if cfg.dual else 1)), 4),
+            _fake(cutlass.Int32, (cute.sym_int(),), 4))
 
 
 def call_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype: str = "Float16"):
     """The call's arguments (:class:`~.kernel.DecodeThenGemmSm90`): codes, scales, x16 (one tensor, written by the
     prologue and read by the GEMM), weights, C, offsets, gs_a, gs_b, the fused call's counters (int32 [4], zeros
-    at first; :class:`~.runner.Scratch`), stream."""
+    at first; :class:`~.runner.Scratch`), the split arguments (:func:`split_arguments`), stream."""
     import cutlass
 
     codes, scales, x16, _ = prologue_arguments()
-    w, _, c, offsets, gs_a, gs_b, stream = gemm_arguments(cfg, groups, n, k_pad, out_dtype)
-    return codes, scales, x16, w, c, offsets, gs_a, gs_b, _fake(cutlass.Int32, (4,), 16), stream
+    w, _, c, offsets, gs_a, gs_b, part, splits, stream = gemm_arguments(cfg, groups, n, k_pad, out_dtype)
+    return codes, scales, x16, w, c, offsets, gs_a, gs_b, _fake(cutlass.Int32, (4,), 16), part, splits, stream
 
 
 def compile_report(cfg: VarlenConfig, groups: int = 8, n: int = 4096, k_pad: int = 7168,

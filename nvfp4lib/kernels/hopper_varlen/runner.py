@@ -15,7 +15,7 @@ from ..common.packing import check_scales_finite
 from ..common.sm90 import POST_SCALE
 from ..common.sm90 import _require_hopper as require_hopper
 from ..hopper_rs.layout import prepack_weights
-from .config import NWG, ROW_BYTES, VarlenConfig, check_grid, validate
+from .config import NWG, ROW_BYTES, SPLIT_TILES, VarlenConfig, check_grid, choose_splits, validate
 from .gather import group_table, launch
 from .kernel import kernel_classes
 from .report import TVM_FFI, call_arguments, gemm_arguments
@@ -48,7 +48,8 @@ def compile_gemm(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
 
 def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, fused: bool | None = None):
     """The prologue and the GEMM of an NVFP4-activation call as one host function
-    (``fn(codes, scales, x16, weights, C, offsets, gs_a, gs_b, counters)``; one kernel with ``fused``, else two;
+    (``fn(codes, scales, x16, weights, C, offsets, gs_a, gs_b, counters, partials, tile_counts)``; one kernel with
+    ``fused``, else two;
     None: :data:`.kernel.FUSED_PROLOGUE`), compiled once per shape."""
     from . import kernel
 
@@ -139,6 +140,41 @@ class Scratch:
         return pair
 
 
+def no_splits(cfg: VarlenConfig, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split arguments of a call that does not split (:func:`.report.split_arguments`; not read)."""
+    return (torch.empty((1, 1, n * (2 if cfg.dual else 1)), dtype=torch.float32, device=device),
+            torch.zeros(1, dtype=torch.int32, device=device))
+
+
+class SplitScratch:
+    """What a ``split_k`` runner's split calls share on the current CUDA stream: the tiles' counters (int32
+    [:data:`~.config.SPLIT_TILES`], zeros; each tile's last CTA puts its count back to zero) and the fp32 partial sums
+    ``[S, R, W]`` (no initial values: every slice writes its own), grown when a call needs more. As with
+    :class:`Scratch`, the first :data:`COUNTER_SETS` streams' counters are made zeroed here, when the runner is made,
+    so a stream first seen during a CUDA graph's capture captures no fill kernel."""
+
+    def __init__(self, width: int, device):
+        self.width, self.device, self._index = width, device, device_index(device)
+        self._sets = list(torch.zeros(COUNTER_SETS, SPLIT_TILES, dtype=torch.int32, device=device).unbind(0))
+        self._by_stream: dict = {}  # CUDA stream handle -> (flat partials, counters)
+        self._old: list[torch.Tensor] = []
+
+    def __call__(self, slices: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        stream = torch._C._cuda_getCurrentRawStream(self._index)
+        need = slices * rows * self.width
+        pair = self._by_stream.get(stream)
+        if pair is None or pair[0].numel() < need:
+            if pair is None:
+                count = self._sets.pop(0) if self._sets else torch.zeros(SPLIT_TILES, dtype=torch.int32,
+                                                                          device=self.device)
+            else:
+                self._old.append(pair[0])  # (a captured graph may hold it)
+                count = pair[1]
+            pair = self._by_stream[stream] = (torch.empty(max(need, 2 * (pair[0].numel() if pair else 0)),
+                                                          dtype=torch.float32, device=self.device), count)
+        return pair[0][:need].view(slices, rows, self.width), pair[1]
+
+
 def pack_torch(b: list[NVFP4Tensor], b2: list[NVFP4Tensor] | None, n_pad: int, k_pad: int, blocks: int):
     """(the packed weights ``[ctas, K_pad/64, NWG·blocks, 2304]``, ``gs_b`` fp32 ``[G, 2]``: each matrix's global
     scale × 2^14, gate then up) of :class:`PackedWeights`, in torch on any device: the form used where the Triton
@@ -190,6 +226,20 @@ class VarlenRunner:
 
         self._eager_fused = self._call is not None and kernel.EAGER_FUSED and not kernel.FUSED_PROLOGUE
         self._eager = None
+        self._no_split = no_splits(cfg, n, w.device)
+        self._splits = SplitScratch(self._no_split[0].shape[2], w.device) if cfg.split_k else None
+        self.sms = torch.cuda.get_device_properties(w.device).multi_processor_count
+
+    def slices(self, rows: int) -> int:
+        """K slices per tile of a call of ``rows`` rows (:func:`~.config.choose_splits`; 1 without ``split_k``)."""
+        w = self.w
+        return choose_splits(self.cfg, rows, w.groups, w.n, w.k_pad, self.sms)
+
+    def _split_args(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._splits is None:
+            return self._no_split
+        slices = self.slices(rows)
+        return self._splits(slices, rows) if slices > 1 else self._no_split
 
     def check_rows(self, rows: int) -> None:
         """Raise ValueError where ``rows`` rows need more CTAs than one call launches (:func:`.config.check_grid`)."""
@@ -206,7 +256,7 @@ class VarlenRunner:
             out = torch.empty(rows, w.n, dtype=self.out_dtype, device=w.device)
         if rows == 0:
             return out
-        self._gemm(w.packed, x, out, offsets, self._gs_unread, w.gs_b)
+        self._gemm(w.packed, x, out, offsets, self._gs_unread, w.gs_b, *self._split_args(rows))
         return out
 
     def __call__(self, codes: torch.Tensor, scales: torch.Tensor, gs_a: torch.Tensor, offsets: torch.Tensor,
@@ -229,7 +279,7 @@ class VarlenRunner:
         call = self._call
         if self._eager_fused and not torch._C._cuda_isCurrentStreamCapturing():
             call = self._eager or self._compile_eager()
-        call(codes, scales, x16, w.packed, out, offsets, gs_a, w.gs_b, count)
+        call(codes, scales, x16, w.packed, out, offsets, gs_a, w.gs_b, count, *self._split_args(rows))
         return out
 
     def _compile_eager(self):
