@@ -376,7 +376,8 @@ def _print_row(r: dict) -> None:
     ratio = f"{r['ratio']:7.2f}" if "ratio" in r else f"{'-':>7}"
     eager = (f"eager {r['eager_per_call_us']:9.1f} us (b2b {r['eager_b2b_us']:8.1f})" if "eager_per_call_us" in r
              else f"eager {r.get('eager_status', '-')[:30]}")
-    print(f"  {r['layer']:<12} T={r['tokens']:<5} {r['routing']:<8} {r['label']:<12} {t} us  floor "
+    split = {True: " split-K", False: " no split"}.get(r.get("split_k"), "")
+    print(f"  {r['layer']:<12} T={r['tokens']:<5} {r['routing']:<8} {r['label'] + split:<20} {t} us  floor "
           f"{r['floor_us']:9.1f} us  x{ratio}  {eager}  {r['status'][:60]}", flush=True)
     if r.get("profile"):
         from .kernel_profile import format_profile
@@ -417,8 +418,10 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                    help="the NVFP4 layers' decode path for steps of at most N tokens (0: never; default: the layer's)")
     p.add_argument("--profile", action="store_true",
                    help="also profile each graph replay kernel by kernel (CUPTI): the row's profile field")
-    p.add_argument("--split-k", choices=["on", "off"],
-                   help="the serving kernel's split-K at decode (SPLIT_K; default: as shipped, on); rows carry it")
+    p.add_argument("--split-k", nargs="+", choices=["on", "off"],
+                   help="the serving kernel's split-K at decode (SPLIT_K; default: as shipped, on); several values run "
+                        "the whole set once per value in this process, in the order given (an A/B: e.g. off on); "
+                        "rows carry it")
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -441,11 +444,13 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
         if not torch.cuda.is_available():
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
-        rows = bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
-                         modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
-                         peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,
-                         gemv_max_tokens=args.gemv_max_tokens,
-                         split_k=None if args.split_k is None else args.split_k == "on", progress=_print_row)
+        rows = []
+        for split in args.split_k or [None]:
+            rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
+                              modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
+                              peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,
+                              gemv_max_tokens=args.gemv_max_tokens,
+                              split_k=None if split is None else split == "on", progress=_print_row)
         write(args, rows, MOE.name)
         return 0 if all(r["status"] == "ok" or "NotImplementedError" in r["status"] for r in rows) else 1
 
