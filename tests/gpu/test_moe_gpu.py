@@ -153,6 +153,7 @@ def test_decode_gemv_path_agrees_with_the_gemm_path_and_replays(activations):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs sm_90")
     layer = _layer(e=16, activations=activations)
+    layer.gemv_max_tokens = 8  # (the path is off by default: GEMV_MAX_TOKENS = 0)
     for t in (1, 3, 8):
         x = torch.randn(t, 256, device="cuda").to(torch.bfloat16)
         for ids, w in (_routing(t, 16, 4, t), (torch.arange(4, device="cuda").repeat(t, 1), torch.full(
