@@ -295,19 +295,20 @@ def test_one_shot_table_ring_never_overwrites_a_table_in_use(slots, every):
 
 
 def test_split_k_only_where_the_tiles_leave_sms_idle(monkeypatch):
-    """choose_splits: a split_k config splits K when its grid has at most one CTA per SM, to about two per SM, at
-    most MAX_SPLITS slices of at least MIN_SPLIT_K_TILES K tiles, none empty; never for other configs or with the
-    SPLIT_K knob off."""
+    """choose_splits: a split_k config splits K over the SMs its grid leaves idle (one CTA per SM), at most
+    MAX_SPLITS slices of at least MIN_SPLIT_K_TILES K tiles, none empty; never for other configs or with the SPLIT_K
+    knob off."""
     from nvfp4lib.kernels.hopper_varlen import config as vc
 
     dual, single = CONFIGS["vl_dual_m64_t16_k128_s8_e_x"], CONFIGS["vl_m128_t16_k128_s8_e_x"]
-    assert vc.choose_splits(dual, 8, 128, 768, 2048, 132) == 2  # Qwen3-like T=1 gate/up: 96 CTAs
-    assert vc.choose_splits(single, 8, 128, 2048, 768, 132) == 2  # its down GEMM: 128 CTAs, 6 K tiles
-    assert vc.choose_splits(single, 2, 8, 4096, 14336, 132) == 4  # Mixtral-like T=1 down: 64 CTAs
-    assert vc.choose_splits(single, 2, 8, 1024, 4096, 132) == 8  # 16 CTAs: MAX_SPLITS
+    assert vc.choose_splits(dual, 8, 128, 768, 2048, 132) == 1  # Qwen3-like T=1 gate/up: 96 CTAs
+    assert vc.choose_splits(single, 8, 128, 2048, 768, 132) == 1  # its down GEMM: 128 CTAs
+    assert vc.choose_splits(single, 2, 8, 4096, 14336, 132) == 2  # Mixtral-like T=1 down: 64 CTAs
+    assert vc.choose_splits(single, 2, 8, 1024, 4096, 132) == 8  # 16 CTAs, 32 K tiles: MAX_SPLITS
+    assert vc.choose_splits(single, 2, 8, 1024, 1024, 132) == 2  # 8 K tiles: slices of MIN_SPLIT_K_TILES
     assert vc.choose_splits(single, 64, 128, 768, 2048, 132) == 1  # Qwen3-like T=8: 384 CTAs
     assert vc.choose_splits(single, 0, 8, 1024, 4096, 132) == 1  # no rows
-    assert vc.choose_splits(single, 1, 1, 1024, 1152, 132) == 3  # 9 K tiles: 4 slices of 3 would leave one empty
+    assert vc.choose_splits(single, 1, 1, 1024, 2304, 132) == 4  # 18 K tiles: slices of 5, 5, 5, 3
     assert vc.choose_splits(CONFIGS["vl_m128_t16_k128_s8_e"], 2, 8, 1024, 4096, 132) == 1
     monkeypatch.setattr(vc, "SPLIT_K", False)
     assert vc.choose_splits(single, 2, 8, 1024, 4096, 132) == 1

@@ -16,9 +16,9 @@ from nvfp4lib.serving import prepare_weights
 pytestmark = pytest.mark.gpu
 TOL = 1e-3  # fp32 sums in another order than the reference's, one rounding to the output type
 SPLIT = [n for n, c in CONFIGS.items() if c.split_k]
-# (groups, N, K, rows): a Qwen3-like expert GEMM at T=1 (top-8: 8 rows over 128 groups; 2 slices), a small one
-# (8 groups, 2 rows: 16 CTAs, 8 slices), and one with K off the 128 tile (a last slice shorter)
-SHAPES = [(128, 768, 2048, 8), (8, 1024, 4096, 2), (8, 512, 1040, 3)]
+# (groups, N, K, rows): 4 rows over 64 groups (32 CTAs: 4 slices; dual 2), 2 rows over 8 groups (16 CTAs: 8
+# slices; dual 4), and K off the 128 tile (9 K tiles: 2 slices of 5 and 4)
+SHAPES = [(64, 1024, 4096, 4), (8, 1024, 4096, 2), (8, 512, 1040, 3)]
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +74,7 @@ def test_split_calls_are_exact_deterministic_and_leave_the_counters_at_zero(conf
 
 @pytest.mark.parametrize("config", SPLIT)
 def test_graph_replays_new_routings_with_split_k(config):
-    """One capture at T = 8 rows over 128 groups (2 slices per tile), 40 replays with new offsets, each exact; the
+    """One capture at T = 4 rows over 64 groups (2-4 slices per tile), 40 replays with new offsets, each exact; the
     counters at zero after them."""
     groups, n, k, rows = SHAPES[0]
     w, ref, x = _layer(config, groups, n, k, rows, seed=11)

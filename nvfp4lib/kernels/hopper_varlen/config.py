@@ -158,9 +158,12 @@ CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     # over several CTAs when the tiles alone leave SMs idle (choose_splits). Why: a Qwen3-like layer at T=1 runs its
     # gate/up GEMM as 96 CTAs and its down GEMM as 128 on 132 SMs, each streaming ~12 GB/s (H200 profile,
     # 2026-11-27: 15.0 and 8.2 us, ~0.8 TB/s); a Mixtral-like down GEMM at T=1 fills 64 SMs. Prediction (2026-11-27,
-    # before any run): Qwen3-like T=1 gate/up 15 -> 8-10 us and down 8 -> 5-6 us (two CTAs per tile: twice the CTAs
-    # at about the same rate each), the layer 32.5 -> ~25 us (W4A16) and 43 -> ~35 us (W4A4); Mixtral-like T=1's
-    # down GEMM (4 splits) about 2x faster.
+    # before any run, for a rule filling two CTAs per SM): Qwen3-like T=1 gate/up 15 -> 8-10 us and down 8 -> 5-6 us
+    # (twice the CTAs at about the same rate each), the layer 32.5 -> ~25 us (W4A16) and 43 -> ~35 us (W4A4);
+    # Mixtral-like T=1's down GEMM (4 splits) about 2x faster. Outcome (H100 A/B, moe-bench --split-k off on): Qwen3
+    # 7-10 us slower, Mixtral 19-27 us faster, the rest unsplit and unchanged (choose_splits' doc); the rule now fills
+    # one CTA per SM. Prediction for it: Qwen3-like T=1 unsplit (as with split-K off), Mixtral-like T=1 down in 2
+    # slices about as fast as in 4.
     *(make(dual, 64 if dual else 128, 16, 8, act=act, split_k=True) for act in ACTS for dual in (False, True)),
     # The consumer's wait without the suspend-time hint (wait="spin", names ending _w), an A/B of the study shapes'
     # tilings. Why (H100 ncu source counters, S4, 2026-11-27): this kernel's GEMM ran 7% (S4) to 11% (S3) more cycles
@@ -199,23 +202,28 @@ def max_token_tiles(rows: int, groups: int, tile_n: int) -> int:
 
 SPLIT_K = True  # the knob: off, split_k configs run one CTA per tile (moe-bench --split-k off: the A/B)
 MAX_SPLITS = 8  # K slices of one tile at most (choose_splits)
-MIN_SPLIT_K_TILES = 2  # K tiles per slice at least
+MIN_SPLIT_K_TILES = 4  # K tiles per slice at least (a guess between the A/B's 3-8, slower, and 28, faster)
 SPLIT_TILES = 1024  # tiles a split call counts at most: the per-stream counters (runner.SplitScratch)
 
 
 def choose_splits(cfg: VarlenConfig, rows: int, groups: int, n: int, k_pad: int, sms: int) -> int:
     """K slices per tile for a call of ``rows`` rows (1 for a config without ``split_k``, or with :data:`SPLIT_K`
-    off): none while the grid
-    (:func:`max_token_tiles` x weight blocks) has more CTAs than ``sms``; else enough to bring it to about two CTAs
-    per SM (the decode tilings' shared memory fits two), at most :data:`MAX_SPLITS`, each slice at least
-    :data:`MIN_SPLIT_K_TILES` K tiles."""
+    off): as many as fit the idle SMs, one CTA per SM (``sms // CTAs``, the grid being :func:`max_token_tiles` x the
+    weight blocks), at most :data:`MAX_SPLITS`, each slice at least :data:`MIN_SPLIT_K_TILES` K tiles.
+
+    One CTA per SM, not two: in the first A/B (H100, 2026-11-27; the rule then filled two CTAs per SM with slices of
+    at least 2 K tiles) the Qwen3-like layer at T=1, whose GEMMs have 96 and 128 CTAs, split both into 2 slices (8
+    and 3 K tiles) and got slower (W4A4 41.4 -> 51.8 us, W4A16 29.8 -> 37.3): a second CTA on an SM shares its
+    decode throughput, so only the SMs left idle gain, and each tile pays the slices' hand-over. The Mixtral-like
+    down GEMM at T=1 (64 CTAs, 4 slices of 28 K tiles) was faster (the layer 139.6 -> 120.9 us W4A4, 138.2 -> 111.2
+    W4A16)."""
     if not (cfg.split_k and SPLIT_K):
         return 1
     ctas = max_token_tiles(rows, groups, cfg.tile_n) * -(-n // cfg.tile_m)
     if ctas == 0 or ctas > sms or ctas > SPLIT_TILES:
         return 1
     k_tiles = k_pad // cfg.tile_k
-    slices = max(1, min(MAX_SPLITS, k_tiles // MIN_SPLIT_K_TILES, 2 * sms // ctas))
+    slices = max(1, min(MAX_SPLITS, k_tiles // MIN_SPLIT_K_TILES, sms // ctas))
     per = -(-k_tiles // slices)  # K tiles per slice, the last one's fewer: no slice left empty
     return -(-k_tiles // per)
 
