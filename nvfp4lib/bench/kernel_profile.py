@@ -181,8 +181,8 @@ def owner(event) -> str:
 
 def module_profile(fn, model: torch.nn.Module, *, iters: int = 2) -> dict:
     """GPU time per call of ``fn()`` (eager: it runs ``model``'s forward) split by the innermost module whose forward
-    launched each kernel (its class name; the kernel's launching CPU event by CUPTI's correlation id) and by category:
-    ``{"modules": {module: {category: {"us", "kernels"}}}, "iters"}``, sums divided by ``iters``."""
+    launched each kernel (its class name; the CPU event torch links each kernel to, by CUPTI's correlation id) and
+    by category: ``{"modules": {module: {category: {"us", "kernels"}}}, "iters"}``, sums divided by ``iters``."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -192,13 +192,14 @@ def module_profile(fn, model: torch.nn.Module, *, iters: int = 2) -> dict:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    events = prof.events()
-    cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU}
     per = defaultdict(list)
-    for e in events:
-        if _is_kernel(e):
-            per[owner(cpu.get(e.linked_correlation_id))].append((e.name, (e.time_range.end - e.time_range.start)
-                                                                 / iters))
+    for e in prof.events():
+        # the device events torch linked to this CPU event (by CUPTI's correlation id: the op that launched them);
+        # read from the CPU side, as FunctionEvent.linked_correlation_id is missing before torch 2.13
+        if e.device_type == DeviceType.CPU:
+            for k in e.kernels:
+                if k.duration > 0:
+                    per[owner(e)].append((k.name, k.duration / iters))
     modules = {}
     for m, ks in per.items():
         modules[m] = {c: {"us": v["us"], "kernels": v["kernels"] / iters} for c, v in by_category(ks).items()}

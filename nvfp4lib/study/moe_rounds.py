@@ -266,6 +266,44 @@ def _gemv_ab(r: Reader) -> str | None:
             "GEMM's, and re-read weights per token copy: the path stays off (GEMV_MAX_TOKENS = 0)")
 
 
+def _gemm_us(profile) -> list[float]:
+    """The serving kernel's GEMM times in a row's graph-replay profile (CuTe DSL kernels, not the prologue), in
+    launch order."""
+    if not isinstance(profile, dict):
+        return []
+    return [k["median_us"] for k in profile.get("kernels", []) if str(k.get("name", "")).startswith("kernel_cutlass")
+            and "tensorptrf16" not in str(k.get("name", ""))]
+
+
+def _split_ab(commit: str):
+    """The split-K A/B at one commit: rows with ``split_k`` on against off (moe-bench --split-k off on), per case."""
+    def outcome(r: Reader) -> str | None:
+        d = r.rows[r.rows["commit"] == commit[:7]] if len(r.rows) else r.rows
+        if not len(d) or "split_k" not in d:
+            return None
+        d = d.sort_values("run_id")
+        on, off = (d[d["split_k"].eq(v)].groupby(KEY).tail(1).set_index(KEY) for v in (True, False))
+        both = pd.concat({"off": off["median_us"], "on": on["median_us"]}, axis=1).dropna()
+        if not len(both):
+            return None
+        r.used[commit[:7]] = sorted(set(d["run_id"]))
+        moved = both[(both["on"] - both["off"]).abs() > 0.05 * both["off"]]
+        cases = "; ".join(f"{k[0]} T = {k[1]} {SHORT.get(k[3], k[3])} {v['off']:.1f} -> {v['on']:.1f} us"
+                          for k, v in moved.iterrows())
+        gemms = []
+        if "profile" in d:
+            for k in both.index:
+                a, b = (_gemm_us(x.at[k, "profile"]) for x in (off, on))
+                if a and b:
+                    gemms.append(f"{k[0]} T = {k[1]} {SHORT.get(k[3], k[3])} "
+                                 + ", ".join(f"{x:.1f} -> {y:.1f}" for x, y in zip(a, b)))
+        return (f"split-K off -> on, one run at {commit[:7]}, uniform, graph replay, {len(both)} cases; moved by more "
+                f"than 5%: {cases or 'none'}; the rest within 5%"
+                + (f". The serving kernel's GEMMs (gate/up, down; us, each row's profile): {'; '.join(gemms)}"
+                   if gemms else ""))
+    return outcome
+
+
 ROUNDS = (
     Round("NVFP4MoE end to end on cute-hopper, W4A4 only (W4A16 not built): the first moe-bench run",
           _floors_prediction, ("b3d663e",), _first_run),
@@ -303,6 +341,15 @@ ROUNDS = (
     Round("W4A4 quantizes the token copies in packed order in one Triton launch (the gather fused into the quantizer, "
           "no memset with a static scale); W4A16 gathers its bf16 rows in one Triton launch instead of index_select",
           "", ("2c539d9", "6fc5c7f"), _fused_gather),
+    Round("Split-K at decode (the _x configs): a call whose tiles leave SMs idle splits each tile's K over several "
+          "CTAs; the tile's last CTA adds the fp32 slices in slice order and runs the epilogue (one launch). First "
+          "rule: up to two CTAs per SM, slices of at least 2 K tiles. An A/B in one run (moe-bench --split-k off on)",
+          "Qwen3-like T = 1: gate/up 15 -> 8-10 us, down 8 -> 5-6 us, the layer 32.5 -> ~25 us (W4A16) and 43 -> "
+          "~35 us (W4A4); Mixtral-like T = 1's down GEMM about 2x faster.", ("e599182",), _split_ab("e599182")),
+    Round("Split-K rule: one CTA per SM (sms // CTAs slices), slices of at least 4 K tiles: a second CTA on an SM "
+          "shares its decode throughput, so only idle SMs gain",
+          "Qwen3-like T = 1 unsplit (as with split-K off); Mixtral-like T = 1's down GEMM in 2 slices about as fast "
+          "as in 4.", ("75912ef",), _split_ab("75912ef")),
 )
 
 
