@@ -62,10 +62,10 @@ FUSED_PROLOGUE = False
 # -8.8), eager GPU time back to back +1.8 to +7.5 us, graph replays within 2.6 us (every target of issue 18 held).
 EAGER_FUSED = True
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
-# test_serving_gpu.py's S4 case, eager W4A4 calls): the fused kernel reports one shared-memory hazard per CTA between
-# the staged epilogue's stores to its output tile (STS.U16) and the 16-byte copy-out loads (LDS.128), which
-# `bar.sync 1, 256` (every thread of the CTA) separates in its SASS. The shipped non-split config shows it as the
-# split-K one does; no other site is reported. Likely racecheck's model of this kernel's mixed named barriers (barrier 3
+# test_serving_gpu.py's S4 case, eager W4A4 calls): the fused kernel reports shared-memory hazards (1 error on the
+# shipped config's S4 case, 12 on a split-K case) at one site only: the staged epilogue's stores to its output tile
+# (STS.U16) against the 16-byte copy-out loads (LDS.128), which `bar.sync 1, 256` (every thread of the CTA)
+# separates in its SASS (nvdisasm of the offline compile). The non-split config shows it as the split-K one does. Likely racecheck's model of this kernel's mixed named barriers (barrier 3
 # is met by warp 1's bar.arrive and warp 0's bar.sync), not a race; not proven. memcheck: 0 errors.
 
 
