@@ -112,3 +112,43 @@ def test_module_ranges_name_the_innermost_module_of_each_op():
     assert owners["aten::mul"] == "_Block" and owners["aten::tanh"] == "Tanh"
     assert owners["aten::sum"] == "(no module)"
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())  # the hooks are removed
+
+
+def test_module_profile_counts_kernels_no_torch_op_launched(monkeypatch):
+    """module_profile follows each kernel torch links to a CPU op up to its module, and counts the kernels no torch op
+    launched (TVM-FFI's and Triton's launches) under UNLINKED, so that the modules add up to every kernel: made-up
+    profiler events (the shapes torch gives), on the CPU."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import Kernel
+
+    rng = NS(name=kp._RANGE + "NVFP4Linear", cpu_parent=None, device_type=DeviceType.CPU, kernels=[])
+    op = NS(name="aten::mm", cpu_parent=rng, device_type=DeviceType.CPU, kernels=[Kernel("nvjet_tst_64x8", 0, 4.0)])
+
+    def dev(name, us):
+        return NS(name=name, device_type=DeviceType.CUDA, is_user_annotation=False,
+                  time_range=NS(start=10.0, end=10.0 + us), kernels=[])
+
+    events = [rng, op, dev("nvjet_tst_64x8", 4.0), dev("kernel_cutlass_kernel_x_GroupedVarlenGemmSm90_0", 12.0),
+              dev("_quant_kernel", 2.0)]
+
+    class FakeProfile:
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return events
+
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    got = kp.module_profile(lambda: None, torch.nn.Linear(2, 2), iters=2)["modules"]
+    assert got["NVFP4Linear"] == {"torch GEMM": {"us": 2.0, "kernels": 0.5}}
+    assert got[kp.UNLINKED] == {"serving kernel": {"us": 6.0, "kernels": 0.5}, "nvfp4lib Triton": {"us": 1.0,
+                                                                                                  "kernels": 0.5}}

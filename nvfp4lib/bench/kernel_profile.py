@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import torch
 
@@ -179,10 +179,15 @@ def owner(event) -> str:
     return "(no module)"
 
 
+UNLINKED = "(no torch op)"  # module_profile's name for kernels launched outside torch's ops
+
+
 def module_profile(fn, model: torch.nn.Module, *, iters: int = 2) -> dict:
     """GPU time per call of ``fn()`` (eager: it runs ``model``'s forward) split by the innermost module whose forward
     launched each kernel (its class name; the CPU event torch links each kernel to, by CUPTI's correlation id) and
-    by category: ``{"modules": {module: {category: {"us", "kernels"}}}, "iters"}``, sums divided by ``iters``."""
+    by category: ``{"modules": {module: {category: {"us", "kernels"}}}, "iters"}``, sums divided by ``iters``.
+    Kernels that no torch op launched (the serving kernel's TVM-FFI calls, Triton's compiled launches) have no CPU
+    event to follow to a module: they are counted under :data:`UNLINKED`, so that the modules add up to every kernel."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -193,13 +198,23 @@ def module_profile(fn, model: torch.nn.Module, *, iters: int = 2) -> dict:
             fn()
         torch.cuda.synchronize()
     per = defaultdict(list)
-    for e in prof.events():
+    events = prof.events()
+    linked = Counter()
+    for e in events:
         # the device events torch linked to this CPU event (by CUPTI's correlation id: the op that launched them);
         # read from the CPU side, as FunctionEvent.linked_correlation_id is missing before torch 2.13
         if e.device_type == DeviceType.CPU:
             for k in e.kernels:
                 if k.duration > 0:
                     per[owner(e)].append((k.name, k.duration / iters))
+                    linked[k.name, round(k.duration, 3)] += 1
+    for e in events:  # kernels no torch op launched (TVM-FFI's and Triton's launchers): no module to name
+        if _is_kernel(e):
+            key = (e.name, round(e.time_range.end - e.time_range.start, 3))
+            if linked[key]:
+                linked[key] -= 1
+            else:
+                per[UNLINKED].append((e.name, key[1] / iters))
     modules = {}
     for m, ks in per.items():
         modules[m] = {c: {"us": v["us"], "kernels": v["kernels"] / iters} for c, v in by_category(ks).items()}

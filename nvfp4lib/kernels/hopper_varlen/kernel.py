@@ -65,8 +65,9 @@ EAGER_FUSED = True
 # test_serving_gpu.py's S4 case, eager W4A4 calls): the fused kernel reports shared-memory hazards (1 error on the
 # shipped config's S4 case, 12 on a split-K case) at one site only: the staged epilogue's stores to its output tile
 # (STS.U16) against the 16-byte copy-out loads (LDS.128), which `bar.sync 1, 256` (every thread of the CTA)
-# separates in its SASS (nvdisasm of the offline compile). The non-split config shows it as the split-K one does. Likely racecheck's model of this kernel's mixed named barriers (barrier 3
-# is met by warp 1's bar.arrive and warp 0's bar.sync), not a race; not proven. memcheck: 0 errors.
+# separates in its SASS (nvdisasm of the offline compile). The non-split config shows it as the split-K one does.
+# Likely racecheck's model of this kernel's mixed named barriers (barrier 3 is met by warp 1's bar.arrive and warp 0's
+# bar.sync), not a race; not proven. memcheck: 0 errors.
 
 
 def call_knobs() -> dict:
