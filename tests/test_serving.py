@@ -334,3 +334,20 @@ def test_split_k_configs_show_the_slice_count_in_their_ptx(name, monkeypatch):
     assert "atom.acq_rel.gpu" not in plain and "ld.relaxed.gpu.global.f32" not in plain
     if cfg.act == "nvfp4":
         assert _compile_call(cfg, 2048, fused=True).ptx.count("atom.acq_rel.gpu.global.add.u32") == 1
+
+
+def test_split_rule_balance_minimises_the_busiest_sm():
+    """The "balance" rule (a knob, not the default): the fewest slices that minimise ceil(CTAs·S / SMs) · ceil(K tiles
+    / S); where the grid leaves SMs idle it splits as "idle" does, and it splits the Qwen3-like gate/up GEMM at T=1
+    (96 CTAs) that "idle" leaves whole."""
+    from nvfp4lib.kernels.hopper_varlen import config as vc
+
+    dual, single = CONFIGS["vl_dual_m64_t16_k128_s8_e_x"], CONFIGS["vl_m128_t16_k128_s8_e_x"]
+    assert vc.SPLIT_RULE == vc.SHIPPED_SPLIT_RULE == "idle"
+    assert vc.choose_splits(dual, 8, 128, 768, 2048, 132, rule="balance") == 4  # 3 CTAs x 4 K tiles, not 1 x 16
+    assert vc.choose_splits(dual, 8, 128, 768, 2048, 132, rule="idle") == 1
+    assert vc.choose_splits(single, 8, 128, 2048, 768, 132, rule="balance") == 1  # 128 CTAs, 6 K tiles: a tie
+    assert vc.choose_splits(single, 2, 8, 4096, 14336, 132, rule="balance") == 2  # Mixtral-like down, as "idle"
+    assert vc.choose_splits(single, 64, 128, 768, 2048, 132, rule="balance") == 1  # a full grid: never split
+    with pytest.raises(ValueError, match="split rule 'fast'"):
+        vc.choose_splits(single, 2, 8, 4096, 14336, 132, rule="fast")

@@ -258,7 +258,7 @@ def _free() -> None:
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
               seed: int = 2121, backend: str = "cute-hopper", peer: bool = True, ceilings: dict | None = None,
               quantizer: str = "auto", profile: bool = False, gemv_max_tokens: int | None = None,
-              split_k: bool | None = None, progress=print) -> list[dict]:
+              split_k: bool | str | None = None, progress=print) -> list[dict]:
     """Rows (one per layer, T, routing and mode, plus the peer's) with provenance; nothing is stored here.
 
     ``layers``: :class:`MoELayer` or their names; ``modes``: the layer's activations, ``"nvfp4"`` (W4A4) and/or
@@ -268,8 +268,9 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
     the backend cannot build is recorded as a row with that status and no time. ``gemv_max_tokens``: the NVFP4
     layers' decode-path limit (:attr:`~nvfp4lib.nn.NVFP4MoE.gemv_max_tokens`; None: the default), recorded in each
     NVFP4 row with whether the step took that path (``gemv``). ``split_k``: the serving kernel's
-    :data:`~nvfp4lib.kernels.hopper_varlen.config.SPLIT_K` knob for the run (None: as it is), recorded in every
-    NVFP4 row."""
+    :data:`~nvfp4lib.kernels.hopper_varlen.config.SPLIT_K` knob for the run (None: as it is; True: on with the
+    shipped rule; a rule of :data:`~nvfp4lib.kernels.hopper_varlen.config.SPLIT_RULES`: on with it), recorded in every
+    NVFP4 row with ``split_rule``."""
     if not torch.cuda.is_available():
         raise RuntimeError("bench_moe needs a CUDA GPU (none here): it times graph-captured MoE layers on the device. "
                            "Run `python -m nvfp4lib moe-bench --record` on the H100; recorded rows are in "
@@ -290,8 +291,11 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
     quantizer = resolve_quantizer(quantizer, "cuda")  # rows record the quantizer that ran
     from ..kernels.hopper_varlen import config as vl_config
 
-    if split_k is not None:
-        vl_config.SPLIT_K = split_k
+    if split_k is not None:  # True (the shipped rule), False, or a split rule's name: on with that rule
+        if isinstance(split_k, str) and split_k not in vl_config.SPLIT_RULES:
+            raise ValueError(f"split_k {split_k!r}: True, False or one of {vl_config.SPLIT_RULES}")
+        vl_config.SPLIT_K = split_k is not False
+        vl_config.SPLIT_RULE = split_k if isinstance(split_k, str) else vl_config.SHIPPED_SPLIT_RULE
     run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
     rows = []
     for li, layer in enumerate(layers):
@@ -348,6 +352,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                         if kind != "peer":
                             row["gemv_max_tokens"] = mod.gemv_max_tokens
                             row["split_k"] = vl_config.SPLIT_K
+                            row["split_rule"] = vl_config.SPLIT_RULE
                             row["gemv"] = bool(mod._gemv_step(x))
                         # the peer has W4A16 semantics; W4A4 is checked on the activations the layer quantized
                         act = "bf16" if kind in ("peer", "bf16") else "nvfp4"
@@ -376,7 +381,7 @@ def _print_row(r: dict) -> None:
     ratio = f"{r['ratio']:7.2f}" if "ratio" in r else f"{'-':>7}"
     eager = (f"eager {r['eager_per_call_us']:9.1f} us (b2b {r['eager_b2b_us']:8.1f})" if "eager_per_call_us" in r
              else f"eager {r.get('eager_status', '-')[:30]}")
-    split = {True: " split-K", False: " no split"}.get(r.get("split_k"), "")
+    split = {True: f" split-K {r.get('split_rule', '')}".rstrip(), False: " no split"}.get(r.get("split_k"), "")
     print(f"  {r['layer']:<12} T={r['tokens']:<5} {r['routing']:<8} {r['label'] + split:<20} {t} us  floor "
           f"{r['floor_us']:9.1f} us  x{ratio}  {eager}  {r['status'][:60]}", flush=True)
     if r.get("profile"):
@@ -418,10 +423,11 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                    help="the NVFP4 layers' decode path for steps of at most N tokens (0: never; default: the layer's)")
     p.add_argument("--profile", action="store_true",
                    help="also profile each graph replay kernel by kernel (CUPTI): the row's profile field")
-    p.add_argument("--split-k", nargs="+", choices=["on", "off"],
-                   help="the serving kernel's split-K at decode (SPLIT_K; default: as shipped, on); several values run "
-                        "the whole set once per value in this process, in the order given (an A/B: e.g. off on); "
-                        "rows carry it")
+    p.add_argument("--split-k", nargs="+", choices=["on", "off", "idle", "balance"],
+                   help="the serving kernel's split-K at decode (SPLIT_K; default: as shipped, on with the idle rule); "
+                        "idle, balance: on with that rule (SPLIT_RULE); several values run the whole set once per "
+                        "value in this process, in the order given (an A/B: e.g. off on balance); rows carry split_k "
+                        "and split_rule")
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -450,7 +456,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                               modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                               peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,
                               gemv_max_tokens=args.gemv_max_tokens,
-                              split_k=None if split is None else split == "on", progress=_print_row)
+                              split_k={None: None, "on": True, "off": False}.get(split, split),
+                              progress=_print_row)
         write(args, rows, MOE.name)
         return 0 if all(r["status"] == "ok" or "NotImplementedError" in r["status"] for r in rows) else 1
 

@@ -282,6 +282,8 @@ def _split_ab(commit: str):
         if not len(d) or "split_k" not in d:
             return None
         d = d.sort_values("run_id")
+        if "split_rule" in d:  # (the shipped rule's rows; rows before the knob had only it)
+            d = d[d["split_rule"].isna() | d["split_rule"].eq("idle") | d["split_k"].eq(False)]
         on, off = (d[d["split_k"].eq(v)].groupby(KEY).tail(1).set_index(KEY) for v in (True, False))
         both = pd.concat({"off": off["median_us"], "on": on["median_us"]}, axis=1).dropna()
         if not len(both):

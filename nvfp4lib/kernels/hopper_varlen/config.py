@@ -204,12 +204,25 @@ SPLIT_K = True  # the knob: off, split_k configs run one CTA per tile (moe-bench
 MAX_SPLITS = 8  # K slices of one tile at most (choose_splits)
 MIN_SPLIT_K_TILES = 4  # K tiles per slice at least (a guess between the A/B's 3-8, slower, and 28, faster)
 SPLIT_TILES = 1024  # tiles a split call counts at most: the per-stream counters (runner.SplitScratch)
+# How choose_splits counts slices: "idle" (shipped, measured) fills the idle SMs, one CTA each; "balance" takes the
+# fewest slices that minimise the busiest SM's K tiles, ceil(CTAs·S / SMs) · ceil(K tiles / S), two co-resident CTAs
+# sharing an SM's decode throughput (the model the first A/B suggested). They differ where a grid nearly fills the
+# SMs: the Qwen3-like gate/up GEMM at T=1 (96 CTAs, 16 K tiles) stays whole with "idle" (16 K tiles on the busiest SM)
+# and takes 4 slices with "balance" (3 CTAs of 4 K tiles on the busiest SM). Prediction (2026-11-27, not measured):
+# that GEMM ~25% faster (W4A4 12.1 -> ~9-10 us), the layer 2-3 us faster; every other MoE case unchanged (the same
+# slices). Not measured: "idle" stays the default until an A/B (moe-bench --split-k on balance) says otherwise.
+SPLIT_RULES = ("idle", "balance")
+SHIPPED_SPLIT_RULE = "idle"
+SPLIT_RULE = SHIPPED_SPLIT_RULE
 
 
-def choose_splits(cfg: VarlenConfig, rows: int, groups: int, n: int, k_pad: int, sms: int) -> int:
+def choose_splits(cfg: VarlenConfig, rows: int, groups: int, n: int, k_pad: int, sms: int,
+                  rule: str | None = None) -> int:
     """K slices per tile for a call of ``rows`` rows (1 for a config without ``split_k``, or with :data:`SPLIT_K`
-    off): as many as fit the idle SMs, one CTA per SM (``sms // CTAs``, the grid being :func:`max_token_tiles` x the
-    weight blocks), at most :data:`MAX_SPLITS`, each slice at least :data:`MIN_SPLIT_K_TILES` K tiles.
+    off), only for grids (:func:`max_token_tiles` x the weight blocks) of at most ``sms`` CTAs, at most
+    :data:`MAX_SPLITS`, each slice at least :data:`MIN_SPLIT_K_TILES` K tiles; ``rule`` (default
+    :data:`SPLIT_RULE`): "idle", as many as fit the idle SMs, one CTA per SM (``sms // CTAs``); "balance", the fewest
+    that minimise the busiest SM's K tiles (:data:`SPLIT_RULE`'s note).
 
     One CTA per SM, not two: in the first A/B (H100, 2026-11-27; the rule then filled two CTAs per SM with slices of
     at least 2 K tiles) the Qwen3-like layer at T=1, whose GEMMs have 96 and 128 CTAs, split both into 2 slices (8
@@ -222,8 +235,15 @@ def choose_splits(cfg: VarlenConfig, rows: int, groups: int, n: int, k_pad: int,
     ctas = max_token_tiles(rows, groups, cfg.tile_n) * -(-n // cfg.tile_m)
     if ctas == 0 or ctas > sms or ctas > SPLIT_TILES:
         return 1
+    rule = rule or SPLIT_RULE
+    if rule not in SPLIT_RULES:
+        raise ValueError(f"split rule {rule!r}: must be one of {SPLIT_RULES}")
     k_tiles = k_pad // cfg.tile_k
-    slices = max(1, min(MAX_SPLITS, k_tiles // MIN_SPLIT_K_TILES, sms // ctas))
+    most = max(1, min(MAX_SPLITS, k_tiles // MIN_SPLIT_K_TILES))
+    if rule == "idle":
+        slices = min(most, sms // ctas)
+    else:
+        slices = min(range(1, most + 1), key=lambda s: (-(-ctas * s // sms) * -(-k_tiles // s), s))
     per = -(-k_tiles // slices)  # K tiles per slice, the last one's fewer: no slice left empty
     return -(-k_tiles // per)
 
