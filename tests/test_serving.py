@@ -351,3 +351,20 @@ def test_split_rule_balance_minimises_the_busiest_sm():
     assert vc.choose_splits(single, 64, 128, 768, 2048, 132, rule="balance") == 1  # a full grid: never split
     with pytest.raises(ValueError, match="split rule 'fast'"):
         vc.choose_splits(single, 2, 8, 4096, 14336, 132, rule="fast")
+
+
+def test_split_setting_sets_the_knobs_for_a_block_only():
+    """moe-bench's split-K A/B sets SPLIT_K and SPLIT_RULE per run (config.split_setting), then leaves them as
+    they were."""
+    from nvfp4lib.kernels.hopper_varlen import config as vc
+
+    with vc.split_setting("balance"):
+        assert (vc.SPLIT_K, vc.SPLIT_RULE) == (True, "balance")
+        with vc.split_setting(False):
+            assert not vc.SPLIT_K
+        assert (vc.SPLIT_K, vc.SPLIT_RULE) == (True, "balance")
+    with vc.split_setting(None):
+        assert (vc.SPLIT_K, vc.SPLIT_RULE) == (True, vc.SHIPPED_SPLIT_RULE)
+    with pytest.raises(ValueError, match="split_k 'fast'"), vc.split_setting("fast"):
+        pass
+    assert (vc.SPLIT_K, vc.SPLIT_RULE) == (True, vc.SHIPPED_SPLIT_RULE)

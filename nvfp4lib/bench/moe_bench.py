@@ -291,89 +291,85 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
     quantizer = resolve_quantizer(quantizer, "cuda")  # rows record the quantizer that ran
     from ..kernels.hopper_varlen import config as vl_config
 
-    if split_k is not None:  # True (the shipped rule), False, or a split rule's name: on with that rule
-        if isinstance(split_k, str) and split_k not in vl_config.SPLIT_RULES:
-            raise ValueError(f"split_k {split_k!r}: True, False or one of {vl_config.SPLIT_RULES}")
-        vl_config.SPLIT_K = split_k is not False
-        vl_config.SPLIT_RULE = split_k if isinstance(split_k, str) else vl_config.SHIPPED_SPLIT_RULE
-    run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
-    rows = []
-    for li, layer in enumerate(layers):
-        w_seed = seed + li
-        gate, up, down = make_weights(layer, seed=w_seed, device="cuda")
-        built: dict = {}
-        for kind in [*modes, *(["peer"] if peer else [])]:
-            _free()
-            before = torch.cuda.memory_allocated()
-            try:
-                if kind == "peer":
-                    built[kind] = BF16GroupedMoE(gate, up, down)
-                else:
-                    built[kind] = NVFP4MoE(gate, up, down, activations=kind, backend=backend, quantizer=quantizer)
-                    if gemv_max_tokens is not None:
-                        built[kind].gemv_max_tokens = gemv_max_tokens
-                torch.cuda.synchronize()
-                # what building allocated, plus, for the NVFP4 layer, the weight lists it was given and keeps
-                built[kind + ":held"] = torch.cuda.memory_allocated() - before + (
-                    0 if kind == "peer" else _nvfp4_bytes(gate, up, down))
-            except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
-                built[kind] = f"error: {type(e).__name__}: {str(e)[:400]}"
-        for t in tokens:
-            for routing in routings:
-                r_seed = routing_seed(seed, t, routing)
-                ids_cpu, w_cpu = make_routing(t, layer.experts, layer.top_k, routing, seed=r_seed)
-                touched = touched_experts(ids_cpu)
-                ids, w = ids_cpu.cuda(), w_cpu.cuda()
-                x = torch.randn(t, layer.hidden, generator=torch.Generator().manual_seed(r_seed + 1)).to(
-                    device="cuda", dtype=torch.bfloat16)
-                base = {"run_id": run_id, **{f"ceil_{k}": v for k, v in ceil.items()}, **asdict(layer),
-                        "layer": layer.name, "tokens": t, "routing": routing, "zipf_s": ZIPF_S if routing == "zipf"
-                        else None, "seed": seed, "weight_seed": w_seed, "routing_seed": r_seed,
-                        "touched_experts": touched, "flops": layer.flops(t),
-                        "floor_nvfp4_us": moe_floor_us(layer, t, touched, ceil, "nvfp4"),
-                        "floor_bf16_us": moe_floor_us(layer, t, touched, ceil, "bf16"), "graph": True,
-                        "quantizer": quantizer}
-                del base["name"]
-                refs: dict = {}
-                for kind in [*modes, *(["peer"] if peer else [])]:
-                    fmt = "bf16" if kind == "peer" else "nvfp4"
-                    row = {**base, "mode": "bf16-weights" if kind == "peer" else kind, "label": LABELS[kind],
-                           "backend": PEER_BACKEND if kind == "peer" else NVFP4_BACKEND,
-                           "layer_backend": "torch._grouped_mm" if kind == "peer" else backend,
-                           "weight_bytes": layer.weight_bytes(fmt), "touched_weight_bytes":
-                               touched * layer.expert_bytes(fmt),
-                           "floor_us": base[f"floor_{fmt}_us"],
-                           "floor_bound": floor_bound(layer, t, touched, ceil, fmt)}
-                    mod = built[kind]
-                    if isinstance(mod, str):
-                        row["status"] = mod
+    with vl_config.split_setting(split_k):  # (the knobs as they were after the run)
+        run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
+        rows = []
+        for li, layer in enumerate(layers):
+            w_seed = seed + li
+            gate, up, down = make_weights(layer, seed=w_seed, device="cuda")
+            built: dict = {}
+            for kind in [*modes, *(["peer"] if peer else [])]:
+                _free()
+                before = torch.cuda.memory_allocated()
+                try:
+                    if kind == "peer":
+                        built[kind] = BF16GroupedMoE(gate, up, down)
                     else:
-                        row["held_bytes"] = built[kind + ":held"]
-                        if kind != "peer":
-                            row["gemv_max_tokens"] = mod.gemv_max_tokens
-                            row["split_k"] = vl_config.SPLIT_K
-                            row["split_rule"] = vl_config.SPLIT_RULE
-                            row["gemv"] = bool(mod._gemv_step(x))
-                        # the peer has W4A16 semantics; W4A4 is checked on the activations the layer quantized
-                        act = "bf16" if kind in ("peer", "bf16") else "nvfp4"
-                        try:
-                            if act not in refs:
-                                refs[act] = reference_moe(x, ids, w, gate, up, down, activations=act)
-                            row.update(_measure(mod, x, ids, w, refs[act], TOL[kind], iters, flush, profile))
-                        except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
-                            row["status"] = f"error: {type(e).__name__}: {str(e)[:400]}"
-                        _free()
-                    if "median_us" in row:
-                        row["ratio"] = row["median_us"] / row["floor_us"]
-                        row["ratio_nvfp4_floor"] = row["median_us"] / row["floor_nvfp4_us"]
-                    rows.append(row)
-                    if progress:
-                        progress(row)
-                del refs
-        del gate, up, down, built
-        _free()
-    prov = provenance()
-    return [{**prov, **r} for r in rows]
+                        built[kind] = NVFP4MoE(gate, up, down, activations=kind, backend=backend, quantizer=quantizer)
+                        if gemv_max_tokens is not None:
+                            built[kind].gemv_max_tokens = gemv_max_tokens
+                    torch.cuda.synchronize()
+                    # what building allocated, plus, for the NVFP4 layer, the weight lists it was given and keeps
+                    built[kind + ":held"] = torch.cuda.memory_allocated() - before + (
+                        0 if kind == "peer" else _nvfp4_bytes(gate, up, down))
+                except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
+                    built[kind] = f"error: {type(e).__name__}: {str(e)[:400]}"
+            for t in tokens:
+                for routing in routings:
+                    r_seed = routing_seed(seed, t, routing)
+                    ids_cpu, w_cpu = make_routing(t, layer.experts, layer.top_k, routing, seed=r_seed)
+                    touched = touched_experts(ids_cpu)
+                    ids, w = ids_cpu.cuda(), w_cpu.cuda()
+                    x = torch.randn(t, layer.hidden, generator=torch.Generator().manual_seed(r_seed + 1)).to(
+                        device="cuda", dtype=torch.bfloat16)
+                    base = {"run_id": run_id, **{f"ceil_{k}": v for k, v in ceil.items()}, **asdict(layer),
+                            "layer": layer.name, "tokens": t, "routing": routing, "zipf_s": ZIPF_S if routing == "zipf"
+                            else None, "seed": seed, "weight_seed": w_seed, "routing_seed": r_seed,
+                            "touched_experts": touched, "flops": layer.flops(t),
+                            "floor_nvfp4_us": moe_floor_us(layer, t, touched, ceil, "nvfp4"),
+                            "floor_bf16_us": moe_floor_us(layer, t, touched, ceil, "bf16"), "graph": True,
+                            "quantizer": quantizer}
+                    del base["name"]
+                    refs: dict = {}
+                    for kind in [*modes, *(["peer"] if peer else [])]:
+                        fmt = "bf16" if kind == "peer" else "nvfp4"
+                        row = {**base, "mode": "bf16-weights" if kind == "peer" else kind, "label": LABELS[kind],
+                               "backend": PEER_BACKEND if kind == "peer" else NVFP4_BACKEND,
+                               "layer_backend": "torch._grouped_mm" if kind == "peer" else backend,
+                               "weight_bytes": layer.weight_bytes(fmt), "touched_weight_bytes":
+                                   touched * layer.expert_bytes(fmt),
+                               "floor_us": base[f"floor_{fmt}_us"],
+                               "floor_bound": floor_bound(layer, t, touched, ceil, fmt)}
+                        mod = built[kind]
+                        if isinstance(mod, str):
+                            row["status"] = mod
+                        else:
+                            row["held_bytes"] = built[kind + ":held"]
+                            if kind != "peer":
+                                row["gemv_max_tokens"] = mod.gemv_max_tokens
+                                row["split_k"] = vl_config.SPLIT_K
+                                row["split_rule"] = vl_config.SPLIT_RULE
+                                row["gemv"] = bool(mod._gemv_step(x))
+                            # the peer has W4A16 semantics; W4A4 is checked on the activations the layer quantized
+                            act = "bf16" if kind in ("peer", "bf16") else "nvfp4"
+                            try:
+                                if act not in refs:
+                                    refs[act] = reference_moe(x, ids, w, gate, up, down, activations=act)
+                                row.update(_measure(mod, x, ids, w, refs[act], TOL[kind], iters, flush, profile))
+                            except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
+                                row["status"] = f"error: {type(e).__name__}: {str(e)[:400]}"
+                            _free()
+                        if "median_us" in row:
+                            row["ratio"] = row["median_us"] / row["floor_us"]
+                            row["ratio_nvfp4_floor"] = row["median_us"] / row["floor_nvfp4_us"]
+                        rows.append(row)
+                        if progress:
+                            progress(row)
+                    del refs
+            del gate, up, down, built
+            _free()
+        prov = provenance()
+        return [{**prov, **r} for r in rows]
 
 
 def _print_row(r: dict) -> None:

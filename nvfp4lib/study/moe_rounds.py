@@ -247,13 +247,24 @@ def _fused_gather(r: Reader) -> str | None:
             + "; T = 1: " + _per_label(t1, lambda g: g["after"] - g["before"], "{:+.1f} us", labels=(W4A4, W4A16)))
 
 
+def _ab_at(r: Reader, commit: str, column: str, keep=None):
+    """An A/B in one run at ``commit``: (its rows, those with ``column`` False, those with it True: the latest per
+    case, indexed by case), ``keep`` narrowing the rows first; None where the data hold no such rows."""
+    d = r.rows[r.rows["commit"] == commit[:7]] if len(r.rows) else r.rows
+    if not len(d) or column not in d:
+        return None
+    d = d[keep(d)] if keep is not None else d
+    d = d.sort_values("run_id")
+    off, on = (d[d[column].eq(v)].groupby(KEY).tail(1).set_index(KEY) for v in (False, True))
+    return d, off, on
+
+
 def _gemv_ab(r: Reader) -> str | None:
     """The decode path's rows (``gemv`` true) against the GEMM path's (``gemv_max_tokens`` 0) at one commit."""
-    d = r.rows[r.rows["commit"] == "2c539d9"] if len(r.rows) else r.rows
-    if not len(d) or "gemv" not in d:
+    ab = _ab_at(r, "2c539d9", "gemv")
+    if ab is None:
         return None
-    on = d[d["gemv"].eq(True)].set_index(KEY)["median_us"]
-    off = d[d["gemv"].eq(False)].set_index(KEY)["median_us"]
+    d, off, on = ab[0], ab[1]["median_us"], ab[2]["median_us"]
     ratio = (on / off).dropna()
     if not len(ratio):
         return None
@@ -275,16 +286,20 @@ def _gemm_us(profile) -> list[float]:
             and "tensorptrf16" not in str(k.get("name", ""))]
 
 
+def _shipped_rule(d: pd.DataFrame) -> pd.Series:
+    """The rows of the shipped split rule, and the rows with split-K off (rows from before the rule knob: all)."""
+    if "split_rule" not in d:
+        return pd.Series(True, index=d.index)
+    return d["split_rule"].isna() | d["split_rule"].eq("idle") | d["split_k"].eq(False)
+
+
 def _split_ab(commit: str):
     """The split-K A/B at one commit: rows with ``split_k`` on against off (moe-bench --split-k off on), per case."""
     def outcome(r: Reader) -> str | None:
-        d = r.rows[r.rows["commit"] == commit[:7]] if len(r.rows) else r.rows
-        if not len(d) or "split_k" not in d:
+        ab = _ab_at(r, commit, "split_k", keep=_shipped_rule)
+        if ab is None:
             return None
-        d = d.sort_values("run_id")
-        if "split_rule" in d:  # (the shipped rule's rows; rows before the knob had only it)
-            d = d[d["split_rule"].isna() | d["split_rule"].eq("idle") | d["split_k"].eq(False)]
-        on, off = (d[d["split_k"].eq(v)].groupby(KEY).tail(1).set_index(KEY) for v in (True, False))
+        d, off, on = ab
         both = pd.concat({"off": off["median_us"], "on": on["median_us"]}, axis=1).dropna()
         if not len(both):
             return None

@@ -11,6 +11,7 @@ same kernel, weight layout and scheduling serve both.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
 from ..common.sm90 import SMEM_LIMIT
@@ -214,6 +215,28 @@ SPLIT_TILES = 1024  # tiles a split call counts at most: the per-stream counters
 SPLIT_RULES = ("idle", "balance")
 SHIPPED_SPLIT_RULE = "idle"
 SPLIT_RULE = SHIPPED_SPLIT_RULE
+
+
+@contextmanager
+def split_setting(split_k: bool | str | None):
+    """:data:`SPLIT_K` and :data:`SPLIT_RULE` inside a ``with`` block, as they were after it: True, on with the
+    shipped rule; False, off; a rule of :data:`SPLIT_RULES`, on with it; None, as they are."""
+    global SPLIT_K, SPLIT_RULE
+    if isinstance(split_k, str) and split_k not in SPLIT_RULES:
+        raise ValueError(f"split_k {split_k!r}: True, False or one of {SPLIT_RULES}")
+    old = SPLIT_K, SPLIT_RULE
+    if split_k is not None:
+        SPLIT_K = split_k is not False
+        SPLIT_RULE = split_k if isinstance(split_k, str) else SHIPPED_SPLIT_RULE
+    try:
+        yield
+    finally:
+        SPLIT_K, SPLIT_RULE = old
+
+
+def partials_width(cfg: VarlenConfig, n: int) -> int:
+    """Columns of a split call's fp32 partial sums ``[S, R, W]``: N, or 2N for dual (gate, then up)."""
+    return n * (2 if cfg.dual else 1)
 
 
 def choose_splits(cfg: VarlenConfig, rows: int, groups: int, n: int, k_pad: int, sms: int,

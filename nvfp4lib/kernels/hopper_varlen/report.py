@@ -2,7 +2,7 @@
 runner passes, an offline compile for sm_90a through the TVM-FFI entry, and the PTX's instruction counts."""
 from __future__ import annotations
 
-from .config import VarlenConfig
+from .config import VarlenConfig, partials_width
 from .kernel import kernel_classes
 
 TVM_FFI = "--enable-tvm-ffi"
@@ -55,7 +55,7 @@ def split_arguments(cfg: VarlenConfig, n: int):
     import cutlass
     import cutlass.cute as cute
 
-    return (_fake(cutlass.Float32, (cute.sym_int(), cute.sym_int(), n * (2 if cfg.dual else 1)), 4),
+    return (_fake(cutlass.Float32, (cute.sym_int(), cute.sym_int(), partials_width(cfg, n)), 4),
             _fake(cutlass.Int32, (cute.sym_int(),), 4))
 
 

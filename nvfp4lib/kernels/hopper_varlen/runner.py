@@ -15,7 +15,7 @@ from ..common.packing import check_scales_finite
 from ..common.sm90 import POST_SCALE
 from ..common.sm90 import _require_hopper as require_hopper
 from ..hopper_rs.layout import prepack_weights
-from .config import NWG, ROW_BYTES, SPLIT_TILES, VarlenConfig, check_grid, choose_splits, validate
+from .config import NWG, ROW_BYTES, SPLIT_TILES, VarlenConfig, check_grid, choose_splits, partials_width, validate
 from .gather import group_table, launch
 from .kernel import kernel_classes
 from .report import TVM_FFI, call_arguments, gemm_arguments
@@ -101,78 +101,72 @@ def device_index(device) -> int:
 COUNTER_SETS = 4  # streams whose fused-call counters are made zeroed with the weights (Scratch)
 
 
-class Scratch:
-    """What a call's kernels share on the current CUDA stream: the fp16 activation buffer ``[R >= rows, K_pad]`` and the
-    fused call's counters (int32 [4]: its epoch and tickets, two done words; zeros at first, then carried from call to
-    call, :meth:`.kernel.GroupedVarlenGemmSm90.kernel_fused`). One pair per stream, reused by every call on it (an
-    allocation costs as much host time as a launch), the buffer doubled when a call has more rows. Calls on one
-    stream are ordered, so reuse is safe; calls on two streams at once (one set of prepared weights serving two
-    streams) each get their own. Outgrown buffers are kept for the owner's lifetime (a CUDA graph may have captured
-    one; doubling bounds them to the size of the largest).
+class _PerStream:
+    """A buffer and a set of int32 counters per CUDA stream, shared by every call on that stream (calls on one stream
+    are ordered, so reuse is safe; two streams at once each get their own). The buffer's first dimension grows to at
+    least a call's ``need`` (doubling; outgrown buffers are kept for the owner's lifetime: a CUDA graph may have
+    captured one). The counters of the first :data:`COUNTER_SETS` streams are slices of one zeroed tensor made with
+    the owner, so a stream first seen during a capture captures no fill kernel; past them, counters are zeroed on
+    allocation."""
 
-    The counters of the first :data:`COUNTER_SETS` streams are slices of one zeroed tensor made here, with the
-    weights: a stream first seen while a CUDA graph is being captured (the graph's own stream) gets zeroed counters
-    without a zero-fill kernel being captured into the graph. (It was: every replay ran a fill kernel before the
-    prologue, ~0.7 us plus a launch gap, H100 kernel profile of 2026-11-27.) Past them, counters are zeroed on
-    allocation as before."""
-
-    def __init__(self, k_pad: int, device):
-        self.k_pad, self.device = k_pad, device
-        self._index = device_index(device)
-        self._x: dict = {}  # CUDA stream handle -> (buffer, counters)
+    def __init__(self, device, words: int, first: int, make):
+        self.device, self._index = device, device_index(device)
+        self._words, self._first, self._make = words, first, make  # counters' length, first size, make(size)
+        self._by_stream: dict = {}  # CUDA stream handle -> (buffer, counters)
         self._old: list[torch.Tensor] = []
-        self._counters = list(torch.zeros(COUNTER_SETS, 4, dtype=torch.int32, device=device).unbind(0))
+        self._sets = list(torch.zeros(COUNTER_SETS, words, dtype=torch.int32, device=device).unbind(0))
 
-    def __call__(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x16, counters) for a call of ``rows`` rows on the current stream."""
+    def _get(self, need: int) -> tuple[torch.Tensor, torch.Tensor]:
         stream = torch._C._cuda_getCurrentRawStream(self._index)
-        pair = self._x.get(stream)
-        if pair is None or pair[0].shape[0] < rows:
+        pair = self._by_stream.get(stream)
+        if pair is None or pair[0].shape[0] < need:
             if pair is None:
-                count = (self._counters.pop(0) if self._counters
-                         else torch.zeros(4, dtype=torch.int32, device=self.device))
-                size = 128
+                count = self._sets.pop(0) if self._sets else torch.zeros(self._words, dtype=torch.int32,
+                                                                          device=self.device)
+                size = self._first
             else:
                 self._old.append(pair[0])
                 size, count = 2 * pair[0].shape[0], pair[1]
-            pair = self._x[stream] = (torch.empty((max(rows, size), self.k_pad), dtype=torch.float16,
-                                                  device=self.device), count)
+            pair = self._by_stream[stream] = (self._make(max(need, size)), count)
         return pair
+
+
+class Scratch(_PerStream):
+    """What a call's kernels share on the current CUDA stream (:class:`_PerStream`): the fp16 activation buffer
+    ``[R >= rows, K_pad]`` (first 128 rows) and the fused call's counters (int32 [4]: its epoch and tickets, two done
+    words; zeros at first, then carried from call to call, :meth:`.kernel.GroupedVarlenGemmSm90.kernel_fused`). One
+    pair per stream: an allocation costs as much host time as a launch. The pre-zeroed counters are made here, with
+    the weights: before them, every replay of a graph whose stream was first seen during its capture ran a fill
+    kernel before the prologue (~0.7 us plus a launch gap, H100 kernel profile of 2026-11-27)."""
+
+    def __init__(self, k_pad: int, device):
+        self.k_pad = k_pad
+        super().__init__(device, 4, 128, lambda rows: torch.empty((rows, k_pad), dtype=torch.float16, device=device))
+
+    def __call__(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x16, counters) for a call of ``rows`` rows on the current stream."""
+        return self._get(rows)
 
 
 def no_splits(cfg: VarlenConfig, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The split arguments of a call that does not split (:func:`.report.split_arguments`; not read)."""
-    return (torch.empty((1, 1, n * (2 if cfg.dual else 1)), dtype=torch.float32, device=device),
+    return (torch.empty((1, 1, partials_width(cfg, n)), dtype=torch.float32, device=device),
             torch.zeros(1, dtype=torch.int32, device=device))
 
 
-class SplitScratch:
-    """What a ``split_k`` runner's split calls share on the current CUDA stream: the tiles' counters (int32
-    [:data:`~.config.SPLIT_TILES`], zeros; each tile's last CTA puts its count back to zero) and the fp32 partial sums
-    ``[S, R, W]`` (no initial values: every slice writes its own), grown when a call needs more. As with
-    :class:`Scratch`, the first :data:`COUNTER_SETS` streams' counters are made zeroed here, when the runner is made,
-    so a stream first seen during a CUDA graph's capture captures no fill kernel."""
+class SplitScratch(_PerStream):
+    """What a ``split_k`` runner's split calls share on the current CUDA stream (:class:`_PerStream`): the tiles'
+    counters (int32 [:data:`~.config.SPLIT_TILES`], zeros; each tile's last CTA puts its count back to zero) and the
+    fp32 partial sums ``[S, R, W]`` (no initial values: every slice writes its own)."""
 
     def __init__(self, width: int, device):
-        self.width, self.device, self._index = width, device, device_index(device)
-        self._sets = list(torch.zeros(COUNTER_SETS, SPLIT_TILES, dtype=torch.int32, device=device).unbind(0))
-        self._by_stream: dict = {}  # CUDA stream handle -> (flat partials, counters)
-        self._old: list[torch.Tensor] = []
+        self.width = width
+        super().__init__(device, SPLIT_TILES, 0, lambda n: torch.empty(n, dtype=torch.float32, device=device))
 
     def __call__(self, slices: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        stream = torch._C._cuda_getCurrentRawStream(self._index)
         need = slices * rows * self.width
-        pair = self._by_stream.get(stream)
-        if pair is None or pair[0].numel() < need:
-            if pair is None:
-                count = self._sets.pop(0) if self._sets else torch.zeros(SPLIT_TILES, dtype=torch.int32,
-                                                                          device=self.device)
-            else:
-                self._old.append(pair[0])  # (a captured graph may hold it)
-                count = pair[1]
-            pair = self._by_stream[stream] = (torch.empty(max(need, 2 * (pair[0].numel() if pair else 0)),
-                                                          dtype=torch.float32, device=self.device), count)
-        return pair[0][:need].view(slices, rows, self.width), pair[1]
+        flat, count = self._get(need)
+        return flat[:need].view(slices, rows, self.width), count
 
 
 def pack_torch(b: list[NVFP4Tensor], b2: list[NVFP4Tensor] | None, n_pad: int, k_pad: int, blocks: int):
@@ -227,7 +221,7 @@ class VarlenRunner:
         self._eager_fused = self._call is not None and kernel.EAGER_FUSED and not kernel.FUSED_PROLOGUE
         self._eager = None
         self._no_split = no_splits(cfg, n, w.device)
-        self._splits = SplitScratch(self._no_split[0].shape[2], w.device) if cfg.split_k else None
+        self._splits = SplitScratch(partials_width(cfg, n), w.device) if cfg.split_k else None
         self.sms = torch.cuda.get_device_properties(w.device).multi_processor_count
 
     def slices(self, rows: int) -> int:
