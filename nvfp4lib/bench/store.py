@@ -148,18 +148,28 @@ def latest_compile_rows(arch: str):
     return rows[rows["run_id"] == sorted(rows["run_id"].unique())[-1]] if len(rows) else rows
 
 
+# Top-level folders a copy of the checkout may leave out and still run a commit's code: the rendered figures (plots
+# and notebook HTML, ~10 MB) are outputs, and leaving them out keeps the GPU machine's copy under its size limit.
+OMITTABLE = ("figures",)
+
+
 def resolve_commits(rows: list[dict]) -> list[dict]:
     """Rows whose ``git_commit`` is unknown or dirty but whose ``git_tree`` is a commit's tree in this repository get
     that commit (``git_dirty`` False): the GPU machine's copy of the checkout has a stale ``.git``, but the tree it
-    ran is the commit's, byte for byte."""
+    ran is the commit's, byte for byte. A tree equal to a commit's tree without the :data:`OMITTABLE` folders is that
+    commit's code too: the row gets the commit and says what its copy left out (``git_tree_omits``)."""
     found: dict = {}
     for r in rows:
         tree = r.get("git_tree")
         if tree and (r.get("git_dirty") or r.get("git_commit") in (None, "unknown")):
             if tree not in found:
-                found[tree] = commit_of_tree(tree)
-            if found[tree]:
-                r["git_commit"], r["git_dirty"] = found[tree], False
+                commit = commit_of_tree(tree)
+                found[tree] = (commit, []) if commit else (commit_of_tree(tree, omit=OMITTABLE), list(OMITTABLE))
+            commit, omits = found[tree]
+            if commit:
+                r["git_commit"], r["git_dirty"] = commit, False
+                if omits:
+                    r["git_tree_omits"] = omits
     return rows
 
 
@@ -294,14 +304,32 @@ def working_tree_id() -> str | None:
             return None
 
 
-def commit_of_tree(tree: str | None) -> str | None:
-    """The newest commit of this repository whose tree is ``tree`` (None if none is)."""
+def tree_without(tree: str, omit) -> str | None:
+    """Git's id of ``tree`` with its top-level entries named in ``omit`` left out, hashed as git hashes a tree object
+    (entries in ``git ls-tree`` order, which is git's; nothing is written to the repository)."""
+    import hashlib
+
+    listing = _git("ls-tree", "-z", tree)
+    if listing is None:
+        return None
+    body = b""
+    for entry in filter(None, listing.split("\0")):
+        meta, name = entry.split("\t", 1)
+        mode, _, sha = meta.split(" ")
+        if name not in omit:
+            body += f"{mode.lstrip('0')} {name}".encode() + b"\0" + bytes.fromhex(sha)
+    return hashlib.sha1(b"tree %d\0" % len(body) + body).hexdigest()
+
+
+def commit_of_tree(tree: str | None, omit=(), newest: int = 400) -> str | None:
+    """The newest commit of this repository whose tree is ``tree`` (None if none is); with ``omit``, whose tree
+    without those top-level folders is ``tree`` (among the ``newest`` commits: one ``git mktree`` each)."""
     if not tree:
         return None
     out = _git("log", "--all", "--format=%H %T")
-    for line in (out or "").splitlines():
+    for i, line in enumerate((out or "").splitlines()):
         commit, _, t = line.partition(" ")
-        if t == tree:
+        if t == tree or (omit and i < newest and tree_without(t, omit) == tree):
             return commit
     return None
 
