@@ -209,9 +209,11 @@ SPLIT_TILES = 1024  # tiles a split call counts at most: the per-stream counters
 # fewest slices that minimise the busiest SM's K tiles, ceil(CTAs·S / SMs) · ceil(K tiles / S), two co-resident CTAs
 # sharing an SM's decode throughput (the model the first A/B suggested). They differ where a grid nearly fills the
 # SMs: the Qwen3-like gate/up GEMM at T=1 (96 CTAs, 16 K tiles) stays whole with "idle" (16 K tiles on the busiest SM)
-# and takes 4 slices with "balance" (3 CTAs of 4 K tiles on the busiest SM). Prediction (2026-11-27, not measured):
-# that GEMM ~25% faster (W4A4 12.1 -> ~9-10 us), the layer 2-3 us faster; every other MoE case unchanged (the same
-# slices). Not measured: "idle" stays the default until an A/B (moe-bench --split-k on balance) says otherwise.
+# and takes 4 slices with "balance" (3 CTAs of 4 K tiles on the busiest SM). Predicted (2026-11-27): that GEMM ~25%
+# faster (W4A4 12.1 -> ~9-10 us). Measured (the A/B at d8f8ad5, H100, notebook 11): it got slower, 12.2 -> 18.3 us
+# (W4A4) and 13.8 -> 19.1 (W4A16), every other case within 5%. The model is wrong: a CTA costs more than its K
+# tiles. Fitting f + 16·t = 12.2 and 3·(f + 4·t) = 18.3 gives ~4 us per CTA (start, pipeline fill, partials, hand-over)
+# and ~0.5 us per K tile: a slice pays off only where it lands on an idle SM, as "idle" does. "idle" stays.
 SPLIT_RULES = ("idle", "balance")
 SHIPPED_SPLIT_RULE = "idle"
 SPLIT_RULE = SHIPPED_SPLIT_RULE
