@@ -597,6 +597,40 @@ def verdict(rows: pd.DataFrame, problems, reference: pd.DataFrame | None = None,
                    latest=latest, table=table, held=held, later=later, reference=reference)
 
 
+DUAL_TUPLE_TARGET = 2.0  # issue 41: the dual tuple's time per call at most this times the group tuple's, same size
+
+
+def task_tuples(rows: pd.DataFrame, problems=None) -> pd.DataFrame:
+    """The GPU MODE tuples at one size (``calls --suite task --call harness``): per task shape, the group tuple's
+    (``compat.custom_kernel``, one GEMM) and the dual tuple's (``compat.custom_kernel_dual``) time per call from the
+    latest run that timed both (each its median round, L2 flushed), back to back too, and their ratio against
+    :data:`DUAL_TUPLE_TARGET`; ``exact``: every round of both checked ok against the reference."""
+    from ..problems import TASK
+
+    problems = problems or TASK
+    if rows is None or not len(rows):
+        return pd.DataFrame()
+    h = rows[(rows["call"] == "harness") & rows["problem"].isin([n for p in problems for n in (p.name, f"{p.name}-dual")])]
+    out = []
+    for p in problems:
+        both = h[h["problem"].isin([p.name, f"{p.name}-dual"])]
+        ok = both[both["status"] == "ok"]
+        runs = [r for r in sorted(set(ok["run_id"]), reverse=True) if ok[ok["run_id"] == r]["problem"].nunique() == 2]
+        if not runs:
+            continue
+        run = both[both["run_id"] == runs[0]]
+        med = _median_rounds(run[run["status"] == "ok"], ["problem"]).set_index("problem")
+        g, d = med.loc[p.name], med.loc[f"{p.name}-dual"]
+        out.append({"shape": p.name, "M x N x K": f"{p.m[0]} x {p.n[0]} x {p.k[0]}",
+                    "group tuple us": g["per_call_us"], "dual tuple us": d["per_call_us"],
+                    "group b2b us": g["b2b_us"], "dual b2b us": d["b2b_us"],
+                    "dual / group": d["per_call_us"] / g["per_call_us"],
+                    f"<= {DUAL_TUPLE_TARGET:g}x": d["per_call_us"] <= DUAL_TUPLE_TARGET * g["per_call_us"],
+                    "exact": bool((run["status"] == "ok").all()), "rounds": int(min(g["rounds_ok"], d["rounds_ok"])),
+                    "gpu": d["gpu"], "commit": str(d["git_commit"])[:7], "run": runs[0]})
+    return pd.DataFrame(out)
+
+
 def eager_host_table(latest: pd.DataFrame) -> pd.DataFrame:
     """Per problem of ``latest``: the eager call's per-call, GPU, host and back-to-back time beside the graph replay's
     per-call and host time, what an eager call costs over a replay, and whether it is host-bound."""
