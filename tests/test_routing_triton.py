@@ -67,3 +67,25 @@ def test_gather_rows_gives_index_select():
     assert torch.equal(gather_rows_triton(x.to(DEV), index.to(DEV)).cpu(), x.index_select(0, index))
     assert torch.equal(gather_rows(x, index), x.index_select(0, index))  # the CPU form
     assert gather_rows_triton(x.to(DEV), index[:0].to(DEV)).shape == (0, 2500)
+
+
+def test_negative_rows_add_zero_times_their_weight():
+    """weighted_rows' contract (the expert-parallel combine): a copy with a negative row adds 0 · its weight, whatever
+    the row it would have read holds; a NaN weight there gives NaN (a lost copy). Both forms."""
+    from nvfp4lib.nn.routing import weighted_rows
+
+    t, k, n = 5, 3, 70
+    y = torch.randn(t * k, n)
+    y[0] = float("nan")  # the row a clamped index would read
+    row = torch.arange(t * k)
+    row[[0, 4, 8]] = -1
+    w = torch.rand(t, k)
+    w[2, 2] = float("nan")
+    row[8] = -1  # copy (2, 2): negative row, NaN weight
+    want = torch.where((row < 0).view(t, k, 1), 0.0, y.view(t, k, n).double()) * w.double()[..., None]
+    want = want.sum(1)
+    got = unpermute_triton(y.to(DEV), row.to(DEV), w.to(DEV), torch.float32).cpu()
+    torch_form = weighted_rows(y, row, w)  # a CPU tensor: the torch form
+    for out in (got, torch_form):
+        assert out[2].isnan().all() and not out[[0, 1, 3, 4]].isnan().any()
+        assert torch.allclose(out[[0, 1, 3, 4]].double(), want[[0, 1, 3, 4]], rtol=1e-6, atol=1e-6)

@@ -46,7 +46,7 @@ import torch.distributed as dist
 from .ep_transport import Dispatched, EPShape, Transport, _group_of
 from .moe import INTERMEDIATE_DTYPE, NVFP4MoE, _packed
 from .quant import global_scale_of
-from .routing import route
+from .routing import route, weighted_rows
 
 __all__ = ["EPMoE", "EPShape", "Transport", "Dispatched", "AllGatherTransport", "TRANSPORTS", "make_transport",
            "expert_range"]
@@ -130,15 +130,14 @@ class AllGatherTransport(Transport):
     def combine(self, y, d, out_dtype):
         s = self.shape
         r, owned, weights, t = d.state
-        rows = y.shape[0]
         owned = owned.reshape(-1)
-        fits = r.row < rows
-        copies = y.index_select(0, torch.clamp(r.row, max=rows - 1)).to(torch.float32)
-        val = copies * weights.reshape(-1, 1)
-        # where, not a product with a mask: unspecified rows (and padding weights) may hold NaN
-        val = torch.where((owned & fits).unsqueeze(1), val, torch.zeros((), device=val.device))
-        val = torch.where((owned & ~fits).unsqueeze(1), torch.full((), float("nan"), device=val.device), val)
-        partial = val.view(s.world * s.capacity, s.top_k, -1).sum(dim=1)
+        fits = r.row < y.shape[0]
+        # each token's own copies weighted and summed in one pass (routing.weighted_rows; on a GPU one launch): the
+        # other ranks' copies (and padding) add zero whatever their rows hold, a copy past the receive capacity NaN
+        row = torch.where(owned & fits, r.row, -1)
+        w = torch.where(owned, weights.reshape(-1), torch.zeros((), device=weights.device))
+        w = torch.where(owned & ~fits, torch.full((), float("nan"), device=w.device), w)
+        partial = weighted_rows(y, row, w.view(s.world * s.capacity, s.top_k), torch.float32)
         return self._sum_scatter(partial)[:t].to(out_dtype)
 
 

@@ -10,8 +10,8 @@ peers' copies (``get_buffer`` of the peer) directly; ``barrier`` orders the step
    local expert, then source rank, then the source's order) and writes the rows straight there, barrier. The owner's
    offsets come from the same counts.
 2. combine: the owner writes each result row back into its source's return buffer, at the row the source packed that
-   copy in (computed from the counts again), barrier; the source un-permutes with :func:`.routing.unpermute`, the
-   single-process layer's own combine (bit-identical for any k).
+   copy in (computed from the counts again), barrier; the source un-permutes with :func:`.routing.weighted_rows`
+   (a lost copy NaN), the single-process layer's own combine (bit-identical for any k).
 
 Rows are written with :func:`put_rows`: one ``index_copy_`` per peer into the peer's buffer, a row not for that peer
 going to the buffer's last row (a dump row). That is a torch kernel writing over NVLink, capturable, with every shape
@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from .ep_transport import Dispatched, EPShape, Transport, _group_of
-from .routing import Routing, route, unpermute
+from .routing import route, weighted_rows
 
 __all__ = ["SymmMemTransport", "SymmetricHeap", "TorchSymmetricHeap", "put_rows"]
 
@@ -181,5 +181,9 @@ class SymmMemTransport(Transport):
         self.heap.barrier()
         n = topk_weights.numel()
         back = self.heap.peer(me, "ret")[:n]
-        back = torch.where(fits.unsqueeze(1), back, torch.full((), float("nan"), dtype=back.dtype, device=y.device))
-        return unpermute(back, Routing(r.token, r.offsets, r.row), topk_weights, out_dtype)
+        # a copy the owner could not take (past its receive capacity) comes back NaN: its weight NaN, its row unread
+        lost = ~fits.index_select(0, r.row)
+        row = torch.where(lost, -1, r.row)
+        w = torch.where(lost.view(topk_weights.shape), torch.full((), float("nan"), device=y.device),
+                        topk_weights.to(torch.float32))
+        return weighted_rows(back, row, w, out_dtype)

@@ -72,10 +72,19 @@ def unpermute(y: torch.Tensor, routing: Routing, topk_weights: torch.Tensor,
     """``out[t] = Σ_j topk_weights[t, j] · y[row of copy (t, j)]`` summed in fp32, ``[T, N]`` of ``out_dtype``: a
     gather then a fixed-order sum over j, so the result is deterministic (no atomics). On a CUDA device one launch
     (:func:`.routing_triton.unpermute_triton`)."""
+    return weighted_rows(y, routing.row, topk_weights, out_dtype)
+
+
+def weighted_rows(y: torch.Tensor, row: torch.Tensor, weights: torch.Tensor,
+                  out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """:func:`unpermute` with the copies' rows given (int64 ``[T·k]``, copy (t, j) at ``t·k + j``): ``out[t] = Σ_j
+    weights[t, j] · y[row[t·k + j]]`` in fp32, where a negative row adds ``0 · weights[t, j]`` (zero; NaN where the
+    weight is NaN: how a caller marks a copy it lost). The expert-parallel combine weighs only its own copies so."""
     if _triton_form(y):
         from .routing_triton import unpermute_triton
 
-        return unpermute_triton(y, routing.row, topk_weights, out_dtype)
-    t, k = topk_weights.shape
-    copies = y.index_select(0, routing.row).view(t, k, y.shape[-1]).to(torch.float32)
-    return (copies * topk_weights.to(torch.float32).unsqueeze(-1)).sum(dim=1).to(out_dtype)
+        return unpermute_triton(y, row, weights, out_dtype)
+    t, k = weights.shape
+    copies = y.index_select(0, row.clamp(min=0)).view(t, k, y.shape[-1]).to(torch.float32)
+    copies = torch.where((row < 0).view(t, k, 1), torch.zeros((), device=y.device), copies)
+    return (copies * weights.to(torch.float32).unsqueeze(-1)).sum(dim=1).to(out_dtype)

@@ -61,7 +61,7 @@ def _unpermute_kernel(y, row, w, out, cols, K: tl.constexpr, BN: tl.constexpr):
     for j in tl.static_range(K):
         r = tl.load(row + t * K + j)
         wt = tl.load(w + t * K + j).to(tl.float32)
-        acc += tl.load(y + r * cols + c, mask=m, other=0.0).to(tl.float32) * wt
+        acc += tl.load(y + r * cols + c, mask=m & (r >= 0), other=0.0).to(tl.float32) * wt  # row < 0: 0 · wt
     tl.store(out + t.to(tl.int64) * cols + c, acc.to(out.dtype.element_ty), mask=m)
 
 
@@ -109,7 +109,8 @@ def route_triton(topk_ids: torch.Tensor, experts: int):
 
 
 def unpermute_triton(y: torch.Tensor, row: torch.Tensor, topk_weights: torch.Tensor, out_dtype) -> torch.Tensor:
-    """``out[t] = Σ_j topk_weights[t, j] · y[row[t·k + j]]`` in fp32, ``[T, N]`` of ``out_dtype``, in one launch."""
+    """``out[t] = Σ_j topk_weights[t, j] · y[row[t·k + j]]`` in fp32, ``[T, N]`` of ``out_dtype``, in one launch; a
+    copy whose ``row`` is negative adds ``0 · topk_weights[t, j]`` (:func:`.routing.weighted_rows`)."""
     t, k = topk_weights.shape
     cols = y.shape[-1]
     out = torch.empty((t, cols), dtype=out_dtype, device=y.device)
