@@ -98,7 +98,7 @@ def test_no_gpu_rows_means_no_verdict():
 def test_targets_on_synthetic_rows():
     rows = pd.concat([synthetic_rows("20980101T000000Z-older", symm_combine=99.0), synthetic_rows()])
     v = er.verdict(rows)
-    assert v.run_id == "20990101T000000Z-synthetic" and v.older_runs == 1
+    assert v.run_ids == ("20990101T000000Z-synthetic",) and v.older_runs == 1
     tg = er.targets(v.latest)
     n_modes, n_tr, n_layers = 2, 2, 2
     decode = [t for t in mb.EP_TOKENS if t <= er.DECODE_MAX_T]
@@ -142,3 +142,17 @@ def test_phase_table_and_figure():
     shown = er.shown(pt)
     assert not shown.isna().any().any()
     er.phase_figure(v.latest)
+
+
+def test_a_run_of_one_size_keeps_the_other_sizes_latest_rows():
+    """A later run that timed only T=4096 answers for T=4096; every other size keeps its own latest run."""
+    old = synthetic_rows("20980101T000000Z-all")
+    new = synthetic_rows("20990101T000000Z-prefill", symm_combine=5.0)
+    new = new[new["tokens"] == er.PREFILL_T]
+    v = er.verdict(pd.concat([old, new]))
+    assert v.run_ids == ("20980101T000000Z-all", "20990101T000000Z-prefill") and v.older_runs == 0
+    by_t = v.latest.groupby("tokens")["run_id"].unique()
+    assert list(by_t[er.PREFILL_T]) == ["20990101T000000Z-prefill"]
+    assert all(list(by_t[t]) == ["20980101T000000Z-all"] for t in by_t.index if t != er.PREFILL_T)
+    lines = er.verdict_lines(v, er.targets(v.latest))
+    assert lines[0].startswith("Verdict from run 20980101T000000Z-all") and "T=4096" in lines[1]

@@ -68,27 +68,38 @@ def ep_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The run the answer rests on: the latest GPU run with ok EP rows, its rows, and what else is recorded."""
+    """The runs the answer rests on: per (layer, T per rank), the latest GPU run with ok EP rows for it; their rows,
+    and how many other GPU runs are recorded."""
 
-    run_id: str
+    run_ids: tuple
     latest: pd.DataFrame
     older_runs: int
 
     @property
+    def run_id(self) -> str:
+        """The newest of the runs."""
+        return self.run_ids[-1]
+
+    @property
     def commit(self) -> str:
-        return str(self.latest["git_commit"].iloc[0])[:7]
+        return ", ".join(dict.fromkeys(str(c)[:7] for c in self.latest["git_commit"]))
 
 
 def verdict(rows: pd.DataFrame) -> Verdict | None:
-    """The latest run (run ids start with the UTC time) of :func:`ep_rows` holding an ok EP row; None without one."""
+    """Per (layer, tokens per rank), the rows of the latest run (run ids start with the UTC time) of :func:`ep_rows`
+    holding an ok EP row for it: a run of a few sizes (e.g. T=4096 alone) does not hide the other sizes' latest
+    measurements; None without any ok EP row."""
     g = ep_rows(rows)
     if not len(g):
         return None
     ok = g[(g["status"] == "ok") & (g["form"] == "ep")]
     if not len(ok):
         return None
-    run = sorted(ok["run_id"].unique())[-1]
-    return Verdict(run, g[g["run_id"] == run].reset_index(drop=True), g["run_id"].nunique() - 1)
+    newest = ok.groupby(["layer", "tokens"])["run_id"].max()
+    latest = pd.concat([g[(g["run_id"] == run) & (g["layer"] == layer) & (g["tokens"] == t)]
+                        for (layer, t), run in newest.items()])
+    runs = tuple(sorted(set(newest)))
+    return Verdict(runs, latest.reset_index(drop=True), g["run_id"].nunique() - len(runs))
 
 
 def _one(df, **match):
@@ -188,21 +199,30 @@ def target_summary(tg: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out).set_index(["target", "transport", "mode"])
 
 
+def gpus_of(rows: pd.DataFrame) -> str:
+    """The GPUs every rank of ``rows`` ran on."""
+    if "gpus_ranks" in rows:
+        return ", ".join(sorted(set(str(g) for gs in rows["gpus_ranks"] if isinstance(gs, list) for g in gs)))
+    return str(rows["gpu"].iloc[0])
+
+
 def verdict_lines(v: Verdict | None, tg: pd.DataFrame) -> list[str]:
     """The answer in a few lines: the run (GPUs, commit, date), how many target checks hold, each target's count."""
     if v is None:
         return [NO_DATA]
     lt = v.latest
-    first = lt.iloc[0]
-    gpus = ", ".join(sorted(set(str(g) for gs in lt["gpus_ranks"] for g in gs))) if "gpus_ranks" in lt \
-        else first["gpu"]
     ok = lt[lt["status"] == "ok"]
-    out = [f"Verdict from run {v.run_id}: {int(first['world'])} ranks on {gpus}, commit {v.commit} (dirty tree: "
-           f"{dirty_state(first.get('git_dirty'))}), {str(first['date'])[:10]}, "
-           f"{'CUDA graphs' if bool(first.get('graph')) else 'eager'}; {len(ok)} of {len(lt)} rows ok"]
+    out = []
+    for run in v.run_ids:
+        r = lt[lt["run_id"] == run]
+        f = r.iloc[0]
+        sizes = ", ".join(f"{layer} T={int(t)}" for (layer, t) in dict.fromkeys(zip(r["layer"], r["tokens"])))
+        out.append(f"Verdict from run {run}: {int(f['world'])} ranks on {gpus_of(r)}, "
+                   f"commit {str(f['git_commit'])[:7]} (dirty tree: {dirty_state(f.get('git_dirty'))}), {str(f['date'])[:10]}, "
+                   f"{'CUDA graphs' if bool(f.get('graph')) else 'eager'}; {sizes}")
     judged = tg[tg["verdict"] != "no data"] if len(tg) else tg
     held = int((judged["verdict"] == "holds").sum()) if len(judged) else 0
-    out.append(f"Targets of issue 42: {held} of {len(judged)} checks hold"
+    out.append(f"Targets of issue 42 ({len(ok)} of {len(lt)} rows ok): {held} of {len(judged)} checks hold"
                + (f", {len(tg) - len(judged)} without data" if len(tg) > len(judged) else "")
                + ("; every one holds" if len(judged) and held == len(judged) else ""))
     for target, g in tg.groupby("target", sort=False) if len(tg) else []:

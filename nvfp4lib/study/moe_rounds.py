@@ -317,8 +317,8 @@ def _split_ab(commit: str, column: str = "split_k", values=(False, True), keep=_
                 if a and b:
                     gemms.append(f"{k[0]} T = {k[1]} {SHORT.get(k[3], k[3])} "
                                  + ", ".join(f"{x:.1f} -> {y:.1f}" for x, y in zip(a, b)))
-        return (f"{names[0]} -> {names[1]}, one run at {commit[:7]}, uniform, graph replay, {len(both)} cases; moved by more "
-                f"than 5%: {cases or 'none'}; the rest within 5%"
+        return (f"{names[0]} -> {names[1]}, one run at {commit[:7]}, uniform, graph replay, {len(both)} cases; "
+                f"moved by more than 5%: {cases or 'none'}; the rest within 5%"
                 + (f". The serving kernel's GEMMs (gate/up, down; us, each row's profile): {'; '.join(gemms)}"
                    if gemms else ""))
     return outcome
