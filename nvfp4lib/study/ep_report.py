@@ -218,7 +218,8 @@ def verdict_lines(v: Verdict | None, tg: pd.DataFrame) -> list[str]:
         f = r.iloc[0]
         sizes = ", ".join(f"{layer} T={int(t)}" for (layer, t) in dict.fromkeys(zip(r["layer"], r["tokens"])))
         out.append(f"Verdict from run {run}: {int(f['world'])} ranks on {gpus_of(r)}, "
-                   f"commit {str(f['git_commit'])[:7]} (dirty tree: {dirty_state(f.get('git_dirty'))}), {str(f['date'])[:10]}, "
+                   f"commit {str(f['git_commit'])[:7]} (dirty tree: {dirty_state(f.get('git_dirty'))}), "
+                   f"{str(f['date'])[:10]}, "
                    f"{'CUDA graphs' if bool(f.get('graph')) else 'eager'}; {sizes}")
     judged = tg[tg["verdict"] != "no data"] if len(tg) else tg
     held = int((judged["verdict"] == "holds").sum()) if len(judged) else 0

@@ -610,7 +610,8 @@ def task_tuples(rows: pd.DataFrame, problems=None) -> pd.DataFrame:
     problems = problems or TASK
     if rows is None or not len(rows):
         return pd.DataFrame()
-    h = rows[(rows["call"] == "harness") & rows["problem"].isin([n for p in problems for n in (p.name, f"{p.name}-dual")])]
+    names = [n for p in problems for n in (p.name, f"{p.name}-dual")]
+    h = rows[(rows["call"] == "harness") & rows["problem"].isin(names)]
     out = []
     for p in problems:
         both = h[h["problem"].isin([p.name, f"{p.name}-dual"])]
