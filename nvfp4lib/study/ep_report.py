@@ -27,7 +27,7 @@ from .plots import shown as _shown
 __all__ = ["RECORD_COMMAND", "MERGE_COMMAND", "NO_DATA", "DECODE_MAX_T", "PREFILL_T", "TRANSPORT_LIMIT_US",
            "THROUGHPUT_MIN", "PEER_MIN", "GPUS", "RESERVE", "Verdict", "ep_rows", "verdict", "verdict_lines",
            "phase_table", "targets", "target_summary", "phase_figure", "nvfp4_bytes", "fit_table", "fit_figure",
-           "shown", "targets_text"]
+           "shown", "targets_text", "CHANGES", "change_table"]
 
 RECORD_COMMAND = ("timeout -k 30 480 torchrun --nproc_per_node 2 -m nvfp4lib moe-bench --ep 2 --out ep.jsonl "
                   "--no-record")
@@ -143,6 +143,42 @@ def phase_table(latest: pd.DataFrame) -> pd.DataFrame:
                    _f=df["form"].map({v: i for i, v in enumerate(SHORT.values())}).fillna(9))
     df = df.sort_values(["_l", "T per rank", "_t", "_f"]).drop(columns=["_l", "_t", "_f"])
     return df.set_index(["layer", "T per rank", "transport", "form"])
+
+
+# Changes to the EP layer measured across two runs (no knob keeps the old form): (what changed, the commits of the
+# runs before it, the commit after it, what was predicted before the run after it)
+CHANGES = (
+    ("the all-gather transport's combine in one pass (routing.weighted_rows: one Triton launch weighs and sums a "
+     "token's own copies) instead of a gather to fp32, a product, two selects and a sum over every copy; symm-mem's "
+     "lost copies marked by a NaN weight instead of a select over the returned rows",
+     ("927593b", "953b0a5"), "647d34e",
+     "not written down before the run (the reasoning: the old all-gather combine moved ~15 GB per DeepSeek-like "
+     "T=4096 step through HBM; the one-pass form reads each owned copy once)"),
+)
+
+
+def change_table(rows: pd.DataFrame, before, after: str) -> pd.DataFrame:
+    """Per (layer, T per rank, transport, form): the combine and the whole step in the latest GPU EP row at one of the
+    ``before`` commits and at ``after``, and their ratios (after / before: below one, faster); only cases both hold.
+    The runs may be on different machines: ``gpu`` names both."""
+    g = ep_rows(rows)
+    if not len(g):
+        return pd.DataFrame()
+    g = g[(g["form"] == "ep") & (g["status"] == "ok")].assign(c=g["git_commit"].astype(str).str[:7])
+    key = ["layer", "tokens", "transport", "kind"]
+    pick = [g[g["c"].isin(list(before))], g[g["c"] == after[:7]]]
+    b, a = (x.sort_values("run_id").groupby(key).tail(1).set_index(key) for x in pick)
+    both = b.index.intersection(a.index)
+    if not len(both):
+        return pd.DataFrame()
+    b, a = b.loc[both], a.loc[both]
+    out = pd.DataFrame({"combine before us": b["combine_us"], "combine after us": a["combine_us"],
+                        "step before us": b["step_us"], "step after us": a["step_us"]})
+    out["combine after / before"] = out["combine after us"] / out["combine before us"]
+    out["step after / before"] = out["step after us"] / out["step before us"]
+    out["gpu"] = [f"{x} / {y}" if x != y else x for x, y in zip(b["gpu"], a["gpu"])]
+    out = out.rename(index=SHORT, level="kind").rename_axis(["layer", "T per rank", "transport", "form"])
+    return out.sort_index()
 
 
 def targets(latest: pd.DataFrame) -> pd.DataFrame:
