@@ -150,7 +150,7 @@ def phase_table(latest: pd.DataFrame) -> pd.DataFrame:
 CHANGES = (
     ("the all-gather transport's combine in one pass (routing.weighted_rows: one Triton launch weighs and sums a "
      "token's own copies) instead of a gather to fp32, a product, two selects and a sum over every copy; symm-mem's "
-     "lost copies marked by a NaN weight instead of a select over the returned rows",
+     "lost copies marked through their weights instead of a select over the returned rows",
      ("927593b", "953b0a5"), "647d34e",
      "not written down before the run (the reasoning: the old all-gather combine moved ~15 GB per DeepSeek-like "
      "T=4096 step through HBM; the one-pass form reads each owned copy once)"),
