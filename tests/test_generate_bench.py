@@ -287,3 +287,39 @@ def test_the_report_on_a_profile_run(cli_rows):
     mt = gr.module_table(prun)
     assert list(mt.index) == ["Linear", "NVFP4Linear"] and mt.loc["NVFP4Linear", "bf16 peer, batch 1"] == 0
     assert "not recorded yet" in gr.no_profile("tiny").lower()
+
+
+def test_compiled_decode_rows_beside_the_plain_ones(tmp_path):
+    """--compile: the NVFP4 model and the bf16 peer also decode with the step through torch.compile (a 1-layer tiny
+    model on the CPU, Inductor's C++ backend): the same greedy tokens as the plain loop, rows of their own loop, and
+    the report compares each compiled NVFP4 series with the compiled peer."""
+    pytest.importorskip("torch._inductor")
+    rows = gb.bench_generate(**{**TINY, "batches": (1,)}, formats=("modelopt",), activations=("bf16",),
+                             kinds=("nvfp4", "bf16-peer"), sizes={"layers": 1}, workdir=tmp_path, compiled=True)
+    loops = [(r["model_kind"], r["loop"]) for r in rows]
+    assert loops == [("bf16-peer", gb.STATIC), ("bf16-peer", gb.COMPILED), ("nvfp4", gb.STATIC),
+                     ("nvfp4", gb.COMPILED)]
+    assert all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
+    first = {(r["model_kind"], r["loop"]): r["first_tokens"] for r in rows}
+    for kind in ("bf16-peer", "nvfp4"):
+        assert first[(kind, gb.COMPILED)] == first[(kind, gb.STATIC)]
+    run = pd.DataFrame(rows).assign(device_type="cuda")
+    assert set(gr._ok(run)["series"]) == {"bf16 peer", "bf16 peer" + gr.COMPILED_SUFFIX, "NVFP4 W4A16 (modelopt)",
+                                          "NVFP4 W4A16 (modelopt)" + gr.COMPILED_SUFFIX}
+    tg = gr.targets(run)
+    compiled = tg[tg["NVFP4 model"].str.endswith(gr.COMPILED_SUFFIX) & tg["target"].str.startswith("batch-1 ")]
+    assert len(compiled) == 1 and compiled["verdict"].iloc[0] != "not measured"
+
+
+def test_compile_with_an_expert_parallel_model_is_refused():
+    from nvfp4lib.hf.generate import generate
+
+    class EPModel(torch.nn.Module):
+        nvfp4_ep = object()
+
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+    with pytest.raises(ValueError, match="expert-parallel"):
+        generate(EPModel(), torch.tensor([[1, 2]]), 4, compile=True)

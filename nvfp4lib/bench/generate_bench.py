@@ -89,8 +89,9 @@ import torch
 
 from .store import new_run_id, provenance
 
-__all__ = ["KINDS", "ACTIVATIONS", "MODULE_STEPS", "PROFILE_COMMAND", "BATCHES", "NEW_TOKENS", "PROMPT_TOKENS",
-           "PRESETS", "TOL", "LABELS", "load_bf16", "bench_generate", "add_command"]
+__all__ = ["KINDS", "ACTIVATIONS", "STATIC", "COMPILED", "HF_GENERATE", "MODULE_STEPS", "PROFILE_COMMAND",
+           "BATCHES", "NEW_TOKENS", "PROMPT_TOKENS", "PRESETS", "TOL", "LABELS", "load_bf16", "bench_generate",
+           "add_command"]
 
 KINDS = ("nvfp4", "bf16-peer", "transformers-bf16")
 ACTIVATIONS = ("nvfp4", "bf16")  # the NVFP4 model's: W4A4, W4A16
@@ -104,9 +105,10 @@ PROMPT_TOKENS = 2
 PRESETS = ("qwen3-30b-a3b", "tiny")  # nvfp4lib.hf.writer.PRESETS' names; tiny runs on the CPU (reference backend)
 LABELS = {("nvfp4", "nvfp4"): "NVFP4 W4A4", ("nvfp4", "bf16"): "NVFP4 W4A16", ("bf16-peer", "bf16"): "bf16 peer",
           ("transformers-bf16", "bf16"): "transformers bf16"}
-# The two loops a row can time: nvfp4lib.hf.generate (a static cache; graphed or eager) and transformers'
+# The loops a row can time: nvfp4lib.hf.generate (a static cache; graphed or eager), the same with its decode step
+# through torch.compile (generate-bench --compile; the NVFP4 models and the bf16 peer) and transformers'
 # model.generate() (a dynamic cache, eager)
-STATIC, HF_GENERATE = "nvfp4lib.hf.generate", "transformers.generate"
+STATIC, COMPILED, HF_GENERATE = "nvfp4lib.hf.generate", "nvfp4lib.hf.generate + torch.compile", "transformers.generate"
 # Normwise relative error of a model's logits against the bf16 peer's, over the first prompt:
 # - W4A16 and transformers' model run the peer's dequantized weights: only bf16 roundings differ (each Linear's
 #   output, the experts' intermediate, sums in another order), and they add up over the layers: 3.6e-3 (W4A16 5e-3)
@@ -299,12 +301,12 @@ class _OutOfTime(BaseException):
     """The time budget is spent: nothing new starts (a BaseException for the same reason as :class:`_Interrupted`)."""
 
 
-def _loops(kind: str, graph: bool) -> list[tuple[str, bool]]:
+def _loops(kind: str, graph: bool, compiled: bool = False) -> list[tuple[str, bool]]:
     """The (loop, cuda_graph) a model kind is decoded with, in order: transformers' model eagerly and by its own
-    generate() first, the capture attempt last."""
+    generate() first, the capture attempt last; the others plainly, then (``compiled``) through torch.compile."""
     if kind == "transformers-bf16":
         return [(STATIC, False), (HF_GENERATE, False)] + ([(STATIC, True)] if graph else [])
-    return [(STATIC, graph)]
+    return [(STATIC, graph)] + ([(COMPILED, graph)] if compiled else [])
 
 
 def _plan(formats, activations, kinds) -> list[tuple[str, list[tuple[str, str]]]]:
@@ -325,13 +327,14 @@ class _Run:
     logits per model, the prompts, the clock and the budget."""
 
     def __init__(self, base: dict, device: torch.device, batches, prompts: torch.Tensor, new_tokens: int, say,
-                 plan, budget_s: float | None, sink, t0: float, profile_steps: int | None = None):
+                 plan, budget_s: float | None, sink, t0: float, profile_steps: int | None = None,
+                 compiled: bool = False):
         self.device, self.batches, self.prompts, self.new_tokens = device, tuple(batches), prompts, new_tokens
         self.say, self.sink, self.budget_s, self.t0 = say, sink, budget_s, t0  # t0: the run's start (perf_counter)
         self.graph = device.type == "cuda"
-        self.profile_steps = profile_steps
+        self.profile_steps, self.compiled = profile_steps, compiled
         self.planned = [(fmt, kind, act, loop, cg, b) for fmt, want in plan for kind, act in want
-                        for loop, cg in _loops(kind, self.graph) for b in self.batches]
+                        for loop, cg in _loops(kind, self.graph, compiled) for b in self.batches]
         self.base = {**base, "planned_rows": len(self.planned), "budget_s": budget_s}
         self.rows: list[dict] = []
         self.done: set = set()
@@ -425,7 +428,7 @@ class _Run:
                 _unless_stopped(e)
                 head["check_status"] = f"logits: {_error(e)}"
                 self.say(f"{fmt}: {label}: the check's forward failed: {_error(e)}")
-            for loop, cg in _loops(kind, self.graph):
+            for loop, cg in _loops(kind, self.graph, self.compiled):
                 for b in self.batches:
                     self._decode(model, (fmt, kind, act, loop, cg, b), head)
         finally:
@@ -446,8 +449,8 @@ class _Run:
                 toks = stats.pop("tokens")
             else:
                 inspect, profiled = self._profiler(model) if self.profile_steps and cuda_graph else (None, None)
-                out, stats = generate(model, ids, self.new_tokens, cuda_graph=cuda_graph, inspect_step=inspect,
-                                      inspect_steps=self._inspect_steps())
+                out, stats = generate(model, ids, self.new_tokens, cuda_graph=cuda_graph, compile=loop == COMPILED,
+                                      inspect_step=inspect, inspect_steps=self._inspect_steps())
                 toks = out[:, ids.shape[1]:].cpu()
                 stats = {k: stats[k] for k in ("prefill_ms", "decode_s", "timed_steps", "steady_s", "tokens_per_s",
                                                "ms_per_token")} | {"decode_peak_gib": stats["peak_memory_gib"]}
@@ -525,7 +528,8 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
                    activations=ACTIVATIONS, batches=BATCHES, kinds=KINDS, new_tokens: int = NEW_TOKENS,
                    prompt_tokens: int = PROMPT_TOKENS, seed: int = 0, device=None, workdir=None,
                    sizes: dict | None = None, eager_fused: bool | None = False, budget_s: float | None = None,
-                   profile_steps: int | None = None, sink=None, progress=print) -> list[dict]:
+                   profile_steps: int | None = None, compiled: bool = False, sink=None,
+                   progress=print) -> list[dict]:
     """Rows (see the module doc) with provenance; nothing is stored here.
 
     ``preset``: :data:`PRESETS` (``tiny``: the CPU smoke test; ``sizes`` override a preset's fields, e.g.
@@ -536,6 +540,8 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
     compiles once, not twice; the timed steps replay the graph, which runs those kernels either way.
 
     ``profile_steps``: replays of each graphed decode step to profile (the module doc; None: no profile).
+    ``compiled``: each NVFP4 model and the bf16 peer also decode every batch with the step through torch.compile
+    (loop :data:`COMPILED`; rows after the plain loop's, on the same loaded model).
 
     ``budget_s``: write no checkpoint and load no model after this many seconds (a model loaded before decodes all its
     batches; the rows not measured say so). ``sink``: a
@@ -593,7 +599,8 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
             "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "seed": seed, "device_type": device.type,
             "profile_steps": profile_steps, **knobs}
     plan = _plan(formats, activations, kinds)
-    run = _Run(base, device, batches, prompts, new_tokens, say, plan, budget_s, sink, t_start, profile_steps)
+    run = _Run(base, device, batches, prompts, new_tokens, say, plan, budget_s, sink, t_start, profile_steps,
+               compiled)
     stop = None
     try:
         for fmt, want in plan:
@@ -710,6 +717,10 @@ def add_command(sub, add_record_args, write) -> None:
                    help="after each graphed decode, profile its step: N graph replays under the profiler (GPU time "
                         f"per kernel category) and {MODULE_STEPS} eager steps split by module; rows with a `profile` "
                         "field (GPU only; e.g. 20)")
+    p.add_argument("--compile", action="store_true",
+                   help="each NVFP4 model and the bf16 peer also decode every batch with the step through "
+                        "torch.compile (rows with loop 'nvfp4lib.hf.generate + torch.compile'; compiled once per "
+                        "model and batch, not timed)")
     add_record_args(p, GENERATE, "generate")
 
     def run(args) -> int:
@@ -729,7 +740,7 @@ def add_command(sub, add_record_args, write) -> None:
                                   workdir=args.workdir, sizes={"layers": args.layers} if args.layers else None,
                                   eager_fused={"on": True, "off": False, "shipped": None}[args.eager_fused],
                                   budget_s=args.budget_s, profile_steps=args.profile_steps,
-                                  progress=lambda m: print(m, flush=True),
+                                  compiled=args.compile, progress=lambda m: print(m, flush=True),
                                   sink=(lambda row: append_rows(args.out, [row])) if args.out else None)
         except (ValueError, ImportError) as e:  # refused before measuring anything
             print(f"generate-bench: {e}")

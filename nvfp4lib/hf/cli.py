@@ -51,6 +51,8 @@ def add_commands(subparsers) -> None:
     g.add_argument("--max-new-tokens", type=int, default=32)
     g.add_argument("--activations", choices=["nvfp4", "bf16"], default="nvfp4")
     g.add_argument("--cuda-graph", action="store_true", help="replay each decode step as one CUDA graph")
+    g.add_argument("--compile", action="store_true", help="the decode step through torch.compile (compiled in the "
+                   "first warm-up step; with --cuda-graph the compiled step is captured)")
     g.add_argument("--batch", type=int, default=1, help="sequences decoded together (the prompt repeated); with "
                    "--ep W, over all ranks (a multiple of W)")
     g.add_argument("--device", default=None, help="default: cuda if available (with --ep: cuda:LOCAL_RANK), else cpu "
@@ -148,7 +150,8 @@ def _decode(model, prompt: list[int], batch: int, args: argparse.Namespace, show
     from .generate import generate
 
     ids = torch.tensor([prompt] * batch)
-    tokens, stats = generate(model, ids, args.max_new_tokens, cuda_graph=args.cuda_graph, progress=show)
+    tokens, stats = generate(model, ids, args.max_new_tokens, cuda_graph=args.cuda_graph, compile=args.compile,
+                             progress=show)
     if not show:
         return 0
     print("tokens:", tokens[0, len(prompt):].tolist())

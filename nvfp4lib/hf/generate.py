@@ -19,6 +19,12 @@ wrote past the cache's end (a device-side ``index_copy_`` assert, seen on the H1
 timed steps attend over the longer cache (its unused entries masked), a little more work per step than without an
 ``inspect_step``.
 
+With ``compile=True`` the decode step's forward runs through ``torch.compile`` (Inductor; ``dynamic=False``: a
+decode step's shapes never change), so transformers' norms, rotary embedding, router and elementwise kernels around
+the NVFP4 layers are fused where Inductor can; the NVFP4 layers run as torch custom ops
+(:mod:`nvfp4lib.serving`). The compile happens in the first warm-up step (seconds to minutes: not timed); a graphed
+run captures the compiled step. The prefill stays eager (its shapes differ per prompt).
+
 An expert-parallel model (``from_pretrained(..., ep_group=)``, :mod:`.ep`) decodes this rank's batch while the other
 ranks decode theirs, every rank calling generate with the same shapes: the ranks' shapes are checked against each
 other first (one all-gather; a mismatch raises ValueError on every rank, before any step), a batch larger than the
@@ -75,11 +81,12 @@ def _sync(device) -> None:
 
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph: bool = False,
-             prefill_chunk: int | None = None, progress: bool = False, inspect_step=None,
+             compile: bool = False, prefill_chunk: int | None = None, progress: bool = False, inspect_step=None,
              inspect_steps: int = INSPECT_STEPS) -> Generation:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` (int ``[B, P]``, or ``[P]`` for one sequence).
     ``prefill_chunk``: positions per prefill forward (default: the whole prompt; an expert-parallel model caps it at
-    its capacity, see the module doc). ``inspect_step``, ``inspect_steps`` (the most steps it may run): see the module
+    its capacity, see the module doc). ``compile``: the decode step's forward through ``torch.compile`` (the prefill
+    stays eager; see the module doc). ``inspect_step``, ``inspect_steps`` (the most steps it may run): see the module
     doc."""
     from transformers import StaticCache
 
@@ -101,6 +108,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
     batch, prompt = ids.shape
     chunk = min(prefill_chunk or prompt, prompt)
     ep = getattr(model, "nvfp4_ep", None)
+    if compile and ep is not None:
+        raise ValueError("generate(compile=True) with an expert-parallel model is not supported (its collectives "
+                         "under torch.compile are untried): decode it without compile")
     if ep is not None:
         ep.require_same(batch=batch, prompt_tokens=prompt, max_new_tokens=max_new_tokens, cuda_graph=int(cuda_graph),
                         prefill_chunk=chunk)
@@ -131,8 +141,10 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
     pos = torch.empty((1,), dtype=torch.long, device=device)
     nxt = torch.empty((batch,), dtype=torch.long, device=device)
 
+    forward = torch.compile(model, dynamic=False) if compile else model  # compiled at the first decode step
+
     def step():
-        lg = model(input_ids=tok, **kv, use_cache=True, cache_position=pos).logits
+        lg = forward(input_ids=tok, **kv, use_cache=True, cache_position=pos).logits
         nxt.copy_(lg[:, -1].argmax(-1))
 
     graph, side = None, None
@@ -176,6 +188,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
     steady_s = t2 - t_steady
     stats = {
         "batch": batch, "prompt_tokens": prompt, "new_tokens": max_new_tokens, "cuda_graph": cuda_graph,
+        "compiled": compile,
         "prefill_steps": -(-prompt // chunk),
         "prefill_ms": (t1 - t0) * 1e3,
         "decode_s": t2 - t1,

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import NullLocator
 
-from ..bench.generate_bench import HF_GENERATE, LABELS, PROFILE_COMMAND
+from ..bench.generate_bench import COMPILED, HF_GENERATE, LABELS, PROFILE_COMMAND
 from ..bench.kernel_profile import CATEGORIES
 from ..bench.store import dirty_state
 from .plots import caption, shown
@@ -70,9 +70,14 @@ def latest_run(rows: pd.DataFrame, preset: str = "qwen3-30b-a3b", gpu_only: bool
     return sel[sel["run_id"] == sorted(sel["run_id"].unique())[-1]].reset_index(drop=True)
 
 
+COMPILED_SUFFIX = " + torch.compile"  # a series decoded with its step through torch.compile (loop COMPILED)
+
+
 def series(r) -> str:
     """The name of a row's line in the tables and the figure: the NVFP4 model per activations and format, the bf16
-    peer, transformers' model per loop."""
+    peer, transformers' model per loop; the NVFP4 models' and the peer's compiled decode as series of their own."""
+    if r["loop"] == COMPILED:
+        return series({**dict(r), "loop": None}) + COMPILED_SUFFIX
     if r["model_kind"] == "nvfp4":
         return f"{r['label']} ({r['format']})"
     if r["model_kind"] == "transformers-bf16":
@@ -88,9 +93,9 @@ def _with_series(run: pd.DataFrame) -> pd.DataFrame:
     formats = {f: i for i, f in enumerate(dict.fromkeys(run["format"]))}  # as the run measured them
     order = run.assign(_k=run["model_kind"].map(kinds), _a=run["activations"].map({"nvfp4": 0, "bf16": 1}),
                        _f=run["format"].map(formats), _g=~run["cuda_graph"].astype(bool),
-                       _l=run["loop"] == HF_GENERATE)
-    return order.sort_values(["_k", "_a", "_f", "_l", "_g", "batch"], kind="stable").drop(
-        columns=["_k", "_a", "_f", "_g", "_l"])
+                       _l=run["loop"] == HF_GENERATE, _c=run["loop"] == COMPILED)
+    return order.sort_values(["_k", "_a", "_f", "_c", "_l", "_g", "batch"], kind="stable").drop(
+        columns=["_k", "_a", "_f", "_g", "_l", "_c"])
 
 
 def _ok(run: pd.DataFrame) -> pd.DataFrame:
@@ -244,7 +249,7 @@ def speedup_table(run: pd.DataFrame) -> pd.DataFrame:
     ok = _ok(run)
     if not len(ok):
         return pd.DataFrame()
-    others = [PEER] + [f"{TRANSFORMERS}, {x}" for x in ("graphed", "eager", "its generate()")]
+    others = [PEER, PEER + COMPILED_SUFFIX] + [f"{TRANSFORMERS}, {x}" for x in ("graphed", "eager", "its generate()")]
     out = []
     for s in dict.fromkeys(ok[ok["model_kind"] == "nvfp4"]["series"]):
         for b in sorted(ok["batch"].unique()):
@@ -308,10 +313,11 @@ def targets(run: pd.DataFrame) -> pd.DataFrame:
     out = []
     for what, batch, need, sense in TARGETS:
         for s in nv:
+            peer = PEER + COMPILED_SUFFIX if s.endswith(COMPILED_SUFFIX) else PEER  # like against like
             if batch is None:
-                got = mem.get(s, np.nan) / mem.get(PEER, np.nan)
+                got = mem.get(s, np.nan) / mem.get(peer, np.nan)
             else:
-                got = _tps(ok, s, batch) / _tps(ok, PEER, batch)
+                got = _tps(ok, s, batch) / _tps(ok, peer, batch)
             verdict = ("not measured" if np.isnan(got) else
                        "held" if (got >= need if sense == "min" else got <= need) else "missed")
             out.append({"target": what, "NVFP4 model": s, "measured": f"{got:.2f}x" if not np.isnan(got) else "n/a",
@@ -324,8 +330,8 @@ _COLOR = {"NVFP4 W4A4": "C0", "NVFP4 W4A16": "C2", PEER: "C3", f"{TRANSFORMERS},
 
 
 def figure(run: pd.DataFrame, source: str = SOURCE):
-    """Decode tokens/s against batch (log-log), one line per series (solid: graphed; dashed: eager), the NVFP4
-    models' formats as markers. Without rows, an empty panel that says so."""
+    """Decode tokens/s against batch (log-log), one line per series (solid: graphed; dashed: eager; dotted: the step
+    through torch.compile), the NVFP4 models' formats as markers. Without rows, an empty panel that says so."""
     fig, ax = plt.subplots(figsize=(8.5, 4.8))
     ok = _ok(run)
     if not len(ok):
@@ -339,8 +345,9 @@ def figure(run: pd.DataFrame, source: str = SOURCE):
     for s, g in ok.groupby("series", sort=False):
         g = g.sort_values("batch")
         r = g.iloc[0]
-        color = _COLOR.get(r["label"] if r["model_kind"] == "nvfp4" else s, "C8")
-        ax.plot(g["batch"], g["tokens_per_s"], "-" if bool(r["cuda_graph"]) else "--",
+        color = _COLOR.get(r["label"] if r["model_kind"] in ("nvfp4", "bf16-peer") else s, "C8")
+        style = ":" if r["loop"] == COMPILED else "-" if bool(r["cuda_graph"]) else "--"
+        ax.plot(g["batch"], g["tokens_per_s"], style,
                 marker=markers.get(r["format"], "^") if r["model_kind"] == "nvfp4" else "x", ms=5, color=color,
                 label=s)
     batches = sorted(ok["batch"].unique())
