@@ -89,3 +89,27 @@ def test_negative_rows_add_zero_times_their_weight():
     for out in (got, torch_form):
         assert out[2].isnan().all() and not out[[0, 1, 3, 4]].isnan().any()
         assert torch.allclose(out[[0, 1, 3, 4]].double(), want[[0, 1, 3, 4]], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype,cols", [(torch.bfloat16, 300), (torch.uint8, 4032)])
+def test_put_rows_writes_each_row_to_its_peer_only(dtype, cols):
+    """put_rows_triton against the torch form of ep_symm.put_rows: W = 3 peers (plain tensors standing in for the
+    peers' symmetric buffers, each with its dump row last), rows with no destination skipped."""
+    from nvfp4lib.nn import ep_symm
+    from nvfp4lib.nn.routing_triton import put_rows_triton
+
+    g = torch.Generator().manual_seed(5)
+    n, rows, world = 11, 9, 3
+    src = torch.randint(0, 255, (n, cols), generator=g).to(dtype).to(DEV)
+    src_index = torch.randperm(n, generator=g).to(DEV)
+    slot = torch.randperm(world * (rows - 1), generator=g)[:n]  # a distinct (peer, row) per source row
+    dst_rank, dst_row = (slot // (rows - 1)).to(DEV), (slot % (rows - 1)).to(DEV)
+    dst_row[[3, 7]] = -1
+    want = [torch.zeros(rows, cols, dtype=dtype, device=DEV) for _ in range(world)]
+    got = [torch.zeros(rows, cols, dtype=dtype, device=DEV) for _ in range(world)]
+    ep_symm.put_rows(src, src_index, dst_rank, dst_row, want)  # the torch form (the knob is off)
+    put_rows_triton(src, src_index, dst_rank, dst_row,
+                    torch.tensor([t.data_ptr() for t in got], dtype=torch.int64, device=DEV))
+    for w, t in zip(want, got):
+        assert torch.equal(w[:-1].cpu(), t[:-1].cpu())  # the dump row (last) is the torch form's scratch
+        assert not t[-1].any()  # the one-launch form writes nothing it was not asked to

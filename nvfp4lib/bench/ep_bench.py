@@ -53,6 +53,7 @@ from functools import partial
 
 import torch
 
+from ..nn import ep_symm
 from . import moe_bench as mb
 from .store import new_run_id, provenance
 
@@ -412,7 +413,8 @@ def _base(run_id, rg, layer, transport, kind, t, routing, seed, w_seed, r_seed, 
            "mode": "bf16-weights" if kind == "peer" else kind, "kind": kind, "label": mb.LABELS[kind],
            "backend": mb.PEER_BACKEND if kind == "peer" else mb.NVFP4_BACKEND,
            "layer_backend": "torch._grouped_mm" if kind == "peer" else backend, "quantizer": quantizer,
-           "graph": rg.graphs, "iters": iters, "gpus_ranks": gpus, "phases": PHASES}
+           "graph": rg.graphs, "iters": iters, "gpus_ranks": gpus, "phases": PHASES,
+           "put_rows": ep_symm.PUT_ROWS[ep_symm.PUT_ROWS_TRITON] if transport == "symm-mem" else None}
     del row["name"]
     return row
 
@@ -678,6 +680,9 @@ def run_command(args, write) -> int:
                   f"{'CUDA graphs' if rg.graphs else 'eager'} on {rg.device.type}; estimated "
                   f"{est / 60:.1f} min; every stage times out after {args.step_timeout:.0f} s", flush=True)
         t0 = time.monotonic()
+        shipped = ep_symm.PUT_ROWS_TRITON
+        if args.put_rows:
+            ep_symm.PUT_ROWS_TRITON = args.put_rows == "triton"
         try:
             out = bench_ep(layers, tokens, transports, modes=tuple(args.mode), peer=not args.no_peer,
                            routing=routing[0], iters=iters, seed=args.seed, backend=args.backend,
@@ -685,6 +690,7 @@ def run_command(args, write) -> int:
                            progress=print_row if rg.rank == 0 else None, rows_out=rows)
         finally:
             dog.stop()
+            ep_symm.PUT_ROWS_TRITON = shipped
         ok = all(r["status"] == "ok" for r in out)
         ok = all(rg.gather(ok if rg.rank == 0 else True))
         if rg.rank == 0:

@@ -431,6 +431,9 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                         "combine, checked against the single-GPU layer, beside the bf16 EP peer and one GPU on all "
                         "W·T tokens; rows to build/ep.jsonl (--record: data/ep.jsonl)")
     g.add_argument("--transport", nargs="+", choices=list(EP_TRANSPORTS), help="--ep: default both")
+    g.add_argument("--put-rows", choices=["torch", "triton"],
+                   help="--ep: how the symm-mem transport writes rows into its peers (nn.ep_symm.PUT_ROWS_TRITON; "
+                        "default: as shipped); symm-mem rows carry it. An A/B: two runs in one GPU session")
     g.add_argument("--graphs", choices=["auto", "on", "off"], default="auto",
                    help="--ep: time CUDA-graph replays (auto: on a GPU; the CPU runs eagerly)")
     g.add_argument("--step-timeout", type=float, default=300.0, metavar="S",

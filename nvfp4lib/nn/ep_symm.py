@@ -16,7 +16,10 @@ peers' copies (``get_buffer`` of the peer) directly; ``barrier`` orders the step
 Rows are written with :func:`put_rows`: one ``index_copy_`` per peer into the peer's buffer, a row not for that peer
 going to the buffer's last row (a dump row). That is a torch kernel writing over NVLink, capturable, with every shape
 fixed; its cost is that every peer's launch carries all the step's rows (W× the bytes of a true all-to-all, most of
-them to the dump row). A kernel that reads the destination per row and skips the others is the next step.
+them to the dump row; 2x H200 at T = 4096 per rank: 1.0-3.6 ms of dispatch, 3.3-6.3 ms of combine). With
+:data:`PUT_ROWS_TRITON` on, one Triton launch (:func:`.routing_triton.put_rows_triton`) reads each row's destination
+and writes it only there, into the peer's buffer by address: each row's bytes move once. Off until a GPU A/B
+(``moe-bench --ep 2 --put-rows torch triton``) has measured it.
 
 Buffers are reused every step without a reset: each is written by peers only after a barrier that its reader passes
 after reading it (stream order), so one step never overwrites what another still reads.
@@ -29,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from .ep_transport import Dispatched, EPShape, Transport, _group_of
-from .routing import route, weighted_rows
+from .routing import _triton_form, route, weighted_rows
 
 __all__ = ["SymmMemTransport", "SymmetricHeap", "TorchSymmetricHeap", "put_rows"]
 
@@ -89,10 +92,24 @@ class TorchSymmetricHeap(SymmetricHeap):
         next(iter(self.handles.values()))[0].barrier(channel=0)
 
 
+# The knob: put_rows as one Triton launch that writes each row only to its destination (True), or the torch form
+# (False: an index_copy_ per peer of every row). Prediction (2026-11-27, before any GPU run of it): at T = 4096 per
+# rank on 2 GPUs the symm-mem combine ~3x faster (DeepSeek-like 6.3 ms -> ~2 ms: 940 MB of rows written once instead
+# of once per peer, half of them to a dump row over NVLink), the dispatch ~2x; decode steps within a few us.
+PUT_ROWS_TRITON = False
+PUT_ROWS = ("torch", "triton")  # the knob's names in bench rows and on the command line
+
+
 def put_rows(src: torch.Tensor, src_index: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tensor,
-             peers: list[torch.Tensor]) -> None:
+             peers: list[torch.Tensor], peer_ptrs: torch.Tensor | None = None) -> None:
     """``peers[dst_rank[i]][dst_row[i]] = src[src_index[i]]`` for every i with ``dst_row[i] >= 0`` (the others are
-    skipped); each peer buffer's last row is its dump row (see the module doc)."""
+    skipped); each peer buffer's last row is its dump row (see the module doc). With :data:`PUT_ROWS_TRITON`,
+    ``peer_ptrs`` (the buffers' addresses, int64 on the device) and a CUDA ``src`` whose rows are whole 32-bit words:
+    one Triton launch."""
+    if PUT_ROWS_TRITON and peer_ptrs is not None and _triton_form(src) and src.shape[-1] * src.element_size() % 4 == 0:
+        from .routing_triton import put_rows_triton
+
+        return put_rows_triton(src, src_index, dst_rank, dst_row, peer_ptrs)
     rows = src.index_select(0, src_index)
     for p, buf in enumerate(peers):
         idx = torch.where((dst_rank == p) & (dst_row >= 0), dst_row, buf.shape[0] - 1)
@@ -124,6 +141,9 @@ class SymmMemTransport(Transport):
         hp.alloc("amax", (2, s.world), torch.float32, s.device)
         for name in ("counts", "recv", "ret", "amax"):  # rows never written yet hold valid (zero) values
             hp.peer(self.rank, name).zero_()
+        # the peers' row buffers by address, for put_rows' one-launch form (made here: not under a graph capture)
+        self.ptrs = {name: torch.tensor([hp.peer(p, name).data_ptr() for p in range(s.world)], dtype=torch.int64,
+                                        device=s.device) for name in ("recv", "ret")}
         hp.barrier()
 
     def _peers(self, name: str) -> list[torch.Tensor]:
@@ -154,7 +174,7 @@ class SymmMemTransport(Transport):
         dst_row = first.index_select(0, expert) + pos - r.offsets.to(torch.int64).index_select(0, expert)
         fits = dst_row < s.recv_capacity
         put_rows(payload, r.token, torch.div(expert, n_local, rounding_mode="floor"),
-                 torch.where(fits, dst_row, -1), self._peers("recv"))
+                 torch.where(fits, dst_row, -1), self._peers("recv"), self.ptrs["recv"])
         self.heap.barrier()
         mine = total[me]
         offsets = torch.cat([mine.new_zeros(1), mine.cumsum(0)])
@@ -177,7 +197,7 @@ class SymmMemTransport(Transport):
         j = i - (upto - mine.T)[e, src]  # its index among that source's copies of the expert
         # the source packed its copies by global expert: its row of this copy
         row = _exclusive_cumsum(counts, 1)[src, me * n_local + e] + j
-        put_rows(y, q, src, torch.where(q < ends[-1], row, -1), self._peers("ret"))
+        put_rows(y, q, src, torch.where(q < ends[-1], row, -1), self._peers("ret"), self.ptrs["ret"])
         self.heap.barrier()
         n = topk_weights.numel()
         back = self.heap.peer(me, "ret")[:n]

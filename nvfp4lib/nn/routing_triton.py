@@ -10,6 +10,9 @@ T = 1 that is ~30 µs of a layer whose GEMMs take ~30-120 µs. Here:
   program, so it takes N <= :data:`ROUTE_MAX_COPIES` (T <= 16 at k = 8); larger steps keep the torch form. On the
   H100 (e48509f, limit 1024) it was ~15-20 µs slower than the torch form at N = 512 and ~600 µs slower at N = 1024;
   at N <= 64 it saved most of the ~30 µs that the layer's routing and un-permute cost;
+- :func:`put_rows_triton`: the expert-parallel symm-mem transport's row writes (:func:`.ep_symm.put_rows`): one
+  program per (row, column block) reads its destination rank and row and writes the row there, into that peer's
+  buffer by address; rows with no destination are skipped;
 - :func:`unpermute_triton`: one program per (token, column block) sums its k weighted copies in fp32 in the order
   j = 0 .. k-1 and writes the caller's dtype. Deterministic; its rounding may differ from the torch form's sum in the
   last bit of fp32 (a different order of the same k products).
@@ -22,7 +25,7 @@ import triton.language as tl
 
 from ..kernels.common.triton_launch import launch
 
-__all__ = ["ROUTE_MAX_COPIES", "route_triton", "unpermute_triton", "gather_rows_triton"]
+__all__ = ["ROUTE_MAX_COPIES", "route_triton", "unpermute_triton", "gather_rows_triton", "put_rows_triton"]
 
 ROUTE_MAX_COPIES = 128
 _MAX_EXPERTS = 1023  # offsets [E+1] in one block of at most 1024
@@ -118,3 +121,36 @@ def unpermute_triton(y: torch.Tensor, row: torch.Tensor, topk_weights: torch.Ten
         launch(_unpermute_kernel, (t, triton.cdiv(cols, _BN)), (y.contiguous(), row, topk_weights.contiguous(), out,
                                                                  cols), {"K": k, "BN": _BN})
     return out
+
+
+_PUT_BN = 1024  # 32-bit words per put_rows program
+
+
+@triton.jit
+def _put_rows_kernel(src, src_index, dst_rank, dst_row, peer_ptrs, cols, BN: tl.constexpr):
+    i = tl.program_id(0)
+    row = tl.load(dst_row + i).to(tl.int64)
+    if row >= 0:
+        c = tl.program_id(1) * BN + tl.arange(0, BN)
+        m = c < cols
+        s = tl.load(src_index + i).to(tl.int64)
+        dst = tl.load(peer_ptrs + tl.load(dst_rank + i)).to(tl.pointer_type(src.dtype.element_ty), bitcast=True)
+        tl.store(dst + row * cols + c, tl.load(src + s * cols + c, mask=m), mask=m)
+
+
+def put_rows_triton(src: torch.Tensor, src_index: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tensor,
+                    peer_ptrs: torch.Tensor) -> None:
+    """``peer[dst_rank[i]][dst_row[i]] = src[src_index[i]]`` for every i with ``dst_row[i] >= 0``, in one launch.
+    ``peer_ptrs``: int64 [W], the address of each peer's buffer, every buffer row-major with ``src``'s row size in
+    bytes (a multiple of 4: the rows move as 32-bit words) and valid for the rows written. Nothing is checked here:
+    the transport's own indices are in range by construction."""
+    src = src.contiguous()
+    n = dst_row.numel()
+    if src.shape[-1] * src.element_size() % 4:
+        raise ValueError(f"put_rows_triton moves rows as 32-bit words: a row of {src.shape[-1]} x "
+                         f"{src.element_size()} bytes is not a multiple of 4")
+    words = src.view(torch.int32)
+    cols = words.shape[-1]
+    if n and cols:
+        launch(_put_rows_kernel, (n, triton.cdiv(cols, _PUT_BN)), (words, src_index, dst_rank, dst_row, peer_ptrs,
+                                                                   cols), {"BN": _PUT_BN})

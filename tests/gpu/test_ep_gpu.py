@@ -50,11 +50,14 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
-def _worker(rank: int, port: int, transport: str, activations: str) -> None:
+def _worker(rank: int, port: int, transport: str, activations: str, put_rows: str = "shipped") -> None:
     import torch.distributed as dist
 
     from nvfp4lib.formats import quantize
-    from nvfp4lib.nn import EPMoE, NVFP4MoE
+    from nvfp4lib.nn import EPMoE, NVFP4MoE, ep_symm
+
+    if put_rows != "shipped":  # this process's knob (the symm-mem transport's row writes)
+        ep_symm.PUT_ROWS_TRITON = put_rows == "triton"
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
@@ -128,3 +131,10 @@ def _worker(rank: int, port: int, transport: str, activations: str) -> None:
 def test_ep_two_gpus(transport, activations):
     _needs_two_hoppers()
     run_ranks(_worker, (free_port(), transport, activations), W, TIMEOUT_S)
+
+
+def test_ep_two_gpus_put_rows_in_one_launch():
+    """The symm-mem transport with its rows written by one Triton launch (nn.ep_symm.PUT_ROWS_TRITON), W4A4: the
+    same checks (eager, graphed, the capacity's NaN rows)."""
+    _needs_two_hoppers()
+    run_ranks(_worker, (free_port(), "symm-mem", "nvfp4", "triton"), W, TIMEOUT_S)
