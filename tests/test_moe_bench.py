@@ -367,3 +367,20 @@ def test_rounds_table_computes_outcomes_from_rows_and_says_what_is_not_recorded(
     assert first["outcome (from data/moe.jsonl)"] == moe_rounds.NOT_RECORDED and "datasheet" in first["prediction"]
     gen = t.iloc[-1]  # a commit no round names gets a generated line
     assert gen["commit"] == "fffffff" and gen["prediction"] == moe_rounds.NO_PREDICTION
+
+
+def test_the_quantizer_knob_is_set_for_the_run_only():
+    """moe-bench --quant-one-program: the knob is set inside the run and restored after it, also on an error."""
+    pytest.importorskip("triton")
+    from nvfp4lib.nn import quant_triton
+
+    shipped = quant_triton.ONE_PROGRAM
+    for value, want in (("on", True), ("off", False)):
+        with mb._quant_one_program_set(value):
+            assert quant_triton.ONE_PROGRAM is want and mb._quant_one_program() is want
+        assert quant_triton.ONE_PROGRAM is shipped
+    with pytest.raises(RuntimeError), mb._quant_one_program_set("on" if not shipped else "off"):
+        raise RuntimeError("a failed run")
+    assert quant_triton.ONE_PROGRAM is shipped
+    with mb._quant_one_program_set(None):
+        assert quant_triton.ONE_PROGRAM is shipped

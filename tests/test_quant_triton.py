@@ -16,6 +16,41 @@ from nvfp4lib.nn.quant_triton import quantize_rows_triton  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+@pytest.fixture(autouse=True, params=[False, True], ids=["grid", "one-program"])
+def one_program(request, monkeypatch):
+    """Every test twice: as shipped (the grid launches), and with quant_triton.ONE_PROGRAM on, where inputs of at
+    most ONE_PROGRAM_ELEMENTS quantize in one program (the same bits)."""
+    from nvfp4lib.nn import quant_triton
+
+    monkeypatch.setattr(quant_triton, "ONE_PROGRAM", request.param)
+    return request.param
+
+
+def test_the_one_program_form_is_taken_where_it_fits(one_program, monkeypatch):
+    from nvfp4lib.nn import quant_triton
+
+    launched = []
+    real = quant_triton.launch
+    monkeypatch.setattr(quant_triton, "launch", lambda kernel, *a, **k: (launched.append(kernel), real(kernel, *a,
+                                                                                                          **k))[1])
+    x = torch.randn(8, 768)  # the Qwen3-like intermediate at T = 1: 8 rows x 48 blocks -> a tile of 8 x 64 blocks
+    _same(x)
+    want = [quant_triton._quant_one_kernel] if one_program else [quant_triton._amax_kernel, quant_triton._quant_kernel]
+    assert launched == want
+    launched.clear()
+    _same(torch.randn(16, 2048))  # 16 x 128 blocks: past ONE_PROGRAM_ELEMENTS, the grid form either way
+    assert launched == [quant_triton._amax_kernel, quant_triton._quant_kernel]
+    launched.clear()
+    x = torch.randn(1, 2048)  # the Qwen3-like layer input at T = 1, its 8 copies gathered: one program too
+    index = torch.zeros(8, dtype=torch.int64)
+    got = quant_triton.quantize_rows_triton(x.to(DEV), None, index.to(DEV))
+    codes, scales, g = quantize_rows(x)
+    assert torch.equal(got[0].cpu(), codes[index]) and torch.equal(got[2].cpu(), g)
+    assert torch.equal(got[1].view(torch.uint8).cpu(), scales.view(torch.uint8)[index])
+    assert launched == ([quant_triton._quant_one_kernel] if one_program
+                        else [quant_triton._amax_kernel, quant_triton._quant_kernel])
+
+
 def _same(x, g=None):
     want = quantize_rows(x.cpu(), None if g is None else g.cpu())
     got = quantize_rows_triton(x.to(DEV), None if g is None else g.to(DEV))

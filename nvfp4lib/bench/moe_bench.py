@@ -19,6 +19,7 @@ on the GPU, one layer at a time, and freed before the next. Rows are returned, n
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import statistics
@@ -255,6 +256,28 @@ def _free() -> None:
         torch.cuda.empty_cache()
 
 
+def _quant_one_program() -> bool:
+    from ..nn import quant_triton
+
+    return quant_triton.ONE_PROGRAM
+
+
+@contextlib.contextmanager
+def _quant_one_program_set(value: str | None):
+    """nn.quant_triton.ONE_PROGRAM set to ``value`` ("on", "off"; None: as it is) inside the block, restored after."""
+    if value is None:
+        yield
+        return
+    from ..nn import quant_triton
+
+    old = quant_triton.ONE_PROGRAM
+    quant_triton.ONE_PROGRAM = value == "on"
+    try:
+        yield
+    finally:
+        quant_triton.ONE_PROGRAM = old
+
+
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
               seed: int = 2121, backend: str = "cute-hopper", peer: bool = True, ceilings: dict | None = None,
               quantizer: str = "auto", profile: bool = False, gemv_max_tokens: int | None = None,
@@ -349,6 +372,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["gemv_max_tokens"] = mod.gemv_max_tokens
                                 row["split_k"] = vl_config.SPLIT_K
                                 row["split_rule"] = vl_config.SPLIT_RULE
+                                row["quant_one_program"] = _quant_one_program() if kind == "nvfp4" else None
                                 row["gemv"] = bool(mod._gemv_step(x))
                             # the peer has W4A16 semantics; W4A4 is checked on the activations the layer quantized
                             act = "bf16" if kind in ("peer", "bf16") else "nvfp4"
@@ -424,6 +448,10 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                         "idle, balance: on with that rule (SPLIT_RULE); several values run the whole set once per "
                         "value in this process, in the order given (an A/B: e.g. off on balance); rows carry split_k "
                         "and split_rule")
+    p.add_argument("--quant-one-program", nargs="+", choices=["on", "off"],
+                   help="W4A4's activation quantizer on small inputs in one program (nn.quant_triton.ONE_PROGRAM; "
+                        "default: as shipped); several values run the whole set once per value in this process (an "
+                        "A/B); rows carry quant_one_program")
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -450,13 +478,14 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split in args.split_k or [None]:
-            rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
-                              modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
-                              peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,
-                              gemv_max_tokens=args.gemv_max_tokens,
-                              split_k={None: None, "on": True, "off": False}.get(split, split),
-                              progress=_print_row)
+        for split, one in [(x, y) for x in args.split_k or [None] for y in args.quant_one_program or [None]]:
+            with _quant_one_program_set(one):
+                rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
+                                  modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
+                                  peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,
+                                  gemv_max_tokens=args.gemv_max_tokens,
+                                  split_k={None: None, "on": True, "off": False}.get(split, split),
+                                  progress=_print_row)
         write(args, rows, MOE.name)
         return 0 if all(r["status"] == "ok" or "NotImplementedError" in r["status"] for r in rows) else 1
 

@@ -22,6 +22,13 @@ __all__ = ["quantize_rows_triton"]
 
 BLOCKS_PER_PROGRAM = 32  # 16-element blocks of a row per program
 ROWS_PER_PROGRAM = 4
+# The knob: a computed global scale on an input of at most ONE_PROGRAM_ELEMENTS (the padded tile: rows and blocks
+# rounded up to powers of two) in one program and one launch (_quant_one_kernel) instead of a memset, the amax launch
+# and the quantize launch. Prediction (2026-11-27, before any GPU run): ~5-6 us off a Qwen3-like W4A4 layer at T = 1
+# (its two quantizations cost 0.9 + 2.2 + 2.7 and 1.0 + 2.0 + 4.1 us in the H100 profile; one program ~2-4 us each);
+# off until an A/B measures it.
+ONE_PROGRAM = False
+ONE_PROGRAM_ELEMENTS = 16384  # a Qwen3-like T = 1 step's 8 token copies of 2048: 8 x 128 blocks
 
 
 @triton.jit
@@ -60,17 +67,16 @@ def _e2m1(y):
 
 
 @triton.jit
-def _quant_kernel(x, g_in, amax_bits, codes, scales, g_out, index, rows, nblk, HAVE_G: tl.constexpr,
-                  R: tl.constexpr, CB: tl.constexpr, HAS_INDEX: tl.constexpr):
-    if HAVE_G:
-        g = tl.load(g_in).to(tl.float32)
-    else:  # global_scale_of: amax / (6 * 448); 1 where amax is 0; at least the smallest subnormal
-        amax = tl.load(amax_bits).to(tl.float32, bitcast=True)
-        g = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 2688.0))
-        # the smallest fp32 subnormal, from its bits: Triton types a float literal below fp32's normal range as fp64
-        g = tl.maximum(g, tl.full([], 1, tl.int32).to(tl.float32, bitcast=True))
-    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
-        tl.store(g_out, g)
+def _global_scale(amax):
+    """global_scale_of: amax / (6 * 448); 1 where amax is 0; at least the smallest subnormal."""
+    g = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, 2688.0))
+    # the smallest fp32 subnormal, from its bits: Triton types a float literal below fp32's normal range as fp64
+    return tl.maximum(g, tl.full([], 1, tl.int32).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _quant_tile(x, g, codes, scales, index, rows, nblk, R: tl.constexpr, CB: tl.constexpr, HAS_INDEX: tl.constexpr):
+    """Quantize this program's tile of output rows with the global scale ``g``: codes and E4M3 block scales."""
     ev, od, ok, r, b, j = _tile(x, rows, nblk, R, CB, index, HAS_INDEX)
     bmax = tl.max(tl.maximum(tl.abs(ev), tl.abs(od)), axis=2)  # [R, CB]
     s = tl.minimum(tl.math.div_rn(tl.math.div_rn(bmax, 6.0), g), 448.0)
@@ -92,6 +98,30 @@ def _quant_kernel(x, g_in, amax_bits, codes, scales, g_out, index, rows, nblk, H
     r2 = tl.program_id(0) * R + tl.arange(0, R)[:, None]
     b2 = tl.program_id(1) * CB + tl.arange(0, CB)[None, :]
     tl.store(scales + r2.to(tl.int64) * nblk + b2, code.to(tl.uint8), mask=(r2 < rows) & (b2 < nblk))
+
+
+@triton.jit
+def _quant_kernel(x, g_in, amax_bits, codes, scales, g_out, index, rows, nblk, HAVE_G: tl.constexpr,
+                  R: tl.constexpr, CB: tl.constexpr, HAS_INDEX: tl.constexpr):
+    if HAVE_G:
+        g = tl.load(g_in).to(tl.float32)
+    else:
+        g = _global_scale(tl.load(amax_bits).to(tl.float32, bitcast=True))
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        tl.store(g_out, g)
+    _quant_tile(x, g, codes, scales, index, rows, nblk, R, CB, HAS_INDEX)
+
+
+@triton.jit
+def _quant_one_kernel(x, codes, scales, g_out, index, x_rows, rows, nblk, R: tl.constexpr, CB: tl.constexpr,
+                      HAS_INDEX: tl.constexpr):
+    """A small input in one program (one tile holds all of x and all output rows): x's amax, the global scale, the
+    quantized rows; no memset, no atomic, one launch."""
+    ev, od, ok, r, b, j = _tile(x, x_rows, nblk, R, CB, x, False)
+    amax = tl.max(tl.max(tl.max(tl.maximum(tl.abs(ev), tl.abs(od)), axis=2), axis=1), axis=0)
+    g = _global_scale(amax)
+    tl.store(g_out, g)
+    _quant_tile(x, g, codes, scales, index, rows, nblk, R, CB, HAS_INDEX)
 
 
 def _grid(rows: int, nblk: int) -> tuple[int, int]:
@@ -119,6 +149,12 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
     have_g = global_scale is not None
     # the amax word is zeroed (a memset launch) only where a global scale is computed
     amax_bits = g.view(torch.int32) if have_g else torch.zeros(1, dtype=torch.int32, device=x.device)
+    if not have_g and ONE_PROGRAM:
+        tile = {"R": triton.next_power_of_2(max(rows, out_rows, 1)), "CB": triton.next_power_of_2(nblk)}
+        if tile["R"] * tile["CB"] * BLOCK_SIZE <= ONE_PROGRAM_ELEMENTS:
+            launch(_quant_one_kernel, (1, 1), (x, codes, scales, g, x if index is None else index, rows, out_rows,
+                                               nblk), {**tile, "HAS_INDEX": index is not None}, num_warps=8)
+            return codes, scales.view(torch.float8_e4m3fn), g
     tile = {"R": ROWS_PER_PROGRAM, "CB": BLOCKS_PER_PROGRAM}
     if not have_g:
         launch(_amax_kernel, _grid(rows, nblk), (x, amax_bits, rows, nblk), tile)
