@@ -375,12 +375,12 @@ def test_the_quantizer_knob_is_set_for_the_run_only():
     from nvfp4lib.nn import quant_triton
 
     shipped = quant_triton.ONE_PROGRAM
-    for value, want in (("on", True), ("off", False)):
-        with mb._quant_one_program_set(value):
-            assert quant_triton.ONE_PROGRAM is want and mb._quant_one_program() is want
+    for value in (True, False):
+        with mb.knob_setting(*mb.QUANT_KNOB, value):
+            assert quant_triton.ONE_PROGRAM is value
         assert quant_triton.ONE_PROGRAM is shipped
-    with pytest.raises(RuntimeError), mb._quant_one_program_set("on" if not shipped else "off"):
+    with pytest.raises(RuntimeError), mb.knob_setting(*mb.QUANT_KNOB, not shipped):
         raise RuntimeError("a failed run")
     assert quant_triton.ONE_PROGRAM is shipped
-    with mb._quant_one_program_set(None):
+    with mb.knob_setting(*mb.QUANT_KNOB, None):
         assert quant_triton.ONE_PROGRAM is shipped

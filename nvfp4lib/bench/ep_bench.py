@@ -680,17 +680,15 @@ def run_command(args, write) -> int:
                   f"{'CUDA graphs' if rg.graphs else 'eager'} on {rg.device.type}; estimated "
                   f"{est / 60:.1f} min; every stage times out after {args.step_timeout:.0f} s", flush=True)
         t0 = time.monotonic()
-        shipped = ep_symm.PUT_ROWS_TRITON
-        if args.put_rows:
-            ep_symm.PUT_ROWS_TRITON = args.put_rows == "triton"
+        put_rows = None if args.put_rows is None else args.put_rows == "triton"
         try:
-            out = bench_ep(layers, tokens, transports, modes=tuple(args.mode), peer=not args.no_peer,
-                           routing=routing[0], iters=iters, seed=args.seed, backend=args.backend,
-                           quantizer=args.quantizer, rg=rg, watchdog=dog,
-                           progress=print_row if rg.rank == 0 else None, rows_out=rows)
+            with mb.knob_setting("nvfp4lib.nn.ep_symm", "PUT_ROWS_TRITON", put_rows):
+                out = bench_ep(layers, tokens, transports, modes=tuple(args.mode), peer=not args.no_peer,
+                               routing=routing[0], iters=iters, seed=args.seed, backend=args.backend,
+                               quantizer=args.quantizer, rg=rg, watchdog=dog,
+                               progress=print_row if rg.rank == 0 else None, rows_out=rows)
         finally:
             dog.stop()
-            ep_symm.PUT_ROWS_TRITON = shipped
         ok = all(r["status"] == "ok" for r in out)
         ok = all(rg.gather(ok if rg.rank == 0 else True))
         if rg.rank == 0:

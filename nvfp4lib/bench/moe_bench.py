@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
+import itertools
 import math
 import statistics
 from dataclasses import asdict, dataclass
@@ -256,26 +258,23 @@ def _free() -> None:
         torch.cuda.empty_cache()
 
 
-def _quant_one_program() -> bool:
-    from ..nn import quant_triton
-
-    return quant_triton.ONE_PROGRAM
-
-
 @contextlib.contextmanager
-def _quant_one_program_set(value: str | None):
-    """nn.quant_triton.ONE_PROGRAM set to ``value`` ("on", "off"; None: as it is) inside the block, restored after."""
+def knob_setting(module: str, name: str, value):
+    """The knob ``name`` of ``module`` (a dotted module path, imported only to set it) equal to ``value`` inside the
+    block, as it was after it (also after an error); None: as it is. How a bench sets a kernel knob for one run."""
     if value is None:
         yield
         return
-    from ..nn import quant_triton
-
-    old = quant_triton.ONE_PROGRAM
-    quant_triton.ONE_PROGRAM = value == "on"
+    mod = importlib.import_module(module)
+    old = getattr(mod, name)
+    setattr(mod, name, value)
     try:
         yield
     finally:
-        quant_triton.ONE_PROGRAM = old
+        setattr(mod, name, old)
+
+
+QUANT_KNOB = ("nvfp4lib.nn.quant_triton", "ONE_PROGRAM")  # moe-bench --quant-one-program
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -315,6 +314,9 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
     from ..kernels.hopper_varlen import config as vl_config
 
     with vl_config.split_setting(split_k):  # (the knobs as they were after the run)
+        # the W4A4 quantizer's one-program knob, as set for the run (the Triton quantizer's only)
+        one_program = getattr(importlib.import_module(QUANT_KNOB[0]), QUANT_KNOB[1]) if quantizer == "triton" \
+            else None
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
         rows = []
         for li, layer in enumerate(layers):
@@ -372,7 +374,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["gemv_max_tokens"] = mod.gemv_max_tokens
                                 row["split_k"] = vl_config.SPLIT_K
                                 row["split_rule"] = vl_config.SPLIT_RULE
-                                row["quant_one_program"] = _quant_one_program() if kind == "nvfp4" else None
+                                row["quant_one_program"] = one_program if kind == "nvfp4" else None
                                 row["gemv"] = bool(mod._gemv_step(x))
                             # the peer has W4A16 semantics; W4A4 is checked on the activations the layer quantized
                             act = "bf16" if kind in ("peer", "bf16") else "nvfp4"
@@ -478,8 +480,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split, one in [(x, y) for x in args.split_k or [None] for y in args.quant_one_program or [None]]:
-            with _quant_one_program_set(one):
+        for split, one in itertools.product(args.split_k or [None], args.quant_one_program or [None]):
+            with knob_setting(*QUANT_KNOB, None if one is None else one == "on"):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,
