@@ -25,8 +25,13 @@ ROWS_PER_PROGRAM = 4
 # The knob: a computed global scale on an input of at most ONE_PROGRAM_ELEMENTS (the padded tile: rows and blocks
 # rounded up to powers of two) in one program and one launch (_quant_one_kernel) instead of a memset, the amax launch
 # and the quantize launch. Prediction (2026-11-27, before any GPU run): ~5-6 us off a Qwen3-like W4A4 layer at T = 1
-# (its two quantizations cost 0.9 + 2.2 + 2.7 and 1.0 + 2.0 + 4.1 us in the H100 profile; one program ~2-4 us each);
-# off until an A/B measures it.
+# (its two quantizations cost 0.9 + 2.2 + 2.7 and 1.0 + 2.0 + 4.1 us in the H100 profile; one program ~2-4 us each).
+# Measured (the A/B at 57ed0a0, H100, notebook 11): slower where it was meant to help. One program took 8.4 us for
+# the Qwen3-like input (8 copies x 2048: 16384 elements) and 7.1 us for its intermediate (8 x 768, padded to 8192),
+# against 5.5 and 7.3 us for memset + amax + quantize: the layer 41.6 -> 50.3 us (uniform routing), DeepSeek-like
+# T = 1 (its intermediate 8 x 2048) 117.7 -> 123.7 us; only Mixtral-like T = 1 gained (input 2 x 4096: 7.9 -> 5.4
+# us, the layer 122.1 -> 119.6). One SM walks ~2 elements per ns through the tile; the grid spreads it over many.
+# The knob stays off.
 ONE_PROGRAM = False
 ONE_PROGRAM_ELEMENTS = 16384  # a Qwen3-like T = 1 step's 8 token copies of 2048: 8 x 128 blocks
 

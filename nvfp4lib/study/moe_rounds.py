@@ -248,10 +248,10 @@ def _fused_gather(r: Reader) -> str | None:
 
 
 def _ab_at(r: Reader, commit: str, column: str, keep=None, values=(False, True)):
-    """An A/B in one run at ``commit``: (its rows, those with ``column`` equal to ``values[0]``, those with it equal
-    to ``values[1]``: the latest per case, indexed by case), ``keep`` narrowing the rows first; None where the data
-    hold no such rows."""
-    d = r.rows[r.rows["commit"] == commit[:7]] if len(r.rows) else r.rows
+    """An A/B in one run at ``commit``, uniform routing: (its rows, those with ``column`` equal to ``values[0]``, those
+    with it equal to ``values[1]``: the latest per case, indexed by case), ``keep`` narrowing the rows first; None
+    where the data hold no such rows."""
+    d = r.rows[(r.rows["commit"] == commit[:7]) & (r.rows["routing"] == "uniform")] if len(r.rows) else r.rows
     if not len(d) or column not in d:
         return None
     d = d[keep(d)] if keep is not None else d
@@ -376,6 +376,12 @@ ROUNDS = (
           "Qwen3-like T = 1's gate/up GEMM in 4 slices about 25% faster (W4A4 12.1 -> ~9-10 us), the layer 2-3 us "
           "faster; every other case unchanged.", ("d8f8ad5",),
           _split_ab("d8f8ad5", "split_rule", ("idle", "balance"), keep=None, names=("rule idle", "balance"))),
+    Round("The W4A4 quantizer's one-program form (a knob, nn.quant_triton.ONE_PROGRAM): where the padded tile holds "
+          "at most 16384 elements, x's amax, the global scale and the rows in one launch instead of a memset, the "
+          "amax launch and the quantize launch. An A/B in one run (moe-bench --quant-one-program off on)",
+          "Qwen3-like W4A4 T = 1 about 5-6 us faster (its two quantizations ~3 us each instead of ~5.5 and ~7 us); "
+          "T = 8 unchanged (past the knob's size).", ("57ed0a0",),
+          _split_ab("57ed0a0", "quant_one_program", (False, True), keep=None, names=("one program off", "on"))),
 )
 
 
