@@ -130,3 +130,22 @@ def test_index_fuses_the_gather(static):
     assert torch.equal(got[2].cpu(), g)
     empty = quantize_rows_triton(x.to(DEV), None if gs is None else gs.to(DEV), index[:0].to(DEV))
     assert empty[0].shape == (0, 32) and empty[1].shape == (0, 4) and torch.equal(empty[2].cpu(), g)
+
+
+def test_amax_reduce_replaces_the_amax_before_the_scale():
+    """quantize_rows_triton's amax_reduce (expert parallelism's group max): called once with x's amax(|x|), in place;
+    the outputs are those of the reduced amax's global scale."""
+    from nvfp4lib.nn.quant import global_scale_of
+
+    x = torch.randn(5, 256, generator=torch.Generator().manual_seed(4))
+    seen = []
+
+    def reduce(amax):
+        seen.append(float(amax.cpu()))
+        amax.mul_(3.0)
+
+    got = quantize_rows_triton(x.to(DEV), None, None, reduce)
+    assert seen == [float(x.abs().amax())]
+    want = quantize_rows(x, global_scale_of(x.abs().amax() * 3.0))
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[2].cpu(), want[2])
+    assert torch.equal(got[1].cpu().view(torch.uint8), want[1].view(torch.uint8))

@@ -113,3 +113,66 @@ def test_put_rows_writes_each_row_to_its_peer_only(dtype, cols):
     for w, t in zip(want, got):
         assert torch.equal(w[:-1].cpu(), t[:-1].cpu())  # the dump row (last) is the torch form's scratch
         assert not t[-1].any()  # the one-launch form writes nothing it was not asked to
+
+
+@pytest.mark.parametrize("world,rank,t,k,e", [(2, 0, 3, 8, 256), (2, 1, 64, 8, 128), (4, 3, 5, 2, 8)])
+def test_route_local_reads_the_gathered_rows_in_place(world, rank, t, k, e):
+    """The all-gather transport's routing (routing.route_local): ids read in place from byte rows (a row stride),
+    padding rows (ids -1) and other ranks' copies after this rank's with row and token -1; the Triton form gives the
+    torch form element for element, and the torch form is the plain route of the local copies."""
+    from nvfp4lib.nn.routing import route_local
+
+    g = torch.Generator().manual_seed(world * 100 + t)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(world * t)])
+    ids[-2:] = -1  # padding rows
+    rows = torch.zeros(world * t, 40 + 4 * k, dtype=torch.uint8)
+    rows.view(torch.int32)[:, 10:10 + k] = ids.to(torch.int32)
+    in_place = rows.to(DEV).view(torch.int32)[:, 10:10 + k]
+    n_local = e // world
+    want = route_local(ids, n_local, rank * n_local)  # a CPU tensor: the torch form
+    got = route_local(in_place, n_local, rank * n_local)
+    for name, a, b in zip(Routing._fields, got, want):
+        assert torch.equal(a.cpu(), b), name
+    local = ids.reshape(-1) - rank * n_local
+    own = (local >= 0) & (local < n_local)
+    assert int(want.offsets[-1]) == int(own.sum()) and bool((want.row[~own] == -1).all())
+    plain = route(local[own].view(-1, 1), n_local)  # this rank's copies alone, in the same order
+    assert torch.equal(want.offsets, plain.offsets) and torch.equal(want.row[own], plain.row)
+    assert bool((want.token[int(own.sum()):] == -1).all())
+
+
+@pytest.mark.parametrize("parts", [(56,), (32, 4)])
+def test_pack_rows_gives_the_concatenation_with_padding(parts):
+    from nvfp4lib.nn.routing_triton import pack_rows_triton
+
+    g = torch.Generator().manual_seed(2)
+    t, k, cap = 3, 4, 5
+    payload = tuple(torch.randint(0, 256, (t, n), generator=g, dtype=torch.uint8) for n in parts)
+    ids = torch.randint(0, 64, (t, k), generator=g)
+    w = torch.rand(t, k, generator=g).to(torch.bfloat16)
+    got = pack_rows_triton(tuple(p.to(DEV) for p in payload), ids.to(DEV), w.to(DEV), cap).cpu()
+    live = torch.cat([*payload, ids.to(torch.int32).view(torch.uint8), w.float().view(torch.uint8)], 1)
+    pad = torch.zeros(cap - t, live.shape[1], dtype=torch.uint8)
+    pad[:, sum(parts):sum(parts) + 4 * k] = 255  # expert ids -1
+    assert torch.equal(got, torch.cat([live, pad]))
+    assert pack_rows_triton((torch.zeros(t, 6, dtype=torch.uint8, device=DEV),), ids.to(DEV), w.to(DEV), cap) is None
+
+
+def test_gather_skips_negative_indices_and_reads_strided_rows():
+    from nvfp4lib.nn.routing_triton import gather_rows_triton
+
+    x = torch.randint(0, 256, (6, 48), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    index = torch.tensor([4, -1, 0, 5, -1])
+    got = gather_rows_triton(x.to(DEV)[:, 8:40], index.to(DEV)).cpu()  # a row stride of 48 bytes, 32 bytes a row
+    keep = index >= 0
+    assert torch.equal(got[keep], x[:, 8:40][index[keep]])
+
+
+def test_unpermute_reads_strided_weights():
+    t, k, n = 4, 3, 20
+    y = torch.randn(t * k, n)
+    row = torch.randperm(t * k)
+    w_rows = torch.rand(t, k + 5)
+    got = unpermute_triton(y.to(DEV), row.to(DEV), w_rows.to(DEV)[:, 2:2 + k], torch.float32).cpu()
+    want = unpermute_triton(y.to(DEV), row.to(DEV), w_rows[:, 2:2 + k].contiguous().to(DEV), torch.float32).cpu()
+    assert torch.equal(got, want)

@@ -46,7 +46,7 @@ import torch.distributed as dist
 from .ep_transport import Dispatched, EPShape, Transport, _group_of
 from .moe import INTERMEDIATE_DTYPE, NVFP4MoE, _packed
 from .quant import global_scale_of
-from .routing import route, weighted_rows
+from .routing import _triton_form, gather_rows, route_local, weighted_rows
 
 __all__ = ["EPMoE", "EPShape", "Transport", "Dispatched", "AllGatherTransport", "TRANSPORTS", "make_transport",
            "expert_range"]
@@ -82,9 +82,12 @@ class AllGatherTransport(Transport):
         self.pad = torch.zeros((s.capacity, self.send_bytes), dtype=torch.uint8, device=s.device)
         self.pad[:, s.row_bytes:s.row_bytes + 4 * s.top_k] = 255
         self.ranks = torch.arange(s.world, device=s.device, dtype=torch.int32)
+        self.no_drop = torch.zeros(1, dtype=torch.int32, device=s.device)
 
     def all_max(self, x, use):
-        x = x.to(torch.float32).reshape(1).clone()
+        return self.all_max_(x.to(torch.float32).reshape(1).clone(), use)
+
+    def all_max_(self, x, use):
         dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.group)
         return x
 
@@ -106,38 +109,48 @@ class AllGatherTransport(Transport):
         dist.reduce_scatter_tensor(out, partial, group=self.group)
         return out
 
-    def dispatch(self, payload, topk_ids, topk_weights):
-        s, t, k = self.shape, payload.shape[0], self.shape.top_k
-        n_local = s.local_experts
-        send = torch.cat([payload, topk_ids.to(torch.int32).contiguous().view(torch.uint8),
+    def _pack(self, payload, topk_ids, topk_weights) -> torch.Tensor:
+        """The send rows ``[capacity, send_bytes]``: payload, int32 expert ids, fp32 weights, then padding rows (one
+        Triton launch on a GPU where the payload's rows are whole 32-bit words: routing_triton.pack_rows_triton)."""
+        s, t = self.shape, payload[0].shape[0]
+        if _triton_form(payload[0]):
+            from .routing_triton import pack_rows_triton
+
+            send = pack_rows_triton(payload, topk_ids, topk_weights, s.capacity)
+            if send is not None:
+                return send
+        send = torch.cat([*payload, topk_ids.to(torch.int32).contiguous().view(torch.uint8),
                           topk_weights.to(torch.float32).contiguous().view(torch.uint8)], dim=1)
-        if t < s.capacity:
-            send = torch.cat([send, self.pad[t:]])
-        got = self._all_gather(send)
-        ids = got[:, s.row_bytes:s.row_bytes + 4 * k].contiguous().view(torch.int32)
-        weights = got[:, s.row_bytes + 4 * k:].contiguous().view(torch.float32)
+        return torch.cat([send, self.pad[t:]]) if t < s.capacity else send
+
+    def dispatch(self, payload, topk_ids, topk_weights):
+        s, k, n_local = self.shape, self.shape.top_k, self.shape.local_experts
+        payload = payload if isinstance(payload, tuple) else (payload,)
+        t = payload[0].shape[0]
+        got = self._all_gather(self._pack(payload, topk_ids, topk_weights))
+        ids = got[:, s.row_bytes:s.row_bytes + 4 * k].view(torch.int32)  # in place: a row stride, no copy
+        weights = got[:, s.row_bytes + 4 * k:].view(torch.float32)
+        # this rank's experts' copies first, grouped by local expert; every other copy (another rank's, padding)
+        # after them with row and token -1, its payload never gathered
+        r = route_local(ids, n_local, s.rank * n_local)
+        rows = gather_rows(got[:, :s.row_bytes], r.token[:s.recv_capacity])
+        if s.recv_capacity >= s.world * s.capacity * k:  # every copy fits: nothing to count or clamp
+            return Dispatched(rows, r.offsets, self.no_drop, (r.row, weights, t))
+        offsets = torch.clamp(r.offsets, max=s.recv_capacity)
         owner = torch.div(ids, n_local, rounding_mode="floor")  # -1 for padding
-        owned = owner == s.rank
-        # this rank's experts 0 .. E/W-1, every other copy to a sink group after them (its rows are never computed)
-        local = torch.where(owned, ids - s.rank * n_local, n_local)
-        r = route(local, n_local + 1)
-        rows = got[:, :s.row_bytes].index_select(0, r.token[:s.recv_capacity])
-        offsets = torch.clamp(r.offsets[:n_local + 1], max=s.recv_capacity)
         per_rank = (owner.reshape(-1, 1) == self.ranks).sum(0)
         dropped = torch.clamp(per_rank - s.recv_capacity, min=0).sum().to(torch.int32).reshape(1)
-        return Dispatched(rows, offsets, dropped, (r, owned, weights, t))
+        # a copy past the receive capacity: weight NaN (its token's output NaN, counted in dropped), row unread
+        lost = r.row >= s.recv_capacity
+        w = torch.where(lost.view(weights.shape), torch.full((), float("nan"), device=got.device), weights)
+        return Dispatched(rows, offsets, dropped, (torch.where(lost, -1, r.row), w, t))
 
     def combine(self, y, d, out_dtype):
         s = self.shape
-        r, owned, weights, t = d.state
-        owned = owned.reshape(-1)
-        fits = r.row < y.shape[0]
+        row, weights, t = d.state
         # each token's own copies weighted and summed in one pass (routing.weighted_rows; on a GPU one launch): the
-        # other ranks' copies (and padding) add zero whatever their rows hold, a copy past the receive capacity NaN
-        row = torch.where(owned & fits, r.row, -1)
-        w = torch.where(owned, weights.reshape(-1), torch.zeros((), device=weights.device))
-        w = torch.where(owned & ~fits, torch.full((), float("nan"), device=w.device), w)
-        partial = weighted_rows(y, row, w.view(s.world * s.capacity, s.top_k), torch.float32)
+        # other ranks' copies and padding (row -1) add zero whatever their weights, a lost copy NaN
+        partial = weighted_rows(y, row, weights, torch.float32)
         return self._sum_scatter(partial)[:t].to(out_dtype)
 
 
@@ -163,8 +176,8 @@ class EPMoE(torch.nn.Module):
     :class:`~.moe.NVFP4MoE` (activations, backend, quantizer, input_scales, keep_weights). ``local_layer``: what builds
     this rank's experts from its weight lists and those keywords (default :class:`~.moe.NVFP4MoE`); it must offer what
     the step uses of NVFP4MoE: ``experts``, ``hidden``, ``activations``, ``device``, ``input_scales``, ``_check``,
-    ``gate_up(rows, offsets)`` and ``down(rows, offsets)`` (with ``global_scale=`` and ``_quantize`` in W4A4) — e.g. the
-    benchmark's bf16 peer (:mod:`nvfp4lib.bench.ep_bench`).
+    ``gate_up(rows, offsets)`` and ``down(rows, offsets)`` (with ``global_scale=`` and ``_quantize(x, g,
+    amax_reduce=)`` in W4A4) — e.g. the benchmark's bf16 peer (:mod:`nvfp4lib.bench.ep_bench`).
 
     ``forward(x [T, H], topk_ids [T, top_k] (global expert ids), topk_weights)`` with ``T <= capacity``; every rank of
     the group calls it in the same step (T may differ between ranks)."""
@@ -240,9 +253,11 @@ class EPMoE(torch.nn.Module):
         g = None
         if self.activations == "nvfp4":
             static = local.input_scales or (None, None)
-            g = static[0] if static[0] is not None else global_scale_of(tr.all_max(_amax(x), 0))
-            codes, scales, g = local._quantize(x, g)
-            payload = torch.cat([codes.reshape(x.shape[0], -1), scales.view(torch.uint8).reshape(x.shape[0], -1)], 1)
+            if static[0] is not None:
+                codes, scales, g = local._quantize(x, static[0])
+            else:  # the group's amax, taken between the quantizer's amax and its rows (no separate amax pass)
+                codes, scales, g = local._quantize(x, amax_reduce=lambda amax: tr.all_max_(amax, 0))
+            payload = (codes.reshape(x.shape[0], -1), scales.view(torch.uint8).reshape(x.shape[0], -1))
         else:
             payload = x.to(torch.bfloat16).contiguous().view(torch.uint8)
         d = tr.dispatch(payload, topk_ids, topk_weights)

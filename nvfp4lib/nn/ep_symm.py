@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from .ep_transport import Dispatched, EPShape, Transport, _group_of
+from .ep_transport import Dispatched, EPShape, Transport, _group_of, joined
 from .routing import _triton_form, route, weighted_rows
 
 __all__ = ["SymmMemTransport", "SymmetricHeap", "TorchSymmetricHeap", "put_rows"]
@@ -160,6 +160,7 @@ class SymmMemTransport(Transport):
         s, me = self.shape, self.rank
         n_local = s.local_experts
         n = topk_ids.numel()
+        payload = joined(payload)
         r = route(topk_ids, s.experts)
         for buf in self._peers("counts"):
             buf[me].copy_(r.offsets[1:] - r.offsets[:-1])

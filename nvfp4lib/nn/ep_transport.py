@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
-__all__ = ["EPShape", "Dispatched", "Transport"]
+__all__ = ["EPShape", "Dispatched", "Transport", "joined"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,13 @@ class Transport:
         """The max over the group of a float32 ``[1]`` (``use``: 0 or 1, the step's two calls, each its own buffer)."""
         raise NotImplementedError
 
-    def dispatch(self, payload: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+    def all_max_(self, x: torch.Tensor, use: int) -> torch.Tensor:
+        """:meth:`all_max` in place (``x`` float32 ``[1]``): what the quantizer's ``amax_reduce`` calls."""
+        return x.copy_(self.all_max(x, use))
+
+    def dispatch(self, payload, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+        """This rank's ``T`` tokens (``payload``: uint8 ``[T, row_bytes]``, or a tuple of uint8 ``[T, ·]`` parts that
+        lie side by side in a row, e.g. W4A4's codes and block scales) to the owners of their experts."""
         raise NotImplementedError
 
     def combine(self, y: torch.Tensor, d: Dispatched, out_dtype: torch.dtype) -> torch.Tensor:
@@ -66,3 +72,8 @@ def _group_of(group):
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("EP needs torch.distributed initialised (dist.init_process_group) before the layer is built")
     return group if group is not None else dist.group.WORLD
+
+
+def joined(payload) -> torch.Tensor:
+    """A dispatch's payload as one uint8 ``[T, row_bytes]`` tensor (its parts side by side)."""
+    return torch.cat(payload, dim=1) if isinstance(payload, tuple) else payload

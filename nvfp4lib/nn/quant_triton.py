@@ -133,12 +133,15 @@ def _grid(rows: int, nblk: int) -> tuple[int, int]:
     return max(1, -(-rows // ROWS_PER_PROGRAM)), -(-nblk // BLOCKS_PER_PROGRAM)
 
 
-def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = None, index: torch.Tensor | None = None):
+def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = None, index: torch.Tensor | None = None,
+                         amax_reduce=None):
     """:func:`nvfp4lib.nn.quant.quantize_rows` in two Triton launches (one with ``global_scale``): the same outputs,
     bit for bit. ``x`` a contiguous float tensor ``[..., K]`` on a device Triton runs on (a CUDA GPU, or the CPU
     under ``TRITON_INTERPRET=1``); no host synchronisation. ``index`` (int ``[R]``, 2-D ``x`` only): the outputs are
     the rows ``x[index]`` quantized (the gather fused in; the global scale is still x's), ``[R, K/2]`` and ``[R,
-    K/16]``."""
+    K/16]``. ``amax_reduce`` (without ``global_scale``): called on x's ``amax(|x|)`` (float32 ``[1]``, on the
+    device) between the two launches, to replace it in place, e.g. with a process group's max (expert parallelism);
+    the global scale is then computed from what it leaves there."""
     k = check_k(x)
     if not x.is_contiguous():
         raise ValueError("quantize_rows (triton): x must be contiguous; pass x.contiguous()")
@@ -154,7 +157,7 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
     have_g = global_scale is not None
     # the amax word is zeroed (a memset launch) only where a global scale is computed
     amax_bits = g.view(torch.int32) if have_g else torch.zeros(1, dtype=torch.int32, device=x.device)
-    if not have_g and ONE_PROGRAM:
+    if not have_g and ONE_PROGRAM and amax_reduce is None:
         tile = {"R": triton.next_power_of_2(max(rows, out_rows, 1)), "CB": triton.next_power_of_2(nblk)}
         if tile["R"] * tile["CB"] * BLOCK_SIZE <= ONE_PROGRAM_ELEMENTS:
             launch(_quant_one_kernel, (1, 1), (x, codes, scales, g, x if index is None else index, rows, out_rows,
@@ -163,6 +166,8 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
     tile = {"R": ROWS_PER_PROGRAM, "CB": BLOCKS_PER_PROGRAM}
     if not have_g:
         launch(_amax_kernel, _grid(rows, nblk), (x, amax_bits, rows, nblk), tile)
+        if amax_reduce is not None:  # (|x| >= 0: its float32 bits order as int32 bits, which the kernel maxes)
+            amax_reduce(amax_bits.view(torch.float32))
     g_in = global_scale.to(torch.float32).reshape(1) if have_g else g
     # (at least one program, also for no rows: program 0 writes the global scale)
     launch(_quant_kernel, _grid(out_rows, nblk),

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Routing", "route", "unpermute", "gather_rows", "triton_importable"]
+__all__ = ["Routing", "route", "route_local", "unpermute", "gather_rows", "triton_importable"]
 
 
 class Routing(NamedTuple):
@@ -40,11 +40,10 @@ def _triton_form(t: torch.Tensor) -> bool:
 def route(topk_ids: torch.Tensor, experts: int) -> Routing:
     """Sort the ``T·k`` token copies of ``topk_ids [T, k]`` by expert (stable: within an expert, token order).
     Decode-sized steps on a CUDA device run :func:`.routing_triton.route_triton` (one launch, the same outputs)."""
-    if _triton_form(topk_ids):
-        from .routing_triton import _MAX_EXPERTS, ROUTE_MAX_COPIES, route_triton
+    if _fits_triton(topk_ids, experts):
+        from .routing_triton import route_triton
 
-        if topk_ids.numel() <= ROUTE_MAX_COPIES and experts <= _MAX_EXPERTS:
-            return Routing(*route_triton(topk_ids, experts))
+        return Routing(*route_triton(topk_ids, experts))
     k = topk_ids.shape[1]
     ids = topk_ids.reshape(-1).to(torch.int64)
     order = torch.argsort(ids, stable=True)
@@ -57,14 +56,40 @@ def route(topk_ids: torch.Tensor, experts: int) -> Routing:
     return Routing(torch.div(order, k, rounding_mode="floor"), offsets, row)
 
 
+def route_local(topk_ids: torch.Tensor, experts: int, base: int) -> Routing:
+    """:func:`route` for the copies of experts ``[base, base + experts)`` only (an expert-parallel rank's own; the
+    ids of the others, padding ids -1 among them, are any other value): their packed rows come first, grouped by
+    local expert (``offsets [experts+1]``, ``offsets[experts]`` the copies this rank owns), every other copy after
+    them with ``row`` -1 and ``token`` -1. ``topk_ids`` may have any row stride (the all-gather transport reads them
+    in place from the gathered rows). On a CUDA device one launch where :func:`route`'s Triton form fits."""
+    if _fits_triton(topk_ids, experts + 1):
+        from .routing_triton import route_triton
+
+        return Routing(*route_triton(topk_ids, experts, base))
+    local = topk_ids.to(torch.int64) - base
+    own = (local >= 0) & (local < experts)
+    r = route(torch.where(own, local, experts), experts + 1)  # every other copy in a sink group after them
+    packed = torch.arange(r.token.numel(), device=r.token.device)
+    return Routing(torch.where(packed < r.offsets[experts], r.token, -1), r.offsets[:experts + 1],
+                   torch.where(own.reshape(-1), r.row, -1))
+
+
+def _fits_triton(topk_ids: torch.Tensor, groups: int) -> bool:
+    if not _triton_form(topk_ids):
+        return False
+    from .routing_triton import _MAX_EXPERTS, ROUTE_MAX_COPIES
+
+    return topk_ids.numel() <= ROUTE_MAX_COPIES and groups <= _MAX_EXPERTS
+
+
 def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``x[index]``: the rows of a 2-D ``x`` in packed order; on a CUDA device one Triton launch
-    (:func:`.routing_triton.gather_rows_triton`), else ``index_select``."""
+    """``x[index]``: the rows of a 2-D ``x`` in packed order, a row whose index is negative left unspecified; on a
+    CUDA device one Triton launch (:func:`.routing_triton.gather_rows_triton`), else ``index_select``."""
     if _triton_form(x):
         from .routing_triton import gather_rows_triton
 
         return gather_rows_triton(x, index)
-    return x.index_select(0, index)
+    return x.index_select(0, index.clamp(min=0))
 
 
 def unpermute(y: torch.Tensor, routing: Routing, topk_weights: torch.Tensor,

@@ -4,12 +4,20 @@ The torch forms (:mod:`.routing`) are about 7 kernels for the routing (a stable 
 for the un-permute (a gather, casts, a product, a sum). Inside a CUDA graph each still costs ~2 µs of GPU time: at
 T = 1 that is ~30 µs of a layer whose GEMMs take ~30-120 µs. Here:
 
-- :func:`route_triton`: one program ranks every token copy against every other (copy i goes to packed row
-  #{j : e_j < e_i, or e_j = e_i and j < i}: the stable sort's position) and counts the copies below each expert (the
-  offsets). Its outputs are the torch form's, element for element. O(N²) comparisons for N = T·k copies in one
-  program, so it takes N <= :data:`ROUTE_MAX_COPIES` (T <= 16 at k = 8); larger steps keep the torch form. On the
-  H100 (e48509f, limit 1024) it was ~15-20 µs slower than the torch form at N = 512 and ~600 µs slower at N = 1024;
-  at N <= 64 it saved most of the ~30 µs that the layer's routing and un-permute cost;
+- :func:`route_triton`: one program counts the copies of each expert (a one-hot [copies, experts] block at a time),
+  takes the exclusive prefix sum (the offsets), then gives each copy its expert's start plus the copies of that expert
+  before it (a prefix sum down the block): the stable sort's position. Its outputs are the torch form's, element for
+  element. O(N·E) work for N = T·k copies in one program, so it takes N <= :data:`ROUTE_MAX_COPIES`; larger steps
+  keep the torch form. It also routes an expert-parallel rank's own copies (:func:`.routing.route_local`: ids read in
+  place with a row stride, other ranks' copies sorted last with row -1). History: its first form ranked every copy
+  against every other (O(N²)); on the H100 (with a limit of 1024) that was ~15-20 µs slower than the torch form at
+  N = 512 and ~600 µs slower at N = 1024, so its limit was 128; at N <= 64 it saved most of the ~30 µs that the
+  layer's routing and un-permute cost. The counting form's limit of 1024 (the expert-parallel decode step's
+  W·T·k = 2·64·8) waits on its GPU measurement (the prediction: one launch of ~5-10 µs at N = 1024, against ~15 µs
+  of the torch form's 7 kernels);
+- :func:`gather_rows_triton` and :func:`pack_rows_triton`: a row copy per program (column blocks of 32-bit words),
+  the gather skipping negative indices; the pack writes the all-gather transport's send rows (payload, expert ids,
+  weights, then padding rows) in one launch instead of two concatenations and two casts;
 - :func:`put_rows_triton`: the expert-parallel symm-mem transport's row writes (:func:`.ep_symm.put_rows`): one
   program per (row, column block) reads its destination rank and row and writes the row there, into that peer's
   buffer by address; rows with no destination are skipped;
@@ -25,87 +33,153 @@ import triton.language as tl
 
 from ..kernels.common.triton_launch import launch
 
-__all__ = ["ROUTE_MAX_COPIES", "route_triton", "unpermute_triton", "gather_rows_triton", "put_rows_triton"]
+__all__ = ["ROUTE_MAX_COPIES", "route_triton", "unpermute_triton", "gather_rows_triton", "pack_rows_triton",
+           "put_rows_triton"]
 
-ROUTE_MAX_COPIES = 128
+ROUTE_MAX_COPIES = 1024
 _MAX_EXPERTS = 1023  # offsets [E+1] in one block of at most 1024
-_BJ = 32  # copies compared per step
+_BI = 32  # copies per step of the routing's loops
 _BN = 256  # output columns per un-permute program
-_GATHER_BN = 1024  # elements per gather program
+_GATHER_BN = 1024  # elements (32-bit words where rows are whole words) per gather program
+_PACK_BW = 1024  # 32-bit words per pack program
 
 
 @triton.jit
-def _route_kernel(ids, token, row, offsets, n, experts, K: tl.constexpr, N_P2: tl.constexpr, E_P2: tl.constexpr,
-                  BJ: tl.constexpr):
-    i = tl.arange(0, N_P2)
-    mi = i < n
-    ei = tl.load(ids + i, mask=mi, other=0)
+def _route_kernel(ids, stride, token, row, offsets, n, experts, base, K: tl.constexpr, BI: tl.constexpr,
+                  NB: tl.constexpr, E_P2: tl.constexpr):
     e = tl.arange(0, E_P2)
-    rank = tl.zeros([N_P2], dtype=tl.int32)
-    below = tl.zeros([E_P2], dtype=tl.int32)
-    for j0 in tl.static_range(0, N_P2, BJ):
-        j = j0 + tl.arange(0, BJ)
-        mj = j < n
-        ej = tl.load(ids + j, mask=mj, other=0)
-        first = (ej[None, :] < ei[:, None]) | ((ej[None, :] == ei[:, None]) & (j[None, :] < i[:, None]))
-        rank += tl.sum((first & mj[None, :]).to(tl.int32), axis=1)
-        below += tl.sum(((ej[None, :] < e[:, None]) & mj[None, :]).to(tl.int32), axis=1)
-    tl.store(row + i, rank.to(tl.int64), mask=mi)
-    tl.store(token + rank, (i // K).to(tl.int64), mask=mi)
-    tl.store(offsets + e, below, mask=e <= experts)
+    # pass 1: copies per expert (a copy outside [base, base + experts) counts in the sink group, number `experts`)
+    count = tl.zeros([E_P2], dtype=tl.int32)
+    for b in range(NB):  # a loop, not unrolled (NB blocks of BI copies: n rounded up to a power of two)
+        i = b * BI + tl.arange(0, BI)
+        mi = i < n
+        ei = tl.load(ids + (i // K).to(tl.int64) * stride + i % K, mask=mi, other=0).to(tl.int32) - base
+        ei = tl.where((ei >= 0) & (ei < experts), ei, experts)
+        count += tl.sum(((ei[:, None] == e[None, :]) & mi[:, None]).to(tl.int32), axis=0)
+    start = tl.cumsum(count, axis=0) - count  # the first packed row of each group
+    tl.store(offsets + e, start, mask=e <= experts)
+    # pass 2: a copy's packed row is its group's start plus the copies of its group before it (the stable order)
+    for b in range(NB):
+        i = b * BI + tl.arange(0, BI)
+        mi = i < n
+        ei = tl.load(ids + (i // K).to(tl.int64) * stride + i % K, mask=mi, other=0).to(tl.int32) - base
+        ei = tl.where((ei >= 0) & (ei < experts), ei, experts)
+        hit = ((ei[:, None] == e[None, :]) & mi[:, None]).to(tl.int32)
+        before = tl.cumsum(hit, axis=0) - hit + start[None, :]
+        r = tl.sum(hit * before, axis=1)
+        start += tl.sum(hit, axis=0)
+        own = ei < experts
+        tl.store(row + i, tl.where(own, r, -1).to(tl.int64), mask=mi)
+        tl.store(token + r, tl.where(own, i // K, -1).to(tl.int64), mask=mi)
 
 
 @triton.jit
-def _unpermute_kernel(y, row, w, out, cols, K: tl.constexpr, BN: tl.constexpr):
+def _unpermute_kernel(y, row, w, w_stride, out, cols, K: tl.constexpr, BN: tl.constexpr):
     t = tl.program_id(0)
     c = tl.program_id(1) * BN + tl.arange(0, BN)
     m = c < cols
     acc = tl.zeros([BN], dtype=tl.float32)
     for j in tl.static_range(K):
         r = tl.load(row + t * K + j)
-        wt = tl.load(w + t * K + j).to(tl.float32)
+        wt = tl.load(w + t.to(tl.int64) * w_stride + j).to(tl.float32)
         acc += tl.load(y + r * cols + c, mask=m & (r >= 0), other=0.0).to(tl.float32) * wt  # row < 0: 0 · wt
     tl.store(out + t.to(tl.int64) * cols + c, acc.to(out.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _gather_rows_kernel(x, index, out, cols, BN: tl.constexpr):
+def _gather_rows_kernel(x, x_stride, index, out, cols, BN: tl.constexpr):
     r = tl.program_id(0)
-    c = tl.program_id(1) * BN + tl.arange(0, BN)
-    m = c < cols
     src = tl.load(index + r).to(tl.int64)
-    tl.store(out + r.to(tl.int64) * cols + c, tl.load(x + src * cols + c, mask=m), mask=m)
+    if src >= 0:  # a negative index: the row is left as it is
+        c = tl.program_id(1) * BN + tl.arange(0, BN)
+        m = c < cols
+        tl.store(out + r.to(tl.int64) * cols + c, tl.load(x + src * x_stride + c, mask=m), mask=m)
+
+
+@triton.jit
+def _pack_rows_kernel(a, b, ids, w, out, t, wa, wb, words, K: tl.constexpr, BW: tl.constexpr):
+    r = tl.program_id(0)
+    c = tl.program_id(1) * BW + tl.arange(0, BW)
+    live = r < t
+    r64 = r.to(tl.int64)
+    in_b = (c >= wa) & (c < wa + wb)
+    j = c - wa - wb
+    in_ids = (j >= 0) & (j < K)
+    in_w = (j >= K) & (j < 2 * K)
+    v = tl.load(a + r64 * wa + c, mask=(c < wa) & live, other=0)
+    v = tl.where(in_b, tl.load(b + r64 * wb + (c - wa), mask=in_b & live, other=0), v)
+    v = tl.where(in_ids, tl.load(ids + r64 * K + j, mask=in_ids & live, other=-1).to(tl.int32), v)
+    wt = tl.load(w + r64 * K + (j - K), mask=in_w & live, other=0.0).to(tl.float32)
+    v = tl.where(in_w, wt.to(tl.int32, bitcast=True), v)
+    tl.store(out + r64 * words + c, v, mask=c < words)
+
+
+def _words(x: torch.Tensor) -> torch.Tensor | None:
+    """``x`` (2-D, unit column stride) as 32-bit words, or None where its rows or row stride are not whole words."""
+    size = x.element_size()
+    if x.stride(-1) != 1 or (x.shape[-1] * size) % 4 or (x.stride(0) * size) % 4 or x.data_ptr() % 4:
+        return None
+    return x.view(torch.int32) if x.dtype != torch.int32 else x
 
 
 def gather_rows_triton(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``x[index]`` for a 2-D ``x`` and a 1-D integer ``index`` in one launch (torch's index_select took a generic
-    ~3.7 µs kernel for 8 bf16 rows of 2048 on the H200, moe-bench --profile). Indices are not checked."""
-    x = x.contiguous()
+    """``x[index]`` for a 2-D ``x`` (any row stride) and a 1-D integer ``index`` in one launch (torch's index_select
+    took a generic ~3.7 µs kernel for 8 bf16 rows of 2048 on the H200, moe-bench --profile); a row whose index is
+    negative is left unwritten. Rows move as 32-bit words where they are whole words. Indices are not checked."""
     rows, cols = index.numel(), x.shape[1]
     out = torch.empty((rows, cols), dtype=x.dtype, device=x.device)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    src, dst = _words(x), _words(out)
+    if src is None or dst is None:
+        src, dst = x, out
     if rows and cols:
-        launch(_gather_rows_kernel, (rows, triton.cdiv(cols, _GATHER_BN)), (x, index, out, cols),
-               {"BN": _GATHER_BN})
+        launch(_gather_rows_kernel, (rows, triton.cdiv(dst.shape[1], _GATHER_BN)),
+               (src, src.stride(0), index, dst, dst.shape[1]), {"BN": _GATHER_BN})
     return out
 
 
-def route_triton(topk_ids: torch.Tensor, experts: int):
-    """(token int64 [T·k], offsets int32 [E+1], row int64 [T·k]) of :func:`.routing.route`, in one launch.
-    ``topk_ids`` an integer [T, k] tensor with T·k <= :data:`ROUTE_MAX_COPIES`, ``experts`` <= 1023."""
+def pack_rows_triton(parts: tuple[torch.Tensor, ...], topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                     capacity: int) -> torch.Tensor | None:
+    """The expert-parallel send rows in one launch: uint8 ``[capacity, bytes]``, row t < T the payload ``parts``
+    (one or two uint8 [T, ·] tensors, side by side), then ``topk_ids`` as int32 and ``topk_weights`` as fp32 bytes;
+    rows T .. capacity-1 padding (zero payload and weights, expert ids -1). None where a part's rows are not whole
+    32-bit words (the caller then packs with torch)."""
+    t, k = topk_ids.shape
+    if len(parts) not in (1, 2):
+        raise ValueError(f"pack_rows_triton takes one or two payload parts, got {len(parts)}")
+    words = [_words(p.contiguous()) for p in parts]
+    if any(wd is None for wd in words):
+        return None
+    a, b = words[0], words[-1]
+    wa, wb = a.shape[1], b.shape[1] if len(words) == 2 else 0
+    total = wa + wb + 2 * k
+    out = torch.empty((capacity, total), dtype=torch.int32, device=a.device)
+    if capacity:
+        launch(_pack_rows_kernel, (capacity, triton.cdiv(total, _PACK_BW)),
+               (a, b, topk_ids.contiguous(), topk_weights.contiguous(), out, t, wa, wb, total),
+               {"K": k, "BW": _PACK_BW})
+    return out.view(torch.uint8)
+
+
+def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0):
+    """(token int64 [T·k], offsets int32 [E+1], row int64 [T·k]) of :func:`.routing.route` (``base`` 0) or
+    :func:`.routing.route_local` (the experts ``[base, base + E)``), in one launch. ``topk_ids``: an integer [T, k]
+    tensor (any row stride, unit column stride) with T·k <= :data:`ROUTE_MAX_COPIES`, ``experts`` <= 1023."""
     t, k = topk_ids.shape
     n = t * k
     if n > ROUTE_MAX_COPIES or experts > _MAX_EXPERTS:
         raise ValueError(f"route_triton: {n} copies over {experts} experts; at most {ROUTE_MAX_COPIES} copies and "
                          f"{_MAX_EXPERTS} experts (use routing.route, which picks the torch form for larger steps)")
-    ids = topk_ids.contiguous()
+    ids = topk_ids if topk_ids.stride(-1) == 1 else topk_ids.contiguous()
     dev = ids.device
     token = torch.empty(n, dtype=torch.int64, device=dev)
     row = torch.empty(n, dtype=torch.int64, device=dev)
     offsets = torch.empty(experts + 1, dtype=torch.int32, device=dev)
     if n:
-        launch(_route_kernel, (1,), (ids, token, row, offsets, n, experts),
-               {"K": k, "N_P2": max(_BJ, triton.next_power_of_2(n)), "E_P2": triton.next_power_of_2(experts + 1),
-                "BJ": _BJ}, num_warps=8)
+        launch(_route_kernel, (1,), (ids, ids.stride(0) if t > 1 else k, token, row, offsets, n, experts, base),
+               {"K": k, "BI": _BI, "NB": triton.next_power_of_2(triton.cdiv(n, _BI)),
+                "E_P2": triton.next_power_of_2(experts + 1)}, num_warps=8)
     else:
         offsets.zero_()
     return token, offsets, row
@@ -113,13 +187,15 @@ def route_triton(topk_ids: torch.Tensor, experts: int):
 
 def unpermute_triton(y: torch.Tensor, row: torch.Tensor, topk_weights: torch.Tensor, out_dtype) -> torch.Tensor:
     """``out[t] = Σ_j topk_weights[t, j] · y[row[t·k + j]]`` in fp32, ``[T, N]`` of ``out_dtype``, in one launch; a
-    copy whose ``row`` is negative adds ``0 · topk_weights[t, j]`` (:func:`.routing.weighted_rows`)."""
+    copy whose ``row`` is negative adds ``0 · topk_weights[t, j]`` (:func:`.routing.weighted_rows`). ``topk_weights``
+    may have any row stride (the expert-parallel combine reads them in place from the gathered rows)."""
     t, k = topk_weights.shape
     cols = y.shape[-1]
     out = torch.empty((t, cols), dtype=out_dtype, device=y.device)
+    w = topk_weights if topk_weights.stride(-1) == 1 else topk_weights.contiguous()
     if t and cols:
-        launch(_unpermute_kernel, (t, triton.cdiv(cols, _BN)), (y.contiguous(), row, topk_weights.contiguous(), out,
-                                                                 cols), {"K": k, "BN": _BN})
+        launch(_unpermute_kernel, (t, triton.cdiv(cols, _BN)),
+               (y.contiguous(), row, w, w.stride(0) if t > 1 else k, out, cols), {"K": k, "BN": _BN})
     return out
 
 
