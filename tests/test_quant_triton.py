@@ -149,3 +149,18 @@ def test_amax_reduce_replaces_the_amax_before_the_scale():
     want = quantize_rows(x, global_scale_of(x.abs().amax() * 3.0))
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[2].cpu(), want[2])
     assert torch.equal(got[1].cpu().view(torch.uint8), want[1].view(torch.uint8))
+
+
+def test_valid_rows_only_count_and_are_quantized():
+    """quantize_rows_triton's valid (an expert GEMM's output, rows past the offsets unspecified): the first valid[0]
+    rows give the outputs of quantizing them alone, whatever the other rows hold (here huge and NaN)."""
+    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(6))
+    x[5:] = float("nan")
+    x[4] = 1e30
+    want = quantize_rows(x[:4])
+    got = quantize_rows_triton(x.to(DEV), None, None, None, torch.tensor([4], dtype=torch.int32, device=DEV))
+    assert torch.equal(got[0][:4].cpu(), want[0]) and torch.equal(got[2].cpu(), want[2])
+    assert torch.equal(got[1][:4].cpu().view(torch.uint8), want[1].view(torch.uint8))
+    with pytest.raises(ValueError, match="valid needs"):
+        quantize_rows_triton(x.to(DEV), None, torch.zeros(2, dtype=torch.int64, device=DEV), None,
+                             torch.tensor([4], dtype=torch.int32, device=DEV))

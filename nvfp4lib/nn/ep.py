@@ -45,7 +45,6 @@ import torch.distributed as dist
 
 from .ep_transport import Dispatched, EPShape, Transport, _group_of
 from .moe import INTERMEDIATE_DTYPE, NVFP4MoE, _packed
-from .quant import global_scale_of
 from .routing import _triton_form, gather_rows, route_local, weighted_rows
 
 __all__ = ["EPMoE", "EPShape", "Transport", "Dispatched", "AllGatherTransport", "TRANSPORTS", "make_transport",
@@ -133,7 +132,11 @@ class AllGatherTransport(Transport):
         # this rank's experts' copies first, grouped by local expert; every other copy (another rank's, padding)
         # after them with row and token -1, its payload never gathered
         r = route_local(ids, n_local, s.rank * n_local)
-        rows = gather_rows(got[:, :s.row_bytes], r.token[:s.recv_capacity])
+        token, start, rows = r.token[:s.recv_capacity], 0, []
+        for width in s.parts or (s.row_bytes,):  # each part gathered on its own: the GEMM reads it as it lands
+            rows.append(gather_rows(got[:, start:start + width], token))
+            start += width
+        rows = tuple(rows) if len(rows) > 1 else rows[0]
         if s.recv_capacity >= s.world * s.capacity * k:  # every copy fits: nothing to count or clamp
             return Dispatched(rows, r.offsets, self.no_drop, (r.row, weights, t))
         offsets = torch.clamp(r.offsets, max=s.recv_capacity)
@@ -210,7 +213,9 @@ class EPMoE(torch.nn.Module):
         h = self.hidden
         row_bytes = h // 2 + h // 16 if self.activations == "nvfp4" else 2 * h
         self.transport = transport
-        transport.setup(EPShape(world, rank, experts, top_k, capacity, recv_capacity, row_bytes, h, self.device))
+        parts = (h // 2, h // 16) if self.activations == "nvfp4" else ()
+        transport.setup(EPShape(world, rank, experts, top_k, capacity, recv_capacity, row_bytes, h, self.device,
+                                parts))
         self.overflow = torch.zeros(1, dtype=torch.int32, device=self.device)
 
     @classmethod
@@ -270,14 +275,13 @@ class EPMoE(torch.nn.Module):
         local, tr, h = self.local, self.transport, self.hidden
         if self.activations == "nvfp4":
             static = local.input_scales or (None, None)
-            a = _packed(d.rows[:, :h // 2].contiguous(), d.rows[:, h // 2:].contiguous(), g)
-            inter = local.gate_up(a, d.offsets, global_scale=g)
-            if static[1] is not None:
-                g2 = static[1]
-            else:
-                valid = torch.arange(inter.shape[0], device=inter.device) < d.offsets[-1]
-                g2 = global_scale_of(tr.all_max(_amax(torch.where(valid.unsqueeze(1), inter, 0)), 1))
-            codes, scales, g2 = local._quantize(inter, g2)
+            codes, scales = d.rows if isinstance(d.rows, tuple) else (d.rows[:, :h // 2].contiguous(),
+                                                                      d.rows[:, h // 2:].contiguous())
+            inter = local.gate_up(_packed(codes, scales, g), d.offsets, global_scale=g)
+            # the intermediate's rows past the offsets are unspecified: only the first offsets[-1] count (and are
+            # quantized); its global scale is the group's max over them, or the static one
+            reduce = None if static[1] is not None else (lambda amax: tr.all_max_(amax, 1))
+            codes, scales, g2 = local._quantize(inter, static[1], amax_reduce=reduce, valid=d.offsets[-1:])
             return local.down(_packed(codes, scales.view(torch.uint8), g2), d.offsets, global_scale=g2)
         rows = d.rows.view(torch.bfloat16)
         return local.down(local.gate_up(rows, d.offsets), d.offsets)
@@ -294,11 +298,6 @@ class EPMoE(torch.nn.Module):
         if topk_ids.shape[1] != self.top_k:
             raise ValueError(f"topk_ids must be an integer [T={x.shape[0]}, top_k={self.top_k}] tensor, got "
                              f"{topk_ids.dtype} {tuple(topk_ids.shape)}")
-
-
-def _amax(x: torch.Tensor) -> torch.Tensor:
-    x32 = x.detach().to(torch.float32)
-    return (x32.abs().amax() if x32.numel() else x32.new_zeros(())).reshape(1)
 
 
 def _capturing() -> bool:

@@ -24,6 +24,7 @@ class EPShape:
     row_bytes: int  # one token's payload (W4A4: codes + block scales; W4A16: bf16)
     hidden: int
     device: torch.device
+    parts: tuple[int, ...] = ()  # the payload's parts, bytes each (W4A4: codes H/2, block scales H/16); () one part
 
     @property
     def local_experts(self) -> int:
@@ -31,7 +32,7 @@ class EPShape:
 
 
 class Dispatched(NamedTuple):
-    rows: torch.Tensor  # uint8 [recv_capacity, row_bytes]: the received copies grouped by local expert
+    rows: Any  # uint8 [recv_capacity, row_bytes]: the received copies grouped by local expert (or its parts: a tuple)
     offsets: torch.Tensor  # int32 [E/W + 1]: local expert e owns rows offsets[e] .. offsets[e+1]
     dropped: torch.Tensor  # int32 [1]: copies of the group's step that did not fit a rank's recv_capacity
     state: Any  # the transport's own, for combine

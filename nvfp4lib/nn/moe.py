@@ -28,7 +28,7 @@ import torch
 from ..formats import NVFP4Tensor, quantize
 from ..serving import SERVING_BACKENDS, prepare_weights
 from .moe_gemv import GEMV_MAX_TOKENS, gemv_moe
-from .quant import global_scale_of, quantize_rows, static_scale
+from .quant import amax_of, global_scale_of, quantize_rows, static_scale
 from .routing import gather_rows, route, triton_importable, unpermute
 
 __all__ = ["NVFP4MoE", "ACTIVATIONS", "INTERMEDIATE_DTYPE", "QUANTIZERS", "resolve_quantizer"]
@@ -159,18 +159,22 @@ class NVFP4MoE(torch.nn.Module):
         return gemv_moe(x, topk_ids, topk_weights, *self._gemv, quantize=quant,
                         static=self.input_scales or (None, None))
 
-    def _quantize(self, x: torch.Tensor, global_scale: torch.Tensor | None = None, index=None, amax_reduce=None):
+    def _quantize(self, x: torch.Tensor, global_scale: torch.Tensor | None = None, index=None, amax_reduce=None,
+                  valid=None):
         """(codes, scales, global scale) of x's rows, or of the rows ``x[index]`` with x's global scale.
         ``amax_reduce`` (without ``global_scale``): replaces x's ``amax(|x|)`` (float32 [1]) in place before the
-        global scale is computed from it (expert parallelism: the group's max)."""
+        global scale is computed from it (expert parallelism: the group's max). ``valid`` (int32 [1] on the device):
+        only x's first ``valid[0]`` rows count and are quantized (the others' outputs unspecified)."""
         if self.quantizer == "triton" and not torch.compiler.is_compiling():
             from .quant_triton import quantize_rows_triton
 
-            return quantize_rows_triton(x.contiguous(), global_scale, index, amax_reduce)
-        if amax_reduce is not None and global_scale is None:
-            amax = (x.detach().abs().amax().to(torch.float32) if x.numel() else x.new_zeros((), dtype=torch.float32))
-            amax = amax.reshape(1)
-            amax_reduce(amax)
+            return quantize_rows_triton(x.contiguous(), global_scale, index, amax_reduce, valid)
+        if global_scale is None and (amax_reduce is not None or valid is not None):
+            counted = x if valid is None else torch.where(
+                (torch.arange(x.shape[0], device=x.device) < valid).unsqueeze(1), x, 0)
+            amax = amax_of(counted)
+            if amax_reduce is not None:
+                amax_reduce(amax)
             global_scale = global_scale_of(amax)
         codes, scales, g = quantize_rows(x, global_scale)
         if index is None:

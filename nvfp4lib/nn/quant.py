@@ -26,11 +26,16 @@ def _div(a: torch.Tensor, b: float) -> torch.Tensor:
     return a / torch.full((), b, dtype=torch.float32, device=a.device)
 
 
+def amax_of(x: torch.Tensor) -> torch.Tensor:
+    """``amax(|x|)`` as float32 ``[1]`` on x's device (0 for an empty x)."""
+    x32 = x.detach().to(torch.float32)
+    return (x32.abs().amax() if x32.numel() else x32.new_zeros(())).reshape(1)
+
+
 def global_scale_of(x: torch.Tensor) -> torch.Tensor:
     """``amax(|x|) / (6 · 448)`` as float32 ``[1]`` on x's device (1.0 for an all-zero or empty x), so the largest
     block scale lands on E4M3's maximum; the same rule as ``formats.quantize``'s default."""
-    x32 = x.detach().to(torch.float32)
-    amax = x32.abs().amax() if x32.numel() else x32.new_zeros(())
+    amax = amax_of(x)
     g = _div(amax, E2M1_MAX * E4M3_MAX)
     g = torch.where(amax == 0, torch.ones_like(g), g)
     # a nonzero amax that underflows the division gets the smallest positive float32 (formats does the same)

@@ -54,7 +54,9 @@ def _tile(x, rows, nblk, R: tl.constexpr, CB: tl.constexpr, index, HAS_INDEX: tl
 
 
 @triton.jit
-def _amax_kernel(x, amax_bits, rows, nblk, R: tl.constexpr, CB: tl.constexpr):
+def _amax_kernel(x, amax_bits, rows, nblk, valid, R: tl.constexpr, CB: tl.constexpr, HAS_VALID: tl.constexpr):
+    if HAS_VALID:  # only the first valid[0] rows
+        rows = tl.minimum(rows, tl.load(valid))
     ev, od, ok, r, b, j = _tile(x, rows, nblk, R, CB, x, False)
     m = tl.max(tl.max(tl.max(tl.maximum(tl.abs(ev), tl.abs(od)), axis=2), axis=1), axis=0)
     # |x| >= 0: its float bits order as int32, so an integer max is the float max
@@ -106,8 +108,10 @@ def _quant_tile(x, g, codes, scales, index, rows, nblk, R: tl.constexpr, CB: tl.
 
 
 @triton.jit
-def _quant_kernel(x, g_in, amax_bits, codes, scales, g_out, index, rows, nblk, HAVE_G: tl.constexpr,
-                  R: tl.constexpr, CB: tl.constexpr, HAS_INDEX: tl.constexpr):
+def _quant_kernel(x, g_in, amax_bits, codes, scales, g_out, index, rows, nblk, valid, HAVE_G: tl.constexpr,
+                  R: tl.constexpr, CB: tl.constexpr, HAS_INDEX: tl.constexpr, HAS_VALID: tl.constexpr):
+    if HAS_VALID:
+        rows = tl.minimum(rows, tl.load(valid))
     if HAVE_G:
         g = tl.load(g_in).to(tl.float32)
     else:
@@ -134,14 +138,18 @@ def _grid(rows: int, nblk: int) -> tuple[int, int]:
 
 
 def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = None, index: torch.Tensor | None = None,
-                         amax_reduce=None):
+                         amax_reduce=None, valid: torch.Tensor | None = None):
     """:func:`nvfp4lib.nn.quant.quantize_rows` in two Triton launches (one with ``global_scale``): the same outputs,
     bit for bit. ``x`` a contiguous float tensor ``[..., K]`` on a device Triton runs on (a CUDA GPU, or the CPU
     under ``TRITON_INTERPRET=1``); no host synchronisation. ``index`` (int ``[R]``, 2-D ``x`` only): the outputs are
     the rows ``x[index]`` quantized (the gather fused in; the global scale is still x's), ``[R, K/2]`` and ``[R,
     K/16]``. ``amax_reduce`` (without ``global_scale``): called on x's ``amax(|x|)`` (float32 ``[1]``, on the
     device) between the two launches, to replace it in place, e.g. with a process group's max (expert parallelism);
-    the global scale is then computed from what it leaves there."""
+    the global scale is then computed from what it leaves there. ``valid`` (int32 ``[1]`` on the device, 2-D ``x``
+    without ``index``): only x's first ``valid[0]`` rows count and are quantized (the rest of the outputs are left
+    unspecified), e.g. the rows an expert GEMM wrote of a buffer sized for the most."""
+    if valid is not None and (index is not None or x.dim() != 2):
+        raise ValueError("quantize_rows (triton): valid needs a 2-D x and no index")
     k = check_k(x)
     if not x.is_contiguous():
         raise ValueError("quantize_rows (triton): x must be contiguous; pass x.contiguous()")
@@ -157,7 +165,7 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
     have_g = global_scale is not None
     # the amax word is zeroed (a memset launch) only where a global scale is computed
     amax_bits = g.view(torch.int32) if have_g else torch.zeros(1, dtype=torch.int32, device=x.device)
-    if not have_g and ONE_PROGRAM and amax_reduce is None:
+    if not have_g and ONE_PROGRAM and amax_reduce is None and valid is None:
         tile = {"R": triton.next_power_of_2(max(rows, out_rows, 1)), "CB": triton.next_power_of_2(nblk)}
         if tile["R"] * tile["CB"] * BLOCK_SIZE <= ONE_PROGRAM_ELEMENTS:
             launch(_quant_one_kernel, (1, 1), (x, codes, scales, g, x if index is None else index, rows, out_rows,
@@ -165,12 +173,14 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
             return codes, scales.view(torch.float8_e4m3fn), g
     tile = {"R": ROWS_PER_PROGRAM, "CB": BLOCKS_PER_PROGRAM}
     if not have_g:
-        launch(_amax_kernel, _grid(rows, nblk), (x, amax_bits, rows, nblk), tile)
+        launch(_amax_kernel, _grid(rows, nblk), (x, amax_bits, rows, nblk, x if valid is None else valid),
+               {**tile, "HAS_VALID": valid is not None})
         if amax_reduce is not None:  # (|x| >= 0: its float32 bits order as int32 bits, which the kernel maxes)
             amax_reduce(amax_bits.view(torch.float32))
     g_in = global_scale.to(torch.float32).reshape(1) if have_g else g
     # (at least one program, also for no rows: program 0 writes the global scale)
     launch(_quant_kernel, _grid(out_rows, nblk),
-           (x, g_in, amax_bits, codes, scales, g, x if index is None else index, out_rows, nblk),
-           {"HAVE_G": have_g, **tile, "HAS_INDEX": index is not None})
+           (x, g_in, amax_bits, codes, scales, g, x if index is None else index, out_rows, nblk,
+            x if valid is None else valid),
+           {"HAVE_G": have_g, **tile, "HAS_INDEX": index is not None, "HAS_VALID": valid is not None})
     return codes, scales.view(torch.float8_e4m3fn), g
