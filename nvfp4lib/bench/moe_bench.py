@@ -275,6 +275,7 @@ def knob_setting(module: str, name: str, value):
 
 
 QUANT_KNOB = ("nvfp4lib.nn.quant_triton", "ONE_PROGRAM")  # moe-bench --quant-one-program
+ROUTE_KNOB = ("nvfp4lib.nn.routing_triton", "ROUTE_MAX_COPIES")  # moe-bench --route-max-copies
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -317,6 +318,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         # the W4A4 quantizer's one-program knob, as set for the run (the Triton quantizer's only)
         one_program = getattr(importlib.import_module(QUANT_KNOB[0]), QUANT_KNOB[1]) if quantizer == "triton" \
             else None
+        route_max = getattr(importlib.import_module(ROUTE_KNOB[0]), ROUTE_KNOB[1])  # the one-launch routing's limit
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
         rows = []
         for li, layer in enumerate(layers):
@@ -376,6 +378,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["split_rule"] = vl_config.SPLIT_RULE
                                 row["quant_one_program"] = one_program if kind == "nvfp4" else None
                                 row["gemv"] = bool(mod._gemv_step(x))
+                            row["route_max_copies"] = route_max
                             # the peer has W4A16 semantics; W4A4 is checked on the activations the layer quantized
                             act = "bf16" if kind in ("peer", "bf16") else "nvfp4"
                             try:
@@ -454,6 +457,10 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                    help="W4A4's activation quantizer on small inputs in one program (nn.quant_triton.ONE_PROGRAM; "
                         "default: as shipped); several values run the whole set once per value in this process (an "
                         "A/B); rows carry quant_one_program")
+    p.add_argument("--route-max-copies", nargs="+", type=int, metavar="N",
+                   help="the most token copies (T·k) the one-launch Triton routing takes, torch's form above "
+                        "(nn.routing_triton.ROUTE_MAX_COPIES; default: as shipped); several values run the whole set "
+                        "once per value (an A/B, e.g. 128 1024); rows carry route_max_copies")
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -480,8 +487,9 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split, one in itertools.product(args.split_k or [None], args.quant_one_program or [None]):
-            with knob_setting(*QUANT_KNOB, None if one is None else one == "on"):
+        for split, one, route_max in itertools.product(args.split_k or [None], args.quant_one_program or [None],
+                                                       args.route_max_copies or [None]):
+            with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), knob_setting(*ROUTE_KNOB, route_max):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

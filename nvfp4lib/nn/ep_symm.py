@@ -13,13 +13,12 @@ peers' copies (``get_buffer`` of the peer) directly; ``barrier`` orders the step
    copy in (computed from the counts again), barrier; the source un-permutes with :func:`.routing.weighted_rows`
    (a lost copy NaN), the single-process layer's own combine (bit-identical for any k).
 
-Rows are written with :func:`put_rows`: one ``index_copy_`` per peer into the peer's buffer, a row not for that peer
-going to the buffer's last row (a dump row). That is a torch kernel writing over NVLink, capturable, with every shape
-fixed; its cost is that every peer's launch carries all the step's rows (W× the bytes of a true all-to-all, most of
-them to the dump row; 2x H200 at T = 4096 per rank: 1.0-3.6 ms of dispatch, 3.3-6.3 ms of combine). With
-:data:`PUT_ROWS_TRITON` on, one Triton launch (:func:`.routing_triton.put_rows_triton`) reads each row's destination
-and writes it only there, into the peer's buffer by address: each row's bytes move once. Off until a GPU A/B
-(``moe-bench --ep 2 --put-rows torch triton``) has measured it.
+Rows are written with :func:`put_rows`. On a GPU (:data:`PUT_ROWS_TRITON`, on) one Triton launch
+(:func:`.routing_triton.put_rows_triton`) reads each row's destination and writes it only there, into the peer's
+buffer by address: each row's bytes move once. The torch form (the CPU, or the knob off) is one ``index_copy_`` per
+peer into the peer's buffer, a row not for that peer going to the buffer's last row (a dump row): capturable, every
+shape fixed, but every peer's launch carries all the step's rows; on 2x H100 at T = 4096 per rank it took 9.6x the
+Triton form's time in the combine (``moe-bench --ep 2 --put-rows torch triton``; the note at the knob).
 
 Buffers are reused every step without a reset: each is written by peers only after a barrier that its reader passes
 after reading it (stream order), so one step never overwrites what another still reads.
@@ -96,7 +95,11 @@ class TorchSymmetricHeap(SymmetricHeap):
 # (False: an index_copy_ per peer of every row). Prediction (2026-11-27, before any GPU run of it): at T = 4096 per
 # rank on 2 GPUs the symm-mem combine ~3x faster (DeepSeek-like 6.3 ms -> ~2 ms: 940 MB of rows written once instead
 # of once per peer, half of them to a dump row over NVLink), the dispatch ~2x; decode steps within a few us.
-PUT_ROWS_TRITON = False
+# Measured (the A/B at 7c4a089, 2x H100, moe-bench --ep 2 --transport symm-mem --put-rows torch|triton, Qwen3-like
+# W4A16; notebook 13): T = 4096 per rank combine 3323 -> 347 us (9.6x), dispatch 1661 -> 401 us, the step 5702 ->
+# 1469 us; T = 64 combine 148 -> 83 us, dispatch 173 -> 134 us; both exact (bit-identical to the single-GPU layer).
+# Faster than predicted: the torch form cost more than its bytes (not profiled to say why). On since then.
+PUT_ROWS_TRITON = True
 PUT_ROWS = ("torch", "triton")  # the knob's names in bench rows and on the command line
 
 

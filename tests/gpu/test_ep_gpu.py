@@ -133,8 +133,8 @@ def test_ep_two_gpus(transport, activations):
     run_ranks(_worker, (free_port(), transport, activations), W, TIMEOUT_S)
 
 
-def test_ep_two_gpus_put_rows_in_one_launch():
-    """The symm-mem transport with its rows written by one Triton launch (nn.ep_symm.PUT_ROWS_TRITON), W4A4: the
-    same checks (eager, graphed, the capacity's NaN rows)."""
+def test_ep_two_gpus_put_rows_torch_form():
+    """The symm-mem transport with its rows written by the torch form (nn.ep_symm.PUT_ROWS_TRITON off; the shipped
+    Triton form runs in test_ep_two_gpus), W4A4: the same checks (eager, graphed, the capacity's NaN rows)."""
     _needs_two_hoppers()
-    run_ranks(_worker, (free_port(), "symm-mem", "nvfp4", "triton"), W, TIMEOUT_S)
+    run_ranks(_worker, (free_port(), "symm-mem", "nvfp4", "torch"), W, TIMEOUT_S)
