@@ -4,17 +4,18 @@ The torch forms (:mod:`.routing`) are about 7 kernels for the routing (a stable 
 for the un-permute (a gather, casts, a product, a sum). Inside a CUDA graph each still costs ~2 µs of GPU time: at
 T = 1 that is ~30 µs of a layer whose GEMMs take ~30-120 µs. Here:
 
-- :func:`route_triton`: one program counts the copies of each expert (a one-hot [copies, experts] block at a time),
-  takes the exclusive prefix sum (the offsets), then gives each copy its expert's start plus the copies of that expert
-  before it (a prefix sum down the block): the stable sort's position. Its outputs are the torch form's, element for
-  element. O(N·E) work for N = T·k copies in one program, so it takes N <= :data:`ROUTE_MAX_COPIES`; larger steps
-  keep the torch form. It also routes an expert-parallel rank's own copies (:func:`.routing.route_local`: ids read in
+- :func:`route_triton`: one program sorts the copies' keys (expert, copy index) with ``tl.sort`` (a stable sort by
+  expert: the index is part of the key), so a copy's packed row is its key's position, and counts the copies per
+  expert with ``tl.histogram`` (the offsets: its exclusive prefix sum). Its outputs are the torch form's, element for
+  element. It takes N = T·k <= :data:`ROUTE_MAX_COPIES` copies (a sort of N keys in one program); larger steps keep
+  the torch form. It also routes an expert-parallel rank's own copies (:func:`.routing.route_local`: ids read in
   place with a row stride, other ranks' copies sorted last with row -1). History: its first form ranked every copy
   against every other (O(N²)); on the H100 (with a limit of 1024) that was ~15-20 µs slower than the torch form at
   N = 512 and ~600 µs slower at N = 1024, so its limit was 128; at N <= 64 it saved most of the ~30 µs that the
-  layer's routing and un-permute cost. The counting form's limit of 1024 (the expert-parallel decode step's
-  W·T·k = 2·64·8) waits on its GPU measurement (the prediction: one launch of ~5-10 µs at N = 1024, against ~15 µs
-  of the torch form's 7 kernels);
+  layer's routing and un-permute cost. A counting form (one-hot blocks of 32 copies in a loop, the limit 1024)
+  followed; in the first EP run (2x H100) the all-gather dispatch at T = 64 per rank (N = 1024) took 79-122 µs
+  against 23 µs at T = 1, most of it that loop. The sort form's limit of 1024 waits on its own measurement
+  (``moe-bench --route-max-copies 128 1024``; prediction: ~5-10 µs at N = 1024);
 - :func:`gather_rows_triton` and :func:`pack_rows_triton`: a row copy per program (column blocks of 32-bit words),
   the gather skipping negative indices; the pack writes the all-gather transport's send rows (payload, expert ids,
   weights, then padding rows) in one launch instead of two concatenations and two casts;
@@ -38,39 +39,28 @@ __all__ = ["ROUTE_MAX_COPIES", "route_triton", "unpermute_triton", "gather_rows_
 
 ROUTE_MAX_COPIES = 1024
 _MAX_EXPERTS = 1023  # offsets [E+1] in one block of at most 1024
-_BI = 32  # copies per step of the routing's loops
 _BN = 256  # output columns per un-permute program
 _GATHER_BN = 1024  # elements (32-bit words where rows are whole words) per gather program
 _PACK_BW = 1024  # 32-bit words per pack program
 
 
 @triton.jit
-def _route_kernel(ids, stride, token, row, offsets, n, experts, base, K: tl.constexpr, BI: tl.constexpr,
-                  NB: tl.constexpr, E_P2: tl.constexpr):
-    e = tl.arange(0, E_P2)
-    # pass 1: copies per expert (a copy outside [base, base + experts) counts in the sink group, number `experts`)
-    count = tl.zeros([E_P2], dtype=tl.int32)
-    for b in range(NB):  # a loop, not unrolled (NB blocks of BI copies: n rounded up to a power of two)
-        i = b * BI + tl.arange(0, BI)
-        mi = i < n
-        ei = tl.load(ids + (i // K).to(tl.int64) * stride + i % K, mask=mi, other=0).to(tl.int32) - base
-        ei = tl.where((ei >= 0) & (ei < experts), ei, experts)
-        count += tl.sum(((ei[:, None] == e[None, :]) & mi[:, None]).to(tl.int32), axis=0)
-    start = tl.cumsum(count, axis=0) - count  # the first packed row of each group
-    tl.store(offsets + e, start, mask=e <= experts)
-    # pass 2: a copy's packed row is its group's start plus the copies of its group before it (the stable order)
-    for b in range(NB):
-        i = b * BI + tl.arange(0, BI)
-        mi = i < n
-        ei = tl.load(ids + (i // K).to(tl.int64) * stride + i % K, mask=mi, other=0).to(tl.int32) - base
-        ei = tl.where((ei >= 0) & (ei < experts), ei, experts)
-        hit = ((ei[:, None] == e[None, :]) & mi[:, None]).to(tl.int32)
-        before = tl.cumsum(hit, axis=0) - hit + start[None, :]
-        r = tl.sum(hit * before, axis=1)
-        start += tl.sum(hit, axis=0)
-        own = ei < experts
-        tl.store(row + i, tl.where(own, r, -1).to(tl.int64), mask=mi)
-        tl.store(token + r, tl.where(own, i // K, -1).to(tl.int64), mask=mi)
+def _route_kernel(ids, stride, token, row, offsets, n, experts, base, K: tl.constexpr, N_P2: tl.constexpr,
+                  E_P2: tl.constexpr):
+    i = tl.arange(0, N_P2)
+    mi = i < n
+    e = tl.load(ids + (i // K).to(tl.int64) * stride + i % K, mask=mi, other=0).to(tl.int32) - base
+    e = tl.where((e >= 0) & (e < experts), e, experts)  # a copy outside [base, base + experts): the sink group
+    # the offsets: copies per group, exclusive prefix sum
+    count = tl.histogram(e, E_P2, mask=mi)
+    g = tl.arange(0, E_P2)
+    tl.store(offsets + g, tl.cumsum(count, axis=0) - count, mask=g <= experts)
+    # the stable sort: keys (group, copy) sorted in one program; a copy's packed row is its key's position
+    key = tl.sort(tl.where(mi, e, E_P2) * N_P2 + i)
+    src = key % N_P2
+    own = key // N_P2 < experts
+    tl.store(row + src, tl.where(own, i, -1).to(tl.int64), mask=mi)
+    tl.store(token + i, tl.where(own, src // K, -1).to(tl.int64), mask=mi)
 
 
 @triton.jit
@@ -178,8 +168,8 @@ def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0):
     offsets = torch.empty(experts + 1, dtype=torch.int32, device=dev)
     if n:
         launch(_route_kernel, (1,), (ids, ids.stride(0) if t > 1 else k, token, row, offsets, n, experts, base),
-               {"K": k, "BI": _BI, "NB": triton.next_power_of_2(triton.cdiv(n, _BI)),
-                "E_P2": triton.next_power_of_2(experts + 1)}, num_warps=8)
+               {"K": k, "N_P2": max(16, triton.next_power_of_2(n)), "E_P2": triton.next_power_of_2(experts + 1)},
+               num_warps=8)
     else:
         offsets.zero_()
     return token, offsets, row
