@@ -73,16 +73,26 @@ def _gloo_worker(rank: int, port: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=W)
     try:
+        from nvfp4lib.nn import ep as ep_module
+
         ws = _weights()
-        for activations, scales in (("bf16", None), ("nvfp4", None), ("nvfp4", (0.01, 0.002))):
+        shipped = ep_module.GATHER_QUANTIZE_MAX_TOKENS
+        # W4A4 with a dynamic scale both ways: x's rows quantized after the gather (decode sizes), and NVFP4 rows
+        # sent after an all-reduce of the amax (the knob at 0: larger steps)
+        for activations, scales, most in (("bf16", None, shipped), ("nvfp4", None, shipped), ("nvfp4", None, 0),
+                                          ("nvfp4", (0.01, 0.002), shipped)):
+            ep_module.GATHER_QUANTIZE_MAX_TOKENS = most
             for k in (2, 3):
                 ep = EPMoE.shard(*ws, top_k=k, capacity=8, activations=activations, backend="reference",
                                  quantizer="torch", input_scales=scales)
+                assert ep.quantize_gathered == (activations == "nvfp4" and scales is None and most > 0)
                 for i, case in enumerate(CASES):
                     inputs = _inputs(case, k, seed=100 * k + i)
                     got = ep(*inputs[rank])
                     want = _expected(ws, inputs, rank, activations, scales)
-                    _compare(got, want, k, exact=k == 2, what=f"all-gather {activations} {scales} k={k} {case}")
+                    _compare(got, want, k, exact=k == 2,
+                             what=f"all-gather {activations} {scales} k={k} {case} gather-quantize<={most}")
+        ep_module.GATHER_QUANTIZE_MAX_TOKENS = shipped
         # capacity, host side: more tokens than the buffers hold (a shape: both ranks refuse before communicating)
         ep = EPMoE.shard(*ws, top_k=2, capacity=8, activations="bf16", backend="reference")
         with pytest.raises(ValueError, match="capacity = 8"):

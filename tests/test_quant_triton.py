@@ -164,3 +164,17 @@ def test_valid_rows_only_count_and_are_quantized():
     with pytest.raises(ValueError, match="valid needs"):
         quantize_rows_triton(x.to(DEV), None, torch.zeros(2, dtype=torch.int64, device=DEV), None,
                              torch.tensor([4], dtype=torch.int32, device=DEV))
+
+
+def test_strided_rows_and_negative_indices():
+    """A 2-D x with a row stride (the EP all-gather's received rows, read in place) quantizes as its contiguous copy;
+    a negative index leaves its output row unspecified and reads nothing."""
+    x = torch.randn(6, 80, generator=torch.Generator().manual_seed(7))
+    view = x[:, 8:72]  # 64 columns, rows 80 apart
+    index = torch.tensor([5, -1, 0, 2, -1])
+    got = quantize_rows_triton(view.to(DEV), None, index.to(DEV))
+    codes, scales, g = quantize_rows(view.contiguous())
+    keep = index >= 0
+    assert torch.equal(got[2].cpu(), g)
+    assert torch.equal(got[0].cpu()[keep], codes[index[keep]])
+    assert torch.equal(got[1].cpu().view(torch.uint8)[keep], scales.view(torch.uint8)[index[keep]])

@@ -6,7 +6,9 @@ and static scales are used; its own forward is not). A step on every rank:
 
 1. W4A4: x quantized with the global scale of the whole EP batch (the max of the ranks' ``amax(|x|)``, one
    :meth:`Transport.all_max`; or the static one), then codes and block scales sent as one byte row per token;
-   W4A16: x in bf16, as bytes;
+   W4A16: x in bf16, as bytes. W4A4 with a dynamic scale at decode sizes on the all-gather transport
+   (:data:`GATHER_QUANTIZE_MAX_TOKENS`): x sent as it is (its own dtype), and each rank quantizes the rows it
+   receives with the global scale of every gathered token (the same scale, without the all-reduce);
 2. :meth:`Transport.dispatch`: each token copy reaches its expert's owner, which gets its rows grouped by local
    expert with device-side offsets (within an expert: source rank, then token order);
 3. the expert GEMMs of the serving path on those rows (W4A4: the intermediate's global scale is again the group's
@@ -52,6 +54,15 @@ __all__ = ["EPMoE", "EPShape", "Transport", "Dispatched", "AllGatherTransport", 
 
 TRANSPORTS = ("all-gather", "symm-mem")
 
+# W4A4 with a dynamic activation scale on the all-gather transport, at most this many tokens per step over the group
+# (world · capacity): each rank sends its tokens in bf16 and quantizes the rows it receives with the global scale of
+# all gathered tokens (every rank holds them all: no all-reduce of the amax, ~15-20 us of NCCL at decode), at the
+# price of 3.6x the gathered bytes for bf16 x (2H instead of H/2 + H/16 per token; x is sent in its own dtype, so
+# the scale and codes are exactly those of quantizing x), which decode sizes hardly notice. Larger
+# steps send NVFP4 rows after an all-reduce of the amax. Prediction (before any GPU run): all-gather W4A4 dispatch
+# at T = 1 per rank ~43 -> ~25 us (2x H100), about W4A16's.
+GATHER_QUANTIZE_MAX_TOKENS = 256
+
 
 def expert_range(experts: int, world: int, rank: int) -> range:
     """The experts rank ``rank`` of ``world`` holds: ``[rank·E/W, (rank+1)·E/W)`` (E a multiple of W)."""
@@ -67,6 +78,7 @@ class AllGatherTransport(Transport):
     """The baseline: all-gather tokens + routing, reduce-scatter the per-token partial sums (see the module doc)."""
 
     name = "all-gather"
+    gathers_all = True
 
     def __init__(self, group=None):
         self.group = _group_of(group)
@@ -75,11 +87,6 @@ class AllGatherTransport(Transport):
 
     def setup(self, shape: EPShape) -> None:
         self.shape = s = shape
-        self.send_bytes = s.row_bytes + 8 * s.top_k  # payload, int32 expert ids, fp32 weights
-        # padding rows: expert ids -1 (owned by no rank, bytes 0xFF); zero payload (a valid NVFP4 row: the reference
-        # backend refuses NaN scales even in rows it does not compute) and weights
-        self.pad = torch.zeros((s.capacity, self.send_bytes), dtype=torch.uint8, device=s.device)
-        self.pad[:, s.row_bytes:s.row_bytes + 4 * s.top_k] = 255
         self.ranks = torch.arange(s.world, device=s.device, dtype=torch.int32)
         self.no_drop = torch.zeros(1, dtype=torch.int32, device=s.device)
 
@@ -109,7 +116,7 @@ class AllGatherTransport(Transport):
         return out
 
     def _pack(self, payload, topk_ids, topk_weights) -> torch.Tensor:
-        """The send rows ``[capacity, send_bytes]``: payload, int32 expert ids, fp32 weights, then padding rows (one
+        """The send rows ``[capacity, payload + 8·top_k bytes]``: payload, int32 expert ids, fp32 weights, then padding rows (one
         Triton launch on a GPU where the payload's rows are whole 32-bit words: routing_triton.pack_rows_triton)."""
         s, t = self.shape, payload[0].shape[0]
         if _triton_form(payload[0]):
@@ -120,25 +127,38 @@ class AllGatherTransport(Transport):
                 return send
         send = torch.cat([*payload, topk_ids.to(torch.int32).contiguous().view(torch.uint8),
                           topk_weights.to(torch.float32).contiguous().view(torch.uint8)], dim=1)
-        return torch.cat([send, self.pad[t:]]) if t < s.capacity else send
+        if t == s.capacity:
+            return send
+        # padding rows: expert ids -1 (owned by no rank, bytes 0xFF); zero payload (a valid NVFP4 row: the reference
+        # backend refuses NaN scales even in rows it does not compute) and weights
+        pad = send.new_zeros((s.capacity - t, send.shape[1]))
+        rb = send.shape[1] - 8 * s.top_k
+        pad[:, rb:rb + 4 * s.top_k] = 255
+        return torch.cat([send, pad])
 
-    def dispatch(self, payload, topk_ids, topk_weights):
+    def dispatch(self, payload, topk_ids, topk_weights, quantize=None):
         s, k, n_local = self.shape, self.shape.top_k, self.shape.local_experts
         payload = payload if isinstance(payload, tuple) else (payload,)
         t = payload[0].shape[0]
+        rb = sum(p.shape[1] for p in payload)  # (s.row_bytes, or x's own rows where quantize is given)
         got = self._all_gather(self._pack(payload, topk_ids, topk_weights))
-        ids = got[:, s.row_bytes:s.row_bytes + 4 * k].view(torch.int32)  # in place: a row stride, no copy
-        weights = got[:, s.row_bytes + 4 * k:].view(torch.float32)
+        ids = got[:, rb:rb + 4 * k].view(torch.int32)  # in place: a row stride, no copy
+        weights = got[:, rb + 4 * k:].view(torch.float32)
         # this rank's experts' copies first, grouped by local expert; every other copy (another rank's, padding)
         # after them with row and token -1, its payload never gathered
         r = route_local(ids, n_local, s.rank * n_local)
-        token, start, rows = r.token[:s.recv_capacity], 0, []
-        for width in s.parts or (s.row_bytes,):  # each part gathered on its own: the GEMM reads it as it lands
-            rows.append(gather_rows(got[:, start:start + width], token))
-            start += width
-        rows = tuple(rows) if len(rows) > 1 else rows[0]
+        token, g = r.token[:s.recv_capacity], None
+        if quantize is not None:  # x's rows, every token's: the global scale is the whole batch's
+            codes, scales, g = quantize(got[:, :rb], token)
+            rows = (codes, scales.view(torch.uint8))
+        else:
+            start, rows = 0, []
+            for width in s.parts or (s.row_bytes,):  # each part gathered on its own: the GEMM reads it as it lands
+                rows.append(gather_rows(got[:, start:start + width], token))
+                start += width
+            rows = tuple(rows) if len(rows) > 1 else rows[0]
         if s.recv_capacity >= s.world * s.capacity * k:  # every copy fits: nothing to count or clamp
-            return Dispatched(rows, r.offsets, self.no_drop, (r.row, weights, t))
+            return Dispatched(rows, r.offsets, self.no_drop, (r.row, weights, t), g)
         offsets = torch.clamp(r.offsets, max=s.recv_capacity)
         owner = torch.div(ids, n_local, rounding_mode="floor")  # -1 for padding
         per_rank = (owner.reshape(-1, 1) == self.ranks).sum(0)
@@ -146,7 +166,7 @@ class AllGatherTransport(Transport):
         # a copy past the receive capacity: weight NaN (its token's output NaN, counted in dropped), row unread
         lost = r.row >= s.recv_capacity
         w = torch.where(lost.view(weights.shape), torch.full((), float("nan"), device=got.device), weights)
-        return Dispatched(rows, offsets, dropped, (torch.where(lost, -1, r.row), w, t))
+        return Dispatched(rows, offsets, dropped, (torch.where(lost, -1, r.row), w, t), g)
 
     def combine(self, y, d, out_dtype):
         s = self.shape
@@ -211,9 +231,15 @@ class EPMoE(torch.nn.Module):
         self.hidden, self.activations, self.device = self.local.hidden, self.local.activations, self.local.device
         self.eager_check = eager_check
         h = self.hidden
-        row_bytes = h // 2 + h // 16 if self.activations == "nvfp4" else 2 * h
+        static = self.local.input_scales or (None, None)
+        # W4A4 with a dynamic scale on a transport that gathers every token, at decode sizes: send bf16 rows and
+        # quantize them after the gather (the batch's scale without a collective; see GATHER_QUANTIZE_MAX_TOKENS)
+        self.quantize_gathered = (self.activations == "nvfp4" and static[0] is None and transport.gathers_all
+                                  and world * capacity <= GATHER_QUANTIZE_MAX_TOKENS)
+        nvfp4_rows = self.activations == "nvfp4" and not self.quantize_gathered
+        row_bytes = h // 2 + h // 16 if nvfp4_rows else 2 * h
         self.transport = transport
-        parts = (h // 2, h // 16) if self.activations == "nvfp4" else ()
+        parts = (h // 2, h // 16) if nvfp4_rows else ()
         transport.setup(EPShape(world, rank, experts, top_k, capacity, recv_capacity, row_bytes, h, self.device,
                                 parts))
         self.overflow = torch.zeros(1, dtype=torch.int32, device=self.device)
@@ -256,6 +282,11 @@ class EPMoE(torch.nn.Module):
         """Steps 1-2 of the module doc: ``(Dispatched, g)``, ``g`` the activations' global scale (W4A4) or None."""
         local, tr = self.local, self.transport
         g = None
+        if self.quantize_gathered:  # x's rows out (any float dtype: exact); quantized where they arrive
+            d = tr.dispatch(x.contiguous().view(torch.uint8), topk_ids, topk_weights,
+                            quantize=lambda rows, index: local._quantize(rows.view(x.dtype), None, index))
+            self.overflow.add_(d.dropped)
+            return d, d.global_scale
         if self.activations == "nvfp4":
             static = local.input_scales or (None, None)
             if static[0] is not None:

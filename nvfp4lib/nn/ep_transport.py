@@ -36,6 +36,7 @@ class Dispatched(NamedTuple):
     offsets: torch.Tensor  # int32 [E/W + 1]: local expert e owns rows offsets[e] .. offsets[e+1]
     dropped: torch.Tensor  # int32 [1]: copies of the group's step that did not fit a rank's recv_capacity
     state: Any  # the transport's own, for combine
+    global_scale: Any = None  # W4A4 rows the transport quantized itself (dispatch's ``quantize``): their global scale
 
 
 class Transport:
@@ -58,9 +59,17 @@ class Transport:
         """:meth:`all_max` in place (``x`` float32 ``[1]``): what the quantizer's ``amax_reduce`` calls."""
         return x.copy_(self.all_max(x, use))
 
-    def dispatch(self, payload, topk_ids: torch.Tensor, topk_weights: torch.Tensor) -> Dispatched:
+    # whether dispatch takes ``quantize``: every rank receives every token (the all-gather), so the W4A4 global scale
+    # of the whole batch can be taken from the received bf16 rows without a collective
+    gathers_all = False
+
+    def dispatch(self, payload, topk_ids: torch.Tensor, topk_weights: torch.Tensor, quantize=None) -> Dispatched:
         """This rank's ``T`` tokens (``payload``: uint8 ``[T, row_bytes]``, or a tuple of uint8 ``[T, ·]`` parts that
-        lie side by side in a row, e.g. W4A4's codes and block scales) to the owners of their experts."""
+        lie side by side in a row, e.g. W4A4's codes and block scales) to the owners of their experts. ``quantize``
+        (where :attr:`gathers_all`; ``payload`` then bf16 rows): ``quantize(x, index) -> (codes, scales, g)``, the
+        rows ``x[index]`` quantized with the global scale of all of ``x`` (every rank's tokens, bf16 ``[W·capacity,
+        H]``, padding rows zero), applied to the received rows: ``rows`` are then (codes, scale bytes) and
+        ``global_scale`` is g."""
         raise NotImplementedError
 
     def combine(self, y: torch.Tensor, d: Dispatched, out_dtype: torch.dtype) -> torch.Tensor:

@@ -161,14 +161,16 @@ class NVFP4MoE(torch.nn.Module):
 
     def _quantize(self, x: torch.Tensor, global_scale: torch.Tensor | None = None, index=None, amax_reduce=None,
                   valid=None):
-        """(codes, scales, global scale) of x's rows, or of the rows ``x[index]`` with x's global scale.
+        """(codes, scales, global scale) of x's rows, or of the rows ``x[index]`` with x's global scale (a negative
+        index: an unspecified row).
         ``amax_reduce`` (without ``global_scale``): replaces x's ``amax(|x|)`` (float32 [1]) in place before the
         global scale is computed from it (expert parallelism: the group's max). ``valid`` (int32 [1] on the device):
         only x's first ``valid[0]`` rows count and are quantized (the others' outputs unspecified)."""
         if self.quantizer == "triton" and not torch.compiler.is_compiling():
             from .quant_triton import quantize_rows_triton
 
-            return quantize_rows_triton(x.contiguous(), global_scale, index, amax_reduce, valid)
+            rows_ok = x.dim() == 2 and x.stride(1) == 1  # (a row stride is fine: the EP transport's gathered rows)
+            return quantize_rows_triton(x if rows_ok else x.contiguous(), global_scale, index, amax_reduce, valid)
         if global_scale is None and (amax_reduce is not None or valid is not None):
             counted = x if valid is None else torch.where(
                 (torch.arange(x.shape[0], device=x.device) < valid).unsqueeze(1), x, 0)
@@ -179,6 +181,7 @@ class NVFP4MoE(torch.nn.Module):
         codes, scales, g = quantize_rows(x, global_scale)
         if index is None:
             return codes, scales, g
+        index = index.clamp(min=0)  # (a negative index: an unspecified row)
         return codes.index_select(0, index), scales.view(torch.uint8).index_select(0, index).view(scales.dtype), g
 
     def _check(self, x, topk_ids, topk_weights) -> None:

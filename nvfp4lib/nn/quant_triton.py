@@ -37,9 +37,10 @@ ONE_PROGRAM_ELEMENTS = 16384  # a Qwen3-like T = 1 step's 8 token copies of 2048
 
 
 @triton.jit
-def _tile(x, rows, nblk, R: tl.constexpr, CB: tl.constexpr, index, HAS_INDEX: tl.constexpr):
+def _tile(x, x_stride, rows, nblk, R: tl.constexpr, CB: tl.constexpr, index, HAS_INDEX: tl.constexpr):
     """The even and odd elements (fp32) of this program's [R rows, CB blocks, 8 pairs] tile, its mask and indices
-    (output row r reads x's row ``index[r]`` with ``HAS_INDEX``, else row r)."""
+    (output row r reads x's row ``index[r]`` with ``HAS_INDEX`` (a negative index: zeros), else row r; x's rows
+    ``x_stride`` elements apart)."""
     r = tl.program_id(0) * R + tl.arange(0, R)[:, None, None]
     b = tl.program_id(1) * CB + tl.arange(0, CB)[None, :, None]
     j = tl.arange(0, 8)[None, None, :]
@@ -47,17 +48,19 @@ def _tile(x, rows, nblk, R: tl.constexpr, CB: tl.constexpr, index, HAS_INDEX: tl
     src = r.to(tl.int64)
     if HAS_INDEX:
         src = tl.load(index + r, mask=r < rows, other=0).to(tl.int64)
-    off = src * (nblk * 16) + b * 16 + 2 * j
+        ok = ok & (src >= 0)
+    off = src * x_stride + b * 16 + 2 * j
     ev = tl.load(x + off, mask=ok, other=0.0).to(tl.float32)
     od = tl.load(x + off + 1, mask=ok, other=0.0).to(tl.float32)
     return ev, od, ok, r, b, j
 
 
 @triton.jit
-def _amax_kernel(x, amax_bits, rows, nblk, valid, R: tl.constexpr, CB: tl.constexpr, HAS_VALID: tl.constexpr):
+def _amax_kernel(x, x_stride, amax_bits, rows, nblk, valid, R: tl.constexpr, CB: tl.constexpr,
+                 HAS_VALID: tl.constexpr):
     if HAS_VALID:  # only the first valid[0] rows
         rows = tl.minimum(rows, tl.load(valid))
-    ev, od, ok, r, b, j = _tile(x, rows, nblk, R, CB, x, False)
+    ev, od, ok, r, b, j = _tile(x, x_stride, rows, nblk, R, CB, x, False)
     m = tl.max(tl.max(tl.max(tl.maximum(tl.abs(ev), tl.abs(od)), axis=2), axis=1), axis=0)
     # |x| >= 0: its float bits order as int32, so an integer max is the float max
     tl.atomic_max(amax_bits, m.to(tl.int32, bitcast=True))
@@ -82,9 +85,10 @@ def _global_scale(amax):
 
 
 @triton.jit
-def _quant_tile(x, g, codes, scales, index, rows, nblk, R: tl.constexpr, CB: tl.constexpr, HAS_INDEX: tl.constexpr):
+def _quant_tile(x, x_stride, g, codes, scales, index, rows, nblk, R: tl.constexpr, CB: tl.constexpr,
+                HAS_INDEX: tl.constexpr):
     """Quantize this program's tile of output rows with the global scale ``g``: codes and E4M3 block scales."""
-    ev, od, ok, r, b, j = _tile(x, rows, nblk, R, CB, index, HAS_INDEX)
+    ev, od, ok, r, b, j = _tile(x, x_stride, rows, nblk, R, CB, index, HAS_INDEX)
     bmax = tl.max(tl.maximum(tl.abs(ev), tl.abs(od)), axis=2)  # [R, CB]
     s = tl.minimum(tl.math.div_rn(tl.math.div_rn(bmax, 6.0), g), 448.0)
     # E4M3 of s, round to nearest even: below 2^-6 in steps of 2^-9; above, the fp32 mantissa rounded to 3 bits in
@@ -108,7 +112,7 @@ def _quant_tile(x, g, codes, scales, index, rows, nblk, R: tl.constexpr, CB: tl.
 
 
 @triton.jit
-def _quant_kernel(x, g_in, amax_bits, codes, scales, g_out, index, rows, nblk, valid, HAVE_G: tl.constexpr,
+def _quant_kernel(x, x_stride, g_in, amax_bits, codes, scales, g_out, index, rows, nblk, valid, HAVE_G: tl.constexpr,
                   R: tl.constexpr, CB: tl.constexpr, HAS_INDEX: tl.constexpr, HAS_VALID: tl.constexpr):
     if HAS_VALID:
         rows = tl.minimum(rows, tl.load(valid))
@@ -118,19 +122,19 @@ def _quant_kernel(x, g_in, amax_bits, codes, scales, g_out, index, rows, nblk, v
         g = _global_scale(tl.load(amax_bits).to(tl.float32, bitcast=True))
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(g_out, g)
-    _quant_tile(x, g, codes, scales, index, rows, nblk, R, CB, HAS_INDEX)
+    _quant_tile(x, x_stride, g, codes, scales, index, rows, nblk, R, CB, HAS_INDEX)
 
 
 @triton.jit
-def _quant_one_kernel(x, codes, scales, g_out, index, x_rows, rows, nblk, R: tl.constexpr, CB: tl.constexpr,
-                      HAS_INDEX: tl.constexpr):
+def _quant_one_kernel(x, x_stride, codes, scales, g_out, index, x_rows, rows, nblk, R: tl.constexpr,
+                      CB: tl.constexpr, HAS_INDEX: tl.constexpr):
     """A small input in one program (one tile holds all of x and all output rows): x's amax, the global scale, the
     quantized rows; no memset, no atomic, one launch."""
-    ev, od, ok, r, b, j = _tile(x, x_rows, nblk, R, CB, x, False)
+    ev, od, ok, r, b, j = _tile(x, x_stride, x_rows, nblk, R, CB, x, False)
     amax = tl.max(tl.max(tl.max(tl.maximum(tl.abs(ev), tl.abs(od)), axis=2), axis=1), axis=0)
     g = _global_scale(amax)
     tl.store(g_out, g)
-    _quant_tile(x, g, codes, scales, index, rows, nblk, R, CB, HAS_INDEX)
+    _quant_tile(x, x_stride, g, codes, scales, index, rows, nblk, R, CB, HAS_INDEX)
 
 
 def _grid(rows: int, nblk: int) -> tuple[int, int]:
@@ -140,10 +144,10 @@ def _grid(rows: int, nblk: int) -> tuple[int, int]:
 def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = None, index: torch.Tensor | None = None,
                          amax_reduce=None, valid: torch.Tensor | None = None):
     """:func:`nvfp4lib.nn.quant.quantize_rows` in two Triton launches (one with ``global_scale``): the same outputs,
-    bit for bit. ``x`` a contiguous float tensor ``[..., K]`` on a device Triton runs on (a CUDA GPU, or the CPU
-    under ``TRITON_INTERPRET=1``); no host synchronisation. ``index`` (int ``[R]``, 2-D ``x`` only): the outputs are
-    the rows ``x[index]`` quantized (the gather fused in; the global scale is still x's), ``[R, K/2]`` and ``[R,
-    K/16]``. ``amax_reduce`` (without ``global_scale``): called on x's ``amax(|x|)`` (float32 ``[1]``, on the
+    bit for bit. ``x`` a contiguous float tensor ``[..., K]`` (or 2-D with any row stride) on a device Triton runs
+    on (a CUDA GPU, or the CPU under ``TRITON_INTERPRET=1``); no host synchronisation. ``index`` (int ``[R]``, 2-D
+    ``x`` only): the outputs are the rows ``x[index]`` quantized (the gather fused in; the global scale is still
+    x's), ``[R, K/2]`` and ``[R, K/16]``; a negative index gives an unspecified row. ``amax_reduce`` (without ``global_scale``): called on x's ``amax(|x|)`` (float32 ``[1]``, on the
     device) between the two launches, to replace it in place, e.g. with a process group's max (expert parallelism);
     the global scale is then computed from what it leaves there. ``valid`` (int32 ``[1]`` on the device, 2-D ``x``
     without ``index``): only x's first ``valid[0]`` rows count and are quantized (the rest of the outputs are left
@@ -151,8 +155,10 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
     if valid is not None and (index is not None or x.dim() != 2):
         raise ValueError("quantize_rows (triton): valid needs a 2-D x and no index")
     k = check_k(x)
-    if not x.is_contiguous():
-        raise ValueError("quantize_rows (triton): x must be contiguous; pass x.contiguous()")
+    if not (x.is_contiguous() or (x.dim() == 2 and x.stride(1) == 1)):
+        raise ValueError("quantize_rows (triton): x must be contiguous, or 2-D with contiguous rows; pass "
+                         "x.contiguous()")
+    stride = x.stride(0) if x.dim() == 2 else k
     if index is not None and (x.dim() != 2 or index.dim() != 1):
         raise ValueError(f"quantize_rows (triton): index needs a 2-D x and a 1-D index, got {tuple(x.shape)} and "
                          f"{tuple(index.shape)}")
@@ -168,19 +174,19 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
     if not have_g and ONE_PROGRAM and amax_reduce is None and valid is None:
         tile = {"R": triton.next_power_of_2(max(rows, out_rows, 1)), "CB": triton.next_power_of_2(nblk)}
         if tile["R"] * tile["CB"] * BLOCK_SIZE <= ONE_PROGRAM_ELEMENTS:
-            launch(_quant_one_kernel, (1, 1), (x, codes, scales, g, x if index is None else index, rows, out_rows,
-                                               nblk), {**tile, "HAS_INDEX": index is not None}, num_warps=8)
+            launch(_quant_one_kernel, (1, 1), (x, stride, codes, scales, g, x if index is None else index, rows,
+                                               out_rows, nblk), {**tile, "HAS_INDEX": index is not None}, num_warps=8)
             return codes, scales.view(torch.float8_e4m3fn), g
     tile = {"R": ROWS_PER_PROGRAM, "CB": BLOCKS_PER_PROGRAM}
     if not have_g:
-        launch(_amax_kernel, _grid(rows, nblk), (x, amax_bits, rows, nblk, x if valid is None else valid),
+        launch(_amax_kernel, _grid(rows, nblk), (x, stride, amax_bits, rows, nblk, x if valid is None else valid),
                {**tile, "HAS_VALID": valid is not None})
         if amax_reduce is not None:  # (|x| >= 0: its float32 bits order as int32 bits, which the kernel maxes)
             amax_reduce(amax_bits.view(torch.float32))
     g_in = global_scale.to(torch.float32).reshape(1) if have_g else g
     # (at least one program, also for no rows: program 0 writes the global scale)
     launch(_quant_kernel, _grid(out_rows, nblk),
-           (x, g_in, amax_bits, codes, scales, g, x if index is None else index, out_rows, nblk,
+           (x, stride, g_in, amax_bits, codes, scales, g, x if index is None else index, out_rows, nblk,
             x if valid is None else valid),
            {"HAVE_G": have_g, **tile, "HAS_INDEX": index is not None, "HAS_VALID": valid is not None})
     return codes, scales.view(torch.float8_e4m3fn), g
