@@ -163,7 +163,15 @@ CHANGES = (
      ("647d34e",), "7c4a089",
      "all-gather at T = 1 and 64: dispatch W4A16 ~57 -> ~25 us, W4A4 ~93 -> ~40 us (the group's amax all-reduce "
      "stays), combine ~25 -> ~20 us; T = 4096 W4A4: the experts phase ~1600 -> ~900 us (Qwen3-like) and ~8000 -> "
-     "~6800 us (DeepSeek-like), dispatch about half (only owned rows gathered); symm-mem unchanged"),
+     "~6800 us (DeepSeek-like), dispatch about half (only owned rows gathered); symm-mem unchanged. (The runs before "
+     "were on 2x H200, the run after on 2x H100: the table crosses cards)"),
+    ("the routing kernel as one sort (tl.sort of (expert, copy) keys, tl.histogram for the offsets) instead of a "
+     "one-hot counting loop over blocks of 32 copies; W4A4 with a dynamic scale at decode sizes on the all-gather "
+     "transport: x sent as it is and quantized after the gather with the whole batch's scale, no amax all-reduce "
+     "(nn.ep.GATHER_QUANTIZE_MAX_TOKENS)",
+     ("7c4a089",), "956f53a",
+     "the sort ~5-10 us at N = 1024 copies (T = 64 per rank: dispatch down by most of the ~55-85 us the loop took "
+     "over T = 1's); all-gather W4A4 dispatch at T = 1 ~43 -> ~25 us, about W4A16's"),
 )
 
 
