@@ -118,8 +118,9 @@ class AllGatherTransport(Transport):
         return out
 
     def _pack(self, payload, topk_ids, topk_weights) -> torch.Tensor:
-        """The send rows ``[capacity, payload + 8·top_k bytes]``: payload, int32 expert ids, fp32 weights, then padding rows (one
-        Triton launch on a GPU where the payload's rows are whole 32-bit words: routing_triton.pack_rows_triton)."""
+        """The send rows ``[capacity, payload + 8·top_k bytes]``: payload, int32 expert ids, fp32 weights, then
+        padding rows (one Triton launch on a GPU where the payload's rows are whole 32-bit words:
+        routing_triton.pack_rows_triton)."""
         s, t = self.shape, payload[0].shape[0]
         if _triton_form(payload[0]):
             from .routing_triton import pack_rows_triton
@@ -171,7 +172,6 @@ class AllGatherTransport(Transport):
         return Dispatched(rows, offsets, dropped, (torch.where(lost, -1, r.row), w, t), g)
 
     def combine(self, y, d, out_dtype):
-        s = self.shape
         row, weights, t = d.state
         # each token's own copies weighted and summed in one pass (routing.weighted_rows; on a GPU one launch): the
         # other ranks' copies and padding (row -1) add zero whatever their weights, a lost copy NaN

@@ -147,9 +147,10 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
     bit for bit. ``x`` a contiguous float tensor ``[..., K]`` (or 2-D with any row stride) on a device Triton runs
     on (a CUDA GPU, or the CPU under ``TRITON_INTERPRET=1``); no host synchronisation. ``index`` (int ``[R]``, 2-D
     ``x`` only): the outputs are the rows ``x[index]`` quantized (the gather fused in; the global scale is still
-    x's), ``[R, K/2]`` and ``[R, K/16]``; a negative index gives an unspecified row. ``amax_reduce`` (without ``global_scale``): called on x's ``amax(|x|)`` (float32 ``[1]``, on the
-    device) between the two launches, to replace it in place, e.g. with a process group's max (expert parallelism);
-    the global scale is then computed from what it leaves there. ``valid`` (int32 ``[1]`` on the device, 2-D ``x``
+    x's), ``[R, K/2]`` and ``[R, K/16]``; a negative index gives an unspecified row. ``amax_reduce`` (without
+    ``global_scale``): called on x's ``amax(|x|)`` (float32 ``[1]``, on the device) between the two launches, to
+    replace it in place, e.g. with a process group's max (expert parallelism); the global scale is then computed
+    from what it leaves there. ``valid`` (int32 ``[1]`` on the device, 2-D ``x``
     without ``index``): only x's first ``valid[0]`` rows count and are quantized (the rest of the outputs are left
     unspecified), e.g. the rows an expert GEMM wrote of a buffer sized for the most."""
     if valid is not None and (index is not None or x.dim() != 2):
