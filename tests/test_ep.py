@@ -76,12 +76,14 @@ def _gloo_worker(rank: int, port: int) -> None:
         from nvfp4lib.nn import ep as ep_module
 
         ws = _weights()
-        shipped = ep_module.GATHER_QUANTIZE_MAX_TOKENS
-        # W4A4 with a dynamic scale both ways: x's rows quantized after the gather (decode sizes), and NVFP4 rows
-        # sent after an all-reduce of the amax (the knob at 0: larger steps)
-        for activations, scales, most in (("bf16", None, shipped), ("nvfp4", None, shipped), ("nvfp4", None, 0),
-                                          ("nvfp4", (0.01, 0.002), shipped)):
-            ep_module.GATHER_QUANTIZE_MAX_TOKENS = most
+        shipped, once = ep_module.GATHER_QUANTIZE_MAX_TOKENS, ep_module.GATHER_QUANTIZE_ONCE_MIN_TOKENS
+        # W4A4 with a dynamic scale every way: x's rows quantized after the gather (decode sizes), each owned copy's
+        # row (16 tokens: under the once-threshold) or each token once and its copies' codes gathered (threshold 0);
+        # and NVFP4 rows sent after an all-reduce of the amax (the knob at 0: larger steps)
+        for activations, scales, most, least in (("bf16", None, shipped, once), ("nvfp4", None, shipped, once),
+                                                 ("nvfp4", None, shipped, 0), ("nvfp4", None, 0, once),
+                                                 ("nvfp4", (0.01, 0.002), shipped, once)):
+            ep_module.GATHER_QUANTIZE_MAX_TOKENS, ep_module.GATHER_QUANTIZE_ONCE_MIN_TOKENS = most, least
             for k in (2, 3):
                 ep = EPMoE.shard(*ws, top_k=k, capacity=8, activations=activations, backend="reference",
                                  quantizer="torch", input_scales=scales)
@@ -91,8 +93,9 @@ def _gloo_worker(rank: int, port: int) -> None:
                     got = ep(*inputs[rank])
                     want = _expected(ws, inputs, rank, activations, scales)
                     _compare(got, want, k, exact=k == 2,
-                             what=f"all-gather {activations} {scales} k={k} {case} gather-quantize<={most}")
-        ep_module.GATHER_QUANTIZE_MAX_TOKENS = shipped
+                             what=f"all-gather {activations} {scales} k={k} {case} gather-quantize<={most} "
+                                  f"once>={least}")
+        ep_module.GATHER_QUANTIZE_MAX_TOKENS, ep_module.GATHER_QUANTIZE_ONCE_MIN_TOKENS = shipped, once
         # capacity, host side: more tokens than the buffers hold (a shape: both ranks refuse before communicating)
         ep = EPMoE.shard(*ws, top_k=2, capacity=8, activations="bf16", backend="reference")
         with pytest.raises(ValueError, match="capacity = 8"):

@@ -64,6 +64,13 @@ TRANSPORTS = ("all-gather", "symm-mem")
 # notebook 13; the routing's sort form landed in the same commit): T = 1 dispatch 44.0 -> 29.4 us (DeepSeek-like)
 # and 43.2 -> 27.4 us (Qwen3-like), 4-5 us above W4A16's; dispatch + combine 41.7 and 39.0 us; exact.
 GATHER_QUANTIZE_MAX_TOKENS = 256
+# There, from this many tokens over the group (world · capacity) each gathered token is quantized once and its owned
+# copies' codes and scales gathered after (two row gathers), instead of quantizing every owned copy's row (top_k
+# times the tokens' elements for a rank holding all of a token's experts). Prediction (before any GPU run; 2x H100,
+# the all-gather W4A4 dispatch at 956f53a against W4A16's gather): T = 64 per rank DeepSeek-like 61.5 -> ~46 us,
+# Qwen3-like 39.4 -> ~34 us; T = 1 (2 tokens: under the threshold) unchanged, where one more launch would cost more
+# than the few rows it saves.
+GATHER_QUANTIZE_ONCE_MIN_TOKENS = 32
 
 
 def expert_range(experts: int, world: int, rank: int) -> range:
@@ -152,8 +159,12 @@ class AllGatherTransport(Transport):
         r = route_local(ids, n_local, s.rank * n_local)
         token, g = r.token[:s.recv_capacity], None
         if quantize is not None:  # x's rows, every token's: the global scale is the whole batch's
-            codes, scales, g = quantize(got[:, :rb], token)
-            rows = (codes, scales.view(torch.uint8))
+            if s.world * s.capacity >= GATHER_QUANTIZE_ONCE_MIN_TOKENS:  # each token once, then its copies' codes
+                codes, scales, g = quantize(got[:, :rb], None)
+                rows = (gather_rows(codes, token), gather_rows(scales.view(torch.uint8), token))
+            else:  # each owned copy's row quantized where it is read (the gather fused into the quantizer)
+                codes, scales, g = quantize(got[:, :rb], token)
+                rows = (codes, scales.view(torch.uint8))
         else:
             start, rows = 0, []
             for width in s.parts or (s.row_bytes,):  # each part gathered on its own: the GEMM reads it as it lands
