@@ -53,6 +53,7 @@ from functools import partial
 
 import torch
 
+from ..nn import ep as ep_layer
 from ..nn import ep_symm
 from . import moe_bench as mb
 from .store import new_run_id, provenance
@@ -414,7 +415,12 @@ def _base(run_id, rg, layer, transport, kind, t, routing, seed, w_seed, r_seed, 
            "backend": mb.PEER_BACKEND if kind == "peer" else mb.NVFP4_BACKEND,
            "layer_backend": "torch._grouped_mm" if kind == "peer" else backend, "quantizer": quantizer,
            "graph": rg.graphs, "iters": iters, "gpus_ranks": gpus, "phases": PHASES,
-           "put_rows": ep_symm.PUT_ROWS[ep_symm.PUT_ROWS_TRITON] if transport == "symm-mem" else None}
+           "put_rows": ep_symm.PUT_ROWS[ep_symm.PUT_ROWS_TRITON] if transport == "symm-mem" else None,
+           # the all-gather W4A4 decode forms' knobs as set for the run (nn.ep: x's rows quantized after the gather
+           # up to the first, each token once from the second)
+           "gather_quantize_max_tokens": ep_layer.GATHER_QUANTIZE_MAX_TOKENS if transport == "all-gather" else None,
+           "gather_quantize_once_min_tokens": ep_layer.GATHER_QUANTIZE_ONCE_MIN_TOKENS if transport == "all-gather"
+           else None}
     del row["name"]
     return row
 
@@ -682,7 +688,8 @@ def run_command(args, write) -> int:
         t0 = time.monotonic()
         put_rows = None if args.put_rows is None else args.put_rows == "triton"
         try:
-            with mb.knob_setting("nvfp4lib.nn.ep_symm", "PUT_ROWS_TRITON", put_rows):
+            with mb.knob_setting("nvfp4lib.nn.ep_symm", "PUT_ROWS_TRITON", put_rows), \
+                    mb.knob_setting("nvfp4lib.nn.ep", "GATHER_QUANTIZE_ONCE_MIN_TOKENS", args.quantize_once_min):
                 out = bench_ep(layers, tokens, transports, modes=tuple(args.mode), peer=not args.no_peer,
                                routing=routing[0], iters=iters, seed=args.seed, backend=args.backend,
                                quantizer=args.quantizer, rg=rg, watchdog=dog,
