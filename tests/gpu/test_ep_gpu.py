@@ -58,6 +58,12 @@ def _worker(rank: int, port: int, transport: str, activations: str, put_rows: st
 
     if put_rows != "shipped":  # this process's knob (the symm-mem transport's row writes)
         ep_symm.PUT_ROWS_TRITON = put_rows == "triton"
+    # eager calls on the same kernels as the captured ones (the serving kernel's EAGER_FUSED off): W4A4 then compiles
+    # each GEMM's config once per process, not twice (the fused eager kernel is tested in test_serving_gpu.py); the
+    # suite did not finish inside the device's limits with both forms compiled in every process
+    from nvfp4lib.kernels.hopper_varlen import kernel as varlen_kernel
+
+    varlen_kernel.EAGER_FUSED = False
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)

@@ -62,8 +62,10 @@ def _worker(rank: int, port: int, path: str, transport: str, activations: str) -
 
     from nvfp4lib.hf import generate
     from nvfp4lib.hf.modules import NVFP4Experts
+    from nvfp4lib.kernels.hopper_varlen import kernel as varlen_kernel
     from nvfp4lib.nn import EPMoE
 
+    varlen_kernel.EAGER_FUSED = False  # one compile per GEMM config per process (see tests/gpu/test_ep_gpu.py)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
