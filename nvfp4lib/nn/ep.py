@@ -294,13 +294,13 @@ class EPMoE(torch.nn.Module):
     def dispatch(self, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
         """Steps 1-2 of the module doc: ``(Dispatched, g)``, ``g`` the activations' global scale (W4A4) or None."""
         local, tr = self.local, self.transport
-        g = None
+        g, quantize = None, None
         if self.quantize_gathered:  # x's rows out (any float dtype: exact); quantized where they arrive
-            d = tr.dispatch(x.contiguous().view(torch.uint8), topk_ids, topk_weights,
-                            quantize=lambda rows, index: local._quantize(rows.view(x.dtype), None, index))
-            self.overflow.add_(d.dropped)
-            return d, d.global_scale
-        if self.activations == "nvfp4":
+            payload = x.contiguous().view(torch.uint8)
+
+            def quantize(rows, index):
+                return local._quantize(rows.view(x.dtype), None, index)
+        elif self.activations == "nvfp4":
             static = local.input_scales or (None, None)
             if static[0] is not None:
                 codes, scales, g = local._quantize(x, static[0])
@@ -309,9 +309,9 @@ class EPMoE(torch.nn.Module):
             payload = (codes.reshape(x.shape[0], -1), scales.view(torch.uint8).reshape(x.shape[0], -1))
         else:
             payload = x.to(torch.bfloat16).contiguous().view(torch.uint8)
-        d = tr.dispatch(payload, topk_ids, topk_weights)
+        d = tr.dispatch(payload, topk_ids, topk_weights, quantize=quantize)
         self.overflow.add_(d.dropped)
-        return d, g
+        return d, (d.global_scale if quantize is not None else g)
 
     def run_experts(self, d: Dispatched, g) -> torch.Tensor:
         """Step 3: this rank's experts on the received rows, ``[recv_capacity, H]`` (rows past the offsets

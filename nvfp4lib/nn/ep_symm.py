@@ -159,7 +159,10 @@ class SymmMemTransport(Transport):
         self.heap.barrier()
         return self.heap.peer(self.rank, "amax")[use].amax().reshape(1)
 
-    def dispatch(self, payload, topk_ids, topk_weights):
+    def dispatch(self, payload, topk_ids, topk_weights, quantize=None):
+        if quantize is not None:
+            raise ValueError("the symm-mem transport does not take quantize: its ranks receive only their experts' "
+                             "copies, not every token (gathers_all is False)")
         s, me = self.shape, self.rank
         n_local = s.local_experts
         n = topk_ids.numel()

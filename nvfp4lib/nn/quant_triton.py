@@ -56,12 +56,18 @@ def _tile(x, x_stride, rows, nblk, R: tl.constexpr, CB: tl.constexpr, index, HAS
 
 
 @triton.jit
+def _tile_amax(ev, od):
+    """amax(|x|) over a tile's even and odd elements (masked ones read as zeros)."""
+    return tl.max(tl.max(tl.max(tl.maximum(tl.abs(ev), tl.abs(od)), axis=2), axis=1), axis=0)
+
+
+@triton.jit
 def _amax_kernel(x, x_stride, amax_bits, rows, nblk, valid, R: tl.constexpr, CB: tl.constexpr,
                  HAS_VALID: tl.constexpr):
     if HAS_VALID:  # only the first valid[0] rows
         rows = tl.minimum(rows, tl.load(valid))
     ev, od, ok, r, b, j = _tile(x, x_stride, rows, nblk, R, CB, x, False)
-    m = tl.max(tl.max(tl.max(tl.maximum(tl.abs(ev), tl.abs(od)), axis=2), axis=1), axis=0)
+    m = _tile_amax(ev, od)
     # |x| >= 0: its float bits order as int32, so an integer max is the float max
     tl.atomic_max(amax_bits, m.to(tl.int32, bitcast=True))
 
@@ -131,7 +137,7 @@ def _quant_one_kernel(x, x_stride, codes, scales, g_out, index, x_rows, rows, nb
     """A small input in one program (one tile holds all of x and all output rows): x's amax, the global scale, the
     quantized rows; no memset, no atomic, one launch."""
     ev, od, ok, r, b, j = _tile(x, x_stride, x_rows, nblk, R, CB, x, False)
-    amax = tl.max(tl.max(tl.max(tl.maximum(tl.abs(ev), tl.abs(od)), axis=2), axis=1), axis=0)
+    amax = _tile_amax(ev, od)
     g = _global_scale(amax)
     tl.store(g_out, g)
     _quant_tile(x, x_stride, g, codes, scales, index, rows, nblk, R, CB, HAS_INDEX)

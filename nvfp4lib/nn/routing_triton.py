@@ -214,10 +214,10 @@ def put_rows_triton(src: torch.Tensor, src_index: torch.Tensor, dst_rank: torch.
     the transport's own indices are in range by construction."""
     src = src.contiguous()
     n = dst_row.numel()
-    if src.shape[-1] * src.element_size() % 4:
+    words = _words(src)
+    if words is None:
         raise ValueError(f"put_rows_triton moves rows as 32-bit words: a row of {src.shape[-1]} x "
-                         f"{src.element_size()} bytes is not a multiple of 4")
-    words = src.view(torch.int32)
+                         f"{src.element_size()} bytes (or its address) is not a multiple of 4")
     cols = words.shape[-1]
     if n and cols:
         launch(_put_rows_kernel, (n, triton.cdiv(cols, _PUT_BN)), (words, src_index, dst_rank, dst_row, peer_ptrs,
