@@ -300,6 +300,7 @@ def test_compiled_decode_rows_beside_the_plain_ones(tmp_path):
     assert loops == [("bf16-peer", gb.STATIC), ("bf16-peer", gb.COMPILED), ("nvfp4", gb.STATIC),
                      ("nvfp4", gb.COMPILED)]
     assert all(r["status"] == "ok" for r in rows), [r["status"] for r in rows]
+    assert {r["compile_form"] for r in rows} == {"opaque"}  # (the run's form: the NVFP4 modules as opaque ops)
     first = {(r["model_kind"], r["loop"]): r["first_tokens"] for r in rows}
     for kind in ("bf16-peer", "nvfp4"):
         assert first[(kind, gb.COMPILED)] == first[(kind, gb.STATIC)]
@@ -309,6 +310,11 @@ def test_compiled_decode_rows_beside_the_plain_ones(tmp_path):
     tg = gr.targets(run)
     compiled = tg[tg["NVFP4 model"].str.endswith(gr.COMPILED_SUFFIX) & tg["target"].str.startswith("batch-1 ")]
     assert len(compiled) == 1 and compiled["verdict"].iloc[0] != "not measured"
+
+
+def test_unknown_compile_form_is_refused():
+    with pytest.raises(ValueError, match="compile_form"):
+        gb.bench_generate(**TINY, compiled=True, compile_form="inlined")
 
 
 def test_compile_with_an_expert_parallel_model_is_refused():

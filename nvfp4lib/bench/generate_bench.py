@@ -87,6 +87,7 @@ from pathlib import Path
 
 import torch
 
+from ..nn import compiled as nn_compiled
 from .store import new_run_id, provenance
 
 __all__ = ["KINDS", "ACTIVATIONS", "STATIC", "COMPILED", "HF_GENERATE", "MODULE_STEPS", "PROFILE_COMMAND",
@@ -108,6 +109,7 @@ LABELS = {("nvfp4", "nvfp4"): "NVFP4 W4A4", ("nvfp4", "bf16"): "NVFP4 W4A16", ("
 # The loops a row can time: nvfp4lib.hf.generate (a static cache; graphed or eager), the same with its decode step
 # through torch.compile (generate-bench --compile; the NVFP4 models and the bf16 peer) and transformers'
 # model.generate() (a dynamic cache, eager)
+COMPILE_FORMS = ("opaque", "traced")  # how torch.compile sees the NVFP4 modules (nvfp4lib.nn.compiled.OPAQUE)
 STATIC, COMPILED, HF_GENERATE = "nvfp4lib.hf.generate", "nvfp4lib.hf.generate + torch.compile", "transformers.generate"
 # Normwise relative error of a model's logits against the bf16 peer's, over the first prompt:
 # - W4A16 and transformers' model run the peer's dequantized weights: only bf16 roundings differ (each Linear's
@@ -533,8 +535,8 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
                    activations=ACTIVATIONS, batches=BATCHES, kinds=KINDS, new_tokens: int = NEW_TOKENS,
                    prompt_tokens: int = PROMPT_TOKENS, seed: int = 0, device=None, workdir=None,
                    sizes: dict | None = None, eager_fused: bool | None = False, budget_s: float | None = None,
-                   profile_steps: int | None = None, compiled: bool = False, sink=None,
-                   progress=print) -> list[dict]:
+                   profile_steps: int | None = None, compiled: bool = False, compile_form: str = "opaque",
+                   sink=None, progress=print) -> list[dict]:
     """Rows (see the module doc) with provenance; nothing is stored here.
 
     ``preset``: :data:`PRESETS` (``tiny``: the CPU smoke test; ``sizes`` override a preset's fields, e.g.
@@ -546,7 +548,9 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
 
     ``profile_steps``: replays of each graphed decode step to profile (the module doc; None: no profile).
     ``compiled``: each NVFP4 model and the bf16 peer also decode every batch with the step through torch.compile
-    (loop :data:`COMPILED`; rows after the plain loop's, on the same loaded model).
+    (loop :data:`COMPILED`; rows after the plain loop's, on the same loaded model). ``compile_form``: how torch.compile
+    sees the NVFP4 modules (:mod:`nvfp4lib.nn.compiled`): "opaque" (one custom op each, running the eager forward; as
+    shipped) or "traced" (their torch forms, compiled by Inductor); compiled rows carry it.
 
     ``budget_s``: write no checkpoint and load no model after this many seconds (a model loaded before decodes all its
     batches; the rows not measured say so). ``sink``: a
@@ -558,6 +562,8 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
 
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
+    if compile_form not in COMPILE_FORMS:
+        raise ValueError(f"compile_form must be one of {COMPILE_FORMS}, got {compile_form!r}")
     for name, given, known in (("format", formats, FORMATS), ("activations", activations, ACTIVATIONS),
                                ("model kind", kinds, KINDS)):
         bad = [x for x in given if x not in known]
@@ -602,11 +608,12 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
             **{f"model_{k}": v for k, v in shape.items() if k in ("layers", "hidden", "experts", "moe_intermediate",
                                                                  "top_k", "heads", "kv_heads", "head_dim", "vocab")},
             "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "seed": seed, "device_type": device.type,
-            "profile_steps": profile_steps, **knobs}
+            "profile_steps": profile_steps, "compile_form": compile_form if compiled else None, **knobs}
     plan = _plan(formats, activations, kinds)
     run = _Run(base, device, batches, prompts, new_tokens, say, plan, budget_s, sink, t_start, profile_steps,
                compiled)
-    stop = None
+    stop, old_opaque = None, nn_compiled.OPAQUE
+    nn_compiled.OPAQUE = compile_form == "opaque"
     try:
         for fmt, want in plan:
             run.in_time()
@@ -638,6 +645,7 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
     except (KeyboardInterrupt, _Interrupted) as e:
         stop = f"not reached: the run was stopped ({str(e) or type(e).__name__}) after {run.elapsed():.0f} s"
     finally:
+        nn_compiled.OPAQUE = old_opaque
         if old_fused is not None:
             _set_eager_fused(old_fused)
     if stop:
@@ -726,6 +734,9 @@ def add_command(sub, add_record_args, write) -> None:
                    help="each NVFP4 model and the bf16 peer also decode every batch with the step through "
                         "torch.compile (rows with loop 'nvfp4lib.hf.generate + torch.compile'; compiled once per "
                         "model and batch, not timed)")
+    p.add_argument("--compile-form", choices=list(COMPILE_FORMS), default="opaque",
+                   help="--compile: the NVFP4 modules as one opaque custom op each, running their eager forward "
+                        "(opaque, as shipped), or traced into their torch forms (traced); rows carry compile_form")
     add_record_args(p, GENERATE, "generate")
 
     def run(args) -> int:
@@ -745,7 +756,8 @@ def add_command(sub, add_record_args, write) -> None:
                                   workdir=args.workdir, sizes={"layers": args.layers} if args.layers else None,
                                   eager_fused={"on": True, "off": False, "shipped": None}[args.eager_fused],
                                   budget_s=args.budget_s, profile_steps=args.profile_steps,
-                                  compiled=args.compile, progress=lambda m: print(m, flush=True),
+                                  compiled=args.compile, compile_form=args.compile_form,
+                                  progress=lambda m: print(m, flush=True),
                                   sink=(lambda row: append_rows(args.out, [row])) if args.out else None)
         except (ValueError, ImportError) as e:  # refused before measuring anything
             print(f"generate-bench: {e}")

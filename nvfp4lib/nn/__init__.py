@@ -7,8 +7,10 @@
   all-gather transport or the symmetric-memory all-to-all (:mod:`.ep_symm`, GPU only);
 - :func:`quantize_rows` (:mod:`.quant`): activations to NVFP4 without a host synchronisation;
 - :func:`reference_moe` (:mod:`.reference`): the layer's exact semantics, to test against;
+- :mod:`.compiled`: the modules as opaque custom ops under ``torch.compile``;
 - :mod:`.hf` (needs ``transformers``, imported on use): ``swap_moe_blocks`` for Mixtral and Qwen3-MoE models.
 """
+from . import compiled  # noqa: F401  (registers the nvfp4lib::moe and nvfp4lib::linear ops)
 from .ep import EPMoE
 from .linear import NVFP4Linear
 from .moe import NVFP4MoE

@@ -9,7 +9,8 @@ GEMM with G = 1: the same kernel, configs and tuning cache as the experts). Each
 - ``activations="bf16"`` (W4A16): feeds x in bf16 to the GEMM as it is.
 
 The group offsets ``[0, T]`` are kept per row count on the device; nothing is read back to the host, so the forward
-runs in a CUDA graph and traces under ``torch.compile``. The output is bf16 from the GEMM, cast to x's dtype.
+runs in a CUDA graph; under ``torch.compile`` it is one opaque custom op, ``nvfp4lib::linear``, running the eager
+forward (:mod:`.compiled`). The output is bf16 from the GEMM, cast to x's dtype.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 
 from ..formats import NVFP4Tensor, quantize
 from ..serving import SERVING_BACKENDS, prepare_weights
+from . import compiled
 from .moe import ACTIVATIONS, resolve_quantizer
 from .quant import quantize_rows, static_scale
 
@@ -57,6 +59,7 @@ class NVFP4Linear(torch.nn.Module):
         self.weight = weight if keep_weight else None
         self.w = prepare_weights([weight], backend=backend, out_dtype=torch.bfloat16, activations=activations)
         self._offsets: dict[int, torch.Tensor] = {}
+        self._handle = compiled.handle(self)  # the module's name in the op torch.compile records (:mod:`.compiled`)
 
     @classmethod
     def from_float(cls, linear, **kwargs) -> "NVFP4Linear":
@@ -87,6 +90,8 @@ class NVFP4Linear(torch.nn.Module):
             raise ValueError(f"x must be a float [..., K={self.in_features}] tensor, got {x.dtype} {tuple(x.shape)}")
         if x.device != self.device:
             raise ValueError(f"x is on {x.device} but the weight is on {self.device}")
+        if torch.compiler.is_compiling() and compiled.opaque(x):
+            return compiled.linear(x, self._handle)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         offsets = self._group_offsets(x2.shape[0], x2.device)

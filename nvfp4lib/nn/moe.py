@@ -16,10 +16,11 @@ Decode steps (at most ``gemv_max_tokens`` tokens, :data:`.moe_gemv.GEMV_MAX_TOKE
 backend run instead as weight-streaming GEMVs on the same packed weights (:mod:`.moe_gemv`): no routing, the same
 numbers up to the order of fp32 sums.
 
-No step reads a value back to the host, so the forward can be captured in a CUDA graph, and ``torch.compile(
-fullgraph=True)`` traces it (the GEMMs are the custom ops ``nvfp4lib::grouped_mm`` and, in W4A16 mode,
-``nvfp4lib::grouped_mm_a16``). The layer lives on the device of
-its weights (``.to()`` does not move them: build it where it runs).
+No step reads a value back to the host, so the forward can be captured in a CUDA graph. Under ``torch.compile(
+fullgraph=True)`` the forward is one opaque custom op, ``nvfp4lib::moe``, that runs it as it runs eagerly
+(:mod:`.compiled`; traced instead, its GEMMs are the custom ops ``nvfp4lib::grouped_mm`` and, in W4A16 mode,
+``nvfp4lib::grouped_mm_a16``). The layer lives on the device of its weights (``.to()`` does not move them: build it
+where it runs).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import torch
 
 from ..formats import NVFP4Tensor, quantize
 from ..serving import SERVING_BACKENDS, prepare_weights
+from . import compiled
 from .moe_gemv import GEMV_MAX_TOKENS, gemv_moe
 from .quant import amax_of, global_scale_of, quantize_rows, static_scale
 from .routing import gather_rows, route, triton_importable, unpermute
@@ -107,6 +109,7 @@ class NVFP4MoE(torch.nn.Module):
         # steps of at most this many tokens take the GEMV decode path (:mod:`.moe_gemv`) where it can run; 0: never
         self.gemv_max_tokens = GEMV_MAX_TOKENS
         self._gemv = None  # (gate_up, down) GemvWeights, made on first use
+        self._handle = compiled.handle(self)  # the module's name in the op torch.compile records (:mod:`.compiled`)
 
     @classmethod
     def from_float(cls, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, **kwargs) -> "NVFP4MoE":
@@ -127,6 +130,8 @@ class NVFP4MoE(torch.nn.Module):
         """``x [T, H]``, ``topk_ids [T, k]`` (int, in ``[0, E)``), ``topk_weights [T, k]`` -> ``[T, H]`` in x's
         dtype: ``Σ_j topk_weights[t, j] · down_e(silu(gate_e(x_t)) · up_e(x_t))``, ``e = topk_ids[t, j]``."""
         self._check(x, topk_ids, topk_weights)
+        if torch.compiler.is_compiling() and compiled.opaque(x, topk_weights):
+            return compiled.moe(x, topk_ids, topk_weights, self._handle)
         if self._gemv_step(x):
             return self._forward_gemv(x, topk_ids, topk_weights)
         r = route(topk_ids, self.experts)
