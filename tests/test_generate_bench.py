@@ -310,6 +310,13 @@ def test_compiled_decode_rows_beside_the_plain_ones(tmp_path):
     tg = gr.targets(run)
     compiled = tg[tg["NVFP4 model"].str.endswith(gr.COMPILED_SUFFIX) & tg["target"].str.startswith("batch-1 ")]
     assert len(compiled) == 1 and compiled["verdict"].iloc[0] != "not measured"
+    ct = gr.compile_table(run)  # the compiled series against its plain loop and the compiled peer
+    assert list(ct.index) == [("NVFP4 W4A16 (modelopt)" + gr.COMPILED_SUFFIX, 1)]
+    r = ct.iloc[0]
+    assert r["form"] == "opaque" and r["tokens equal plain"] == "yes"
+    assert abs(r["over compiled peer"] - r["tokens/s"] / r["compiled peer"]) < 0.01  # (shown to 2 decimals)
+    hist = gr.targets_history(run.assign(preset=TINY["preset"]), TINY["preset"])
+    assert len(hist) == 2 and hist.columns[0].startswith("batch-1 ")  # one line per NVFP4 series of the run
 
 
 def test_unknown_compile_form_is_refused():

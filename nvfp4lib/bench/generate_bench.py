@@ -550,7 +550,7 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
     ``compiled``: each NVFP4 model and the bf16 peer also decode every batch with the step through torch.compile
     (loop :data:`COMPILED`; rows after the plain loop's, on the same loaded model). ``compile_form``: how torch.compile
     sees the NVFP4 modules (:mod:`nvfp4lib.nn.compiled`): "opaque" (one custom op each, running the eager forward; as
-    shipped) or "traced" (their torch forms, compiled by Inductor); compiled rows carry it.
+    shipped) or "traced" (their torch forms, compiled by Inductor); a compiled run's rows carry it.
 
     ``budget_s``: write no checkpoint and load no model after this many seconds (a model loaded before decodes all its
     batches; the rows not measured say so). ``sink``: a

@@ -15,6 +15,13 @@ Prediction (2026-11-28, before a GPU run; the 48-layer Qwen3-30B-A3B shape at ba
 peer decodes at ~6.8 ms per token, ~140 µs per layer; the NVFP4 W4A4 model keeps its eager MoE (~42 µs a layer against
 the peer's ~71) and its four projections (~35-45 µs against ~32 in bf16), so ~5.6-6.0 ms per token: 1.1-1.2x the
 compiled peer. Traced, the step would run the torch routing and quantizer instead, compiled.
+
+Outcome (H100, one generate-bench run, data/generate.jsonl; notebook 12 computes it): below the prediction, the
+compiled NVFP4 model a little slower than the compiled peer at batch 1 (faster at batch 32). Compiling sped the peer's
+expert layer too (its routing and un-permute are torch ops that Inductor fuses) and the NVFP4 projections cost more
+per call than bf16 GEMMs at one token. W4A4's greedy tokens moved from the plain loop's (Inductor rounds the fused
+norms once, in fp32; W4A4 turns a one-ulp change into other codes). Kept as the shipped form: the one measured, and
+the eager kernels' exactness; the traced form's A/B is next.
 """
 from __future__ import annotations
 

@@ -22,7 +22,8 @@ from .plots import caption, shown
 
 __all__ = ["SOURCE", "RECORD_COMMAND", "TIMED_COMMANDS", "no_data", "TARGETS", "latest_run", "series", "run_summary",
            "completeness", "profile_run", "no_profile", "step_table", "step_delta", "module_table", "tokens_table",
-           "speedup_table", "memory_table", "not_ok", "targets", "figure"]
+           "speedup_table", "memory_table", "not_ok", "targets", "targets_history", "COMPILE_PREDICTION",
+           "compile_table", "figure"]
 
 SOURCE = "data/generate.jsonl"
 RECORD_COMMAND = "python -m nvfp4lib generate-bench --record"
@@ -323,6 +324,63 @@ def targets(run: pd.DataFrame) -> pd.DataFrame:
             out.append({"target": what, "NVFP4 model": s, "measured": f"{got:.2f}x" if not np.isnan(got) else "n/a",
                         "needed": f"{'>=' if sense == 'min' else '<='} {need:.2f}x", "verdict": verdict})
     return pd.DataFrame(out, columns=cols)
+
+
+def targets_history(rows: pd.DataFrame, preset: str = "qwen3-30b-a3b") -> pd.DataFrame:
+    """:func:`targets` of every recorded GPU run of ``preset`` (not the profiles), oldest first: one line per run and
+    NVFP4 model, one column per target ("measured (verdict)"); the formats and modes a later run left out stay in
+    view."""
+    if rows is None or not len(rows) or "preset" not in rows:
+        return pd.DataFrame()
+    sel = rows[(rows["preset"] == preset) & (rows["device_type"] == "cuda") & ~_profiled(rows)]
+    out = []
+    for rid in sorted(sel["run_id"].unique()):
+        run = sel[sel["run_id"] == rid].reset_index(drop=True)
+        r = run.iloc[0]
+        t = targets(run)
+        t = t[t["verdict"] != "not measured"]
+        for _, x in t.iterrows():
+            out.append({"date": str(r["date"])[:16], "gpu": r["gpu"], "commit": str(r["git_commit"])[:7],
+                        "NVFP4 model": x["NVFP4 model"], "target": x["target"],
+                        "cell": f"{x['measured']} ({x['verdict']})"})
+    if not out:
+        return pd.DataFrame()
+    df = pd.DataFrame(out)
+    keys = ["date", "gpu", "commit", "NVFP4 model"]
+    return df.pivot_table(index=keys, columns="target", values="cell", aggfunc="first", sort=False).reindex(
+        columns=[w for w, *_ in TARGETS if w in set(df["target"])])
+
+
+# What was predicted (2026-11-28, before the first GPU run; the prediction is written beside nvfp4lib.nn.compiled's
+# OPAQUE knob) for the NVFP4 W4A4 model decoding through torch.compile with its modules as opaque ops: tokens/s over
+# the compiled bf16 peer, per batch, as a (low, high) range
+COMPILE_PREDICTION = {1: (1.1, 1.2)}
+
+
+def compile_table(run: pd.DataFrame) -> pd.DataFrame:
+    """Per NVFP4 model decoded through torch.compile and batch: its tokens/s compiled and plain (both graphed), the
+    compiled bf16 peer's, compiled over plain, over the compiled peer beside :data:`COMPILE_PREDICTION`, the form
+    torch.compile saw its modules in (``compile_form``), and whether its greedy tokens equal its plain loop's (the
+    first eight; Inductor fuses the norms around the NVFP4 modules and rounds them otherwise in bf16, and W4A4 turns
+    a one-ulp change of its input into other E2M1 codes)."""
+    ok = _ok(run)
+    if not len(ok) or not (ok["loop"] == COMPILED).any():
+        return pd.DataFrame()
+    out = []
+    for _, r in ok[(ok["loop"] == COMPILED) & (ok["model_kind"] == "nvfp4")].iterrows():
+        b, plain = r["batch"], series({**dict(r), "loop": None})
+        base = ok[(ok["series"] == plain) & (ok["batch"] == b)]
+        peer = _tps(ok, PEER + COMPILED_SUFFIX, b)
+        lo_hi = COMPILE_PREDICTION.get(int(b))
+        out.append({"model": r["series"], "batch": int(b), "tokens/s": r["tokens_per_s"],
+                    "plain, graphed": _tps(ok, plain, b), "compiled peer": peer,
+                    "over plain": r["tokens_per_s"] / _tps(ok, plain, b), "over compiled peer": r["tokens_per_s"] / peer,
+                    "predicted over compiled peer": f"{lo_hi[0]:.1f}-{lo_hi[1]:.1f}x" if lo_hi else "none written",
+                    "form": r.get("compile_form") if pd.notna(r.get("compile_form")) else "traced (before the knob)",
+                    "tokens equal plain": ("n/a" if not len(base) else
+                                           "yes" if list(base["first_tokens"].iloc[0]) == list(r["first_tokens"])
+                                           else "no")})
+    return shown(pd.DataFrame(out).set_index(["model", "batch"]), 2)
 
 
 _COLOR = {"NVFP4 W4A4": "C0", "NVFP4 W4A16": "C2", PEER: "C3", f"{TRANSFORMERS}, graphed": "C1",
