@@ -374,7 +374,8 @@ def compile_table(run: pd.DataFrame) -> pd.DataFrame:
         lo_hi = COMPILE_PREDICTION.get(int(b))
         out.append({"model": r["series"], "batch": int(b), "tokens/s": r["tokens_per_s"],
                     "plain, graphed": _tps(ok, plain, b), "compiled peer": peer,
-                    "over plain": r["tokens_per_s"] / _tps(ok, plain, b), "over compiled peer": r["tokens_per_s"] / peer,
+                    "over plain": r["tokens_per_s"] / _tps(ok, plain, b),
+                    "over compiled peer": r["tokens_per_s"] / peer,
                     "predicted over compiled peer": f"{lo_hi[0]:.1f}-{lo_hi[1]:.1f}x" if lo_hi else "none written",
                     "form": r.get("compile_form") if pd.notna(r.get("compile_form")) else "traced (before the knob)",
                     "tokens equal plain": ("n/a" if not len(base) else
