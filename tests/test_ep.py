@@ -78,9 +78,10 @@ def _gloo_worker(rank: int, port: int) -> None:
         ws = _weights()
         shipped, once = ep_module.GATHER_QUANTIZE_MAX_TOKENS, ep_module.GATHER_QUANTIZE_ONCE_MIN_TOKENS
         # W4A4 with a dynamic scale every way: x's rows quantized after the gather (decode sizes), each owned copy's
-        # row (the once-form off, as shipped) or each token once and its copies' codes gathered (threshold 0);
-        # and NVFP4 rows sent after an all-reduce of the amax (the knob at 0: larger steps)
-        for activations, scales, most, least in (("bf16", None, shipped, once), ("nvfp4", None, shipped, once),
+        # row (the once-form off: a threshold above the gather-quantize sizes) or each token once and its copies'
+        # codes gathered (threshold 0; these steps' 16 tokens are under the shipped threshold); and NVFP4 rows sent
+        # after an all-reduce of the amax (the knob at 0: larger steps)
+        for activations, scales, most, least in (("bf16", None, shipped, once), ("nvfp4", None, shipped, shipped + 1),
                                                  ("nvfp4", None, shipped, 0), ("nvfp4", None, 0, once),
                                                  ("nvfp4", (0.01, 0.002), shipped, once)):
             ep_module.GATHER_QUANTIZE_MAX_TOKENS, ep_module.GATHER_QUANTIZE_ONCE_MIN_TOKENS = most, least

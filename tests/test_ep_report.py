@@ -156,3 +156,24 @@ def test_a_run_of_one_size_keeps_the_other_sizes_latest_rows():
     assert all(list(by_t[t]) == ["20980101T000000Z-all"] for t in by_t.index if t != er.PREFILL_T)
     lines = er.verdict_lines(v, er.targets(v.latest))
     assert lines[0].startswith("Verdict from run 20980101T000000Z-all") and "T=4096" in lines[1]
+
+
+def test_a_knob_ab_run_of_one_mode_keeps_the_verdict_run_and_shows_its_ab():
+    """A later A/B of a knob in W4A4 alone (one run per setting) does not displace the run of both modes; knob_table
+    sets the two settings side by side."""
+    full = synthetic_rows("20980101T000000Z-all")
+    ab = []
+    for i, (value, dispatch) in enumerate(((257, 60.0), (32, 45.0))):
+        r = synthetic_rows(f"2099010{i + 1}T000000Z-ab", ag_combine=20.0)
+        r = r[(r["kind"] == "nvfp4") & (r["tokens"] == 64) & (r["transport"] == "all-gather")]
+        ab.append(r.assign(dispatch_us=dispatch, gather_quantize_once_min_tokens=value))
+    rows = pd.concat([full, *ab])
+    v = er.verdict(rows)
+    assert v.run_ids == ("20980101T000000Z-all",) and v.older_runs == 2
+    t = er.knob_table(rows, "gather_quantize_once_min_tokens", (257, 32))
+    assert len(t) == len(mb.EP_LAYERS)
+    assert (t["dispatch 32 / 257"] == 0.75).all() and (t["experts 32 / 257"] == 1.0).all()
+    assert not len(er.knob_table(full, "gather_quantize_once_min_tokens", (257, 32)))  # no field: nothing to show
+    # a one-mode run is still the verdict where no run holds both modes
+    only = er.verdict(pd.concat(ab))
+    assert only.run_ids == ("20990102T000000Z-ab",)

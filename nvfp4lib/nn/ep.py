@@ -69,9 +69,11 @@ GATHER_QUANTIZE_MAX_TOKENS = 256
 # times the tokens' elements for a rank holding all of a token's experts). Prediction (before any GPU run; 2x H100,
 # the all-gather W4A4 dispatch at 956f53a against W4A16's gather): T = 64 per rank DeepSeek-like 61.5 -> ~46 us,
 # Qwen3-like 39.4 -> ~34 us; T = 1 (2 tokens: under a threshold of 32) unchanged, where one more launch would cost
-# more than the few rows it saves. Off (above GATHER_QUANTIZE_MAX_TOKENS: never taken) until a GPU run has checked
-# and timed it: moe-bench --ep 2 --transport all-gather --tokens 64 --quantize-once-min 32, against the default.
-GATHER_QUANTIZE_ONCE_MIN_TOKENS = GATHER_QUANTIZE_MAX_TOKENS + 1
+# more than the few rows it saves. Measured (2x H200, one run per setting at 5e6c186, moe-bench --ep 2 --transport
+# all-gather --tokens 64 --quantize-once-min 32 against the form off; notebook 13): T = 64 dispatch DeepSeek-like
+# 60.8 -> 46.7 us, Qwen3-like 38.8 -> 36.5 us; the layer step unchanged within 0.2% (the experts phase dominates it);
+# exact as before. On from 32 tokens since that run.
+GATHER_QUANTIZE_ONCE_MIN_TOKENS = 32
 
 
 def expert_range(experts: int, world: int, rank: int) -> range:

@@ -27,7 +27,7 @@ from .plots import shown as _shown
 __all__ = ["RECORD_COMMAND", "MERGE_COMMAND", "NO_DATA", "DECODE_MAX_T", "PREFILL_T", "TRANSPORT_LIMIT_US",
            "THROUGHPUT_MIN", "PEER_MIN", "GPUS", "RESERVE", "Verdict", "ep_rows", "verdict", "verdict_lines",
            "phase_table", "targets", "target_summary", "phase_figure", "nvfp4_bytes", "fit_table", "fit_figure",
-           "shown", "targets_text", "CHANGES", "PHASES_SHOWN", "change_table"]
+           "shown", "targets_text", "CHANGES", "PHASES_SHOWN", "change_table", "KNOB_ABS", "knob_table"]
 
 RECORD_COMMAND = ("timeout -k 30 480 torchrun --nproc_per_node 2 -m nvfp4lib moe-bench --ep 2 --out ep.jsonl "
                   "--no-record")
@@ -87,15 +87,18 @@ class Verdict:
 
 def verdict(rows: pd.DataFrame) -> Verdict | None:
     """Per (layer, tokens per rank), the rows of the latest run (run ids start with the UTC time) of :func:`ep_rows`
-    holding an ok EP row for it: a run of a few sizes (e.g. T=4096 alone) does not hide the other sizes' latest
-    measurements; None without any ok EP row."""
+    holding ok EP rows for it in both NVFP4 modes (:data:`MODES`; the latest with any ok EP row where none holds
+    both): a run of a few sizes (e.g. T=4096 alone) does not hide the other sizes' latest measurements, and a knob's
+    A/B run of one mode (:data:`KNOB_ABS`) does not hide the other mode's; None without any ok EP row."""
     g = ep_rows(rows)
     if not len(g):
         return None
     ok = g[(g["status"] == "ok") & (g["form"] == "ep")]
     if not len(ok):
         return None
-    newest = ok.groupby(["layer", "tokens"])["run_id"].max()
+    runs = ok.groupby(["layer", "tokens", "run_id"])["kind"].agg(lambda k: set(MODES) <= set(k)).rename("both")
+    runs = runs.reset_index().sort_values(["both", "run_id"])  # both modes last, then newest last
+    newest = runs.groupby(["layer", "tokens"]).tail(1).set_index(["layer", "tokens"])["run_id"]
     latest = pd.concat([g[(g["run_id"] == run) & (g["layer"] == layer) & (g["tokens"] == t)]
                         for (layer, t), run in newest.items()])
     runs = tuple(sorted(set(newest)))
@@ -175,7 +178,40 @@ CHANGES = (
 )
 
 
+# Knobs of the EP layer measured as an A/B at one commit (a run per setting; rows carry the knob's value): (what the
+# knob does, the row field, (old value, new value), what was predicted before the run). knob_table shows each.
+KNOB_ABS = (
+    ("the symm-mem transport's put_rows as one Triton launch (nn.ep_symm.PUT_ROWS_TRITON; on since)", "put_rows",
+     ("torch", "triton"), "combine at T = 4096 per rank ~3x faster (Qwen3-like W4A16)"),
+    ("the all-gather W4A4 decode quantizing each gathered token once, then gathering its copies' codes "
+     "(nn.ep.GATHER_QUANTIZE_ONCE_MIN_TOKENS: 257 is off, 32 on; on since)", "gather_quantize_once_min_tokens",
+     (257, 32), "T = 64 per rank dispatch DeepSeek-like 61.5 -> ~46 us, Qwen3-like 39.4 -> ~34 us (the baseline from "
+     "an earlier 2x H100 run); the experts phase unchanged"),
+)
+
+
 PHASES_SHOWN = ("dispatch", "experts", "combine", "step")  # change_table's columns, per phase
+
+
+def knob_table(rows: pd.DataFrame, field: str, values) -> pd.DataFrame:
+    """Per (layer, T per rank, transport, form): each phase and the whole step in the latest GPU EP row with the knob
+    ``field`` at each of ``values`` (old, new), their ratios (new / old: below one, faster) and the GPU."""
+    g = ep_rows(rows)
+    if not len(g) or field not in g:
+        return pd.DataFrame()
+    g = g[(g["form"] == "ep") & (g["status"] == "ok")]
+    key = ["layer", "tokens", "transport", "kind"]
+    old, new = (g[g[field] == v].sort_values("run_id").groupby(key).tail(1).set_index(key) for v in values)
+    both = old.index.intersection(new.index)
+    if not len(both):
+        return pd.DataFrame()
+    old, new = old.loc[both], new.loc[both]
+    out = pd.DataFrame({f"{p} {v} us": x[f"{p}_us"] for p in PHASES_SHOWN for v, x in zip(values, (old, new))})
+    for p in PHASES_SHOWN:
+        out[f"{p} {values[1]} / {values[0]}"] = out[f"{p} {values[1]} us"] / out[f"{p} {values[0]} us"]
+    out["gpu"] = [f"{x} / {y}" if x != y else x for x, y in zip(old["gpu"], new["gpu"])]
+    out = out.rename(index=SHORT, level="kind").rename_axis(["layer", "T per rank", "transport", "form"])
+    return out.sort_index()
 
 
 def change_table(rows: pd.DataFrame, before, after: str) -> pd.DataFrame:
