@@ -382,6 +382,13 @@ ROUNDS = (
           "Qwen3-like W4A4 T = 1 about 5-6 us faster (its two quantizations ~3 us each instead of ~5.5 and ~7 us); "
           "T = 8 unchanged (past the knob's size).", ("57ed0a0",),
           _split_ab("57ed0a0", "quant_one_program", (False, True), keep=None, names=("one program off", "on"))),
+    Round("The one-launch routing as one tl.sort of (expert, copy) keys with tl.histogram's offsets (made for the EP "
+          "layer), which lets it take up to 1024 token copies (nn.routing_triton.ROUTE_MAX_COPIES; torch's form "
+          "above 128 before). An A/B in one run on an H200 (moe-bench --route-max-copies 128 1024) at T = 64 and 128",
+          "None written for the single layer before the run (the EP change's: the sort takes ~5-10 us at 1024 "
+          "copies, where torch's form is ~7 kernels).", ("c42370e",),
+          _split_ab("c42370e", "route_max_copies", (128, 1024), keep=None, names=("torch form above 128 copies",
+                                                                                  "the sort up to 1024"))),
 )
 
 
