@@ -200,18 +200,7 @@ def knob_table(rows: pd.DataFrame, field: str, values) -> pd.DataFrame:
     if not len(g) or field not in g:
         return pd.DataFrame()
     g = g[(g["form"] == "ep") & (g["status"] == "ok")]
-    key = ["layer", "tokens", "transport", "kind"]
-    old, new = (g[g[field] == v].sort_values("run_id").groupby(key).tail(1).set_index(key) for v in values)
-    both = old.index.intersection(new.index)
-    if not len(both):
-        return pd.DataFrame()
-    old, new = old.loc[both], new.loc[both]
-    out = pd.DataFrame({f"{p} {v} us": x[f"{p}_us"] for p in PHASES_SHOWN for v, x in zip(values, (old, new))})
-    for p in PHASES_SHOWN:
-        out[f"{p} {values[1]} / {values[0]}"] = out[f"{p} {values[1]} us"] / out[f"{p} {values[0]} us"]
-    out["gpu"] = [f"{x} / {y}" if x != y else x for x, y in zip(old["gpu"], new["gpu"])]
-    out = out.rename(index=SHORT, level="kind").rename_axis(["layer", "T per rank", "transport", "form"])
-    return out.sort_index()
+    return _side_by_side(g[g[field] == values[0]], g[g[field] == values[1]], values)
 
 
 def change_table(rows: pd.DataFrame, before, after: str) -> pd.DataFrame:
@@ -222,16 +211,23 @@ def change_table(rows: pd.DataFrame, before, after: str) -> pd.DataFrame:
     if not len(g):
         return pd.DataFrame()
     g = g[(g["form"] == "ep") & (g["status"] == "ok")].assign(c=g["git_commit"].astype(str).str[:7])
-    key = ["layer", "tokens", "transport", "kind"]
-    pick = [g[g["c"].isin(list(before))], g[g["c"] == after[:7]]]
-    b, a = (x.sort_values("run_id").groupby(key).tail(1).set_index(key) for x in pick)
+    return _side_by_side(g[g["c"].isin(list(before))], g[g["c"] == after[:7]], ("before", "after"))
+
+
+_CASE = ["layer", "tokens", "transport", "kind"]
+
+
+def _side_by_side(old: pd.DataFrame, new: pd.DataFrame, names) -> pd.DataFrame:
+    """The latest row per case of ``old`` and of ``new`` side by side (the cases both hold): each phase as
+    ``"{phase} {name} us"`` for the two ``names``, the ratios new / old, and the GPUs."""
+    b, a = (x.sort_values("run_id").groupby(_CASE).tail(1).set_index(_CASE) for x in (old, new))
     both = b.index.intersection(a.index)
     if not len(both):
         return pd.DataFrame()
     b, a = b.loc[both], a.loc[both]
-    out = pd.DataFrame({f"{p} {w} us": x[f"{p}_us"] for p in PHASES_SHOWN for w, x in (("before", b), ("after", a))})
+    out = pd.DataFrame({f"{p} {w} us": x[f"{p}_us"] for p in PHASES_SHOWN for w, x in zip(names, (b, a))})
     for p in PHASES_SHOWN:
-        out[f"{p} after / before"] = out[f"{p} after us"] / out[f"{p} before us"]
+        out[f"{p} {names[1]} / {names[0]}"] = out[f"{p} {names[1]} us"] / out[f"{p} {names[0]} us"]
     out["gpu"] = [f"{x} / {y}" if x != y else x for x, y in zip(b["gpu"], a["gpu"])]
     out = out.rename(index=SHORT, level="kind").rename_axis(["layer", "T per rank", "transport", "form"])
     return out.sort_index()
