@@ -82,6 +82,18 @@ def test_one_graph_with_the_opaque_ops_and_the_eager_bits(activations):
         assert ((got - want).norm() / want.norm()).item() < (0.1 if activations == "nvfp4" else 2e-2)
 
 
+@pytest.mark.parametrize("activations", ["nvfp4", "bf16"])
+def test_exact_casts_give_the_eager_bits(activations):
+    """With Inductor's emulate_precision_casts (generate(exact_casts=True)), the fused norms and adds round where the
+    eager code does: the compiled block gives the eager bits, W4A4 included (without it they differ; the test above)."""
+    model = _Block(activations)
+    x = _inputs()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(model, fullgraph=True, options={"emulate_precision_casts": True})(*x)
+        assert torch.equal(got, model(*x))
+
+
 def test_traced_form_when_the_knob_is_off(monkeypatch):
     monkeypatch.setattr(compiled, "OPAQUE", False)
     model = _Block("nvfp4")

@@ -319,6 +319,19 @@ def test_compiled_decode_rows_beside_the_plain_ones(tmp_path):
     assert len(hist) == 2 and hist.columns[0].startswith("batch-1 ")  # one line per NVFP4 series of the run
 
 
+def test_exact_casts_decode_the_plain_tokens_in_w4a4(tmp_path):
+    """--compile --exact-casts: the compiled W4A4 step rounds where the eager code does, so it decodes the plain
+    loop's tokens (on the CPU, the tiny model); the rows carry the setting and the report names it."""
+    pytest.importorskip("torch._inductor")
+    rows = gb.bench_generate(**{**TINY, "batches": (1,)}, formats=("modelopt",), activations=("nvfp4",),
+                             kinds=("nvfp4",), sizes={"layers": 1}, workdir=tmp_path, compiled=True, exact_casts=True)
+    assert [r["status"] for r in rows] == ["ok", "ok"] and {r["compile_exact_casts"] for r in rows} == {True}
+    first = {r["loop"]: r["first_tokens"] for r in rows}
+    assert first[gb.COMPILED] == first[gb.STATIC]
+    ct = gr.compile_table(pd.DataFrame(rows).assign(device_type="cuda"))
+    assert list(ct["form"]) == ["opaque, exact casts"] and list(ct["tokens equal plain"]) == ["yes"]
+
+
 def test_unknown_compile_form_is_refused():
     with pytest.raises(ValueError, match="compile_form"):
         gb.bench_generate(**TINY, compiled=True, compile_form="inlined")

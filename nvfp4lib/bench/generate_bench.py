@@ -457,7 +457,8 @@ class _Run:
             else:
                 inspect, profiled = self._profiler(model) if self.profile_steps and cuda_graph else (None, None)
                 out, stats = generate(model, ids, self.new_tokens, cuda_graph=cuda_graph, compile=loop == COMPILED,
-                                      inspect_step=inspect, inspect_steps=self._inspect_steps())
+                                      exact_casts=bool(self.base["compile_exact_casts"]), inspect_step=inspect,
+                                      inspect_steps=self._inspect_steps())
                 toks = out[:, ids.shape[1]:].cpu()
                 stats = {k: stats[k] for k in ("prefill_ms", "decode_s", "timed_steps", "steady_s", "tokens_per_s",
                                                "ms_per_token")} | {"decode_peak_gib": stats["peak_memory_gib"]}
@@ -536,7 +537,7 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
                    prompt_tokens: int = PROMPT_TOKENS, seed: int = 0, device=None, workdir=None,
                    sizes: dict | None = None, eager_fused: bool | None = False, budget_s: float | None = None,
                    profile_steps: int | None = None, compiled: bool = False, compile_form: str = "opaque",
-                   sink=None, progress=print) -> list[dict]:
+                   exact_casts: bool = False, sink=None, progress=print) -> list[dict]:
     """Rows (see the module doc) with provenance; nothing is stored here.
 
     ``preset``: :data:`PRESETS` (``tiny``: the CPU smoke test; ``sizes`` override a preset's fields, e.g.
@@ -550,7 +551,9 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
     ``compiled``: each NVFP4 model and the bf16 peer also decode every batch with the step through torch.compile
     (loop :data:`COMPILED`; rows after the plain loop's, on the same loaded model). ``compile_form``: how torch.compile
     sees the NVFP4 modules (:mod:`nvfp4lib.nn.compiled`): "opaque" (one custom op each, running the eager forward; as
-    shipped) or "traced" (their torch forms, compiled by Inductor); a compiled run's rows carry it.
+    shipped) or "traced" (their torch forms, compiled by Inductor); a compiled run's rows carry it. ``exact_casts``:
+    the compiled step rounds where the eager code does (:data:`nvfp4lib.hf.generate.EXACT_CASTS`; rows carry
+    ``compile_exact_casts``).
 
     ``budget_s``: write no checkpoint and load no model after this many seconds (a model loaded before decodes all its
     batches; the rows not measured say so). ``sink``: a
@@ -608,7 +611,8 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
             **{f"model_{k}": v for k, v in shape.items() if k in ("layers", "hidden", "experts", "moe_intermediate",
                                                                  "top_k", "heads", "kv_heads", "head_dim", "vocab")},
             "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "seed": seed, "device_type": device.type,
-            "profile_steps": profile_steps, "compile_form": compile_form if compiled else None, **knobs}
+            "profile_steps": profile_steps, "compile_form": compile_form if compiled else None,
+            "compile_exact_casts": bool(exact_casts) if compiled else None, **knobs}
     plan = _plan(formats, activations, kinds)
     run = _Run(base, device, batches, prompts, new_tokens, say, plan, budget_s, sink, t_start, profile_steps,
                compiled)
@@ -737,6 +741,10 @@ def add_command(sub, add_record_args, write) -> None:
     p.add_argument("--compile-form", choices=list(COMPILE_FORMS), default="opaque",
                    help="--compile: the NVFP4 modules as one opaque custom op each, running their eager forward "
                         "(opaque, as shipped), or traced into their torch forms (traced); rows carry compile_form")
+    p.add_argument("--exact-casts", action="store_true",
+                   help="--compile: Inductor rounds where the eager code does (emulate_precision_casts; "
+                        "nvfp4lib.hf.generate.EXACT_CASTS), so the compiled step can decode the plain step's tokens; "
+                        "rows carry compile_exact_casts")
     add_record_args(p, GENERATE, "generate")
 
     def run(args) -> int:
@@ -757,6 +765,7 @@ def add_command(sub, add_record_args, write) -> None:
                                   eager_fused={"on": True, "off": False, "shipped": None}[args.eager_fused],
                                   budget_s=args.budget_s, profile_steps=args.profile_steps,
                                   compiled=args.compile, compile_form=args.compile_form,
+                                  exact_casts=args.exact_casts,
                                   progress=lambda m: print(m, flush=True),
                                   sink=(lambda row: append_rows(args.out, [row])) if args.out else None)
         except (ValueError, ImportError) as e:  # refused before measuring anything

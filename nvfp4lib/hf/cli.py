@@ -53,6 +53,8 @@ def add_commands(subparsers) -> None:
     g.add_argument("--cuda-graph", action="store_true", help="replay each decode step as one CUDA graph")
     g.add_argument("--compile", action="store_true", help="the decode step through torch.compile (compiled in the "
                    "first warm-up step; with --cuda-graph the compiled step is captured)")
+    g.add_argument("--exact-casts", action="store_true", help="with --compile: Inductor rounds where the eager code "
+                   "does (the compiled step's bits are the plain step's where it can; see nvfp4lib.hf.generate)")
     g.add_argument("--batch", type=int, default=1, help="sequences decoded together (the prompt repeated); with "
                    "--ep W, over all ranks (a multiple of W)")
     g.add_argument("--device", default=None, help="default: cuda if available (with --ep: cuda:LOCAL_RANK), else cpu "
@@ -151,6 +153,7 @@ def _decode(model, prompt: list[int], batch: int, args: argparse.Namespace, show
 
     ids = torch.tensor([prompt] * batch)
     tokens, stats = generate(model, ids, args.max_new_tokens, cuda_graph=args.cuda_graph, compile=args.compile,
+                             exact_casts=args.exact_casts,
                              progress=show)
     if not show:
         return 0

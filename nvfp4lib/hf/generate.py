@@ -21,9 +21,14 @@ timed steps attend over the longer cache (its unused entries masked), a little m
 
 With ``compile=True`` the decode step's forward runs through ``torch.compile`` (Inductor; ``dynamic=False``: a
 decode step's shapes never change), so transformers' norms, rotary embedding, router and elementwise kernels around
-the NVFP4 layers are fused where Inductor can; the NVFP4 layers run as torch custom ops
-(:mod:`nvfp4lib.serving`). The compile happens in the first warm-up step (seconds to minutes: not timed); a graphed
-run captures the compiled step. The prefill stays eager (its shapes differ per prompt).
+the NVFP4 layers are fused where Inductor can; the NVFP4 layers are one opaque custom op each, running their eager
+forward (:mod:`nvfp4lib.nn.compiled`). The compile happens in the first warm-up step (seconds to minutes: not timed);
+a graphed run captures the compiled step. The prefill stays eager (its shapes differ per prompt). Inductor computes a
+fused chain of ops in fp32 and rounds once where the eager code rounds to bf16 between them, so the compiled step's
+bits differ from the plain step's, and W4A4, which turns a one-ulp change of a layer's input into other E2M1 codes,
+can decode other greedy tokens. ``exact_casts=True`` (:data:`EXACT_CASTS`) compiles with Inductor's
+``emulate_precision_casts``, which rounds where the eager code does: on the CPU the compiled step then gives the eager
+step's bits (tests/test_compiled.py).
 
 An expert-parallel model (``from_pretrained(..., ep_group=)``, :mod:`.ep`) decodes this rank's batch while the other
 ranks decode theirs, every rank calling generate with the same shapes: the ranks' shapes are checked against each
@@ -50,6 +55,12 @@ TIMED_FROM = WARMUP_STEPS + 2
 
 
 INSPECT_STEPS = 64  # inspect_step's default room: decode steps past max_new_tokens that the cache holds
+# generate(compile=True)'s default for exact_casts (the module doc). Off: the form measured on a GPU. Prediction
+# (2026-11-28, before a GPU run; the 48-layer Qwen3-30B-A3B shape, W4A4, the opaque modules): on, the compiled
+# model's greedy tokens equal its plain graphed loop's (off, they moved after the first token on the H100), at the
+# same tokens/s within 3% (a few more roundings in memory-bound fused kernels). The A/B: generate-bench --compile
+# --exact-casts off on.
+EXACT_CASTS = False
 
 
 def _counted(room: int, *fns):
@@ -81,12 +92,13 @@ def _sync(device) -> None:
 
 @torch.no_grad()
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph: bool = False,
-             compile: bool = False, prefill_chunk: int | None = None, progress: bool = False, inspect_step=None,
-             inspect_steps: int = INSPECT_STEPS) -> Generation:
+             compile: bool = False, exact_casts: bool | None = None, prefill_chunk: int | None = None,
+             progress: bool = False, inspect_step=None, inspect_steps: int = INSPECT_STEPS) -> Generation:
     """Greedy-decode ``max_new_tokens`` tokens after ``input_ids`` (int ``[B, P]``, or ``[P]`` for one sequence).
     ``prefill_chunk``: positions per prefill forward (default: the whole prompt; an expert-parallel model caps it at
     its capacity, see the module doc). ``compile``: the decode step's forward through ``torch.compile`` (the prefill
-    stays eager; see the module doc). ``inspect_step``, ``inspect_steps`` (the most steps it may run): see the module
+    stays eager; see the module doc); ``exact_casts``: with it, Inductor rounds where the eager code does (None:
+    :data:`EXACT_CASTS`). ``inspect_step``, ``inspect_steps`` (the most steps it may run): see the module
     doc."""
     from transformers import StaticCache
 
@@ -141,7 +153,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
     pos = torch.empty((1,), dtype=torch.long, device=device)
     nxt = torch.empty((batch,), dtype=torch.long, device=device)
 
-    forward = torch.compile(model, dynamic=False) if compile else model  # compiled at the first decode step
+    exact_casts = EXACT_CASTS if exact_casts is None else bool(exact_casts)
+    options = {"emulate_precision_casts": True} if exact_casts else None
+    forward = torch.compile(model, dynamic=False, options=options) if compile else model  # compiled at the first step
 
     def step():
         lg = forward(input_ids=tok, **kv, use_cache=True, cache_position=pos).logits
@@ -188,7 +202,7 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, cuda_graph:
     steady_s = t2 - t_steady
     stats = {
         "batch": batch, "prompt_tokens": prompt, "new_tokens": max_new_tokens, "cuda_graph": cuda_graph,
-        "compiled": compile,
+        "compiled": compile, "exact_casts": exact_casts if compile else None,
         "prefill_steps": -(-prompt // chunk),
         "prefill_ms": (t1 - t0) * 1e3,
         "decode_s": t2 - t1,

@@ -377,7 +377,8 @@ def compile_table(run: pd.DataFrame) -> pd.DataFrame:
                     "over plain": r["tokens_per_s"] / _tps(ok, plain, b),
                     "over compiled peer": r["tokens_per_s"] / peer,
                     "predicted over compiled peer": f"{lo_hi[0]:.1f}-{lo_hi[1]:.1f}x" if lo_hi else "none written",
-                    "form": r.get("compile_form") if pd.notna(r.get("compile_form")) else "traced (before the knob)",
+                    "form": (r.get("compile_form") if pd.notna(r.get("compile_form")) else "traced (before the knob)")
+                    + (", exact casts" if r.get("compile_exact_casts") is True else ""),
                     "tokens equal plain": ("n/a" if not len(base) else
                                            "yes" if list(base["first_tokens"].iloc[0]) == list(r["first_tokens"])
                                            else "no")})
