@@ -20,9 +20,10 @@ Outcome (H100, one generate-bench run, data/generate.jsonl; notebook 12 computes
 compiled NVFP4 model a little slower than the compiled peer at batch 1 (faster at batch 32). The likely reasons (the
 compiled step is not profiled yet): compiling sped the peer's expert layer too (its routing and un-permute are torch
 ops that Inductor fuses), and the NVFP4 projections cost about as much per call as bf16 GEMMs at one token (the
-plain step's profile: ~9 µs per serving-kernel launch). W4A4's greedy tokens moved from the plain loop's (Inductor rounds the fused
-norms once, in fp32; W4A4 turns a one-ulp change into other codes). Kept as the shipped form: the one measured, and
-the eager kernels' exactness; the traced form's A/B is next.
+plain step's profile: ~9 µs per serving-kernel launch). W4A4's greedy tokens moved from the plain loop's (Inductor
+rounds the fused norms once, in fp32; W4A4 turns a one-ulp change into other codes; generate's exact_casts is the
+knob for that). Kept as the shipped form: the one measured, and the eager kernels' exactness; the traced form's A/B
+is next.
 """
 from __future__ import annotations
 
