@@ -46,8 +46,9 @@ def _inputs(t=5):
                                                                                                          keepdim=True)
 
 
-def _graphs(model, x):
-    """The FX graphs dynamo hands the backend for ``model(*x)`` (fullgraph), and the compiled output."""
+def _graphs(model, x, grad: bool = False):
+    """The FX graphs dynamo hands the backend for ``model(*x)`` (fullgraph; autograd recording with ``grad``), and
+    the compiled output."""
     seen = []
 
     def backend(gm, inputs):
@@ -55,7 +56,7 @@ def _graphs(model, x):
         return gm.forward
 
     torch._dynamo.reset()
-    with torch.no_grad():
+    with torch.set_grad_enabled(grad):
         out = torch.compile(model, backend=backend, fullgraph=True)(*x)
     return seen, out
 
@@ -111,9 +112,7 @@ def test_traced_where_autograd_records():
     model = _Block("bf16")
     x, ids, w = _inputs()
     w.requires_grad_(True)
-    seen = []
-    torch._dynamo.reset()
-    out = torch.compile(model, backend=lambda gm, _: seen.append(gm) or gm.forward, fullgraph=True)(x, ids, w)
+    seen, out = _graphs(model, (x, ids, w), grad=True)
     targets = set().union(*(_targets(g) for g in seen))
     assert "nvfp4lib.moe.default" not in targets and "nvfp4lib.linear.default" in targets  # (x needs no grad)
     assert out.requires_grad and torch.equal(out.detach(), model(x, ids, w.detach()))

@@ -87,7 +87,7 @@ from pathlib import Path
 
 import torch
 
-from ..nn import compiled as nn_compiled
+from .moe_bench import knob_setting
 from .store import new_run_id, provenance
 
 __all__ = ["KINDS", "ACTIVATIONS", "STATIC", "COMPILED", "HF_GENERATE", "MODULE_STEPS", "PROFILE_COMMAND",
@@ -616,40 +616,39 @@ def bench_generate(*, preset: str = "qwen3-30b-a3b", formats=("modelopt", "compr
     plan = _plan(formats, activations, kinds)
     run = _Run(base, device, batches, prompts, new_tokens, say, plan, budget_s, sink, t_start, profile_steps,
                compiled)
-    stop, old_opaque = None, nn_compiled.OPAQUE
-    nn_compiled.OPAQUE = compile_form == "opaque"
+    stop = None
     try:
-        for fmt, want in plan:
-            run.in_time()
-            tmp = Path(tempfile.mkdtemp(prefix=f"nvfp4lib-generate-{fmt}-", dir=workdir))
-            try:
-                say(f"{fmt}: writing the {preset} checkpoint to {tmp} ...")
-                t0 = time.perf_counter()
+        with knob_setting("nvfp4lib.nn.compiled", "OPAQUE", compile_form == "opaque"):
+            for fmt, want in plan:
+                run.in_time()
+                tmp = Path(tempfile.mkdtemp(prefix=f"nvfp4lib-generate-{fmt}-", dir=workdir))
                 try:
-                    ckpt = make_checkpoint(tmp / "model", fmt=fmt, preset=preset, seed=seed, device=device,
-                                           **(sizes or {}))
-                    _sync(device)
-                except Exception as e:
-                    _unless_stopped(e)
-                    say(f"{fmt}: writing the checkpoint failed: {_error(e)}")
+                    say(f"{fmt}: writing the {preset} checkpoint to {tmp} ...")
+                    t0 = time.perf_counter()
+                    try:
+                        ckpt = make_checkpoint(tmp / "model", fmt=fmt, preset=preset, seed=seed, device=device,
+                                               **(sizes or {}))
+                        _sync(device)
+                    except Exception as e:
+                        _unless_stopped(e)
+                        say(f"{fmt}: writing the checkpoint failed: {_error(e)}")
+                        for kind, act in want:
+                            run.rest(f"checkpoint {_error(e)}", (fmt, kind, act))
+                        continue
+                    finally:
+                        _free()
+                    head = {"checkpoint_gib": checkpoint_bytes(ckpt) / 2**30,
+                            "checkpoint_write_s": time.perf_counter() - t0}
+                    say(f"{fmt}: written in {head['checkpoint_write_s']:.1f} s ({head['checkpoint_gib']:.2f} GiB)")
                     for kind, act in want:
-                        run.rest(f"checkpoint {_error(e)}", (fmt, kind, act))
-                    continue
+                        run.measure(kind, act, fmt, head, ckpt)
                 finally:
-                    _free()
-                head = {"checkpoint_gib": checkpoint_bytes(ckpt) / 2**30,
-                        "checkpoint_write_s": time.perf_counter() - t0}
-                say(f"{fmt}: written in {head['checkpoint_write_s']:.1f} s ({head['checkpoint_gib']:.2f} GiB)")
-                for kind, act in want:
-                    run.measure(kind, act, fmt, head, ckpt)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+                    shutil.rmtree(tmp, ignore_errors=True)
     except _OutOfTime as e:
         stop = f"skipped: {e}"
     except (KeyboardInterrupt, _Interrupted) as e:
         stop = f"not reached: the run was stopped ({str(e) or type(e).__name__}) after {run.elapsed():.0f} s"
     finally:
-        nn_compiled.OPAQUE = old_opaque
         if old_fused is not None:
             _set_eager_fused(old_fused)
     if stop:

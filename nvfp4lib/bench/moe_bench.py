@@ -471,7 +471,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     g.add_argument("--quantize-once-min", type=int, metavar="N",
                    help="--ep: the all-gather W4A4 decode quantizes each gathered token once (then gathers its copies' "
                         "codes) from N tokens over the group (nn.ep.GATHER_QUANTIZE_ONCE_MIN_TOKENS; default: as "
-                        "shipped: off); an A/B: two runs, e.g. the default and 32; rows carry it")
+                        "shipped, 32; above nn.ep.GATHER_QUANTIZE_MAX_TOKENS: off); an A/B: two runs, the default "
+                        "and off; rows carry it")
     g.add_argument("--put-rows", choices=["torch", "triton"],
                    help="--ep: how the symm-mem transport writes rows into its peers (nn.ep_symm.PUT_ROWS_TRITON; "
                         "default: as shipped); symm-mem rows carry it. An A/B: two runs in one GPU session")

@@ -58,8 +58,8 @@ INSPECT_STEPS = 64  # inspect_step's default room: decode steps past max_new_tok
 # generate(compile=True)'s default for exact_casts (the module doc). Off: the form measured on a GPU. Prediction
 # (2026-11-28, before a GPU run; the 48-layer Qwen3-30B-A3B shape, W4A4, the opaque modules): on, the compiled
 # model's greedy tokens equal its plain graphed loop's (off, they moved after the first token on the H100), at the
-# same tokens/s within 3% (a few more roundings in memory-bound fused kernels). The A/B: generate-bench --compile
-# --exact-casts off on.
+# same tokens/s within 3% (a few more roundings in memory-bound fused kernels). The A/B: generate-bench --compile,
+# then the same with --exact-casts.
 EXACT_CASTS = False
 
 

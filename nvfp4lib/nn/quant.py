@@ -11,7 +11,7 @@ import torch
 
 from ..formats import BLOCK_SIZE, E2M1_MAX, E4M3_MAX
 
-__all__ = ["check_k", "global_scale_of", "quantize_rows", "static_scale"]
+__all__ = ["amax_of", "check_k", "global_scale_of", "quantize_rows", "static_scale"]
 
 # E2M1 rounding boundaries, as in nvfp4lib.formats: a value rounds up past the first set only when strictly above
 # (its ties go down to an even code), past the second set when at or above (its ties go up to an even code).

@@ -16,8 +16,9 @@ T = 1 that is ~30 µs of a layer whose GEMMs take ~30-120 µs. Here:
   followed; in the first EP run (2x H100) the all-gather dispatch at T = 64 per rank (N = 1024) took 79-122 µs
   against 23 µs at T = 1, most of it that loop. With the sort form (predicted ~5-10 µs at N = 1024) that dispatch
   took 28.5 µs (Qwen3-like, was 78.9) and 39.0 µs (DeepSeek-like, was 107.5) at T = 64, 21-25 µs at T = 1 (2x H100,
-  W4A16; notebook 13). Not yet A/B'd on the single-GPU layer against the torch form at 128 < N <= 1024
-  (``moe-bench --route-max-copies 128 1024``);
+  W4A16; notebook 13). On the single-GPU layer against the torch form at 128 < N <= 1024 (``moe-bench
+  --route-max-copies 128 1024``, an H200, notebook 11): Qwen3-like T = 64 and 128 17-18% faster, DeepSeek-like
+  within 5% but T = 128 W4A4 (5% faster);
 - :func:`gather_rows_triton` and :func:`pack_rows_triton`: a row copy per program (column blocks of 32-bit words),
   the gather skipping negative indices; the pack writes the all-gather transport's send rows (payload, expert ids,
   weights, then padding rows) in one launch instead of two concatenations and two casts;
