@@ -244,9 +244,10 @@ def test_inspect_step_runs_its_steps_within_the_cache(tmp_path):
         generate(model, torch.tensor([[1, 2]]), 3, inspect_step=inspect, inspect_steps=0)
 
 
-def _profiled_run(timing_rows: list[dict]) -> list[dict]:
+def _profiled_run(timing_rows: list[dict], loops=(gb.STATIC,), module_error: bool = False) -> list[dict]:
     """A profile run's rows as _Run makes them, from made-up profiles (the shapes profile_runner and module_profile
-    return), beside a copy of ``timing_rows``' first row per model as its decode rows."""
+    return), beside a copy of ``timing_rows``' first row per model as its decode rows; per loop in ``loops`` (the
+    compiled loop's times halved); ``module_error``: the split by module failed (no ``eager-modules`` result)."""
     base = {**{k: v for k, v in timing_rows[0].items() if k in ("preset", "model_layers", "prompt_tokens")},
             "run_id": "9999-profile", "device_type": "cuda", "profile_steps": 20, "gpu": "test"}
     plan = [("modelopt", [("bf16-peer", "bf16"), ("nvfp4", "bf16")])]
@@ -254,15 +255,21 @@ def _profiled_run(timing_rows: list[dict]) -> list[dict]:
     us = {"bf16-peer": {"torch GEMM": 50.0, "torch grouped GEMM": 70.0, "attention": 10.0},
           "nvfp4": {"serving kernel": 90.0, "nvfp4lib Triton": 5.0, "torch GEMM": 2.0, "attention": 10.0}}
     for kind, act in (("bf16-peer", "bf16"), ("nvfp4", "bf16")):
-        key = ("modelopt", kind, act, gb.STATIC, True, 1)
-        run.add(key, "ok", {}, ms_per_token=0.2)
-        cats = {c: {"us": v, "kernels": 3} for c, v in us[kind].items()}
-        total = sum(us[kind].values())
-        got = {"graph": {"categories": cats, "kernels": 3 * len(cats), "sum_us": total, "span_us": total + 8.0,
-                         "gap_us": 8.0, "iters": 20},
-               "eager-modules": {"modules": {"Linear" if kind == "bf16-peer" else "NVFP4Linear": cats}, "iters": 2},
-               "profile_s": 1.0}
-        run._profile_rows(key, {}, got, 0.2)
+        for loop in loops:
+            f = 0.5 if loop == gb.COMPILED else 1.0
+            key = ("modelopt", kind, act, loop, True, 1)
+            run.add(key, "ok", {}, ms_per_token=0.2 * f)
+            cats = {c: {"us": v * f, "kernels": 3} for c, v in us[kind].items()}
+            total = sum(v["us"] for v in cats.values())
+            got = {"graph": {"categories": cats, "kernels": 3 * len(cats), "sum_us": total, "span_us": total + 8.0,
+                             "gap_us": 8.0, "iters": 20},
+                   "eager-modules": {"modules": {"Linear" if kind == "bf16-peer" else "NVFP4Linear": cats},
+                                     "iters": 2},
+                   "profile_s": 1.0}
+            if module_error:
+                del got["eager-modules"]
+                got["error"] = "RuntimeError: no module ranges"
+            run._profile_rows(key, {}, got, 0.2 * f)
     return run.rows
 
 
@@ -287,6 +294,30 @@ def test_the_report_on_a_profile_run(cli_rows):
     mt = gr.module_table(prun)
     assert list(mt.index) == ["Linear", "NVFP4Linear"] and mt.loc["NVFP4Linear", "bf16 peer, batch 1"] == 0
     assert "not recorded yet" in gr.no_profile("tiny").lower()
+    # the format's ceiling: the peer's GEMMs (50 + 70 us) less the NVFP4 model's torch GEMM (2 us) of a 200 us step
+    fc = gr.format_ceiling(prun)
+    r = fc.loc["NVFP4 W4A16, batch 1"]
+    assert r["peer's weight GEMMs replaced, us"] == 118 and r["NVFP4 kernels instead, us"] == 95
+    assert r["ceiling (NVFP4 GEMMs free)"] == round(200 / (200 - 118), 2) and r["measured speed-up"] == 1
+
+
+def test_the_profile_report_of_plain_and_compiled_steps(cli_rows):
+    """A profile run with plain and compiled decodes: a column per model and loop, each NVFP4 model against the peer
+    of its own loop; a failed split by module leaves the graph's rows and one error row."""
+    _, rows = cli_rows
+    prun = gr.profile_run(pd.DataFrame(_profiled_run(rows, loops=(gb.STATIC, gb.COMPILED))), "tiny")
+    c = gr.COMPILED_SUFFIX
+    assert list(gr.step_table(prun).columns) == ["NVFP4 W4A16, batch 1", "bf16 peer, batch 1",
+                                                 f"NVFP4 W4A16{c}, batch 1", f"bf16 peer{c}, batch 1"]
+    d = gr.step_delta(prun)
+    assert d.loc["torch GEMM", f"NVFP4 W4A16{c}, batch 1 - bf16 peer"] == -24  # halved: against the compiled peer
+    fc = gr.format_ceiling(prun)
+    assert fc.loc[f"NVFP4 W4A16{c}, batch 1", "peer's weight GEMMs replaced, us"] == 59
+    broken = _profiled_run(rows, module_error=True)
+    assert [r["status"] for r in broken if r.get("profile") == "eager-modules"] == \
+        ["profile RuntimeError: no module ranges"] * 2
+    prun = gr.profile_run(pd.DataFrame(broken), "tiny")
+    assert gr.step_table(prun).loc["serving kernel", "NVFP4 W4A16, batch 1"] == 90 and not len(gr.module_table(prun))
 
 
 def test_compiled_decode_rows_beside_the_plain_ones(tmp_path):

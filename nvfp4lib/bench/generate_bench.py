@@ -59,7 +59,9 @@ category, :data:`~nvfp4lib.bench.kernel_profile.CATEGORIES`: ``us_per_step``, ``
 ``step_kernels``, ``step_sum_us``, ``step_span_us``, ``step_gap_us``) or ``"eager-modules"`` (one per innermost module
 class and category). Every row of such a run carries ``profile_steps`` (None otherwise), and notebook 12's answer
 ignores those runs (they are short: :data:`PROFILE_COMMAND`); a failed profile gives one row with its error as
-status.
+status (where only the split by module failed, that row's ``profile`` is ``"eager-modules"`` and the graph's rows
+stay). A step through ``torch.compile`` is profiled the same way: its split by module is the compiled step's (where
+Inductor's code holds no module forwards, its kernels count under the modules still called).
 
 Runtime of the ``qwen3-30b-a3b`` preset on a fresh H100 machine, estimated step by step (not measured yet; each row's
 times will say): the start (imports, CUDA context) ~15 s; writing a checkpoint, 18,432 expert matrices drawn,
@@ -490,7 +492,7 @@ class _Run:
             try:
                 got["graph"] = step_summary(profile_runner(replay, iters=self.profile_steps))
                 got["eager-modules"] = module_profile(eager, model, iters=MODULE_STEPS)
-            except Exception as e:
+            except Exception as e:  # a failed split by module keeps the graph's profile
                 _unless_stopped(e)
                 got["error"] = _error(e)
             got["profile_s"] = time.perf_counter() - t0
@@ -503,15 +505,17 @@ class _Run:
                   "decode_ms_per_token": ms_per_token}
         if "error" in got:
             self.say(f"the profile failed: {got['error']}")
-            self.add(key, f"profile {got['error']}", head, profile="graph", **common)
-            return
+            self.add(key, f"profile {got['error']}", head,
+                     profile="eager-modules" if "graph" in got else "graph", **common)
+            if "graph" not in got:
+                return
         g = got["graph"]
         step = {"step_kernels": g["kernels"], "step_sum_us": g["sum_us"], "step_span_us": g["span_us"],
                 "step_gap_us": g["gap_us"]}
         for cat, v in g["categories"].items():
             self.add(key, "ok", head, profile="graph", category=cat, us_per_step=v["us"],
                      kernels_per_step=v["kernels"], **step, **common)
-        for module, cats in got["eager-modules"]["modules"].items():
+        for module, cats in got.get("eager-modules", {"modules": {}})["modules"].items():
             for cat, v in cats.items():
                 self.add(key, "ok", head, profile="eager-modules", module=module, category=cat, us_per_step=v["us"],
                          kernels_per_step=v["kernels"], **{**common, "profile_iters": MODULE_STEPS})
