@@ -122,6 +122,26 @@ def test_targets_on_synthetic_rows():
     assert summary["holds"].sum() + summary["misses"].sum() + summary["no data"].sum() == len(tg)
 
 
+def test_each_miss_says_why_in_numbers():
+    rows = synthetic_rows()
+    slow_one = (rows["form"] == "single") & (rows["tokens"] == er.PREFILL_T) & (rows["layer"] == "qwen3-moe")
+    rows.loc[slow_one, ["single_us", "median_us"]] = 4000.0
+    tg = er.targets(er.verdict(rows).latest)
+    mt = er.miss_table(er.verdict(rows).latest, tg)
+    assert len(mt) == (tg["verdict"] == "misses").sum() > 0
+    tc = mt[mt["target"].str.contains("dispatch \\+ combine")]
+    assert len(tc) and tc["reason"].str.endswith("without any quantization too").all()  # W4A16 and the peer: 45 us
+    thr = mt[mt["target"].str.contains("throughput") & (mt["transport"] == "all-gather")]
+    step = 15 + 40 * (1 + er.PREFILL_T / 64) + 30 + 2
+    assert thr["ceiling"].tolist() == pytest.approx([4000 / (step - 45)] * 2)
+    assert thr["reason"].str.endswith("the experts miss too").all()
+    peer = mt[mt["target"].str.contains("peer") & (mt["T"] == 1) & (mt["transport"] == "all-gather")]
+    peer_step = 15 + 3 * 40 * (1 + 1 / 64) + 30 + 2
+    assert peer["ceiling"].tolist() == pytest.approx([peer_step / 45] * len(peer)) and len(peer)
+    assert peer["reason"].str.endswith("the experts are the gap").all()
+    assert not len(er.miss_table(er.verdict(synthetic_rows()).latest, tg[tg["verdict"] == "holds"]))
+
+
 def test_a_missing_peer_or_single_row_is_no_data_not_a_verdict():
     rows = synthetic_rows()
     rows = rows[~((rows["kind"] == "peer") & (rows["transport"] == "all-gather"))]

@@ -26,8 +26,8 @@ from .plots import shown as _shown
 
 __all__ = ["RECORD_COMMAND", "MERGE_COMMAND", "NO_DATA", "DECODE_MAX_T", "PREFILL_T", "TRANSPORT_LIMIT_US",
            "THROUGHPUT_MIN", "PEER_MIN", "GPUS", "RESERVE", "Verdict", "ep_rows", "verdict", "verdict_lines",
-           "phase_table", "targets", "target_summary", "phase_figure", "nvfp4_bytes", "fit_table", "fit_figure",
-           "shown", "targets_text", "CHANGES", "PHASES_SHOWN", "change_table", "KNOB_ABS", "knob_table"]
+           "phase_table", "targets", "target_summary", "miss_table", "phase_figure", "nvfp4_bytes", "fit_table",
+           "fit_figure", "shown", "targets_text", "CHANGES", "PHASES_SHOWN", "change_table", "KNOB_ABS", "knob_table"]
 
 RECORD_COMMAND = ("timeout -k 30 480 torchrun --nproc_per_node 2 -m nvfp4lib moe-bench --ep 2 --out ep.jsonl "
                   "--no-record")
@@ -287,6 +287,54 @@ def target_summary(tg: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out).set_index(["target", "transport", "mode"])
 
 
+def miss_table(latest: pd.DataFrame, tg: pd.DataFrame) -> pd.DataFrame:
+    """Why each missed check misses, from the same run's phases (us): per miss, the ``ceiling`` its ratio could
+    reach were one part free (NaN for the time target) and the reason in numbers:
+
+    - T = PREFILL_T throughput: the EP step pays the transport (dispatch + combine) that one GPU does not; were it
+      free, the ratio could reach one GPU's time / (the step - the transport);
+    - decode dispatch + combine: each phase, beside the same case's W4A16 transport (no activation quantization) and
+      the bf16 EP peer's (bf16 rows on the same transport): where those miss too, the transport itself is the bound;
+    - decode against the bf16 EP peer: both pay the transport; were the NVFP4 experts free, the ratio could reach the
+      peer's step / the NVFP4 transport; the experts' own ratio says how much of the gap is theirs."""
+    cols = ["layer", "T", "transport", "mode", "target", "measured", "limit", "ceiling", "reason"]
+    miss = tg[tg["verdict"] == "misses"] if len(tg) else tg
+    if not len(miss):
+        return pd.DataFrame(columns=cols)
+    kind_of = {v: k for k, v in SHORT.items()}
+    out = []
+    for m in miss.itertuples():
+        case = dict(form="ep", layer=m.layer, tokens=m.T, transport=m.transport)
+        r = _one(latest, **case, kind=kind_of[m.mode])
+        step, tr, ex = _val(r, "step_us"), _val(r, "transport_us"), _val(r, "experts_us")
+        ceiling = float("nan")
+        if m.target.startswith(f"T={PREFILL_T}"):
+            one = _val(_one(latest, form="single", layer=m.layer, tokens=m.T, kind=kind_of[m.mode]), "single_us")
+            ceiling = one / (step - tr)
+            reason = (f"the transport takes {tr:.0f} us, {tr / step:.0%} of the {step:.0f} us step, which one GPU "
+                      f"does not pay; the experts take {ex:.0f} us against one GPU's {one:.0f} us on all tokens "
+                      f"({one / ex:.2f}x); were the transport free, the ratio could reach {ceiling:.2f}x"
+                      + (": the transport is what misses" if ceiling >= m.limit else ": the experts miss too"))
+        elif "dispatch + combine" in m.target:
+            w16 = _val(_one(latest, **case, kind="bf16"), "transport_us")
+            peer = _val(_one(latest, **case, kind="peer"), "transport_us")
+            reason = (f"dispatch {_val(r, 'dispatch_us'):.0f} us + combine {_val(r, 'combine_us'):.0f} us; the same "
+                      f"case's W4A16 transport {w16:.0f} us, the bf16 EP peer's {peer:.0f} us"
+                      + (": the transport misses without any quantization too" if min(w16, peer) > m.limit else
+                         f": {m.mode}'s activation quantization adds {tr - min(w16, peer):.0f} us"))
+        else:
+            p = _one(latest, **case, kind="peer")
+            pstep, pex = _val(p, "step_us"), _val(p, "experts_us")
+            ceiling = pstep / tr
+            reason = (f"both pay the transport ({tr:.0f} us here, {_val(p, 'transport_us'):.0f} us the peer's); "
+                      f"the experts take {ex:.0f} us against the peer's {pex:.0f} us ({pex / ex:.2f}x); were the "
+                      f"NVFP4 experts free, the ratio could reach {ceiling:.2f}x"
+                      + (": the transport alone caps it" if ceiling < m.limit else ": the experts are the gap"))
+        out.append({"layer": m.layer, "T": m.T, "transport": m.transport, "mode": m.mode, "target": m.target,
+                    "measured": m.measured, "limit": m.limit, "ceiling": ceiling, "reason": reason})
+    return pd.DataFrame(out, columns=cols)
+
+
 def gpus_of(rows: pd.DataFrame) -> str:
     """The GPUs every rank of ``rows`` ran on."""
     if "gpus_ranks" in rows:
@@ -328,7 +376,7 @@ def shown(df: pd.DataFrame) -> pd.DataFrame:
         return df
     out = df.copy()
     for c in out.columns:
-        if str(c).startswith("rel err") or c in ("measured", "worst measured", "limit"):
+        if str(c).startswith("rel err") or c in ("measured", "worst measured", "limit", "ceiling"):
             out[c] = out[c].map(lambda v: "—" if v is None or (isinstance(v, float) and np.isnan(v))
                                 else (f"{v:.3g}" if isinstance(v, float) else v))
     return _shown(out, 2, time_digits=1)
