@@ -299,6 +299,7 @@ def test_the_report_on_a_profile_run(cli_rows):
     r = fc.loc["NVFP4 W4A16, batch 1"]
     assert r["peer's weight GEMMs replaced, us"] == 118 and r["NVFP4 kernels instead, us"] == 95
     assert r["ceiling (NVFP4 GEMMs free)"] == round(200 / (200 - 118), 2) and r["measured speed-up"] == 1
+    assert r["NVFP4 kernels' budget for 2x, us"] == 200 / 2 - (200 - 118)  # batch 1's target: 2x the peer
 
 
 def test_the_profile_report_of_plain_and_compiled_steps(cli_rows):

@@ -225,13 +225,15 @@ def format_ceiling(run: pd.DataFrame) -> pd.DataFrame:
     plain GEMMs less what the NVFP4 model still spends on torch GEMMs: ``lm_head`` and the router's gate stay bf16);
     their share of the step; what the NVFP4 model spends on them instead (the serving kernel and nvfp4lib's Triton
     kernels: routing, activation quantization); the speed-up ceiling = peer step / (peer step - replaced GEMMs), were
-    the NVFP4 GEMMs free and nothing else changed; and the measured speed-up (peer step over the NVFP4 model's)."""
+    the NVFP4 GEMMs free and nothing else changed; the measured speed-up (peer step over the NVFP4 model's); and,
+    where the batch has a target (:data:`TARGETS`), the most GPU time the NVFP4 kernels may take for the step to meet
+    it (negative: out of reach even were they free)."""
     t = _step_us(run)
     sel = _profile_rows(run, "graph")
     if not len(t):
         return pd.DataFrame()
     out = {}
-    for _, g in sel.groupby(["batch", "_compiled"]):
+    for (batch, _), g in sel.groupby(["batch", "_compiled"]):
         peer = g[g["model_kind"] == "bf16-peer"]["model"]
         if not len(peer):
             continue
@@ -246,6 +248,9 @@ def format_ceiling(run: pd.DataFrame) -> pd.DataFrame:
                       "NVFP4 kernels instead, us": n.get("serving kernel", 0.0) + n.get("nvfp4lib Triton", 0.0),
                       "ceiling (NVFP4 GEMMs free)": step_p / (step_p - replaced),
                       "measured speed-up": step_p / n["timed step (decode)"]}
+            target = next((t[2] for t in TARGETS if t[1] == batch), None)
+            if target is not None:  # the most the NVFP4 kernels may take for the batch's target (< 0: out of reach)
+                out[m][f"NVFP4 kernels' budget for {target:g}x, us"] = step_p / target - (step_p - replaced)
     if not out:
         return pd.DataFrame()
     df = pd.DataFrame.from_dict(out, orient="index")
