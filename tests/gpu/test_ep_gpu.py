@@ -10,7 +10,9 @@ Tolerances: the expert GEMMs may pick another tuned config for the EP layer's ro
 W4A16 is held to 2e-3 normwise and W4A4 to 1e-2 (tests/gpu/test_moe_gpu.py's tolerance against the reference); each
 case also prints whether it came out bit-identical.
 """
+import faulthandler
 import os
+import time
 
 import pytest
 import torch
@@ -67,6 +69,9 @@ def _worker(rank: int, port: int, transport: str, activations: str, put_rows: st
 
     varlen_kernel.EAGER_FUSED = False
 
+    # a rank that hangs prints where, before the test's join gives up on it
+    faulthandler.dump_traceback_later(max(TIMEOUT_S - 20, 10), exit=False)
+    t_start = time.monotonic()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
@@ -117,6 +122,8 @@ def _worker(rank: int, port: int, transport: str, activations: str, put_rows: st
             got = out.clone()
             ep.check()
             check("graphed", case, got, want_of(inputs))
+        print(f"rank {rank} {transport} {activations}: eager and graphed cases done in "
+              f"{time.monotonic() - t_start:.0f} s; the capacity check next", flush=True)
         # the device-side capacity: 2·48 copies to rank 1 do not fit 120 copies a rank
         small = EPMoE.shard(*ws, top_k=k, capacity=CAP, recv_capacity=120, transport=transport,
                             activations=activations, backend="cute-hopper", eager_check=False)
@@ -130,7 +137,9 @@ def _worker(rank: int, port: int, transport: str, activations: str, put_rows: st
             small.check()
         torch.cuda.synchronize()
         dist.barrier()
+        print(f"rank {rank} {transport} {activations}: done in {time.monotonic() - t_start:.0f} s", flush=True)
     finally:
+        faulthandler.cancel_dump_traceback_later()
         dist.destroy_process_group()
 
 
