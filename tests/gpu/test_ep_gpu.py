@@ -122,6 +122,12 @@ def _worker(rank: int, port: int, transport: str, activations: str, put_rows: st
             got = out.clone()
             ep.check()
             check("graphed", case, got, want_of(inputs))
+        # free the graph before the process group goes: with the all-gather transport (NCCL collectives captured in
+        # it) both ranks finished every check and the barrier within 46 s, then did not leave destroy_process_group
+        # within 280 s (2x H200); the symm-mem transport's graph holds no NCCL collective and left at once. Freeing the
+        # graph first is the likely cure, not yet run on the GPUs
+        graph.reset()
+        del graph
         print(f"rank {rank} {transport} {activations}: eager and graphed cases done in "
               f"{time.monotonic() - t_start:.0f} s; the capacity check next", flush=True)
         # the device-side capacity: 2·48 copies to rank 1 do not fit 120 copies a rank
