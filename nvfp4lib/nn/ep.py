@@ -37,7 +37,9 @@ Transports (both graph-capturable, counts on the device, buffers allocated at co
 - :class:`AllGatherTransport` (``"all-gather"``, the baseline, no custom kernels): one all-gather of every rank's
   token rows with their routing (padded to ``capacity``), each rank computing its experts' copies of all tokens, then
   one reduce-scatter (fp32) of the per-token partial sums. On NCCL the tensor collectives; on gloo (the CPU tests) the
-  list all-gather and an all-reduce then this rank's slice, the same sums.
+  list all-gather and an all-reduce then this rank's slice, the same sums. At shutdown, free the CUDA graphs that
+  captured its collectives (``graph.reset()``) before ``destroy_process_group``: in the 2-GPU tests a live one left
+  both ranks waiting there after every check had passed.
 - :class:`~.ep_symm.SymmMemTransport` (``"symm-mem"``, GPU only): an all-to-all over torch symmetric memory.
 """
 from __future__ import annotations
