@@ -145,8 +145,8 @@ def _worker(rank: int, port: int, transport: str, activations: str, put_rows: st
         dist.barrier()
         print(f"rank {rank} {transport} {activations}: done in {time.monotonic() - t_start:.0f} s", flush=True)
     finally:
+        dist.destroy_process_group()  # (the stack dump stays armed through it: where the all-gather cases hung)
         faulthandler.cancel_dump_traceback_later()
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("activations", ["nvfp4", "bf16"])
