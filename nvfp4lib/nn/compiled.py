@@ -17,10 +17,11 @@ the peer's ~71) and its four projections (~35-45 µs against ~32 in bf16), so ~5
 compiled peer. Traced, the step would run the torch routing and quantizer instead, compiled.
 
 Outcome (H100, one generate-bench run, data/generate.jsonl; notebook 12 computes it): below the prediction, the
-compiled NVFP4 model a little slower than the compiled peer at batch 1 (faster at batch 32). The likely reasons (the
-compiled step is not profiled yet): compiling sped the peer's expert layer too (its routing and un-permute are torch
-ops that Inductor fuses), and the NVFP4 projections cost about as much per call as bf16 GEMMs at one token (the
-plain step's profile: ~9 µs per serving-kernel launch). W4A4's greedy tokens moved from the plain loop's (Inductor
+compiled NVFP4 model a little slower than the compiled peer at batch 1 (faster at batch 32). Why, from the compiled
+step's profile (notebook 12): Inductor removed most elementwise kernels from both models alike, the peer's grouped
+GEMM took as long as plain (so the guess that compiling also sped the peer's expert layer up did not hold), and at one
+token the NVFP4 kernels (serving kernel and Triton routing and quantizers) took longer than the bf16 GEMMs they
+replace. W4A4's greedy tokens moved from the plain loop's (Inductor
 rounds the fused norms once, in fp32; W4A4 turns a one-ulp change into other codes; generate's exact_casts is the
 knob for that). Kept as the shipped form: the one measured, and the eager kernels' exactness; the traced form's A/B
 is next.
