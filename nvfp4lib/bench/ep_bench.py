@@ -416,6 +416,7 @@ def _base(run_id, rg, layer, transport, kind, t, routing, seed, w_seed, r_seed, 
            "layer_backend": "torch._grouped_mm" if kind == "peer" else backend, "quantizer": quantizer,
            "graph": rg.graphs, "iters": iters, "gpus_ranks": gpus, "phases": PHASES,
            "put_rows": ep_symm.PUT_ROWS[ep_symm.PUT_ROWS_TRITON] if transport == "symm-mem" else None,
+           "symm_plan": ep_symm.PLANS[ep_symm.PLAN_TRITON] if transport == "symm-mem" else None,
            # the all-gather W4A4 decode forms' knobs as set for the run (nn.ep: x's rows quantized after the gather
            # up to the first, each token once from the second)
            "gather_quantize_max_tokens": ep_layer.GATHER_QUANTIZE_MAX_TOKENS if transport == "all-gather" else None,
@@ -687,8 +688,10 @@ def run_command(args, write) -> int:
                   f"{est / 60:.1f} min; every stage times out after {args.step_timeout:.0f} s", flush=True)
         t0 = time.monotonic()
         put_rows = None if args.put_rows is None else args.put_rows == "triton"
+        symm_plan = None if args.symm_plan is None else args.symm_plan == "triton"
         try:
             with mb.knob_setting("nvfp4lib.nn.ep_symm", "PUT_ROWS_TRITON", put_rows), \
+                    mb.knob_setting("nvfp4lib.nn.ep_symm", "PLAN_TRITON", symm_plan), \
                     mb.knob_setting("nvfp4lib.nn.ep", "GATHER_QUANTIZE_ONCE_MIN_TOKENS", args.quantize_once_min):
                 out = bench_ep(layers, tokens, transports, modes=tuple(args.mode), peer=not args.no_peer,
                                routing=routing[0], iters=iters, seed=args.seed, backend=args.backend,

@@ -38,7 +38,7 @@ CATEGORIES = (
     ("serving kernel", r"GroupedVarlenGemmSm90|ActivationDecodeSm90|DecodeThenGemmSm90|nvfp4libkernels"),
     ("nvfp4lib Triton", r"^(_amax_kernel|_quant_kernel|_quant_one_kernel|_route_kernel|_unpermute_kernel|"
                         r"_gather_rows_kernel|_put_rows_kernel|_pack_rows_kernel|gather|_gemv_kernel|_finalize_kernel|"
-                        r"_combine_kernel)$"),
+                        r"_combine_kernel|_symm_(counts|plan|dispatch|combine)_kernel)$"),
     ("attention", r"flash|fmha|sdpa|[Aa]ttention"),
     ("torch grouped GEMM", r"GroupProblemShape|grouped_mm|GroupedGemm|group_gemm"),
     ("torch GEMM", r"cutlass|cublas|xmma|nvjet|gemm|gemv|s16816|wgmma"),

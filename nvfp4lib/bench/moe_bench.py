@@ -476,6 +476,10 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     g.add_argument("--put-rows", choices=["torch", "triton"],
                    help="--ep: how the symm-mem transport writes rows into its peers (nn.ep_symm.PUT_ROWS_TRITON; "
                         "default: as shipped); symm-mem rows carry it. An A/B: two runs in one GPU session")
+    g.add_argument("--symm-plan", choices=["torch", "triton"],
+                   help="--ep: the symm-mem transport's index arithmetic and row writes in four Triton launches a step "
+                        "or the torch form (nn.ep_symm.PLAN_TRITON; default: as shipped); symm-mem rows carry it. An "
+                        "A/B: two runs in one GPU session")
     g.add_argument("--graphs", choices=["auto", "on", "off"], default="auto",
                    help="--ep: time CUDA-graph replays (auto: on a GPU; the CPU runs eagerly)")
     g.add_argument("--step-timeout", type=float, default=300.0, metavar="S",

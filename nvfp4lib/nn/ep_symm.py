@@ -20,6 +20,11 @@ peer into the peer's buffer, a row not for that peer going to the buffer's last 
 shape fixed, but every peer's launch carries all the step's rows; on 2x H100 at T = 4096 per rank it took 9.6x the
 Triton form's time in the combine (``moe-bench --ep 2 --put-rows torch triton``; the note at the knob).
 
+With :data:`PLAN_TRITON` (on) a CUDA step does the same in :mod:`.ep_symm_triton`'s four launches: the counts
+written into every peer, one program for every index the step needs (kept in a private snapshot of the counts), the
+dispatch's rows and the combine's rows, each row placed by its own program; the un-permute then marks lost copies in
+its own launch. Same rows, same order, same numbers as the torch form.
+
 Buffers are reused every step without a reset: each is written by peers only after a barrier that its reader passes
 after reading it (stream order), so one step never overwrites what another still reads.
 
@@ -101,6 +106,15 @@ class TorchSymmetricHeap(SymmetricHeap):
 # Faster than predicted: the torch form cost more than its bytes (not profiled to say why). On since then.
 PUT_ROWS_TRITON = True
 PUT_ROWS = ("torch", "triton")  # the knob's names in bench rows and on the command line
+# The knob: a step's index arithmetic and row writes in four Triton launches (True: .ep_symm_triton, where rows are
+# whole 32-bit words on a CUDA device), or the torch form (False: ~25 small kernels in the dispatch and ~15 in the
+# combine around the barriers, the row writes by put_rows). Prediction (2026-11-28, before any GPU run of it): the
+# 2x H200 run at d11fa4d spent 86-123 us in the symm-mem dispatch and 71-92 us in the combine at T = 1 and 64 per
+# rank (the all-gather transport 20-47 and 10-37 us): mostly the ~40 launches at ~2-3 us each in a graph, not the
+# three barriers or the bytes. With the knob on, dispatch + combine at T = 1 from ~157-191 us to ~30-45 us (4 + 2
+# launches and three barriers), T = 64 about the same plus the bytes; T = 4096 within 10% (the row bytes dominate).
+PLAN_TRITON = True
+PLANS = ("torch", "triton")  # the knob's names in bench rows and on the command line
 
 
 def put_rows(src: torch.Tensor, src_index: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tensor,
@@ -146,7 +160,7 @@ class SymmMemTransport(Transport):
             hp.peer(self.rank, name).zero_()
         # the peers' row buffers by address, for put_rows' one-launch form (made here: not under a graph capture)
         self.ptrs = {name: torch.tensor([hp.peer(p, name).data_ptr() for p in range(s.world)], dtype=torch.int64,
-                                        device=s.device) for name in ("recv", "ret")}
+                                        device=s.device) for name in ("counts", "recv", "ret")}
         hp.barrier()
 
     def _peers(self, name: str) -> list[torch.Tensor]:
@@ -168,6 +182,8 @@ class SymmMemTransport(Transport):
         n = topk_ids.numel()
         payload = joined(payload)
         r = route(topk_ids, s.experts)
+        if self._fused(payload):
+            return self._dispatch_fused(payload, r, topk_weights)
         for buf in self._peers("counts"):
             buf[me].copy_(r.offsets[1:] - r.offsets[:-1])
         self.heap.barrier()
@@ -190,10 +206,29 @@ class SymmMemTransport(Transport):
         rows = self.heap.peer(me, "recv")[:s.recv_capacity]
         return Dispatched(rows, offsets, dropped, (r, counts, fits, topk_weights))
 
+    def _fused(self, rows: torch.Tensor) -> bool:
+        """Whether this step takes :data:`PLAN_TRITON`'s form: the knob on, Triton's form for ``rows``' device, rows of
+        whole 32-bit words."""
+        return PLAN_TRITON and _triton_form(rows) and rows.shape[-1] * rows.element_size() % 4 == 0
+
+    def _dispatch_fused(self, payload, r, topk_weights):
+        from . import ep_symm_triton as st
+
+        s, me = self.shape, self.rank
+        st.put_counts(r.offsets, self.ptrs["counts"], me, s.world)
+        self.heap.barrier()
+        p = st.plan(self.heap.peer(me, "counts"), me, s.recv_capacity)
+        fits = st.put_dispatch(payload, r.token, r.offsets, p, self.ptrs["recv"], s.recv_capacity)
+        self.heap.barrier()
+        rows = self.heap.peer(me, "recv")[:s.recv_capacity]
+        return Dispatched(rows, p.offsets, p.dropped, (r, p, fits, topk_weights))
+
     def combine(self, y, d, out_dtype):
         s, me = self.shape, self.rank
         n_local = s.local_experts
         r, counts, fits, topk_weights = d.state
+        if not isinstance(counts, torch.Tensor):  # the fused dispatch's Plan
+            return self._combine_fused(y, r, counts, fits, topk_weights, out_dtype)
         mine = counts[:, me * n_local:(me + 1) * n_local]  # [source, local expert]
         ends = mine.sum(0).cumsum(0)
         q = torch.arange(y.shape[0], device=y.device)
@@ -214,3 +249,13 @@ class SymmMemTransport(Transport):
         w = torch.where(lost.view(topk_weights.shape), torch.full((), float("nan"), device=y.device),
                         topk_weights.to(torch.float32))
         return weighted_rows(back, row, w, out_dtype)
+
+    def _combine_fused(self, y, r, p, fits, topk_weights, out_dtype):
+        from . import ep_symm_triton as st
+        from .routing_triton import unpermute_triton
+
+        st.put_combine(y, p, self.ptrs["ret"])
+        self.heap.barrier()
+        back = self.heap.peer(self.rank, "ret")[:topk_weights.numel()]
+        # a copy the owner could not take comes back NaN (its weight NaN, its row unread), as in the torch form
+        return unpermute_triton(back, r.row, topk_weights, out_dtype, fits=fits)

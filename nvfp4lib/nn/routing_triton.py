@@ -67,7 +67,8 @@ def _route_kernel(ids, stride, token, row, offsets, n, experts, base, K: tl.cons
 
 
 @triton.jit
-def _unpermute_kernel(y, row, w, w_stride, out, cols, K: tl.constexpr, BN: tl.constexpr):
+def _unpermute_kernel(y, row, w, w_stride, fits, out, cols, K: tl.constexpr, BN: tl.constexpr,
+                      HAS_FITS: tl.constexpr):
     t = tl.program_id(0)
     c = tl.program_id(1) * BN + tl.arange(0, BN)
     m = c < cols
@@ -75,6 +76,10 @@ def _unpermute_kernel(y, row, w, w_stride, out, cols, K: tl.constexpr, BN: tl.co
     for j in tl.static_range(K):
         r = tl.load(row + t * K + j)
         wt = tl.load(w + t.to(tl.int64) * w_stride + j).to(tl.float32)
+        if HAS_FITS:  # a copy that did not fit its owner is lost: row -1, weight NaN
+            lost = tl.load(fits + tl.maximum(r, 0)) == 0
+            r = tl.where(lost, -1, r)
+            wt = tl.where(lost, float("nan"), wt)
         acc += tl.load(y + r * cols + c, mask=m & (r >= 0), other=0.0).to(tl.float32) * wt  # row < 0: 0 · wt
     tl.store(out + t.to(tl.int64) * cols + c, acc.to(out.dtype.element_ty), mask=m)
 
@@ -178,17 +183,20 @@ def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0):
     return token, offsets, row
 
 
-def unpermute_triton(y: torch.Tensor, row: torch.Tensor, topk_weights: torch.Tensor, out_dtype) -> torch.Tensor:
+def unpermute_triton(y: torch.Tensor, row: torch.Tensor, topk_weights: torch.Tensor, out_dtype,
+                     fits: torch.Tensor | None = None) -> torch.Tensor:
     """``out[t] = Σ_j topk_weights[t, j] · y[row[t·k + j]]`` in fp32, ``[T, N]`` of ``out_dtype``, in one launch; a
     copy whose ``row`` is negative adds ``0 · topk_weights[t, j]`` (:func:`.routing.weighted_rows`). ``topk_weights``
-    may have any row stride (the expert-parallel combine reads them in place from the gathered rows)."""
+    may have any row stride (the expert-parallel combine reads them in place from the gathered rows). ``fits``: int8
+    per row of ``y``; a copy whose row has 0 there is lost and adds NaN (the symm-mem combine's lost copies)."""
     t, k = topk_weights.shape
     cols = y.shape[-1]
     out = torch.empty((t, cols), dtype=out_dtype, device=y.device)
     w = topk_weights if topk_weights.stride(-1) == 1 else topk_weights.contiguous()
     if t and cols:
         launch(_unpermute_kernel, (t, triton.cdiv(cols, _BN)),
-               (y.contiguous(), row, w, w.stride(0) if t > 1 else k, out, cols), {"K": k, "BN": _BN})
+               (y.contiguous(), row, w, w.stride(0) if t > 1 else k, row if fits is None else fits, out, cols),
+               {"K": k, "BN": _BN, "HAS_FITS": fits is not None})
     return out
 
 

@@ -60,8 +60,8 @@ def _worker(rank: int, port: int, transport: str, activations: str, put_rows: st
     from nvfp4lib.formats import quantize
     from nvfp4lib.nn import EPMoE, NVFP4MoE, ep_symm
 
-    if put_rows != "shipped":  # this process's knob (the symm-mem transport's row writes)
-        ep_symm.PUT_ROWS_TRITON = put_rows == "triton"
+    if put_rows != "shipped":  # this process's knobs (the symm-mem transport's index arithmetic and row writes)
+        ep_symm.PUT_ROWS_TRITON = ep_symm.PLAN_TRITON = put_rows == "triton"
     # eager calls on the same kernels as the captured ones (the serving kernel's EAGER_FUSED off): W4A4 then compiles
     # each GEMM's config once per process, not twice (the fused eager kernel is tested in test_serving_gpu.py); the
     # suite did not finish inside the device's limits with both forms compiled in every process
@@ -157,7 +157,7 @@ def test_ep_two_gpus(transport, activations):
 
 
 def test_ep_two_gpus_put_rows_torch_form():
-    """The symm-mem transport with its rows written by the torch form (nn.ep_symm.PUT_ROWS_TRITON off; the shipped
-    Triton form runs in test_ep_two_gpus), W4A4: the same checks (eager, graphed, the capacity's NaN rows)."""
+    """The symm-mem transport in its torch form (nn.ep_symm.PLAN_TRITON and PUT_ROWS_TRITON off; the shipped Triton
+    form runs in test_ep_two_gpus), W4A4: the same checks (eager, graphed, the capacity's NaN rows)."""
     _needs_two_hoppers()
     run_ranks(_worker, (free_port(), "symm-mem", "nvfp4", "torch"), W, TIMEOUT_S)
