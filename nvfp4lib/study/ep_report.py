@@ -175,6 +175,12 @@ CHANGES = (
      ("7c4a089",), "956f53a",
      "the sort ~5-10 us at N = 1024 copies (T = 64 per rank: dispatch down by most of the ~55-85 us the loop took "
      "over T = 1's); all-gather W4A4 dispatch at T = 1 ~43 -> ~25 us, about W4A16's"),
+    ("the symm-mem transport's index arithmetic and row writes in four Triton launches a step (nn/ep_symm_triton.py, "
+     "nn.ep_symm.PLAN_TRITON) instead of ~40 small torch kernels around its three barriers; the combine's lost "
+     "copies marked inside the un-permute's launch. Both runs on 2x H200, the same session",
+     ("d11fa4d",), "eef77ba",
+     "symm-mem dispatch + combine at T = 1 per rank from ~157-191 us to ~30-45 us, T = 64 about the same plus the "
+     "bytes, T = 4096 within 10%; all-gather unchanged"),
 )
 
 
@@ -183,10 +189,6 @@ CHANGES = (
 KNOB_ABS = (
     ("the symm-mem transport's put_rows as one Triton launch (nn.ep_symm.PUT_ROWS_TRITON; on since)", "put_rows",
      ("torch", "triton"), "combine at T = 4096 per rank ~3x faster (Qwen3-like W4A16)"),
-    ("the symm-mem transport's index arithmetic and row writes in four Triton launches a step instead of ~40 small "
-     "torch kernels (nn.ep_symm.PLAN_TRITON; on since)", "symm_plan", ("torch", "triton"),
-     "dispatch + combine at T = 1 per rank from ~157-191 us to ~30-45 us; T = 64 about the same plus the bytes; "
-     "T = 4096 within 10%"),
     ("the all-gather W4A4 decode quantizing each gathered token once, then gathering its copies' codes "
      "(nn.ep.GATHER_QUANTIZE_ONCE_MIN_TOKENS: 257 is off, 32 on; on since)", "gather_quantize_once_min_tokens",
      (257, 32), "T = 64 per rank dispatch DeepSeek-like 61.5 -> ~46 us, Qwen3-like 39.4 -> ~34 us (the baseline from "
