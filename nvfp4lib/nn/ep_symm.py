@@ -116,7 +116,7 @@ PUT_ROWS = ("torch", "triton")  # the knob's names in bench rows and on the comm
 # Outcome (2x H200, the same session, runs at d11fa4d and eef77ba; notebook 13's table of changes): dispatch + combine
 # at T = 1 per rank 157-191 -> 28-60 us (W4A16 and the bf16 peer 28-30 us, held; W4A4 58-60 us: its dispatch keeps the
 # group amax (all_max: a copy per peer and a barrier) and the quantization, ~30 us); T = 64 170-215 -> 37-76 us; T =
-# 4096 the dispatch and the combine 8-23% faster, the step 3-10%; every row exact (bit-identical to the single-GPU
+# 4096 the dispatch and the combine 7-23% faster, the step 3-10%; every row exact (bit-identical to the single-GPU
 # layer); memcheck: 0 errors (Qwen3-like, T = 1 and 64, both modes, eager).
 PLAN_TRITON = True
 PLANS = ("torch", "triton")  # the knob's names in bench rows and on the command line
