@@ -214,6 +214,17 @@ SPLIT_TILES = 1024  # tiles a split call counts at most: the per-stream counters
 # (W4A4) and 13.8 -> 19.1 (W4A16), every other case within 5%. The model is wrong: a CTA costs more than its K
 # tiles. Fitting f + 16·t = 12.2 and 3·(f + 4·t) = 18.3 gives ~4 us per CTA (start, pipeline fill, partials, hand-over)
 # and ~0.5 us per K tile: a slice pays off only where it lands on an idle SM, as "idle" does. "idle" stays.
+# What bounds a decode GEMM (issue 41; ncu of the CUDA 13 tools on the H100, unlocked clocks, one eager layer call per
+# case, a development probe, not recorded in data/): the Qwen3-like layer at T = 1 runs its gate/up GEMM as 96 CTAs of
+# 256 threads (one per SM, 36 SMs idle) and its down GEMM as 128; per scheduler 2 warps active and 0.3-0.6 eligible,
+# issue slots 18-26% busy (IPC 0.9-1.8 of 4), DRAM 20-28% of peak; W4A16 4.8 (gate/up) and 5.5 (down) thread
+# instructions per weight element (W4A4 4.0 and 4.8), of which the bf16 decode's PTX is 3.4 (27 per 8 elements, 8 of
+# them the scale's conversion, which the 4 threads of a quad each repeat). The Mixtral-like layer at T = 1 (448 CTAs,
+# 1.7 waves) reaches DRAM 53-68%. So at decode the kernel is issue-bound at low occupancy plus the ~4 us per CTA of the
+# split-K fit above, not memory-bound. The levers, predicted, not built: more warps issuing decode per SM (a third and
+# fourth consumer warpgroup, or half-height tiles at 2 CTAs per SM: 192 CTAs on 132 SMs), the scale converted once per
+# quad or by the producer warp into shared memory (-25% of the decode's instructions), and one persistent launch for
+# gate/up and down (the fixed cost per CTA paid once).
 SPLIT_RULES = ("idle", "balance")
 SHIPPED_SPLIT_RULE = "idle"
 SPLIT_RULE = SHIPPED_SPLIT_RULE
