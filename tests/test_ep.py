@@ -167,8 +167,9 @@ def _on_threads(fn):
         raise errors[0][1]
 
 
-@pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
-def test_symm_mem_protocol_on_two_threads(activations):
+def symm_steps_on_two_threads(activations):
+    """Every case at k = 2 and 3 through the symm-mem transport on 2 thread ranks, steps one after another on the same
+    buffers, each bit-identical to the single-process layer (tests/test_ep_symm_triton.py runs it in Triton's form)."""
     ws = _weights()
 
     def rank_fn(rank, heap):
@@ -184,7 +185,14 @@ def test_symm_mem_protocol_on_two_threads(activations):
     _on_threads(rank_fn)
 
 
-def test_symm_mem_protocol_overflow_on_two_threads():
+@pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
+def test_symm_mem_protocol_on_two_threads(activations):
+    symm_steps_on_two_threads(activations)
+
+
+def symm_overflow_on_two_threads():
+    """A receive capacity too small for a step: the copies that do not fit come back NaN, the rest exact, and the
+    overflow is counted and raised by check()."""
     ws = _weights()
     inputs = _inputs("one-rank", 2, seed=7)
 
@@ -201,3 +209,7 @@ def test_symm_mem_protocol_overflow_on_two_threads():
             ep.check()
 
     _on_threads(rank_fn)
+
+
+def test_symm_mem_protocol_overflow_on_two_threads():
+    symm_overflow_on_two_threads()

@@ -12,9 +12,9 @@ pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1", allow_module_level=True)
 
-from nvfp4lib.nn import EPMoE, ep_symm, ep_symm_triton, routing_triton  # noqa: E402
+from nvfp4lib.nn import ep_symm, ep_symm_triton, routing_triton  # noqa: E402
 from nvfp4lib.nn.ep_symm import SymmMemTransport  # noqa: E402
-from tests.test_ep import CASES, _compare, _expected, _inputs, _on_threads, _weights  # noqa: E402
+from tests.test_ep import symm_overflow_on_two_threads, symm_steps_on_two_threads  # noqa: E402
 
 
 @pytest.fixture
@@ -45,39 +45,12 @@ def triton_form(monkeypatch):
 
 @pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
 def test_triton_form_matches_the_single_layer(triton_form, activations):
-    ws = _weights()
-
-    def rank_fn(rank, heap):
-        for k in (2, 3):
-            ep = EPMoE.shard(*ws, top_k=k, capacity=8, transport=SymmMemTransport(heap=heap),
-                             activations=activations, backend="reference", quantizer="torch")
-            for i, case in enumerate(CASES):
-                inputs = _inputs(case, k, seed=100 * k + i)
-                got = ep(*inputs[rank])
-                want = _expected(ws, inputs, rank, activations)
-                _compare(got, want, k, exact=True, what=f"symm-mem triton {activations} k={k} {case}")
-
-    _on_threads(rank_fn)
-    assert len(triton_form) == 2 * 2 * len(CASES)  # every step of both ranks took the Triton form
+    symm_steps_on_two_threads(activations)
+    assert len(triton_form) == 2 * 2 * 5  # every step of both ranks (k = 2 and 3, five cases) took the Triton form
 
 
 def test_triton_form_overflow(triton_form):
-    ws = _weights()
-    inputs = _inputs("one-rank", 2, seed=7)
-
-    def rank_fn(rank, heap):
-        ep = EPMoE.shard(*ws, top_k=2, capacity=8, recv_capacity=12, transport=SymmMemTransport(heap=heap),
-                         activations="bf16", backend="reference", eager_check=False)
-        out = ep(*inputs[rank])
-        dropped = torch.isnan(out).any(dim=1)
-        # as the torch form (tests/test_ep.py): rank 0's 14 copies first in rank 1's buffer (12 fit), rank 1's 8 not
-        assert int(ep.overflow) == 10 and bool(dropped.any())
-        want = _expected(ws, inputs, rank, "bf16")
-        assert torch.equal(out[~dropped], want[~dropped])
-        with pytest.raises(RuntimeError, match="10 token copies exceeded"):
-            ep.check()
-
-    _on_threads(rank_fn)
+    symm_overflow_on_two_threads()  # the same copies lost as the torch form's
     assert len(triton_form) == 2
 
 
