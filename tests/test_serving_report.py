@@ -298,3 +298,25 @@ def test_rounds_outcomes_are_computed_from_rows_or_marked_not_recorded():
     assert t.loc[3, "outcome"] == rd.NOT_RECORDED
     empty = rd.rounds_table(rd.Sources(pd.DataFrame(), pd.DataFrame(), list(BENCHMARK)))
     assert len(empty) == len(rd.ROUNDS) and set(empty["outcome"].str[:len(rd.NOT_RECORDED)]) == {rd.NOT_RECORDED}
+
+
+def test_serving_against_host_pairs_the_latest_run_that_timed_both():
+    def row(run, problem, config, us, named=False, status="ok"):
+        opts = {"graph": True, **({"config": config} if named else {})}
+        return {"run_id": run, "problem": problem, "backend": "cute-hopper", "options": opts, "config": config,
+                "median_us": us, "status": status, "gpu": "H100", "git_commit": "abcdef0123"}
+
+    rows = pd.DataFrame([
+        row("r1", "S4", "vl_a", 30.0), row("r1", "S4", "rs_a", 20.0, named=True),  # older: not used
+        row("r2", "S4", "vl_a", 18.0), row("r2", "S4", "rs_a", 17.0, named=True), row("r2", "S4", "vl_a", 19.0),
+        row("r2", "S4", "vl_b", 1.0, named=True),  # a named serving config is not the serving kernel as shipped
+        row("r2", "S3", "vl_a", 10.0), row("r2", "S3", "rs_a", 12.0, named=True),
+        row("r2", "S2", "vl_a", 10.0),  # no host-scheduled row: left out
+        row("r3", "S1", "vl_a", 5.0), row("r3", "S1", "rs_a", 1.0, named=True, status="error: x"),  # not ok
+    ])
+    t = sr.serving_against_host(rows)
+    assert list(t.index) == ["S4", "S3"]
+    assert t.loc["S4", "serving us"] == 18.5 and t.loc["S4", "serving rows"] == 2 and t.loc["S4", "run"] == "r2"
+    assert t.loc["S4", "serving / host-scheduled"] == pytest.approx(18.5 / 17.0)
+    assert not t.loc["S4", "<= 1 (issue 41)"] and t.loc["S3", "<= 1 (issue 41)"]
+    assert sr.serving_against_host(pd.DataFrame()).empty

@@ -22,9 +22,10 @@ from .plots import caption
 from .plots import shown as _shown
 
 __all__ = ["CALLS", "latest_calls", "missing_calls", "runs_used", "calls_table", "host_scheduled_reference",
-           "weight_bytes", "predictions", "targets", "calls_figure", "gather_table", "gather_ab", "gather_variants",
-           "back_to_back", "verdicts_by_run", "full_runs", "misses_by_shape", "host_correlation", "Verdict",
-           "verdict", "eager_host_table", "gather_now", "shown", "calls_ab_runs", "TARGET_TEXT"]
+           "serving_against_host", "weight_bytes", "predictions", "targets", "calls_figure", "gather_table",
+           "gather_ab", "gather_variants", "back_to_back", "verdicts_by_run", "full_runs", "misses_by_shape",
+           "host_correlation", "Verdict", "verdict", "eager_host_table", "gather_now", "shown", "calls_ab_runs",
+           "TARGET_TEXT"]
 
 # the kernel that scheduled its tiles on the host (prepare(a, b) built the tile table from each group's M): the
 # graph times the serving kernel must stay within 10% of
@@ -630,6 +631,35 @@ def task_tuples(rows: pd.DataFrame, problems=None) -> pd.DataFrame:
                     "exact": bool((run["status"] == "ok").all()), "rounds": int(min(g["rounds_ok"], d["rounds_ok"])),
                     "gpu": d["gpu"], "commit": str(d["git_commit"])[:7], "run": runs[0]})
     return pd.DataFrame(out)
+
+
+def serving_against_host(bench_rows: pd.DataFrame, problems=None) -> pd.DataFrame:
+    """Issue 41's first target, from ``data/bench.jsonl``: per problem, the latest run that replayed both the serving
+    kernel as shipped (``cute-hopper:graph=1``, its ``auto`` config) and a host-scheduled config (``rs_*``) in CUDA
+    graphs in one process; each's median over that run's rows (a run may time the serving kernel before and after
+    the other, to show drift), their ratio and whether the serving kernel is at most as slow (target: ratio <= 1)."""
+    if bench_rows is None or not len(bench_rows) or "options" not in bench_rows:
+        return pd.DataFrame()
+    ok = bench_rows[(bench_rows["status"] == "ok") & (bench_rows["backend"] == "cute-hopper")]
+    opts = ok["options"].apply(lambda o: o if isinstance(o, dict) else {})
+    ok = ok[opts.apply(lambda o: bool(o.get("graph")))]
+    named = opts.loc[ok.index].apply(lambda o: o.get("config"))
+    cfg = ok["config"].astype(str)
+    serving = ok[named.isna() & cfg.str.startswith("vl_")]
+    host = ok[cfg.str.startswith("rs_")]
+    out = []
+    for p in (_names(problems) if problems else dict.fromkeys(serving["problem"])):
+        s, h = serving[serving["problem"] == p], host[host["problem"] == p]
+        runs = sorted(set(s["run_id"]) & set(h["run_id"]))
+        if not runs:
+            continue
+        s, h = s[s["run_id"] == runs[-1]], h[h["run_id"] == runs[-1]]
+        su, hu = float(s["median_us"].median()), float(h["median_us"].median())
+        out.append({"problem": p, "serving us": su, "serving rows": len(s), "serving config": s["config"].iloc[0],
+                    "host-scheduled us": hu, "host-scheduled config": h["config"].iloc[0],
+                    "serving / host-scheduled": su / hu, "<= 1 (issue 41)": su <= hu, "gpu": s["gpu"].iloc[0],
+                    "commit": str(s["git_commit"].iloc[0])[:7], "run": runs[-1]})
+    return pd.DataFrame(out).set_index("problem") if out else pd.DataFrame()
 
 
 def eager_host_table(latest: pd.DataFrame) -> pd.DataFrame:
