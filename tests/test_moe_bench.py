@@ -384,3 +384,31 @@ def test_the_quantizer_knob_is_set_for_the_run_only():
     assert quant_triton.ONE_PROGRAM is shipped
     with mb.knob_setting(*mb.QUANT_KNOB, None):
         assert quant_triton.ONE_PROGRAM is shipped
+
+
+def test_issue_41_targets_on_the_latest_shipped_rows():
+    rows = [_row("qwen3-moe", 1, "uniform", "peer", 60.0), _row("qwen3-moe", 1, "uniform", "nvfp4", 41.0),
+            _row("qwen3-moe", 1, "uniform", "bf16", 19.0),
+            # a knob A/B's other arm, later: left out (the shipped row above stays the case's latest)
+            dict(_row("qwen3-moe", 1, "uniform", "nvfp4", 5.0, run="20261202T000000Z-synth"), quant_one_program=True),
+            # another card: left out
+            dict(_row("qwen3-moe", 1, "uniform", "bf16", 50.0, run="20261203T000000Z-synth"), gpu="NVIDIA H200"),
+            _row("deepseek-v3", 4096, "uniform", "peer", 40000.0), _row("deepseek-v3", 4096, "uniform", "nvfp4",
+                                                                         30000.0)]
+    rows = pd.DataFrame(rows)
+    assert len(mr.shipped_rows(rows)) == 5
+    tg = mr.targets_41(rows)
+    v = tg.set_index(["layer", "T", "mode", "target"])["verdict"]
+    t1 = f"Qwen3-like T=1: <= {mr.ISSUE41_T1_US:g} us"
+    assert v["qwen3-moe", 1, mr.W4A4, t1] == "misses" and v["qwen3-moe", 1, mr.W4A16, t1] == "holds"
+    qw = mb.get_layer("qwen3-moe")
+    floor = mb.moe_floor_us(qw, 1, 8, CEIL)
+    assert v["qwen3-moe", 1, mr.W4A16, "decode: <= 2x the NVFP4 floor"] == ("holds" if 19.0 <= 2 * floor
+                                                                            else "misses")
+    assert v["deepseek-v3", 4096, mr.W4A4, "prefill: no slower than the bf16 layer"] == "holds"
+    assert v["deepseek-v3", 4096, mr.W4A16, "prefill: no slower than the bf16 layer"] == "no data"
+    ds_floor = mb.moe_floor_us(mb.get_layer("deepseek-v3"), 4096, 256, CEIL)
+    compute = [t for t in v.index.get_level_values("target") if t.startswith("prefill: <= 1.2x")]
+    assert compute and v["deepseek-v3", 4096, mr.W4A4, compute[0]] == ("holds" if 30000 <= 1.2 * ds_floor
+                                                                         else "misses")
+    assert set(tg.loc[tg["verdict"] != "no data", "commit"]) == {"0000000"}  # a case without a row has none

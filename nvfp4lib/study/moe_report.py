@@ -25,10 +25,11 @@ from ..bench.store import dirty_state
 from .plots import caption
 from .plots import shown as _shown
 
-__all__ = ["NO_DATA", "RECORD_COMMAND", "expected_touched", "predicted_floors", "latest_moe", "not_ok", "runs_used",
-           "time_table", "eager_table", "memory_table", "targets", "target_summary", "time_figure",
-           "DECODE_MAX_T", "PREFILL_MIN_T", "Verdict", "grid", "verdict", "verdict_lines", "shown", "answer_table",
-           "regime_table", "mode_table", "eager_summary", "miss_table", "layers_table", "TARGET_SHORT"]
+__all__ = ["NO_DATA", "shipped_rows", "targets_41", "RECORD_COMMAND", "expected_touched", "predicted_floors",
+           "latest_moe", "not_ok", "runs_used", "time_table", "eager_table", "memory_table", "targets",
+           "target_summary", "time_figure", "DECODE_MAX_T", "PREFILL_MIN_T", "Verdict", "grid", "verdict",
+           "verdict_lines", "shown", "answer_table", "regime_table", "mode_table", "eager_summary", "miss_table",
+           "layers_table", "TARGET_SHORT"]
 
 RECORD_COMMAND = "python -m nvfp4lib moe-bench --record"
 NO_DATA = ("No H100 run of the MoE layer benchmark is recorded yet (data/moe.jsonl holds no rows). To make one, on "
@@ -215,6 +216,63 @@ def targets(latest: pd.DataFrame) -> pd.DataFrame:
                             "measured us": us, "limit us": limit, "measured / limit": us / limit,
                             "verdict": verdict})
     cols = ["layer", "T", "routing", "mode", "target", "measured us", "limit us", "measured / limit", "verdict"]
+    return pd.DataFrame(out, columns=cols)
+
+
+# Issue 41's targets for the layer (H100, graph replay, both routings): Qwen3-like T = 1 at most ISSUE41_T1_US in both
+# modes; every layer at T in ISSUE41_DECODE_T within its factor of the NVFP4 floor; prefill at ISSUE41_PREFILL_T no
+# slower than the bf16 layer and within ISSUE41_COMPUTE of the compute floor
+ISSUE41_T1_US = 20.0
+ISSUE41_FLOOR = {"deepseek-v3": 1.3, "mixtral": 1.3, "qwen3-moe": 2.0}
+ISSUE41_DECODE_T = (1, 8, 64)
+ISSUE41_PREFILL_T = 4096
+ISSUE41_COMPUTE = 1.2
+ISSUE41_GPU = "H100"
+
+
+def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
+    """The ok rows measured on ``gpu`` with the layer's knobs as shipped when they ran: a knob A/B's other arm (split-K
+    off or the 'balance' rule, the one-program quantizer, the GEMV decode path) is left out."""
+    if rows is None or not len(rows) or "status" not in rows:
+        return pd.DataFrame()
+    sel = rows[(rows["status"] == "ok") & rows["gpu"].astype(str).str.contains(gpu)]
+    for col, other in (("split_k", False), ("split_rule", "balance"), ("quant_one_program", True), ("gemv", True)):
+        if col in sel:
+            sel = sel[~sel[col].apply(lambda v, o=other: v is o or v == o)]
+    return sel
+
+
+def targets_41(rows: pd.DataFrame) -> pd.DataFrame:
+    """Issue 41's layer targets (the ISSUE41_* constants) on the latest row of each case among
+    :func:`shipped_rows`: per (layer, T, routing, mode, target) the measured time, the limit, their ratio, the verdict
+    and the commit and run of the row (the cases' latest rows may come from different runs: the commit column says
+    which; the issue is done on one run at one commit)."""
+    latest = latest_moe(shipped_rows(rows))
+    out = []
+    for layer, t, routing in _cases(latest):
+        floor = _one_any(latest, layer, t, routing, "floor_nvfp4_us")
+        bound = next(iter(latest[(latest["layer"] == layer) & (latest["tokens"] == t)]["floor_bound"]), "")
+        peer = _one(latest, layer, t, routing, PEER)
+        for lab in (W4A4, W4A16):
+            checks = []
+            if layer == "qwen3-moe" and t == 1:
+                checks.append((f"Qwen3-like T=1: <= {ISSUE41_T1_US:g} us", ISSUE41_T1_US))
+            if t in ISSUE41_DECODE_T and layer in ISSUE41_FLOOR:
+                checks.append((f"decode: <= {ISSUE41_FLOOR[layer]:g}x the NVFP4 floor", ISSUE41_FLOOR[layer] * floor))
+            if t == ISSUE41_PREFILL_T:
+                checks.append(("prefill: no slower than the bf16 layer", peer))
+                checks.append((f"prefill: <= {ISSUE41_COMPUTE:g}x the {bound} floor", ISSUE41_COMPUTE * floor))
+            us = _one(latest, layer, t, routing, lab)
+            row = latest[(latest["layer"] == layer) & (latest["tokens"] == t) & (latest["routing"] == routing)
+                         & (latest["label"] == lab)]
+            for target, limit in checks:
+                verdict = "no data" if np.isnan(us) or np.isnan(limit) else ("holds" if us <= limit else "misses")
+                out.append({"layer": layer, "T": t, "routing": routing, "mode": lab, "target": target,
+                            "measured us": us, "limit us": limit, "measured / limit": us / limit, "verdict": verdict,
+                            "commit": str(row["git_commit"].iloc[0])[:7] if len(row) else "",
+                            "run": row["run_id"].iloc[0] if len(row) else ""})
+    cols = ["layer", "T", "routing", "mode", "target", "measured us", "limit us", "measured / limit", "verdict",
+            "commit", "run"]
     return pd.DataFrame(out, columns=cols)
 
 
