@@ -4,7 +4,8 @@
 - :class:`NVFP4Linear` (:mod:`.linear`): one NVFP4 weight on the serving path (W4A4 with a static or per-call
   activation scale, or W4A16);
 - :class:`EPMoE` (:mod:`.ep`): the layer's experts split over a process group (expert parallelism), with the
-  all-gather transport or the symmetric-memory all-to-all (:mod:`.ep_symm`, GPU only);
+  all-gather transport or the symmetric-memory all-to-all (:mod:`.ep_symm`, GPU only; its step in four Triton
+  launches: :mod:`.ep_symm_triton`);
 - :func:`quantize_rows` (:mod:`.quant`): activations to NVFP4 without a host synchronisation;
 - :func:`reference_moe` (:mod:`.reference`): the layer's exact semantics, to test against;
 - :mod:`.compiled`: the modules as opaque custom ops under ``torch.compile``;
