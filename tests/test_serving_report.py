@@ -320,3 +320,15 @@ def test_serving_against_host_pairs_the_latest_run_that_timed_both():
     assert t.loc["S4", "serving / host-scheduled"] == pytest.approx(18.5 / 17.0)
     assert not t.loc["S4", "<= 1 (issue 41)"] and t.loc["S3", "<= 1 (issue 41)"]
     assert sr.serving_against_host(pd.DataFrame()).empty
+
+
+def test_floor_target_judges_each_graph_replay_against_the_measured_floor():
+    latest = pd.DataFrame([{"problem": "S1", "call": "graph", "per_call_us": 140.0, "floor_measured_us": 100.0,
+                            "x_floor_measured": 1.4},
+                           {"problem": "S1", "call": "eager", "per_call_us": 900.0, "floor_measured_us": 100.0,
+                            "x_floor_measured": 9.0},
+                           {"problem": "S4", "call": "graph", "per_call_us": 20.0, "floor_measured_us": 8.0,
+                            "x_floor_measured": 2.5}])
+    ft = sr.floor_target(latest)
+    assert list(ft.index) == ["S1", "S4"] and list(ft.iloc[:, -1]) == [True, False]
+    assert sr.floor_target(pd.DataFrame()).empty

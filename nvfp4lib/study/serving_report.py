@@ -22,10 +22,10 @@ from .plots import caption
 from .plots import shown as _shown
 
 __all__ = ["CALLS", "latest_calls", "missing_calls", "runs_used", "calls_table", "host_scheduled_reference",
-           "serving_against_host", "weight_bytes", "predictions", "targets", "calls_figure", "gather_table",
-           "gather_ab", "gather_variants", "back_to_back", "verdicts_by_run", "full_runs", "misses_by_shape",
-           "host_correlation", "Verdict", "verdict", "eager_host_table", "gather_now", "shown", "calls_ab_runs",
-           "TARGET_TEXT"]
+           "serving_against_host", "floor_target", "ISSUE41_FLOOR_X", "weight_bytes", "predictions", "targets",
+           "calls_figure", "gather_table", "gather_ab", "gather_variants", "back_to_back", "verdicts_by_run",
+           "full_runs", "misses_by_shape", "host_correlation", "Verdict", "verdict", "eager_host_table", "gather_now",
+           "shown", "calls_ab_runs", "TARGET_TEXT"]
 
 # the kernel that scheduled its tiles on the host (prepare(a, b) built the tile table from each group's M): the
 # graph times the serving kernel must stay within 10% of
@@ -631,6 +631,22 @@ def task_tuples(rows: pd.DataFrame, problems=None) -> pd.DataFrame:
                     "exact": bool((run["status"] == "ok").all()), "rounds": int(min(g["rounds_ok"], d["rounds_ok"])),
                     "gpu": d["gpu"], "commit": str(d["git_commit"])[:7], "run": runs[0]})
     return pd.DataFrame(out)
+
+
+ISSUE41_FLOOR_X = 1.5  # issue 41: the serving kernel's graph replay within this of the measured floor
+
+
+def floor_target(latest: pd.DataFrame) -> pd.DataFrame:
+    """Issue 41's second kernel target on a calls run's latest rows (:func:`latest_calls`): per problem, the graph
+    replay's time over the measured floor (the same run's bf16 matmul rate and copy bandwidth) against
+    :data:`ISSUE41_FLOOR_X`."""
+    if latest is None or not len(latest):
+        return pd.DataFrame()
+    g = latest[latest["call"] == "graph"].set_index("problem")
+    out = pd.DataFrame({"graph us": g["per_call_us"], "measured floor us": g["floor_measured_us"],
+                        "x measured floor": g["x_floor_measured"]})
+    out[f"<= {ISSUE41_FLOOR_X:g}x (issue 41)"] = out["x measured floor"] <= ISSUE41_FLOOR_X
+    return out
 
 
 def serving_against_host(bench_rows: pd.DataFrame, problems=None) -> pd.DataFrame:
