@@ -29,10 +29,10 @@ import triton
 import triton.language as tl
 
 from ..kernels.common.triton_launch import launch
+from .routing_triton import _PUT_BN as _BN  # 32-bit words per row-writing program, as put_rows_triton's
+from .routing_triton import copy_row, word_rows
 
 __all__ = ["put_counts", "plan", "put_dispatch", "put_combine", "Plan"]
-
-_BN = 1024  # 32-bit words per row-writing program
 
 
 def _p2(n: int) -> int:
@@ -99,11 +99,7 @@ def _symm_dispatch_kernel(src, token, route_offsets, first, peer_ptrs, fits, n_l
     if tl.program_id(1) == 0:
         tl.store(fits + pos, ok.to(tl.int8))
     if ok:
-        c = tl.program_id(1) * BN + tl.arange(0, BN)
-        m = c < cols
-        s = tl.load(token + pos).to(tl.int64)
-        dst = tl.load(peer_ptrs + expert // n_local).to(tl.pointer_type(src.dtype.element_ty), bitcast=True)
-        tl.store(dst + row * cols + c, tl.load(src + s * cols + c, mask=m), mask=m)
+        copy_row(src, tl.load(token + pos).to(tl.int64), tl.load(peer_ptrs + expert // n_local), row, cols, BN)
 
 
 @triton.jit
@@ -118,17 +114,7 @@ def _symm_combine_kernel(y, seg_start, seg_len, seg_row, peer_ptrs, n_seg, n_loc
     if tl.sum(hit.to(tl.int32), axis=0) > 0:
         k = tl.sum(tl.where(hit, i, 0), axis=0)
         row = (tl.load(seg_row + k) + q - tl.load(seg_start + k)).to(tl.int64)
-        c = tl.program_id(1) * BN + tl.arange(0, BN)
-        m = c < cols
-        dst = tl.load(peer_ptrs + k // n_local).to(tl.pointer_type(y.dtype.element_ty), bitcast=True)
-        tl.store(dst + row * cols + c, tl.load(y + q.to(tl.int64) * cols + c, mask=m), mask=m)
-
-
-def _words(x: torch.Tensor) -> torch.Tensor:
-    x = x.contiguous()
-    if (x.shape[-1] * x.element_size()) % 4:
-        raise ValueError(f"rows of {x.shape[-1]} x {x.element_size()} bytes are not whole 32-bit words")
-    return x.view(torch.int32)
+        copy_row(y, q.to(tl.int64), tl.load(peer_ptrs + k // n_local), row, cols, BN)
 
 
 class Plan:
@@ -172,7 +158,7 @@ def put_dispatch(payload: torch.Tensor, token: torch.Tensor, route_offsets: torc
     ``recv_ptrs``, rows of the payload's size) at the row :func:`plan` gives it, where that row is below ``cap``;
     returns the fit per packed copy (int8 [T·k]). One launch."""
     n = token.numel()
-    words = _words(payload)
+    words = word_rows(payload, "put_dispatch")
     fits = torch.empty(n, dtype=torch.int8, device=payload.device)
     if n:
         launch(_symm_dispatch_kernel, (n, triton.cdiv(words.shape[1], _BN)),
@@ -184,7 +170,7 @@ def put_dispatch(payload: torch.Tensor, token: torch.Tensor, route_offsets: torc
 def put_combine(y: torch.Tensor, p: Plan, ret_ptrs: torch.Tensor) -> None:
     """Each received row of ``y`` (this owner's expert outputs, receive order) back into its source's return buffer
     (addresses ``ret_ptrs``) at the source's packed row of that copy, from :func:`plan`'s table. One launch."""
-    words = _words(y)
+    words = word_rows(y, "put_combine")
     if words.shape[0]:
         launch(_symm_combine_kernel, (words.shape[0], triton.cdiv(words.shape[1], _BN)),
                (words, p.seg_start, p.seg_len, p.seg_row, ret_ptrs, p.world * p.n_local, p.n_local, words.shape[1]),

@@ -38,7 +38,7 @@ import triton.language as tl
 from ..kernels.common.triton_launch import launch
 
 __all__ = ["ROUTE_MAX_COPIES", "route_triton", "unpermute_triton", "gather_rows_triton", "pack_rows_triton",
-           "put_rows_triton"]
+           "put_rows_triton", "word_rows", "copy_row"]
 
 ROUTE_MAX_COPIES = 1024
 _MAX_EXPERTS = 1023  # offsets [E+1] in one block of at most 1024
@@ -208,11 +208,29 @@ def _put_rows_kernel(src, src_index, dst_rank, dst_row, peer_ptrs, cols, BN: tl.
     i = tl.program_id(0)
     row = tl.load(dst_row + i).to(tl.int64)
     if row >= 0:
-        c = tl.program_id(1) * BN + tl.arange(0, BN)
-        m = c < cols
-        s = tl.load(src_index + i).to(tl.int64)
-        dst = tl.load(peer_ptrs + tl.load(dst_rank + i)).to(tl.pointer_type(src.dtype.element_ty), bitcast=True)
-        tl.store(dst + row * cols + c, tl.load(src + s * cols + c, mask=m), mask=m)
+        copy_row(src, tl.load(src_index + i).to(tl.int64), tl.load(peer_ptrs + tl.load(dst_rank + i)), row, cols, BN)
+
+
+def word_rows(x: torch.Tensor, what: str) -> torch.Tensor:
+    """``x``'s rows as 32-bit words (contiguous), for the kernels that move whole rows by address (``what`` names the
+    caller in the error where its rows are not whole words)."""
+    x = x.contiguous()
+    words = _words(x)
+    if words is None:
+        raise ValueError(f"{what} moves rows as 32-bit words: a row of {x.shape[-1]} x {x.element_size()} bytes (or "
+                         "its address) is not a multiple of 4")
+    return words
+
+
+@triton.jit
+def copy_row(src, s, dst, row, cols, BN: tl.constexpr):
+    """This program's column block (``program_id(1)``) of row ``s`` of ``src`` (32-bit words, ``cols`` a row) into
+    row ``row`` of the buffer at address ``dst`` (an int64, rows as ``src``'s): the row writes of
+    :func:`put_rows_triton` and of the symm-mem transport's Triton form (:mod:`.ep_symm_triton`)."""
+    c = tl.program_id(1) * BN + tl.arange(0, BN)
+    m = c < cols
+    d = dst.to(tl.pointer_type(src.dtype.element_ty), bitcast=True)
+    tl.store(d + row * cols + c, tl.load(src + s * cols + c, mask=m), mask=m)
 
 
 def put_rows_triton(src: torch.Tensor, src_index: torch.Tensor, dst_rank: torch.Tensor, dst_row: torch.Tensor,
@@ -221,12 +239,8 @@ def put_rows_triton(src: torch.Tensor, src_index: torch.Tensor, dst_rank: torch.
     ``peer_ptrs``: int64 [W], the address of each peer's buffer, every buffer row-major with ``src``'s row size in
     bytes (a multiple of 4: the rows move as 32-bit words) and valid for the rows written. Nothing is checked here:
     the transport's own indices are in range by construction."""
-    src = src.contiguous()
     n = dst_row.numel()
-    words = _words(src)
-    if words is None:
-        raise ValueError(f"put_rows_triton moves rows as 32-bit words: a row of {src.shape[-1]} x "
-                         f"{src.element_size()} bytes (or its address) is not a multiple of 4")
+    words = word_rows(src, "put_rows_triton")
     cols = words.shape[-1]
     if n and cols:
         launch(_put_rows_kernel, (n, triton.cdiv(cols, _PUT_BN)), (words, src_index, dst_rank, dst_row, peer_ptrs,
