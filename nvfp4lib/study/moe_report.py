@@ -188,35 +188,51 @@ def memory_table(latest: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out).set_index(["layer", "label"])
 
 
-def targets(latest: pd.DataFrame) -> pd.DataFrame:
-    """Issue 21's targets per (layer, T, routing) and NVFP4 mode, on ``median_us``:
+_TARGET_COLS = ["layer", "T", "routing", "mode", "target", "measured us", "limit us", "measured / limit", "verdict"]
 
-    - decode (T <= 64): the mode >= 2.5x faster than the bf16 peer (its time <= the peer's / 2.5);
-    - decode on the DeepSeek- and Mixtral-like layers at 8 <= T <= 64: <= 1.5x the NVFP4 floor;
-    - prefill (T >= 512): W4A16 no slower than the peer; W4A4 within 1.3x of it.
 
-    Verdict 'holds', 'misses', or 'no data' (a time it needs has no ok row)."""
+def _judge(latest: pd.DataFrame, checks_of, provenance: bool = False) -> pd.DataFrame:
+    """One row per (layer, T, routing) of ``latest``, NVFP4 mode and check that ``checks_of(layer, T, mode, peer
+    us, NVFP4 floor us)`` lists as (target, limit us): the mode's ``median_us``, the limit, their ratio and the verdict
+    ('holds', 'misses', or 'no data' where a time it needs has no ok row); with ``provenance``, the commit and run of
+    the mode's row too."""
     out = []
     for layer, t, routing in _cases(latest):
         peer = _one(latest, layer, t, routing, PEER)
         floor = _one_any(latest, layer, t, routing, "floor_nvfp4_us")
         for lab in (W4A4, W4A16):
             us = _one(latest, layer, t, routing, lab)
-            checks = []
-            if t <= DECODE_MAX_T:
-                checks.append(("decode: >= 2.5x faster than the bf16 peer", peer / 2.5))
-                if layer in FLOOR_LAYERS and t >= 8:
-                    checks.append(("decode: <= 1.5x the NVFP4 floor", 1.5 * floor))
-            if t >= PREFILL_MIN_T:
-                checks.append(("prefill: no slower than the bf16 peer", peer) if lab == W4A16
-                              else ("prefill: within 1.3x the bf16 peer", 1.3 * peer))
-            for target, limit in checks:
+            prov = {}
+            if provenance:
+                row = latest[(latest["layer"] == layer) & (latest["tokens"] == t) & (latest["routing"] == routing)
+                             & (latest["label"] == lab)]
+                prov = {"commit": str(row["git_commit"].iloc[0])[:7] if len(row) else "",
+                        "run": row["run_id"].iloc[0] if len(row) else ""}
+            for target, limit in checks_of(layer, t, lab, peer, floor):
                 verdict = "no data" if np.isnan(us) or np.isnan(limit) else ("holds" if us <= limit else "misses")
                 out.append({"layer": layer, "T": t, "routing": routing, "mode": lab, "target": target,
-                            "measured us": us, "limit us": limit, "measured / limit": us / limit,
-                            "verdict": verdict})
-    cols = ["layer", "T", "routing", "mode", "target", "measured us", "limit us", "measured / limit", "verdict"]
-    return pd.DataFrame(out, columns=cols)
+                            "measured us": us, "limit us": limit, "measured / limit": us / limit, "verdict": verdict,
+                            **prov})
+    return pd.DataFrame(out, columns=_TARGET_COLS + (["commit", "run"] if provenance else []))
+
+
+def targets(latest: pd.DataFrame) -> pd.DataFrame:
+    """Issue 21's targets per (layer, T, routing) and NVFP4 mode, on ``median_us`` (:func:`_judge`):
+
+    - decode (T <= 64): the mode >= 2.5x faster than the bf16 peer (its time <= the peer's / 2.5);
+    - decode on the DeepSeek- and Mixtral-like layers at 8 <= T <= 64: <= 1.5x the NVFP4 floor;
+    - prefill (T >= 512): W4A16 no slower than the peer; W4A4 within 1.3x of it."""
+    def checks(layer, t, lab, peer, floor):
+        out = []
+        if t <= DECODE_MAX_T:
+            out.append(("decode: >= 2.5x faster than the bf16 peer", peer / 2.5))
+            if layer in FLOOR_LAYERS and t >= 8:
+                out.append(("decode: <= 1.5x the NVFP4 floor", 1.5 * floor))
+        if t >= PREFILL_MIN_T:
+            out.append(("prefill: no slower than the bf16 peer", peer) if lab == W4A16
+                       else ("prefill: within 1.3x the bf16 peer", 1.3 * peer))
+        return out
+    return _judge(latest, checks)
 
 
 # Issue 41's targets for the layer (H100, graph replay, both routings): Qwen3-like T = 1 at most ISSUE41_T1_US in both
@@ -244,36 +260,23 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
 
 def targets_41(rows: pd.DataFrame) -> pd.DataFrame:
     """Issue 41's layer targets (the ISSUE41_* constants) on the latest row of each case among
-    :func:`shipped_rows`: per (layer, T, routing, mode, target) the measured time, the limit, their ratio, the verdict
-    and the commit and run of the row (the cases' latest rows may come from different runs: the commit column says
-    which; the issue is done on one run at one commit)."""
+    :func:`shipped_rows` (:func:`_judge`): per (layer, T, routing, mode, target) the measured time, the limit, their
+    ratio, the verdict and the commit and run of the row (the cases' latest rows may come from different runs: the
+    commit column says which; the issue is done on one run at one commit)."""
     latest = latest_moe(shipped_rows(rows))
-    out = []
-    for layer, t, routing in _cases(latest):
-        floor = _one_any(latest, layer, t, routing, "floor_nvfp4_us")
-        bound = next(iter(latest[(latest["layer"] == layer) & (latest["tokens"] == t)]["floor_bound"]), "")
-        peer = _one(latest, layer, t, routing, PEER)
-        for lab in (W4A4, W4A16):
-            checks = []
-            if layer == "qwen3-moe" and t == 1:
-                checks.append((f"Qwen3-like T=1: <= {ISSUE41_T1_US:g} us", ISSUE41_T1_US))
-            if t in ISSUE41_DECODE_T and layer in ISSUE41_FLOOR:
-                checks.append((f"decode: <= {ISSUE41_FLOOR[layer]:g}x the NVFP4 floor", ISSUE41_FLOOR[layer] * floor))
-            if t == ISSUE41_PREFILL_T:
-                checks.append(("prefill: no slower than the bf16 layer", peer))
-                checks.append((f"prefill: <= {ISSUE41_COMPUTE:g}x the {bound} floor", ISSUE41_COMPUTE * floor))
-            us = _one(latest, layer, t, routing, lab)
-            row = latest[(latest["layer"] == layer) & (latest["tokens"] == t) & (latest["routing"] == routing)
-                         & (latest["label"] == lab)]
-            for target, limit in checks:
-                verdict = "no data" if np.isnan(us) or np.isnan(limit) else ("holds" if us <= limit else "misses")
-                out.append({"layer": layer, "T": t, "routing": routing, "mode": lab, "target": target,
-                            "measured us": us, "limit us": limit, "measured / limit": us / limit, "verdict": verdict,
-                            "commit": str(row["git_commit"].iloc[0])[:7] if len(row) else "",
-                            "run": row["run_id"].iloc[0] if len(row) else ""})
-    cols = ["layer", "T", "routing", "mode", "target", "measured us", "limit us", "measured / limit", "verdict",
-            "commit", "run"]
-    return pd.DataFrame(out, columns=cols)
+
+    def checks(layer, t, lab, peer, floor):
+        out = []
+        if layer == "qwen3-moe" and t == 1:
+            out.append((f"Qwen3-like T=1: <= {ISSUE41_T1_US:g} us", ISSUE41_T1_US))
+        if t in ISSUE41_DECODE_T and layer in ISSUE41_FLOOR:
+            out.append((f"decode: <= {ISSUE41_FLOOR[layer]:g}x the NVFP4 floor", ISSUE41_FLOOR[layer] * floor))
+        if t == ISSUE41_PREFILL_T:
+            bound = next(iter(latest[(latest["layer"] == layer) & (latest["tokens"] == t)]["floor_bound"]), "")
+            out.append(("prefill: no slower than the bf16 layer", peer))
+            out.append((f"prefill: <= {ISSUE41_COMPUTE:g}x the {bound} floor", ISSUE41_COMPUTE * floor))
+        return out
+    return _judge(latest, checks, provenance=True)
 
 
 def target_summary(tg: pd.DataFrame) -> pd.DataFrame:
