@@ -368,3 +368,55 @@ def test_split_setting_sets_the_knobs_for_a_block_only():
     with pytest.raises(ValueError, match="split_k 'fast'"), vc.split_setting("fast"):
         pass
     assert (vc.SPLIT_K, vc.SPLIT_RULE) == (True, vc.SHIPPED_SPLIT_RULE)
+
+
+def test_wide_decode_only_for_split_k_configs_by_its_rule(monkeypatch):
+    """use_wide: a split_k config's call runs its wide form (wide_of: k_groups 2, named _g2, 512 threads) where its
+    grid fits one CTA per SM ("idle", shipped), on every call ("all"), or never (off); other configs never."""
+    from nvfp4lib.kernels.hopper_varlen import config as vc
+
+    dual, single = CONFIGS["vl_dual_m64_t16_k128_s8_e_x"], CONFIGS["vl_m128_t16_k128_s8_e_x"]
+    wide = vc.wide_of(dual)
+    assert (wide.name, wide.k_groups, wide.threads, dual.threads) == ("vl_dual_m64_t16_k128_s8_e_x_g2", 2, 512, 256)
+    assert wide.reduce_bytes() == 2 * 8 * 128 * 4 and dual.reduce_bytes() == 0
+    monkeypatch.setattr(vc, "WIDE_DECODE", "idle")
+    assert vc.use_wide(dual, 8, 128, 768, 132)  # Qwen3-like T=1 gate/up: 96 CTAs
+    assert vc.use_wide(single, 8, 128, 2048, 132)  # its down GEMM: 128 CTAs
+    assert not vc.use_wide(single, 64, 128, 2048, 132)  # T=8: 512 CTAs
+    assert not vc.use_wide(single, 0, 128, 2048, 132)  # no rows, no grid
+    assert not vc.use_wide(CONFIGS["vl_m128_t16_k128_s8_e"], 8, 128, 2048, 132)  # not split_k
+    assert not vc.use_wide(wide, 8, 128, 768, 132)  # already wide
+    monkeypatch.setattr(vc, "WIDE_DECODE", "all")
+    assert vc.use_wide(single, 64, 128, 2048, 132)
+    monkeypatch.setattr(vc, "WIDE_DECODE", False)
+    assert not vc.use_wide(dual, 8, 128, 768, 132)
+    monkeypatch.setattr(vc, "WIDE_DECODE", "sometimes")
+    with pytest.raises(ValueError, match="WIDE_DECODE"):
+        vc.use_wide(dual, 8, 128, 768, 132)
+    with pytest.raises(ValueError, match="k_groups"):
+        validate(single.with_(k_groups=3))
+    with pytest.raises(ValueError, match="hand-over"):  # 256 tokens of fp32 sums do not fit two weight stages
+        validate(VarlenConfig("x", tile_n=256, token_step=32, ab_stages=2, k_groups=2))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n, c in CONFIGS.items() if c.split_k])
+def test_wide_form_compiles_with_four_warpgroups_and_half_the_wgmmas(name, monkeypatch):
+    """The wide form of every split_k config compiles for sm_90a: 512 threads, each pair issuing the wgmma of one
+    64-K sub-block per stage (half the plain form's), the hand-over's barrier over all 512 threads, the epilogue's over
+    the first pair's 256; an NVFP4 config's fused call compiles too."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from nvfp4lib.kernels.hopper_varlen import config as vc
+    from nvfp4lib.kernels.hopper_varlen.report import compile_report
+
+    cfg = vc.wide_of(CONFIGS[name])
+    r = compile_report(cfg, groups=8, n=2048, k_pad=1024, ptxas=False)
+    plain = compile_report(CONFIGS[name], groups=8, n=2048, k_pad=1024, ptxas=False)
+    assert r["gemm"]["wgmma.mma_async"] * 2 == plain["gemm"]["wgmma.mma_async"]
+    assert ".reqntid 512, 1, 1" in r["ptx"] and ".reqntid 256, 1, 1" in plain["ptx"]
+    assert "bar.sync 4, 512;" in r["ptx"] and "bar.sync 1, 256;" in r["ptx"]
+    assert "bar.sync 4, 512;" not in plain["ptx"]
+    if cfg.act == "nvfp4":
+        art = _compile_call(cfg, 2048, fused=True)
+        assert art.ptx.count(".entry") == 1 and ".reqntid 512, 1, 1" in art.ptx
