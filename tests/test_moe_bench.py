@@ -412,3 +412,18 @@ def test_issue_41_targets_on_the_latest_shipped_rows():
     assert compute and v["deepseek-v3", 4096, mr.W4A4, compute[0]] == ("holds" if 30000 <= 1.2 * ds_floor
                                                                          else "misses")
     assert set(tg.loc[tg["verdict"] != "no data", "commit"]) == {"0000000"}  # a case without a row has none
+
+
+def test_wide_decode_round_counts_the_wrong_cases_of_its_third_arm():
+    """The wide decode form's round: off -> the shipped rule's times, and the 'all' arm's wrong cases counted from
+    every row (the Reader's ok rows alone would hide them); no rows at its commit, no outcome."""
+    c, run = moe_rounds.WIDE_COMMIT + "synthetic", "20261128T090000Z-synth"
+    rows = [dict(_row("qwen3-moe", 1, "uniform", "bf16", us, run=run, commit=c), wide_decode=arm)
+            for arm, us in (("off", 28.0), ("idle", 32.0), ("all", 31.0))]
+    rows += [dict(_row("mixtral", 1, "uniform", "bf16", 100.0, run=run, commit=c), wide_decode="off"),
+             dict(_row("mixtral", 1, "uniform", "bf16", 0, run=run, commit=c, status="wrong: rel_err 1e+34 > 0.01"),
+                  wide_decode="all")]
+    text = moe_rounds._wide_ab(moe_rounds.Reader(pd.DataFrame(rows)))
+    assert "qwen3-moe T = 1 W4A16 28.0 -> 32.0 us" in text
+    assert "1 of 2 cases wrong (mixtral T = 1 W4A16)" in text and "1.11x the narrow form's time" in text
+    assert moe_rounds._wide_ab(moe_rounds.Reader(pd.DataFrame(rows[:1]).assign(git_commit="0000000"))) is None

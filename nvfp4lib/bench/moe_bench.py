@@ -276,7 +276,6 @@ def knob_setting(module: str, name: str, value):
 
 QUANT_KNOB = ("nvfp4lib.nn.quant_triton", "ONE_PROGRAM")  # moe-bench --quant-one-program
 ROUTE_KNOB = ("nvfp4lib.nn.routing_triton", "ROUTE_MAX_COPIES")  # moe-bench --route-max-copies
-WIDE_KNOB = ("nvfp4lib.kernels.hopper_varlen.config", "WIDE_DECODE")  # moe-bench --wide-decode
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -377,7 +376,6 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["gemv_max_tokens"] = mod.gemv_max_tokens
                                 row["split_k"] = vl_config.SPLIT_K
                                 row["split_rule"] = vl_config.SPLIT_RULE
-                                row["wide_decode"] = vl_config.WIDE_DECODE or "off"
                                 row["quant_one_program"] = one_program if kind == "nvfp4" else None
                                 row["gemv"] = bool(mod._gemv_step(x))
                             row["route_max_copies"] = route_max
@@ -463,10 +461,6 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                    help="the most token copies (T·k) the one-launch Triton routing takes, torch's form above "
                         "(nn.routing_triton.ROUTE_MAX_COPIES; default: as shipped); several values run the whole set "
                         "once per value (an A/B, e.g. 128 1024); rows carry route_max_copies")
-    p.add_argument("--wide-decode", nargs="+", choices=["off", "idle", "all"],
-                   help="the serving kernel's wide decode form (hopper_varlen.config.WIDE_DECODE: four warpgroups per "
-                        "CTA sharing each stage's K; default: as shipped, idle: where a call's grid fits one CTA per "
-                        "SM); several values run the whole set once per value (an A/B); rows carry wide_decode")
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -502,11 +496,9 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split, one, route_max, wide in itertools.product(args.split_k or [None], args.quant_one_program or [None],
-                                                             args.route_max_copies or [None],
-                                                             args.wide_decode or [None]):
-            with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
-                    knob_setting(*ROUTE_KNOB, route_max), knob_setting(*WIDE_KNOB, False if wide == "off" else wide):
+        for split, one, route_max in itertools.product(args.split_k or [None], args.quant_one_program or [None],
+                                                       args.route_max_copies or [None]):
+            with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), knob_setting(*ROUTE_KNOB, route_max):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

@@ -248,13 +248,13 @@ ISSUE41_GPU = "H100"
 
 def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     """The ok rows measured on ``gpu`` with the layer's knobs as shipped when they ran: a knob A/B's other arm (split-K
-    off or the 'balance' rule, the one-program quantizer, the GEMV decode path, the wide decode off or on every call)
-    is left out."""
+    off or the 'balance' rule, the one-program quantizer, the GEMV decode path, the wide decode form that left the
+    package) is left out."""
     if rows is None or not len(rows) or "status" not in rows:
         return pd.DataFrame()
     sel = rows[(rows["status"] == "ok") & rows["gpu"].astype(str).str.contains(gpu)]
     for col, other in (("split_k", False), ("split_rule", "balance"), ("quant_one_program", True), ("gemv", True),
-                       ("wide_decode", "off"), ("wide_decode", "all")):
+                       ("wide_decode", "idle"), ("wide_decode", "all")):
         if col in sel:
             sel = sel[~sel[col].apply(lambda v, o=other: v is o or v == o)]
     return sel

@@ -31,6 +31,7 @@ class Reader:
 
     def __init__(self, rows: pd.DataFrame):
         ok = rows[rows["status"] == "ok"] if len(rows) and "status" in rows else pd.DataFrame(columns=[*KEY, "run_id"])
+        self.all = rows  # (every row, whatever its status: a round may count the cases that went wrong)
         self.rows = ok.assign(commit=ok["git_commit"].astype(str).str[:7]) if len(ok) else ok
         self.used: dict[str, list[str]] = {}
 
@@ -324,6 +325,28 @@ def _split_ab(commit: str, column: str = "split_k", values=(False, True), keep=_
     return outcome
 
 
+WIDE_COMMIT = "051a36f"  # the wide decode form's A/B (its code left the package after it; git keeps it there)
+
+
+def _wide_ab(r: Reader) -> str | None:
+    """The wide decode form's A/B at :data:`WIDE_COMMIT`: off against the shipped rule (where a call's grid fits one
+    CTA per SM), and how the other arm (every call wide) fared, wrong cases counted from every row."""
+    base = _split_ab(WIDE_COMMIT, "wide_decode", ("off", "idle"), keep=None,
+                     names=("wide form off", "wide where the grid fits one CTA per SM"))(r)
+    if base is None:
+        return None
+    d = r.all[r.all["git_commit"].astype(str).str[:7] == WIDE_COMMIT]
+    d = d[d["wide_decode"].eq("all")]
+    bad = d[d["status"] != "ok"]
+    off = r.rows[(r.rows["commit"] == WIDE_COMMIT) & r.rows["wide_decode"].eq("off")].set_index(KEY)["median_us"]
+    ok = d[d["status"] == "ok"].set_index(KEY)["median_us"]
+    ratio = (ok / off.reindex(ok.index)).dropna()
+    return (base + f". Every call wide (the A/B's third arm): {len(bad)} of {len(d)} cases wrong ("
+            + ", ".join(f"{x.layer} T = {x.tokens} {SHORT.get(x.label, x.label)}" for x in bad.itertuples())
+            + f"), the others {_span(ratio)}x the narrow form's time. The form left the package: slower where it was "
+            "meant to help, and wrong in cases not debugged")
+
+
 ROUNDS = (
     Round("NVFP4MoE end to end on cute-hopper, W4A4 only (W4A16 not built): the first moe-bench run",
           _floors_prediction, ("b3d663e",), _first_run),
@@ -389,6 +412,16 @@ ROUNDS = (
           "copies, where torch's form is ~7 kernels).", ("c42370e",),
           _split_ab("c42370e", "route_max_copies", (128, 1024), keep=None, names=("torch form above 128 copies",
                                                                                   "the sort up to 1024"))),
+    Round("The wide decode form (a knob then, hopper_varlen.config.WIDE_DECODE): four warpgroups per CTA, the second "
+          "pair taking each stage's odd 64-K sub-block into its own accumulators and handing them over through shared "
+          "memory; a decode call took it where its grid fits one CTA per SM. An A/B in one run on an H200 "
+          "(moe-bench --wide-decode off idle all, T = 1, 8, 64, uniform)",
+          "Qwen3-like T = 1: gate/up GEMM 12 -> ~8 us, down 8 -> ~6.5 us, the layer ~5 us faster in both modes; "
+          "Mixtral-like T = 1's down GEMM ~1.5x faster; grids past one CTA per SM unchanged (every call wide: within "
+          "5%).", (WIDE_COMMIT,), _wide_ab,
+          "an ncu probe of both forms (Qwen3-like T = 1): twice the warps and eligible warps per scheduler, issue "
+          "slots 28 -> 32% busy, 20% more instructions, the GEMMs as long or longer (development, in "
+          "hopper_varlen/config.py)"),
 )
 
 

@@ -3,13 +3,11 @@ several CTAs where the tiles alone leave SMs idle (:func:`~nvfp4lib.kernels.hopp
 last CTA of a tile adds the slices in slice order and runs the epilogue. Exact against the reference for both
 activation types, single and dual (W4A4: the eager fused call and the captured two-kernel call); bit-identical call
 after call; every tile counter back to zero after each call; one CUDA graph replayed with new routings (empty groups,
-all rows in one group); a call with many tiles runs unsplit. Each with the wide form (four warpgroups sharing each
-stage's K, :data:`~nvfp4lib.kernels.hopper_varlen.config.WIDE_DECODE`) off and on, split and unsplit."""
+all rows in one group); a call with many tiles runs unsplit."""
 import pytest
 import torch
 
 from nvfp4lib.formats import dequantize
-from nvfp4lib.kernels.hopper_varlen import config as vc
 from nvfp4lib.kernels.hopper_varlen.config import CONFIGS
 from nvfp4lib.problems import GroupedProblem, make_inputs
 from nvfp4lib.reference import relative_error
@@ -27,13 +25,6 @@ SHAPES = [(64, 1024, 4096, 4), (8, 1024, 4096, 2), (8, 512, 1040, 3)]
 def _sm90():
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs sm_90")
-
-
-@pytest.fixture(params=[False, "idle"], ids=["narrow", "wide"])
-def wide(request, monkeypatch):
-    """WIDE_DECODE for the test (the runners read it when they are made and at each call)."""
-    monkeypatch.setattr(vc, "WIDE_DECODE", request.param)
-    return request.param
 
 
 def _layer(config: str, groups: int, n: int, k: int, rows: int, seed: int):
@@ -64,12 +55,11 @@ def _counters_zero(w, config: str) -> bool:
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("config", SPLIT)
-def test_split_calls_are_exact_deterministic_and_leave_the_counters_at_zero(config, shape, wide):
+def test_split_calls_are_exact_deterministic_and_leave_the_counters_at_zero(config, shape):
     groups, n, k, rows = shape
     w, ref, x = _layer(config, groups, n, k, rows, seed=7)
     runner = w.impl.runner(config)
     assert runner.slices(rows) > 1, "the shape must split"
-    assert runner.wide(rows) == bool(wide)
     gen = torch.Generator().manual_seed(rows)
     for it in range(6):
         offsets = _offsets(rows, groups, gen, one_group=it % 3 == 0)
@@ -83,7 +73,7 @@ def test_split_calls_are_exact_deterministic_and_leave_the_counters_at_zero(conf
 
 
 @pytest.mark.parametrize("config", SPLIT)
-def test_graph_replays_new_routings_with_split_k(config, wide):
+def test_graph_replays_new_routings_with_split_k(config):
     """One capture at T = 4 rows over 64 groups (2-4 slices per tile), 40 replays with new offsets, each exact; the
     counters at zero after them."""
     groups, n, k, rows = SHAPES[0]
@@ -112,30 +102,3 @@ def test_many_tiles_run_unsplit_and_exact(config):
     assert w.impl.runner(config).slices(rows) == 1
     offsets = _offsets(rows, groups, torch.Generator().manual_seed(1), one_group=False)
     assert relative_error([w(x, offsets)], [ref(x, offsets)]) <= TOL
-
-
-@pytest.mark.parametrize("config", SPLIT)
-def test_wide_unsplit_calls_and_replays_are_exact(config, monkeypatch):
-    """The Qwen3-like layer's decode GEMMs at T = 1 (8 rows over 128 groups: 96 or 128 CTAs, no split): the wide
-    form, eager (W4A4: the fused call) and replayed with new routings (empty groups, all rows in one group), exact
-    and repeatable."""
-    monkeypatch.setattr(vc, "WIDE_DECODE", "idle")
-    dual = CONFIGS[config].dual
-    groups, n, k, rows = (128, 768, 2048, 8) if dual else (128, 2048, 768, 8)
-    w, ref, x = _layer(config, groups, n, k, rows, seed=13)
-    runner = w.impl.runner(config)
-    assert runner.wide(rows) and runner.slices(rows) == 1
-    gen = torch.Generator().manual_seed(9)
-    offsets = _offsets(rows, groups, gen, one_group=False)
-    first = w(x, offsets).clone()
-    assert torch.equal(first.view(torch.int16), w(x, offsets).view(torch.int16))
-    assert relative_error([first], [ref(x, offsets)]) <= TOL
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        c = w(x, offsets)
-    for it in range(20):
-        offsets.copy_(_offsets(rows, groups, gen, one_group=it % 4 == 0))
-        c.fill_(float("nan"))
-        g.replay()
-        err = relative_error([c], [ref(x, offsets)])
-        assert err <= TOL, f"replay {it}: offsets {offsets.tolist()}: {err}"

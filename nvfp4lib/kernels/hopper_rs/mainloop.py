@@ -63,8 +63,6 @@ def _build():
     class RegisterDecodeTile:
         """One swap-AB output tile: weights (register A, decoded per thread) × tokens (smem B) -> Cᵀ."""
 
-        kg = 1  # warpgroup pairs sharing each stage's K (a subclass may set 2: :meth:`_hand_over`)
-
         def _sx_layout(self, rows: int):
             """The activation ring (nsub·stages slots) for ``rows`` tokens: K-major, 128-byte swizzle."""
             return sm90_utils.make_smem_layout_b(utils.LayoutEnum.ROW_MAJOR, (UNIT_ROWS, rows, UNIT_K),
@@ -104,7 +102,7 @@ def _build():
             load_pipe = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.load_bars.data_ptr(), num_stages=self.stages,
                 producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
-                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * NWG * self.kg),
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * NWG),
                 tx_count=tx_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)), defer_sync=True)
             cute.arch.mbarrier_init_fence()
             cute.arch.sync_threads()
@@ -123,7 +121,7 @@ def _build():
             issues the loads: the first stages' weights before waiting for the activations (:meth:`_await_x`),
             then their activations. ``k_tiles``: an int, or the tile table's run-time count;
             ``scales``: the subclass's :meth:`_alpha` arguments, read after the loop."""
-            tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs, kh = self._mma_setup(nv, sXv)
+            tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs = self._mma_setup(nv, sXv)
             sw_base = storage.sw.data_ptr().toint()
             prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
@@ -142,9 +140,9 @@ def _build():
                     early.advance()
             for kt in cutlass.range(k_tiles, unroll=1):
                 self._wait_full(load_pipe, cons)
-                loaded = self._load_units(sw_base, cons.index, wg, t, kh)
-                for s in cutlass.range_constexpr(self.nsub // self.kg):
-                    self._decode_mma(s, loaded, tiled_mma, rA, rA32, accs, tCrB, cons.index, kh)
+                loaded = self._load_units(sw_base, cons.index, wg, t)
+                for s in cutlass.range_constexpr(self.nsub):
+                    self._decode_mma(s, loaded, tiled_mma, rA, rA32, accs, tCrB, cons.index)
                     if cutlass.const_expr(s == 0):
                         # the previous stage's last wgmma group is done: hand its buffers back and refill them if the
                         # other warpgroup has too. Warp 0 must not wait here (wgmma is warpgroup-wide: a blocked
@@ -164,33 +162,7 @@ def _build():
                             prod.advance()
                 cons.advance()
             warpgroup.wait_group(0)
-            if cutlass.const_expr(self.kg > 1):
-                self._hand_over(accs, storage, wg, t, kh)
-                if kh == 0:
-                    self._finish(nv, accs, tCcC, storage, mC, scales, row0, tokens, n0, n_valid, wg, t)
-            else:
-                self._finish(nv, accs, tCcC, storage, mC, scales, row0, tokens, n0, n_valid, wg, t)
-
-        @cute.jit
-        def _hand_over(self, accs, storage, wg, t, kh):
-            """``kg`` 2, after the mainloop: the second warpgroup pair (``kh`` 1), which took every stage's odd 64-K
-            sub-blocks, hands its accumulators to the first through the weight ring (free once every warpgroup's
-            mainloop has ended); the first adds them to its own (its sum first: one fixed order) and goes on to the
-            epilogue alone."""
-            size = cute.size(accs[0])
-            bar = pipeline.NamedBarrier(barrier_id=4, num_threads=self.threads)
-            bar.arrive_and_wait()
-            xfer = cute.make_tensor(cute.recast_ptr(storage.sw.data_ptr(), dtype=cutlass.Float32),
-                                    cute.make_layout((NWG * self.blocks * size, 128), stride=(128, 1)))
-            if kh == 1:
-                for b in cutlass.range_constexpr(self.blocks):
-                    for i in cutlass.range_constexpr(size):
-                        xfer[(wg * self.blocks + b) * size + i, t] = accs[b][i]
-            bar.arrive_and_wait()
-            if kh == 0:
-                for b in cutlass.range_constexpr(self.blocks):
-                    for i in cutlass.range_constexpr(size):
-                        accs[b][i] = accs[b][i] + xfer[(wg * self.blocks + b) * size + i, t]
+            self._finish(nv, accs, tCcC, storage, mC, scales, row0, tokens, n0, n_valid, wg, t)
 
         @cute.jit
         def _finish(self, nv: int, accs, tCcC, storage, mC, scales, row0, tokens, n0, n_valid, wg, t):
@@ -220,15 +192,10 @@ def _build():
         def _mma_setup(self, nv: int, sXv):
             """This thread's indices and the wgmma of N = ``nv`` tokens for it: the tiled MMA, the B fragments over
             the ring, two register sets of A fragments (sub-blocks alternate), the C coordinates, zeroed
-            accumulators, and this warpgroup's pair ``kh`` (``kg`` 2: warpgroups ``NWG·kh .. NWG·kh + NWG-1``; ``wg``
-            is the warpgroup within its pair, the weight rows it holds)."""
+            accumulators."""
             tidx, _, _ = cute.arch.thread_idx()
             warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             wg = cute.arch.make_warp_uniform(tidx // 128)
-            kh = 0
-            if cutlass.const_expr(self.kg > 1):
-                kh = cute.arch.make_warp_uniform(tidx // (128 * NWG))
-                wg = wg - kh * NWG
             t = tidx % 128
             tiled_mma = sm90_utils.make_trivial_tiled_mma(
                 self.op_dtype, self.op_dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
@@ -243,51 +210,38 @@ def _build():
             for acc in accs:
                 acc.fill(0.0)
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            return tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs, kh
+            return tidx, warp_idx, wg, t, tiled_mma, tCrB, rA, rA32, tCcC, accs
 
         @cute.jit
-        def _load_units(self, sw_base, stage, wg, t, kh):
-            """This thread's code and scale words of every unit of weight stage ``stage`` that its pair takes
-            (sub-blocks ``kh``, ``kh + kg``, ...): unit (sub, wg, block) at
+        def _load_units(self, sw_base, stage, wg, t):
+            """This thread's code and scale words of every unit of weight stage ``stage``: unit (sub, wg, block) at
             ((sub·NWG + wg)·blocks + block)·UNIT_BYTES."""
             wg_off = wg * self.blocks * UNIT_BYTES
-            if cutlass.const_expr(self.kg > 1):
-                wg_off = wg_off + kh * NWG * self.blocks * UNIT_BYTES
             code_off = wg_off + 16 * t
             scale_off = wg_off + UNIT_CODE_BYTES + 8 * (8 * (t // 32) + (t % 32) // 4)
             stage_base = sw_base + stage * (self.stage_units * UNIT_BYTES)
-            units = [((i // self.blocks) * self.kg * NWG * self.blocks + i % self.blocks) * UNIT_BYTES
-                     for i in range(self.nsub // self.kg * self.blocks)]
+            units = [((i // self.blocks) * NWG * self.blocks + i % self.blocks) * UNIT_BYTES
+                     for i in range(self.nsub * self.blocks)]
             return [load_unit(stage_base + u + code_off, stage_base + u + scale_off) for u in units]
 
         @cute.jit
-        def _decode_mma(self, s: int, loaded, tiled_mma, rA, rA32, accs, tCrB, slot, kh):
-            """This pair's ``s``-th sub-block of the stage (sub-block ``s·kg + kh``): decode its weights into
-            register set s % 2, issue its wgmma against ring slot ``slot``, commit, and wait until only this group is
-            in flight. A pair with one sub-block per stage (``kg`` 2, ``tile_k`` 128) keeps one register set: it
-            decodes, then waits for the previous stage's wgmma before writing the set."""
-            one = self.nsub // self.kg == 1
-            decoded = []
+        def _decode_mma(self, s: int, loaded, tiled_mma, rA, rA32, accs, tCrB, slot):
+            """Sub-block ``s``: decode its weights into register set s % 2, issue its wgmma against ring slot
+            ``slot``, commit, and wait until only this group is in flight."""
             for b in cutlass.range_constexpr(self.blocks):
                 if cutlass.const_expr(self.a16):
-                    decoded.append(decode_unit_a16(loaded[s * self.blocks + b]))
+                    regs = decode_unit_a16(loaded[s * self.blocks + b])
                 else:
-                    decoded.append(decode_unit(loaded[s * self.blocks + b]))
-            if cutlass.const_expr(one):
-                warpgroup.wait_group(0)
-            for b in cutlass.range_constexpr(self.blocks):
+                    regs = decode_unit(loaded[s * self.blocks + b])
                 for q in cutlass.range_constexpr(16):
-                    rA32[s % 2][b][q] = decoded[b][q]
+                    rA32[s % 2][b][q] = regs[q]
             warpgroup.fence()
-            sub = slot * self.nsub + s
-            if cutlass.const_expr(self.kg > 1):
-                sub = slot * self.nsub + s * self.kg + kh
             for b in cutlass.range_constexpr(self.blocks):
                 for kb in cutlass.range_constexpr(UNIT_K // 16):
-                    cute.gemm(tiled_mma, accs[b], rA[s % 2][b][None, None, kb], tCrB[None, None, kb, sub], accs[b])
+                    cute.gemm(tiled_mma, accs[b], rA[s % 2][b][None, None, kb],
+                              tCrB[None, None, kb, slot * self.nsub + s], accs[b])
             warpgroup.commit_group()
-            if cutlass.const_expr(not one):
-                warpgroup.wait_group(1)
+            warpgroup.wait_group(1)
 
         @cute.jit
         def _issue(self, pipe, prod, loads, acquired: bool = False):
@@ -317,7 +271,7 @@ def _build():
             ("simt"), or through shared memory as C rows copied out in 16-byte row chunks ("staged")."""
             size = cute.size(accs[0])
             staged = self.cfg.epilogue == "staged"
-            bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * NWG)  # (kg 2: the first pair alone)
+            bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
             bar.arrive_and_wait()  # every wgmma of both warpgroups has read its operands: the ring is free
             sx = storage.sx.data_ptr()
             cols = self.cfg.tile_m
@@ -360,8 +314,8 @@ def _build():
                 tidx, _, _ = cute.arch.thread_idx()
                 per_row = cols // 8  # 16-byte chunks per token row
                 total = nv * per_row
-                for r in cutlass.range_constexpr(-(-total // (128 * NWG))):
-                    q = tidx + 128 * NWG * r
+                for r in cutlass.range_constexpr(-(-total // self.threads)):
+                    q = tidx + self.threads * r
                     n = q // per_row
                     c8 = (q - n * per_row) * 8
                     if q < total and n < tokens and c8 < n_valid:

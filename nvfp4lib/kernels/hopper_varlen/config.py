@@ -40,10 +40,7 @@ class VarlenConfig:
     ("simt") or a shared-memory tile copied out in 16-byte row chunks ("staged"), ``act`` the activations' type
     (:data:`ACTS`: NVFP4 through the fp16 prologue, or bf16 straight into wgmma), ``split_k``: a call may split every
     tile's K over several CTAs (how many is the call's, :func:`choose_splits`; the tile's last CTA to finish adds the
-    others' fp32 partial sums, in split order, and runs the epilogue), ``k_groups``: warpgroup pairs per CTA that share
-    each stage's K (1: one pair takes every 64-K sub-block; 2: four warpgroups, the second pair taking the odd
-    sub-blocks into its own accumulators, which it hands to the first pair through shared memory after the mainloop:
-    twice the warps decoding per CTA, for grids that leave SMs idle, :data:`WIDE_DECODE`)."""
+    others' fp32 partial sums, in split order, and runs the epilogue)."""
 
     name: str
     tile_m: int = 128
@@ -56,7 +53,6 @@ class VarlenConfig:
     act: str = "nvfp4"
     wait: str = "suspend"
     split_k: bool = False
-    k_groups: int = 1
 
     def with_(self, **changes) -> "VarlenConfig":
         return replace(self, **changes)
@@ -80,15 +76,6 @@ class VarlenConfig:
     @property
     def stage_units(self) -> int:
         return self.tile_k // UNIT_K * NWG * self.blocks
-
-    @property
-    def threads(self) -> int:
-        return 128 * NWG * self.k_groups
-
-    def reduce_bytes(self) -> int:
-        """Shared memory the second warpgroup pair's accumulators take when they are handed over (``k_groups`` 2; in
-        the weight ring, free once the mainloop has ended)."""
-        return (self.k_groups - 1) * NWG * self.acc_registers * 128 * 4
 
     def smem_bytes(self) -> int:
         weights = self.ab_stages * self.stage_units * UNIT_BYTES
@@ -129,40 +116,25 @@ def validate(cfg: VarlenConfig) -> VarlenConfig:
     if xfer_bytes(cfg) + stage_bytes(cfg) > acts:
         raise ValueError(f"{n}: the epilogue reuses the activation ring ({acts} bytes) for the dual hand-over "
                          f"({xfer_bytes(cfg)}) and the staged output tile ({stage_bytes(cfg)}): too small")
-    if cfg.k_groups not in (1, 2) or (cfg.tile_k // UNIT_K) % cfg.k_groups:
-        raise ValueError(f"{n}: k_groups={cfg.k_groups}: 1 or 2 warpgroup pairs, sharing the {cfg.tile_k // UNIT_K} "
-                         "64-K sub-blocks of a stage evenly")
-    if cfg.reduce_bytes() > cfg.ab_stages * cfg.stage_units * UNIT_BYTES:
-        raise ValueError(f"{n}: k_groups={cfg.k_groups}: the accumulator hand-over ({cfg.reduce_bytes()} bytes) does "
-                         "not fit the weight ring")
     if cfg.smem_bytes() > SMEM_LIMIT:
         raise ValueError(f"{n}: needs {cfg.smem_bytes()} bytes of shared memory > the sm_90 limit {SMEM_LIMIT}")
     return cfg
 
 
 def _name(dual: bool, tm: int, tn: int, tk: int, st: int, ts: int, epi: str, act: str = "nvfp4",
-          wait: str = "suspend", split_k: bool = False, k_groups: int = 1) -> str:
+          wait: str = "suspend", split_k: bool = False) -> str:
     return (f"vl_{'a16_' if act == 'bf16' else ''}{'dual_' if dual else ''}m{tm}_t{tn}_k{tk}_s{st}"
             + (f"_v{ts}" if ts else "") + ("_e" if epi == "staged" else "") + ("_w" if wait == "spin" else "")
-            + ("_x" if split_k else "") + (f"_g{k_groups}" if k_groups > 1 else ""))
+            + ("_x" if split_k else ""))
 
 
 def make(dual: bool, tile_m: int, tile_n: int, ab_stages: int, token_step: int = 0, tile_k: int = 128,
-         epilogue: str = "staged", act: str = "nvfp4", wait: str = "suspend", split_k: bool = False,
-         k_groups: int = 1) -> VarlenConfig:
+         epilogue: str = "staged", act: str = "nvfp4", wait: str = "suspend", split_k: bool = False) -> VarlenConfig:
     return validate(VarlenConfig(_name(dual, tile_m, tile_n, tile_k, ab_stages, token_step, epilogue, act, wait,
-                                       split_k, k_groups),
+                                       split_k),
                                  tile_m=tile_m, tile_n=tile_n, token_step=token_step, tile_k=tile_k,
                                  ab_stages=ab_stages, epilogue=epilogue, dual=dual, act=act, wait=wait,
-                                 split_k=split_k, k_groups=k_groups))
-
-
-def wide_of(cfg: VarlenConfig) -> VarlenConfig:
-    """``cfg`` with two warpgroup pairs sharing each stage's K (``k_groups`` 2), named as :func:`make` names it: the
-    form a ``split_k`` runner's calls take where their grid leaves SMs idle (:data:`WIDE_DECODE`)."""
-    return validate(cfg.with_(k_groups=2, name=_name(cfg.dual, cfg.tile_m, cfg.tile_n, cfg.tile_k, cfg.ab_stages,
-                                                     cfg.token_step, cfg.epilogue, cfg.act, cfg.wait, cfg.split_k,
-                                                     2)))
+                                 split_k=split_k))
 
 
 # The tilings `auto` chooses among: those of the host-scheduled kernel's AUTO_CANDIDATES (each ran exact on the H100
@@ -253,6 +225,18 @@ SPLIT_TILES = 1024  # tiles a split call counts at most: the per-stream counters
 # fourth consumer warpgroup, or half-height tiles at 2 CTAs per SM: 192 CTAs on 132 SMs), the scale converted once per
 # quad or by the producer warp into shared memory (-25% of the decode's instructions), and one persistent launch for
 # gate/up and down (the fixed cost per CTA paid once).
+# The first lever, built and measured (issue 41, 2026-11-28, H200): a wide form of the decode tilings, four warpgroups
+# per CTA with the second pair taking each stage's odd 64-K sub-block into its own accumulators (a hand-over through
+# shared memory after the mainloop), taken where a call's grid fits one CTA per SM. Predicted: the Qwen3-like T = 1
+# gate/up GEMM 12 -> ~8 us, down 8 -> ~6.5 us. Measured (moe-bench --wide-decode off idle all, one run, notebook 11's
+# rounds): slower, gate/up 11.5 -> 12.0 and down 7.0 -> 7.7 us (W4A4), the layer 38.8 -> 45.1 us (W4A4) and 28.6 ->
+# 32.0 (W4A16); every call wide went wrong in 5 of 18 cases, and a split dual GPU test of it did not finish (neither
+# debugged). An ncu
+# probe of both forms (development): the wide GEMMs had twice the active and eligible warps per scheduler (3.9-4.0 and
+# 0.6-1.1 against 2.0 and 0.3-0.6), issue slots 28 -> 32% busy, 20% more instructions (the second pair's set-up and
+# hand-over), DRAM still 14-20%, and took as long or longer (gate/up W4A16 14.1 -> 14.8 us). More warps do not shorten
+# a decode CTA's time: what bounds it is not the number of warps issuing. The form left the package (git keeps it at
+# the A/B's commit, notebook 11 names it); the other two levers stand.
 SPLIT_RULES = ("idle", "balance")
 SHIPPED_SPLIT_RULE = "idle"
 SPLIT_RULE = SHIPPED_SPLIT_RULE
@@ -273,33 +257,6 @@ def split_setting(split_k: bool | str | None):
         yield
     finally:
         SPLIT_K, SPLIT_RULE = old
-
-
-# The wide decode (issue 41): a ``split_k`` runner's call whose grid (:func:`max_token_tiles` × the weight blocks)
-# fits one CTA per SM runs the config's :func:`wide_of` form, four warpgroups per CTA, two of them taking each stage's
-# odd 64-K sub-block; otherwise the config as it is. Why: the ncu probe above (the Qwen3-like layer at T = 1: 2 warps
-# per scheduler, issue slots 18-26% busy, DRAM 20-28%) says a decode CTA waits on its own decode-then-wgmma chain, and
-# a second CTA per tile (split-K) costs ~4 us of start and hand-over (SPLIT_RULES' fit); a second warpgroup pair in
-# the same CTA doubles the chains in flight per SM for the price of one hand-over through shared memory. Prediction
-# (2026-11-28, before any run; H200, the only kind lent that day): the Qwen3-like layer's gate/up GEMM at T = 1 (96
-# CTAs, 16 K tiles) 12 -> ~8 us and its down GEMM (128 CTAs, 6 K tiles) 8 -> ~6.5 us: the layer ~5 us faster in both
-# modes; the Mixtral-like down GEMM at T = 1 (64 CTAs, 2 slices) ~1.5x faster; grids past one CTA per SM unchanged.
-# The wide form's 512 threads take 50-53 registers each (ptxas, offline), so two of its CTAs fit an SM: "all" (every
-# call of a split_k config wide) is the A/B's other arm, predicted within 5% of the narrow form on grids past one CTA
-# per SM (the same warps per SM, in half the CTAs).
-WIDE_RULES = ("idle", "all")
-WIDE_DECODE: bool | str = "idle"  # False: off (moe-bench --wide-decode off idle all: the A/B)
-
-
-def use_wide(cfg: VarlenConfig, rows: int, groups: int, n: int, sms: int) -> bool:
-    """Whether a call of ``rows`` rows runs ``cfg``'s wide form (:data:`WIDE_DECODE`): a ``split_k`` config whose
-    grid fits one CTA per SM ("idle"), or any call of one ("all")."""
-    if not (cfg.split_k and cfg.k_groups == 1 and WIDE_DECODE):
-        return False
-    if WIDE_DECODE not in WIDE_RULES:
-        raise ValueError(f"WIDE_DECODE {WIDE_DECODE!r}: False or one of {WIDE_RULES}")
-    ctas = max_token_tiles(rows, groups, cfg.tile_n) * -(-n // cfg.tile_m)
-    return 0 < ctas and (WIDE_DECODE == "all" or ctas <= sms)
 
 
 def partials_width(cfg: VarlenConfig, n: int) -> int:

@@ -158,8 +158,7 @@ def _build():
             self.blocks = cfg.blocks
             self.stages = cfg.ab_stages
             self.dual = cfg.dual
-            self.kg = cfg.k_groups
-            self.threads = cfg.threads
+            self.threads = 128 * NWG
             self.stage_units = cfg.stage_units
             self.w_rows = self.stage_units * UNIT_BYTES // ROW_BYTES  # 128-byte rows per stage
             self.a16 = cfg.act == "bf16"  # bf16 activations as they are, weights decoded to bf16
@@ -509,7 +508,7 @@ def _build():
                     if n < tokens and r0 + m < n_valid:
                         mPart[split, row0 + n, n0 + c0 + m] = accs[b][i]
             o.fence_acq_rel()
-            bar = pipeline.NamedBarrier(barrier_id=1, num_threads=128 * NWG)  # (kg 2: the first pair alone)
+            bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
             bar.arrive_and_wait()
             slot = storage.ticket.data_ptr().toint()  # (the fused call's ticket is read before the mainloop ends)
             tidx, _, _ = cute.arch.thread_idx()
