@@ -314,7 +314,11 @@ def test_serving_against_host_pairs_the_latest_run_that_timed_both():
         row("r2", "S2", "vl_a", 10.0),  # no host-scheduled row: left out
         row("r3", "S1", "vl_a", 5.0), row("r3", "S1", "rs_a", 1.0, named=True, status="error: x"),  # not ok
     ])
-    t = sr.serving_against_host(rows)
+    later = pd.DataFrame([row("r4", "S4", "vl_a", 9.0), row("r4", "S4", "rs_a", 10.0, named=True)]).assign(gpu="H200")
+    both = pd.concat([rows, later], ignore_index=True)
+    assert sr.serving_against_host(both).loc["S4", "run"] == "r4"  # any card: the latest run
+    assert sr.serving_against_host(both, gpu="H200").index.tolist() == ["S4"]
+    t = sr.serving_against_host(both, gpu="H100")
     assert list(t.index) == ["S4", "S3"]
     assert t.loc["S4", "serving us"] == 18.5 and t.loc["S4", "serving rows"] == 2 and t.loc["S4", "run"] == "r2"
     assert t.loc["S4", "serving / host-scheduled"] == pytest.approx(18.5 / 17.0)

@@ -649,14 +649,17 @@ def floor_target(latest: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def serving_against_host(bench_rows: pd.DataFrame, problems=None) -> pd.DataFrame:
+def serving_against_host(bench_rows: pd.DataFrame, problems=None, gpu: str | None = None) -> pd.DataFrame:
     """Issue 41's first target, from ``data/bench.jsonl``: per problem, the latest run that replayed both the serving
     kernel as shipped (``cute-hopper:graph=1``, its ``auto`` config) and a host-scheduled config (``rs_*``) in CUDA
     graphs in one process; each's median over that run's rows (a run may time the serving kernel before and after
-    the other, to show drift), their ratio and whether the serving kernel is at most as slow (target: ratio <= 1)."""
+    the other, to show drift), their ratio and whether the serving kernel is at most as slow (target: ratio <= 1).
+    ``gpu``: only runs on a card whose name contains it (None: the latest run on any card)."""
     if bench_rows is None or not len(bench_rows) or "options" not in bench_rows:
         return pd.DataFrame()
     ok = bench_rows[(bench_rows["status"] == "ok") & (bench_rows["backend"] == "cute-hopper")]
+    if gpu is not None:
+        ok = ok[ok["gpu"].astype(str).str.contains(gpu, regex=False)]
     opts = ok["options"].apply(lambda o: o if isinstance(o, dict) else {})
     ok = ok[opts.apply(lambda o: bool(o.get("graph")))]
     named = opts.loc[ok.index].apply(lambda o: o.get("config"))
