@@ -98,11 +98,8 @@ def test_decode_ptx_is_the_emulated_arithmetic():
 def test_a16_configs_mirror_the_fastest_nvfp4_ones():
     from nvfp4lib.tuning import PREFERENCE
 
-    from nvfp4lib.kernels.hopper_varlen.config import deep_of
-
     preferred = {n for _, names in PREFERENCE for n in names}
-    preferred |= {deep_of(CONFIGS[n]).name for n in preferred if CONFIGS[n].split_k}  # (their deep forms)
-    assert len(A16) == 14
+    assert len(A16) == 12
     for name in A16:
         nv = name.replace("vl_a16_", "vl_", 1)
         assert nv in preferred and CONFIGS[name] == CONFIGS[nv].with_(name=name, act="bf16")

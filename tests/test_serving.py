@@ -330,7 +330,7 @@ def test_split_k_configs_show_the_slice_count_in_their_ptx(name, monkeypatch):
     ptx = compile_report(cfg, groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"]
     assert ptx.count("atom.acq_rel.gpu.global.add.u32") == 1 and "st.relaxed.gpu.global.u32" in ptx
     assert "ld.relaxed.gpu.global.f32" in ptx and "fence.acq_rel.gpu" in ptx
-    plain = compile_report(cfg.with_(split_k=False), groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"]
+    plain = compile_report(CONFIGS[name.removesuffix("_x")], groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"]
     assert "atom.acq_rel.gpu" not in plain and "ld.relaxed.gpu.global.f32" not in plain
     if cfg.act == "nvfp4":
         assert _compile_call(cfg, 2048, fused=True).ptx.count("atom.acq_rel.gpu.global.add.u32") == 1
@@ -368,25 +368,3 @@ def test_split_setting_sets_the_knobs_for_a_block_only():
     with pytest.raises(ValueError, match="split_k 'fast'"), vc.split_setting("fast"):
         pass
     assert (vc.SPLIT_K, vc.SPLIT_RULE) == (True, vc.SHIPPED_SPLIT_RULE)
-
-
-def test_deep_decode_only_where_the_grid_fits_one_cta_per_sm(monkeypatch):
-    """use_deep: a split_k config's call runs its deep form (deep_of: DEEP_STAGES stages, a named config that fits the
-    shared memory) where its grid, before any split, fits one CTA per SM; never for other configs, for the deep form
-    itself, or with DEEP_DECODE off."""
-    from nvfp4lib.kernels.hopper_varlen import config as vc
-
-    dual, single = CONFIGS["vl_dual_m64_t16_k128_s8_e_x"], CONFIGS["vl_m128_t16_k128_s8_e_x"]
-    deep = vc.deep_of(dual)
-    assert deep.name == "vl_dual_m64_t16_k128_s16_e_x" and deep.ab_stages == vc.DEEP_STAGES and deep.split_k
-    assert vc.deep_of(CONFIGS["vl_a16_m128_t16_k128_s8_e_x"]).act == "bf16"
-    assert validate(deep).smem_bytes() <= 232448
-    monkeypatch.setattr(vc, "DEEP_DECODE", True)
-    assert vc.use_deep(dual, 8, 128, 768, 132)  # Qwen3-like T=1 gate/up: 96 CTAs
-    assert vc.use_deep(single, 2, 8, 4096, 132)  # Mixtral-like T=1 down: 64 CTAs (then 2 slices)
-    assert not vc.use_deep(single, 64, 128, 2048, 132)  # T=8: 512 CTAs
-    assert not vc.use_deep(single, 0, 128, 2048, 132)
-    assert not vc.use_deep(CONFIGS["vl_m128_t16_k128_s8_e"], 8, 128, 2048, 132)  # not split_k
-    assert not vc.use_deep(deep, 8, 128, 768, 132)
-    monkeypatch.setattr(vc, "DEEP_DECODE", False)
-    assert not vc.use_deep(dual, 8, 128, 768, 132)

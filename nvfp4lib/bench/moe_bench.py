@@ -276,7 +276,6 @@ def knob_setting(module: str, name: str, value):
 
 QUANT_KNOB = ("nvfp4lib.nn.quant_triton", "ONE_PROGRAM")  # moe-bench --quant-one-program
 ROUTE_KNOB = ("nvfp4lib.nn.routing_triton", "ROUTE_MAX_COPIES")  # moe-bench --route-max-copies
-DEEP_KNOB = ("nvfp4lib.kernels.hopper_varlen.config", "DEEP_DECODE")  # moe-bench --deep-decode
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -377,7 +376,6 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["gemv_max_tokens"] = mod.gemv_max_tokens
                                 row["split_k"] = vl_config.SPLIT_K
                                 row["split_rule"] = vl_config.SPLIT_RULE
-                                row["deep_decode"] = vl_config.DEEP_DECODE
                                 row["quant_one_program"] = one_program if kind == "nvfp4" else None
                                 row["gemv"] = bool(mod._gemv_step(x))
                             row["route_max_copies"] = route_max
@@ -463,10 +461,6 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                    help="the most token copies (T·k) the one-launch Triton routing takes, torch's form above "
                         "(nn.routing_triton.ROUTE_MAX_COPIES; default: as shipped); several values run the whole set "
                         "once per value (an A/B, e.g. 128 1024); rows carry route_max_copies")
-    p.add_argument("--deep-decode", nargs="+", choices=["on", "off"],
-                   help="the serving kernel's deep decode form (hopper_varlen.config.DEEP_DECODE: 16 pipeline stages "
-                        "where a call's grid fits one CTA per SM; default: as shipped); several values run the whole "
-                        "set once per value (an A/B); rows carry deep_decode")
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -502,12 +496,9 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split, one, route_max, deep in itertools.product(args.split_k or [None], args.quant_one_program or [None],
-                                                             args.route_max_copies or [None],
-                                                             args.deep_decode or [None]):
-            with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
-                    knob_setting(*ROUTE_KNOB, route_max), \
-                    knob_setting(*DEEP_KNOB, None if deep is None else deep == "on"):
+        for split, one, route_max in itertools.product(args.split_k or [None], args.quant_one_program or [None],
+                                                       args.route_max_copies or [None]):
+            with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), knob_setting(*ROUTE_KNOB, route_max):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

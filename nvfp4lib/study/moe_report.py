@@ -254,7 +254,7 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
         return pd.DataFrame()
     sel = rows[(rows["status"] == "ok") & rows["gpu"].astype(str).str.contains(gpu)]
     for col, other in (("split_k", False), ("split_rule", "balance"), ("quant_one_program", True), ("gemv", True),
-                       ("wide_decode", "idle"), ("wide_decode", "all"), ("deep_decode", False)):
+                       ("wide_decode", "idle"), ("wide_decode", "all"), ("deep_decode", True)):
         if col in sel:
             sel = sel[~sel[col].apply(lambda v, o=other: v is o or v == o)]
     return sel

@@ -326,6 +326,7 @@ def _split_ab(commit: str, column: str = "split_k", values=(False, True), keep=_
 
 
 WIDE_COMMIT = "051a36f"  # the wide decode form's A/B (its code left the package after it; git keeps it there)
+DEEP_COMMIT = "178dc1f"  # the deep decode form's A/B (likewise)
 
 
 def _wide_ab(r: Reader) -> str | None:
@@ -422,6 +423,15 @@ ROUNDS = (
           "an ncu probe of both forms (Qwen3-like T = 1): twice the warps and eligible warps per scheduler, issue "
           "slots 28 -> 32% busy, 20% more instructions, the GEMMs as long or longer (development, in "
           "hopper_varlen/config.py)"),
+    Round("The deep decode form (a knob then, hopper_varlen.config.DEEP_DECODE): the 16-token decode tilings at 16 "
+          "stages instead of 8 (216 KB, one CTA per SM) where a call's grid fits one CTA per SM, so a CTA requests "
+          "twice the stages at once. An A/B in one run on an H200 (moe-bench --deep-decode off on, T = 1, 8, uniform)",
+          "Qwen3-like T = 1: gate/up GEMM 11.5-13 -> ~7-8 us (its down GEMM, all 6 K tiles in flight already, "
+          "unchanged), the layer ~4-5 us faster in both modes; Mixtral-like T = 1's down GEMM ~1.5x faster.",
+          (DEEP_COMMIT,), _split_ab(DEEP_COMMIT, "deep_decode", (False, True), keep=None,
+                                    names=("8 stages", "16 stages where the grid fits one CTA per SM")),
+          "the ncu source counters that led to it: the top stall of that GEMM is the wait for a stage's TMA data "
+          "(development, in hopper_varlen/config.py)"),
 )
 
 

@@ -3,13 +3,11 @@ several CTAs where the tiles alone leave SMs idle (:func:`~nvfp4lib.kernels.hopp
 last CTA of a tile adds the slices in slice order and runs the epilogue. Exact against the reference for both
 activation types, single and dual (W4A4: the eager fused call and the captured two-kernel call); bit-identical call
 after call; every tile counter back to zero after each call; one CUDA graph replayed with new routings (empty groups,
-all rows in one group); a call with many tiles runs unsplit. Each with the deep form (16 stages where the grid fits
-one CTA per SM, :data:`~nvfp4lib.kernels.hopper_varlen.config.DEEP_DECODE`) off and on."""
+all rows in one group); a call with many tiles runs unsplit."""
 import pytest
 import torch
 
 from nvfp4lib.formats import dequantize
-from nvfp4lib.kernels.hopper_varlen import config as vc
 from nvfp4lib.kernels.hopper_varlen.config import CONFIGS
 from nvfp4lib.problems import GroupedProblem, make_inputs
 from nvfp4lib.reference import relative_error
@@ -17,7 +15,7 @@ from nvfp4lib.serving import prepare_weights
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-3  # fp32 sums in another order than the reference's, one rounding to the output type
-SPLIT = [n for n, c in CONFIGS.items() if c.split_k and c.ab_stages < vc.DEEP_STAGES]
+SPLIT = [n for n, c in CONFIGS.items() if c.split_k]
 # (groups, N, K, rows): 4 rows over 64 groups (32 CTAs: 4 slices; dual 2), 2 rows over 8 groups (16 CTAs: 8
 # slices; dual 4), and K off the 128 tile (9 K tiles: 2 slices of 5 and 4)
 SHAPES = [(64, 1024, 4096, 4), (8, 1024, 4096, 2), (8, 512, 1040, 3)]
@@ -27,13 +25,6 @@ SHAPES = [(64, 1024, 4096, 4), (8, 1024, 4096, 2), (8, 512, 1040, 3)]
 def _sm90():
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs sm_90")
-
-
-@pytest.fixture(params=[False, True], ids=["s8", "deep"])
-def deep(request, monkeypatch):
-    """DEEP_DECODE for the test (the runners read it when they are made and at each call)."""
-    monkeypatch.setattr(vc, "DEEP_DECODE", request.param)
-    return request.param
 
 
 def _layer(config: str, groups: int, n: int, k: int, rows: int, seed: int):
@@ -64,12 +55,11 @@ def _counters_zero(w, config: str) -> bool:
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("config", SPLIT)
-def test_split_calls_are_exact_deterministic_and_leave_the_counters_at_zero(config, shape, deep):
+def test_split_calls_are_exact_deterministic_and_leave_the_counters_at_zero(config, shape):
     groups, n, k, rows = shape
     w, ref, x = _layer(config, groups, n, k, rows, seed=7)
     runner = w.impl.runner(config)
     assert runner.slices(rows) > 1, "the shape must split"
-    assert runner.deep(rows) == deep
     gen = torch.Generator().manual_seed(rows)
     for it in range(6):
         offsets = _offsets(rows, groups, gen, one_group=it % 3 == 0)
@@ -83,7 +73,7 @@ def test_split_calls_are_exact_deterministic_and_leave_the_counters_at_zero(conf
 
 
 @pytest.mark.parametrize("config", SPLIT)
-def test_graph_replays_new_routings_with_split_k(config, deep):
+def test_graph_replays_new_routings_with_split_k(config):
     """One capture at T = 4 rows over 64 groups (2-4 slices per tile), 40 replays with new offsets, each exact; the
     counters at zero after them."""
     groups, n, k, rows = SHAPES[0]

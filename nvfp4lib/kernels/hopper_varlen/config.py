@@ -139,7 +139,6 @@ def make(dual: bool, tile_m: int, tile_n: int, ab_stages: int, token_step: int =
 
 # The tilings `auto` chooses among: those of the host-scheduled kernel's AUTO_CANDIDATES (each ran exact on the H100
 # there), under this family's names.
-DEEP_STAGES = 16  # the deep decode form's pipeline (deep_of): 16 stages of a 16-token tile, 216 KB of shared memory
 CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     make(False, 128, 96, 3), make(False, 128, 128, 3), make(False, 128, 128, 4), make(False, 128, 128, 5),
     make(False, 128, 64, 4), make(False, 128, 256, 3, token_step=32),
@@ -167,10 +166,6 @@ CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     # one CTA per SM. Prediction for it: Qwen3-like T=1 unsplit (as with split-K off), Mixtral-like T=1 down in 2
     # slices about as fast as in 4.
     *(make(dual, 64 if dual else 128, 16, 8, act=act, split_k=True) for act in ACTS for dual in (False, True)),
-    # Their deep forms (deep_of: 16 stages, 216 KB, one CTA per SM), which a call takes where its grid fits one CTA
-    # per SM (DEEP_DECODE; the prediction beside it)
-    *(make(dual, 64 if dual else 128, 16, DEEP_STAGES, act=act, split_k=True) for act in ACTS
-      for dual in (False, True)),
     # The consumer's wait without the suspend-time hint (wait="spin", names ending _w), an A/B of the study shapes'
     # tilings. Why (H100 ncu source counters, S4, 2026-11-27): this kernel's GEMM ran 7% (S4) to 11% (S3) more cycles
     # than the host-scheduled kernel's with the same tiling, same PTX loop; in its SASS the stage wait is an inline
@@ -242,10 +237,17 @@ SPLIT_TILES = 1024  # tiles a split call counts at most: the per-stream counters
 # hand-over), DRAM still 14-20%, and took as long or longer (gate/up W4A16 14.1 -> 14.8 us). More warps do not shorten
 # a decode CTA's time: what bounds it is not the number of warps issuing. The form left the package (git keeps it at
 # the A/B's commit, notebook 11 names it); the other two levers stand.
-# The ncu source counters of the same probe, at the SASS line (H200, 2026-11-28, development): the top stall of the
-# Qwen3-like gate/up GEMM is the consumers' wait for a stage's TMA data (22% of the samples, on the branch after the
-# full barrier's TRYWAIT), then long scoreboard: a decode CTA of 16 K tiles waits on memory latency, its 8-stage ring
-# filled about twice (the first 8 stages at the start, the next 8 as they free), with DRAM at 15-20% of peak.
+# The ncu source counters of the same probe, at the SASS line (development): the top stall of the Qwen3-like gate/up
+# GEMM is the consumers' wait for a stage's TMA data (22% of the samples, on the branch after the full barrier's
+# TRYWAIT), then long scoreboard. The second lever tried on that reading (2026-11-28, H200): a deep form, the same
+# tilings at 16 stages (216 KB, one CTA per SM) taken where a call's grid fits one CTA per SM, so a CTA requests twice
+# the stages at once (all 16 K tiles of that GEMM). Predicted: that GEMM 11.5-13 -> ~7-8 us, the layer ~4-5 us faster.
+# Measured (moe-bench --deep-decode off on, one run, notebook 11's rounds): slower, gate/up 11.5 -> 13.3 us (W4A4) and
+# 13.2 -> 15.1 (W4A16), the layer 39.1 -> 46.1 and 28.8 -> 33.3 us; every other case within 3%. So the wait is not for
+# want of stages in flight. In both lost A/Bs the layer lost more than its GEMMs' own time (W4A4: +7 us against +2): a
+# GEMM CTA that needs more of the SM (216 KB, or 512 threads) seems to start later beside the kernel before it (the
+# programmatic dependent launch overlap), a reading not yet measured. The deep form left the package too (git keeps it
+# at its A/B's commit).
 SPLIT_RULES = ("idle", "balance")
 SHIPPED_SPLIT_RULE = "idle"
 SPLIT_RULE = SHIPPED_SPLIT_RULE
@@ -266,30 +268,6 @@ def split_setting(split_k: bool | str | None):
         yield
     finally:
         SPLIT_K, SPLIT_RULE = old
-
-
-# The deep decode (issue 41): a ``split_k`` runner's call whose grid fits one CTA per SM runs the config's
-# :func:`deep_of` form, :data:`DEEP_STAGES` stages instead of 8 (the same kernel: one CTA per SM either way), so a CTA
-# has twice the stages in flight: the whole K of the Qwen3-like gate/up GEMM (16 K tiles) is requested at the start.
-# Prediction (2026-11-28, before any run; H200): a grid of one CTA per SM of 16 or more K tiles, from about 2 memory
-# round trips plus the decode to about one: the Qwen3-like T = 1 gate/up GEMM 11.5-13 -> ~7-8 us (its down GEMM, 6 K
-# tiles, all in flight at 8 stages already, unchanged), the layer ~4-5 us faster in both modes; the Mixtral-like T = 1
-# down GEMM (2 slices of 56 K tiles) ~1.5x faster; the m-sweep shape M8-G1-N4096-K7168 (32 CTAs, 56 K tiles) with the
-# 16-stage tiling against the 8-stage one ~1.6-1.8x faster.
-DEEP_DECODE = True  # False: every call runs the config as it is (moe-bench --deep-decode off on: the A/B)
-
-
-def deep_of(cfg: VarlenConfig) -> VarlenConfig:
-    """``cfg`` with :data:`DEEP_STAGES` stages (a named config of :data:`CONFIGS`)."""
-    return CONFIGS[_name(cfg.dual, cfg.tile_m, cfg.tile_n, cfg.tile_k, DEEP_STAGES, cfg.token_step, cfg.epilogue,
-                         cfg.act, cfg.wait, cfg.split_k)]
-
-
-def use_deep(cfg: VarlenConfig, rows: int, groups: int, n: int, sms: int) -> bool:
-    """Whether a call of ``rows`` rows runs ``cfg``'s deep form (:data:`DEEP_DECODE`): a ``split_k`` config of fewer
-    stages whose grid (before any split) fits one CTA per SM."""
-    ctas = max_token_tiles(rows, groups, cfg.tile_n) * -(-n // cfg.tile_m)
-    return bool(DEEP_DECODE and cfg.split_k and cfg.ab_stages < DEEP_STAGES and 0 < ctas <= sms)
 
 
 def partials_width(cfg: VarlenConfig, n: int) -> int:

@@ -15,7 +15,6 @@ from ..common.packing import check_scales_finite
 from ..common.sm90 import POST_SCALE
 from ..common.sm90 import _require_hopper as require_hopper
 from ..hopper_rs.layout import prepack_weights
-from . import config as vc
 from .config import NWG, ROW_BYTES, SPLIT_TILES, VarlenConfig, check_grid, choose_splits, partials_width, validate
 from .gather import group_table, launch
 from .kernel import kernel_classes
@@ -198,9 +197,7 @@ def layout_of(cfg: VarlenConfig) -> tuple[bool, int, int]:
 
 class VarlenRunner:
     """One config compiled for packed weights: ``runner(codes, scales, gs_a, offsets) -> C [T, N]``; a config with
-    ``act="bf16"``: ``runner.call_a16(x, offsets) -> C [T, N]`` (no prologue: the bf16 rows are the GEMM's operand).
-    A ``split_k`` config also compiles its deep form (:func:`~.config.deep_of`, unless :data:`~.config.DEEP_DECODE`
-    is off when the runner is made), which the calls :func:`~.config.use_deep` picks take."""
+    ``act="bf16"``: ``runner.call_a16(x, offsets) -> C [T, N]`` (no prologue: the bf16 rows are the GEMM's operand)."""
 
     def __init__(self, w: PackedWeights, cfg: VarlenConfig, out_dtype=torch.float16):
         self.cfg = validate(cfg)
@@ -212,24 +209,17 @@ class VarlenRunner:
         self.w, self.out_dtype = w, out_dtype
         out_name = OUT_DTYPES[out_dtype]
         g, n, kp = w.groups, w.n, w.k_pad
-        deep = cfg.split_k and vc.DEEP_DECODE and cfg.ab_stages < vc.DEEP_STAGES
-        self.deep_cfg = vc.deep_of(cfg) if deep else None
-        self._gemm_deep = self._call_deep = None
         if cfg.act == "bf16":  # the GEMM alone, on the caller's bf16 rows [T, K]
             self._gemm = compile_gemm(cfg, g, n, kp, out_name, k=w.k)
-            if deep:
-                self._gemm_deep = compile_gemm(self.deep_cfg, g, n, kp, out_name, k=w.k)
             self._call = None
             self._gs_unread = w.gs_b.view(-1)  # the kernel's gs_a argument, not read for bf16 activations
         else:  # the prologue and the GEMM, from one host function
             self._gemm, self._call = None, compile_call(cfg, g, n, kp, out_name)
-            if deep:
-                self._call_deep = compile_call(self.deep_cfg, g, n, kp, out_name)
         # (.kernel.EAGER_FUSED: calls not being captured run the fused kernel, compiled on the first such call)
         from . import kernel
 
         self._eager_fused = self._call is not None and kernel.EAGER_FUSED and not kernel.FUSED_PROLOGUE
-        self._eager = self._eager_deep = None
+        self._eager = None
         self._no_split = no_splits(cfg, n, w.device)
         self._splits = SplitScratch(partials_width(cfg, n), w.device) if cfg.split_k else None
         self.sms = torch.cuda.get_device_properties(w.device).multi_processor_count
@@ -238,10 +228,6 @@ class VarlenRunner:
         """K slices per tile of a call of ``rows`` rows (:func:`~.config.choose_splits`; 1 without ``split_k``)."""
         w = self.w
         return choose_splits(self.cfg, rows, w.groups, w.n, w.k_pad, self.sms)
-
-    def deep(self, rows: int) -> bool:
-        """Whether a call of ``rows`` rows runs the deep form (:func:`~.config.use_deep`)."""
-        return self.deep_cfg is not None and vc.use_deep(self.cfg, rows, self.w.groups, self.w.n, self.sms)
 
     def _split_args(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._splits is None:
@@ -264,8 +250,7 @@ class VarlenRunner:
             out = torch.empty(rows, w.n, dtype=self.out_dtype, device=w.device)
         if rows == 0:
             return out
-        gemm = self._gemm_deep if self.deep(rows) else self._gemm
-        gemm(w.packed, x, out, offsets, self._gs_unread, w.gs_b, *self._split_args(rows))
+        self._gemm(w.packed, x, out, offsets, self._gs_unread, w.gs_b, *self._split_args(rows))
         return out
 
     def __call__(self, codes: torch.Tensor, scales: torch.Tensor, gs_a: torch.Tensor, offsets: torch.Tensor,
@@ -285,19 +270,13 @@ class VarlenRunner:
         if scales.dtype is not E4M3:  # (the compiled call takes E4M3: the NVFP4Tensor's scales need no view)
             scales = scales.view(E4M3)
         x16, count = w.x16(rows)
-        deep = self.deep(rows)
-        call = self._call_deep if deep else self._call
+        call = self._call
         if self._eager_fused and not torch._C._cuda_isCurrentStreamCapturing():
-            call = (self._eager_deep if deep else self._eager) or self._compile_eager(deep)
+            call = self._eager or self._compile_eager()
         call(codes, scales, x16, w.packed, out, offsets, gs_a, w.gs_b, count, *self._split_args(rows))
         return out
 
-    def _compile_eager(self, deep: bool = False):
+    def _compile_eager(self):
         w = self.w
-        fn = compile_call(self.deep_cfg if deep else self.cfg, w.groups, w.n, w.k_pad, OUT_DTYPES[self.out_dtype],
-                          fused=True)
-        if deep:
-            self._eager_deep = fn
-        else:
-            self._eager = fn
-        return fn
+        self._eager = compile_call(self.cfg, w.groups, w.n, w.k_pad, OUT_DTYPES[self.out_dtype], fused=True)
+        return self._eager
