@@ -274,8 +274,17 @@ def knob_setting(module: str, name: str, value):
         setattr(mod, name, old)
 
 
+def _fuse_max_rows():
+    """The serving kernel's FUSE_MAX_ROWS as set now (None where its module does not import: no CuTe DSL)."""
+    try:
+        return getattr(importlib.import_module(FUSE_KNOB[0]), FUSE_KNOB[1])
+    except ImportError:
+        return None
+
+
 QUANT_KNOB = ("nvfp4lib.nn.quant_triton", "ONE_PROGRAM")  # moe-bench --quant-one-program
 ROUTE_KNOB = ("nvfp4lib.nn.routing_triton", "ROUTE_MAX_COPIES")  # moe-bench --route-max-copies
+FUSE_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "FUSE_MAX_ROWS")  # moe-bench --fuse-max-rows
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -376,6 +385,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["gemv_max_tokens"] = mod.gemv_max_tokens
                                 row["split_k"] = vl_config.SPLIT_K
                                 row["split_rule"] = vl_config.SPLIT_RULE
+                                row["fuse_max_rows"] = _fuse_max_rows()
                                 row["quant_one_program"] = one_program if kind == "nvfp4" else None
                                 row["gemv"] = bool(mod._gemv_step(x))
                             row["route_max_copies"] = route_max
@@ -461,6 +471,10 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                    help="the most token copies (T·k) the one-launch Triton routing takes, torch's form above "
                         "(nn.routing_triton.ROUTE_MAX_COPIES; default: as shipped); several values run the whole set "
                         "once per value (an A/B, e.g. 128 1024); rows carry route_max_copies")
+    p.add_argument("--fuse-max-rows", nargs="+", type=int, metavar="N",
+                   help="captured NVFP4 calls of at most N rows run the serving kernel's fused kernel (prologue inside "
+                        "the GEMM: one launch; hopper_varlen.kernel.FUSE_MAX_ROWS; default: as shipped); several "
+                        "values run the whole set once per value (an A/B, e.g. 0 64); rows carry fuse_max_rows")
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -496,9 +510,11 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split, one, route_max in itertools.product(args.split_k or [None], args.quant_one_program or [None],
-                                                       args.route_max_copies or [None]):
-            with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), knob_setting(*ROUTE_KNOB, route_max):
+        for split, one, route_max, fuse in itertools.product(args.split_k or [None], args.quant_one_program or [None],
+                                                             args.route_max_copies or [None],
+                                                             args.fuse_max_rows or [None]):
+            with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
+                    knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

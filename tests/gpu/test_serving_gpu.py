@@ -217,6 +217,40 @@ def test_eager_calls_run_fused_captured_calls_two_kernels(monkeypatch, dual):
     assert len(fused_calls) == 2
 
 
+@pytest.mark.parametrize("dual", [False, True])
+def test_small_captured_calls_run_the_fused_kernel_with_fuse_max_rows(monkeypatch, dual):
+    """FUSE_MAX_ROWS (off as shipped): a captured call of at most that many rows runs the fused kernel, compiled when
+    the runner is made (not in the capture); its replays with new splits of the rows (an empty group, all rows in one)
+    exact; a call past the limit keeps the two kernels under capture."""
+    from nvfp4lib.kernels.hopper_varlen import kernel
+
+    monkeypatch.setattr(kernel, "FUSE_MAX_ROWS", 64)
+    monkeypatch.setattr(kernel, "FUSED_PROLOGUE", False)
+    base = GroupedProblem.uniform_nk("e", (5, 0, 30, 1), 512, 1024)
+    base = base.with_dual() if dual else base
+    inp = make_inputs(base, seed=21, mode="gaussian", device="cuda")
+    w = prepare_weights(inp.b, inp.b2)
+    ref = prepare_weights(inp.b, inp.b2, backend="reference")
+    ap, offsets, gs = packed(inp.a)
+    rows = ap.data.shape[0]
+    first = w(ap, offsets, global_scale=gs)
+    (runner,) = w.impl._runners.values()
+    assert runner._eager is not None and runner.fused(rows, True) and not runner.fused(65, True)
+    assert relative_error([first], [ref(ap, offsets, global_scale=gs)]) <= TOL
+    fused_calls = []
+    fused = runner._eager
+    runner._eager = lambda *args: (fused_calls.append(1), fused(*args))[1]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        c = w(ap, offsets, global_scale=gs)
+    assert len(fused_calls) == 1, "the capture did not run the fused kernel"
+    for split in ([0, 36, 36, 36, 36], [0, 0, 12, 20, 36], [0, 1, 2, 3, 36]):
+        offsets.copy_(torch.tensor(split, dtype=torch.int32))
+        c.fill_(float("nan"))
+        g.replay()
+        assert relative_error([c], [ref(ap, offsets, global_scale=gs)]) <= TOL, split
+
+
 def test_torch_compile_and_opcheck():
     inp = make_inputs(BENCHMARK[3], seed=5, mode="gaussian", device="cuda")
     w = prepare_weights(inp.b, None)

@@ -61,6 +61,15 @@ FUSED_PROLOGUE = False
 # on a host as fast, not an A/B in one run): eager host time -7 us median over the eight shapes (S3 +1.1 to S4-dual
 # -8.8), eager GPU time back to back +1.8 to +7.5 us, graph replays within 2.6 us (every target of issue 18 held).
 EAGER_FUSED = True
+# Captured NVFP4 calls of at most this many rows run the fused kernel too (0: none; the runner compiles it when it is
+# made, never inside a capture). Why (issue 41): in a graph replay of the Qwen3-like layer at T = 1 (H200 profile,
+# 2026-11-28) each of the two prologue kernels takes 1.3-1.4 us for 8 rows, a launch in the chain of a ~39 us W4A4
+# step; the fused kernel's slices of 8 rows are a few chunks per CTA, while the GEMM's replays of the study shapes
+# (thousands of rows) lost 0.9-2.6 us to them (FUSED_PROLOGUE's note). Prediction (2026-11-28, before any run; not run
+# on a GPU yet): at 64 (up to 8 tokens of a top-8 layer), the Qwen3-like T = 1 W4A4 layer ~2-3 us faster (two
+# prologue launches gone, each GEMM a little longer), DeepSeek- and Mixtral-like decode likewise in absolute terms;
+# steps past 64 rows unchanged. Off until that A/B (moe-bench --fuse-max-rows 0 64) is recorded.
+FUSE_MAX_ROWS = 0
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
 # test_serving_gpu.py's S4 case, eager W4A4 calls): the fused kernel reports shared-memory hazards (1 error on the
 # shipped config's S4 case, 12 on a split-K case) at one site only: the staged epilogue's stores to its output tile
@@ -74,7 +83,7 @@ def call_knobs() -> dict:
     """The knobs an NVFP4 call's times depend on, as set now: what calls rows carry
     (:func:`nvfp4lib.bench.calls.bench_calls`) and what the report keeps rows at
     (:func:`nvfp4lib.study.serving_report.shipped_calls`)."""
-    return {"fused_prologue": int(FUSED_PROLOGUE), "eager_fused": int(EAGER_FUSED)}
+    return {"fused_prologue": int(FUSED_PROLOGUE), "eager_fused": int(EAGER_FUSED), "fuse_max_rows": FUSE_MAX_ROWS}
 
 
 # CTAs of the fused call that decode a slice of the activations: one per SM of an H100 SXM (fewer SMs only delays

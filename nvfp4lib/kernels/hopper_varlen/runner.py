@@ -215,11 +215,15 @@ class VarlenRunner:
             self._gs_unread = w.gs_b.view(-1)  # the kernel's gs_a argument, not read for bf16 activations
         else:  # the prologue and the GEMM, from one host function
             self._gemm, self._call = None, compile_call(cfg, g, n, kp, out_name)
-        # (.kernel.EAGER_FUSED: calls not being captured run the fused kernel, compiled on the first such call)
+        # (.kernel.EAGER_FUSED: calls not being captured run the fused kernel, compiled on the first such call;
+        # .kernel.FUSE_MAX_ROWS: captured calls of at most that many rows run it too, compiled here, not in a capture)
         from . import kernel
 
-        self._eager_fused = self._call is not None and kernel.EAGER_FUSED and not kernel.FUSED_PROLOGUE
+        self._fusable = self._call is not None and not kernel.FUSED_PROLOGUE
+        self._eager_fused = self._fusable and kernel.EAGER_FUSED
         self._eager = None
+        if self._fusable and kernel.FUSE_MAX_ROWS > 0:
+            self._compile_eager()
         self._no_split = no_splits(cfg, n, w.device)
         self._splits = SplitScratch(partials_width(cfg, n), w.device) if cfg.split_k else None
         self.sms = torch.cuda.get_device_properties(w.device).multi_processor_count
@@ -271,10 +275,18 @@ class VarlenRunner:
             scales = scales.view(E4M3)
         x16, count = w.x16(rows)
         call = self._call
-        if self._eager_fused and not torch._C._cuda_isCurrentStreamCapturing():
+        if self.fused(rows, torch._C._cuda_isCurrentStreamCapturing()):
             call = self._eager or self._compile_eager()
         call(codes, scales, x16, w.packed, out, offsets, gs_a, w.gs_b, count, *self._split_args(rows))
         return out
+
+    def fused(self, rows: int, capturing: bool) -> bool:
+        """Whether an NVFP4 call of ``rows`` rows runs the fused kernel (one launch) instead of the prologue and the
+        GEMM: not captured with :data:`.kernel.EAGER_FUSED`, or at most :data:`.kernel.FUSE_MAX_ROWS` rows (captured
+        or not); with :data:`.kernel.FUSED_PROLOGUE` the call is that kernel already."""
+        from . import kernel
+
+        return self._fusable and ((self._eager_fused and not capturing) or rows <= kernel.FUSE_MAX_ROWS)
 
     def _compile_eager(self):
         w = self.w
