@@ -274,14 +274,6 @@ def knob_setting(module: str, name: str, value):
         setattr(mod, name, old)
 
 
-def _fuse_max_rows():
-    """The serving kernel's FUSE_MAX_ROWS as set now (None where its module does not import: no CuTe DSL)."""
-    try:
-        return getattr(importlib.import_module(FUSE_KNOB[0]), FUSE_KNOB[1])
-    except ImportError:
-        return None
-
-
 QUANT_KNOB = ("nvfp4lib.nn.quant_triton", "ONE_PROGRAM")  # moe-bench --quant-one-program
 ROUTE_KNOB = ("nvfp4lib.nn.routing_triton", "ROUTE_MAX_COPIES")  # moe-bench --route-max-copies
 FUSE_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "FUSE_MAX_ROWS")  # moe-bench --fuse-max-rows
@@ -328,6 +320,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         one_program = getattr(importlib.import_module(QUANT_KNOB[0]), QUANT_KNOB[1]) if quantizer == "triton" \
             else None
         route_max = getattr(importlib.import_module(ROUTE_KNOB[0]), ROUTE_KNOB[1])  # the one-launch routing's limit
+        fuse_max = getattr(importlib.import_module(FUSE_KNOB[0]), FUSE_KNOB[1])  # captured small calls fused
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
         rows = []
         for li, layer in enumerate(layers):
@@ -385,7 +378,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["gemv_max_tokens"] = mod.gemv_max_tokens
                                 row["split_k"] = vl_config.SPLIT_K
                                 row["split_rule"] = vl_config.SPLIT_RULE
-                                row["fuse_max_rows"] = _fuse_max_rows()
+                                row["fuse_max_rows"] = fuse_max
                                 row["quant_one_program"] = one_program if kind == "nvfp4" else None
                                 row["gemv"] = bool(mod._gemv_step(x))
                             row["route_max_copies"] = route_max

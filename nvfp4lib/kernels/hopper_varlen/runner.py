@@ -15,6 +15,7 @@ from ..common.packing import check_scales_finite
 from ..common.sm90 import POST_SCALE
 from ..common.sm90 import _require_hopper as require_hopper
 from ..hopper_rs.layout import prepack_weights
+from . import kernel
 from .config import NWG, ROW_BYTES, SPLIT_TILES, VarlenConfig, check_grid, choose_splits, partials_width, validate
 from .gather import group_table, launch
 from .kernel import kernel_classes
@@ -51,8 +52,6 @@ def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
     (``fn(codes, scales, x16, weights, C, offsets, gs_a, gs_b, counters, partials, tile_counts)``; one kernel with
     ``fused``, else two;
     None: :data:`.kernel.FUSED_PROLOGUE`), compiled once per shape."""
-    from . import kernel
-
     _, gemm_cls, call_cls = kernel_classes()
     fused = kernel.FUSED_PROLOGUE if fused is None else fused
     return _compile(("call", cfg, groups, n, k_pad, out_name, fused),
@@ -217,8 +216,6 @@ class VarlenRunner:
             self._gemm, self._call = None, compile_call(cfg, g, n, kp, out_name)
         # (.kernel.EAGER_FUSED: calls not being captured run the fused kernel, compiled on the first such call;
         # .kernel.FUSE_MAX_ROWS: captured calls of at most that many rows run it too, compiled here, not in a capture)
-        from . import kernel
-
         self._fusable = self._call is not None and not kernel.FUSED_PROLOGUE
         self._eager_fused = self._fusable and kernel.EAGER_FUSED
         self._eager = None
@@ -284,8 +281,6 @@ class VarlenRunner:
         """Whether an NVFP4 call of ``rows`` rows runs the fused kernel (one launch) instead of the prologue and the
         GEMM: not captured with :data:`.kernel.EAGER_FUSED`, or at most :data:`.kernel.FUSE_MAX_ROWS` rows (captured
         or not); with :data:`.kernel.FUSED_PROLOGUE` the call is that kernel already."""
-        from . import kernel
-
         return self._fusable and ((self._eager_fused and not capturing) or rows <= kernel.FUSE_MAX_ROWS)
 
     def _compile_eager(self):
