@@ -176,6 +176,36 @@ def test_nvfp4_call_is_one_host_function(monkeypatch, fused):
         assert "ld.acquire.gpu" not in art.ptx
 
 
+def _entries(ptx: str) -> dict:
+    """A PTX module's kernels: {name fragment: its text}, split at each ``.entry``."""
+    parts = ptx.split(".entry")[1:]
+    return {("prologue" if "ActivationDecodeSm90" in p.split("(")[0] else "gemm"): p for p in parts}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chain", [False, True])
+def test_chained_kernels_wait_then_let_the_next_launch(monkeypatch, chain):
+    """pdl.CHAIN (kernels.common.pdl): the prologue, launched chained, waits for the kernel before it before it lets
+    the GEMM launch; the GEMM lets the next kernel launch (after its own wait); W4A16's GEMM alone likewise. Off, the
+    prologue does not wait (it is launched after its predecessor ends) and the GEMM lets nothing launch early."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from nvfp4lib.kernels.common import pdl
+    from nvfp4lib.kernels.hopper_varlen.report import compile_report
+
+    monkeypatch.setattr(pdl, "CHAIN", chain)
+    ks = _entries(_compile_call(CONFIGS["vl_m128_t16_k128_s8_e"], 2048, False).ptx)
+    pro, gemm = ks["prologue"], ks["gemm"]
+    assert "griddepcontrol.launch_dependents" in pro and "griddepcontrol.wait" in gemm
+    assert ("griddepcontrol.wait" in pro) == chain
+    if chain:
+        assert pro.index("griddepcontrol.wait") < pro.index("griddepcontrol.launch_dependents")
+        assert gemm.index("griddepcontrol.wait") < gemm.rindex("griddepcontrol.launch_dependents")
+    assert ("griddepcontrol.launch_dependents" in gemm) == chain
+    a16 = compile_report(CONFIGS["vl_a16_m128_t16_k128_s8_e"], groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"]
+    assert ("griddepcontrol.launch_dependents" in a16) == chain
+
+
 @pytest.mark.slow
 def test_tile_search_walks_few_groups_and_shuffles_over_many(monkeypatch):
     """_schedule: up to LOOP_GROUPS groups each thread walks them (G + 1 loads, no shuffles: the PTX of the large-token

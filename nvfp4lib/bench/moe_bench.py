@@ -277,6 +277,7 @@ def knob_setting(module: str, name: str, value):
 QUANT_KNOB = ("nvfp4lib.nn.quant_triton", "ONE_PROGRAM")  # moe-bench --quant-one-program
 ROUTE_KNOB = ("nvfp4lib.nn.routing_triton", "ROUTE_MAX_COPIES")  # moe-bench --route-max-copies
 FUSE_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "FUSE_MAX_ROWS")  # moe-bench --fuse-max-rows
+CHAIN_KNOB = ("nvfp4lib.kernels.common.pdl", "CHAIN")  # moe-bench --chain-pdl
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -321,6 +322,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
             else None
         route_max = getattr(importlib.import_module(ROUTE_KNOB[0]), ROUTE_KNOB[1])  # the one-launch routing's limit
         fuse_max = getattr(importlib.import_module(FUSE_KNOB[0]), FUSE_KNOB[1])  # captured small calls fused
+        chain = bool(getattr(importlib.import_module(CHAIN_KNOB[0]), CHAIN_KNOB[1]))  # chained launches
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
         rows = []
         for li, layer in enumerate(layers):
@@ -382,6 +384,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["quant_one_program"] = one_program if kind == "nvfp4" else None
                                 row["gemv"] = bool(mod._gemv_step(x))
                             row["route_max_copies"] = route_max
+                            row["chain_pdl"] = chain
                             # the peer has W4A16 semantics; W4A4 is checked on the activations the layer quantized
                             act = "bf16" if kind in ("peer", "bf16") else "nvfp4"
                             try:
@@ -468,6 +471,10 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                    help="captured NVFP4 calls of at most N rows run the serving kernel's fused kernel (prologue inside "
                         "the GEMM: one launch; hopper_varlen.kernel.FUSE_MAX_ROWS; default: as shipped); several "
                         "values run the whole set once per value (an A/B, e.g. 0 64); rows carry fuse_max_rows")
+    p.add_argument("--chain-pdl", nargs="+", choices=["on", "off"],
+                   help="the layer's kernels launched chained by programmatic dependent launch (kernels.common.pdl."
+                        "CHAIN; default: as shipped); several values run the whole set once per value (an A/B, e.g. "
+                        "off on); rows carry chain_pdl")
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -503,11 +510,12 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split, one, route_max, fuse in itertools.product(args.split_k or [None], args.quant_one_program or [None],
-                                                             args.route_max_copies or [None],
-                                                             args.fuse_max_rows or [None]):
+        for split, one, route_max, fuse, chain in itertools.product(
+                args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
+                args.fuse_max_rows or [None], args.chain_pdl or [None]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
-                    knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse):
+                    knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
+                    knob_setting(*CHAIN_KNOB, None if chain is None else chain == "on"):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..formats import NVFP4Tensor, quantize
+from ..kernels.common import pdl
 from ..serving import SERVING_BACKENDS, prepare_weights
 from . import compiled
 from .moe_gemv import GEMV_MAX_TOKENS, gemv_moe
@@ -134,15 +135,20 @@ class NVFP4MoE(torch.nn.Module):
             return compiled.moe(x, topk_ids, topk_weights, self._handle)
         if self._gemv_step(x):
             return self._forward_gemv(x, topk_ids, topk_weights)
-        r = route(topk_ids, self.experts)
+        static = self.input_scales or (None, None)
+        # chained launches (kernels.common.pdl): the amax words of the two dynamic quantizations zeroed by the
+        # routing launch instead of a fill kernel each (a fill is not chained)
+        words = None
+        if self.activations == "nvfp4" and self.quantizer == "triton" and pdl.chained(x.device) and None in static:
+            words = torch.empty(2, dtype=torch.int32, device=x.device)
+        r = route(topk_ids, self.experts, clear=words)
         if self.activations == "nvfp4":
             # The T·k copies quantized in packed order with x's global scale: quantization is row-local, so these
             # are the bits of quantizing x then gathering (the Triton quantizer reads each copy's row itself, one
             # launch instead of a quantization and two gathers; the torch form gathers after quantizing)
-            static = self.input_scales or (None, None)
-            codes, scales, g = self._quantize(x, static[0], r.token)
+            codes, scales, g = self._quantize(x, static[0], r.token, amax_word=None if words is None else words[0:1])
             h = self.gate_up(_packed(codes, scales.view(torch.uint8), g), r.offsets, global_scale=g)
-            codes, scales, g = self._quantize(h, static[1])
+            codes, scales, g = self._quantize(h, static[1], amax_word=None if words is None else words[1:2])
             y = self.down(_packed(codes, scales.view(torch.uint8), g), r.offsets, global_scale=g)
         else:
             # the intermediate is already bf16 (INTERMEDIATE_DTYPE): the down GEMM's activations as they are
@@ -165,17 +171,19 @@ class NVFP4MoE(torch.nn.Module):
                         static=self.input_scales or (None, None))
 
     def _quantize(self, x: torch.Tensor, global_scale: torch.Tensor | None = None, index=None, amax_reduce=None,
-                  valid=None):
+                  valid=None, amax_word=None):
         """(codes, scales, global scale) of x's rows, or of the rows ``x[index]`` with x's global scale (a negative
         index: an unspecified row).
         ``amax_reduce`` (without ``global_scale``): replaces x's ``amax(|x|)`` (float32 [1]) in place before the
         global scale is computed from it (expert parallelism: the group's max). ``valid`` (int32 [1] on the device):
-        only x's first ``valid[0]`` rows count and are quantized (the others' outputs unspecified)."""
+        only x's first ``valid[0]`` rows count and are quantized (the others' outputs unspecified). ``amax_word``
+        (the Triton form, without ``global_scale``): an int32 [1] zeroed for this call on the device, the amax's."""
         if self.quantizer == "triton" and not torch.compiler.is_compiling():
             from .quant_triton import quantize_rows_triton
 
             rows_ok = x.dim() == 2 and x.stride(1) == 1  # (a row stride is fine: the EP transport's gathered rows)
-            return quantize_rows_triton(x if rows_ok else x.contiguous(), global_scale, index, amax_reduce, valid)
+            return quantize_rows_triton(x if rows_ok else x.contiguous(), global_scale, index, amax_reduce, valid,
+                                        amax_word=amax_word)
         if global_scale is None and (amax_reduce is not None or valid is not None):
             counted = x if valid is None else torch.where(
                 (torch.arange(x.shape[0], device=x.device) < valid).unsqueeze(1), x, 0)

@@ -15,6 +15,8 @@ import triton
 import triton.language as tl
 
 from ..formats import BLOCK_SIZE
+from ..kernels.common import pdl
+from ..kernels.common.pdl_triton import chain
 from ..kernels.common.triton_launch import launch
 from .quant import check_k
 
@@ -63,7 +65,8 @@ def _tile_amax(ev, od):
 
 @triton.jit
 def _amax_kernel(x, x_stride, amax_bits, rows, nblk, valid, R: tl.constexpr, CB: tl.constexpr,
-                 HAS_VALID: tl.constexpr):
+                 HAS_VALID: tl.constexpr, GDC: tl.constexpr):
+    chain(GDC)
     if HAS_VALID:  # only the first valid[0] rows
         rows = tl.minimum(rows, tl.load(valid))
     ev, od, ok, r, b, j = _tile(x, x_stride, rows, nblk, R, CB, x, False)
@@ -119,7 +122,9 @@ def _quant_tile(x, x_stride, g, codes, scales, index, rows, nblk, R: tl.constexp
 
 @triton.jit
 def _quant_kernel(x, x_stride, g_in, amax_bits, codes, scales, g_out, index, rows, nblk, valid, HAVE_G: tl.constexpr,
-                  R: tl.constexpr, CB: tl.constexpr, HAS_INDEX: tl.constexpr, HAS_VALID: tl.constexpr):
+                  R: tl.constexpr, CB: tl.constexpr, HAS_INDEX: tl.constexpr, HAS_VALID: tl.constexpr,
+                  GDC: tl.constexpr):
+    chain(GDC)
     if HAS_VALID:
         rows = tl.minimum(rows, tl.load(valid))
     if HAVE_G:
@@ -133,9 +138,10 @@ def _quant_kernel(x, x_stride, g_in, amax_bits, codes, scales, g_out, index, row
 
 @triton.jit
 def _quant_one_kernel(x, x_stride, codes, scales, g_out, index, x_rows, rows, nblk, R: tl.constexpr,
-                      CB: tl.constexpr, HAS_INDEX: tl.constexpr):
+                      CB: tl.constexpr, HAS_INDEX: tl.constexpr, GDC: tl.constexpr):
     """A small input in one program (one tile holds all of x and all output rows): x's amax, the global scale, the
     quantized rows; no memset, no atomic, one launch."""
+    chain(GDC)
     ev, od, ok, r, b, j = _tile(x, x_stride, x_rows, nblk, R, CB, x, False)
     amax = _tile_amax(ev, od)
     g = _global_scale(amax)
@@ -148,7 +154,7 @@ def _grid(rows: int, nblk: int) -> tuple[int, int]:
 
 
 def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = None, index: torch.Tensor | None = None,
-                         amax_reduce=None, valid: torch.Tensor | None = None):
+                         amax_reduce=None, valid: torch.Tensor | None = None, amax_word: torch.Tensor | None = None):
     """:func:`nvfp4lib.nn.quant.quantize_rows` in two Triton launches (one with ``global_scale``): the same outputs,
     bit for bit. ``x`` a contiguous float tensor ``[..., K]`` (or 2-D with any row stride) on a device Triton runs
     on (a CUDA GPU, or the CPU under ``TRITON_INTERPRET=1``); no host synchronisation. ``index`` (int ``[R]``, 2-D
@@ -158,7 +164,9 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
     replace it in place, e.g. with a process group's max (expert parallelism); the global scale is then computed
     from what it leaves there. ``valid`` (int32 ``[1]`` on the device, 2-D ``x``
     without ``index``): only x's first ``valid[0]`` rows count and are quantized (the rest of the outputs are left
-    unspecified), e.g. the rows an expert GEMM wrote of a buffer sized for the most."""
+    unspecified), e.g. the rows an expert GEMM wrote of a buffer sized for the most. ``amax_word`` (without
+    ``global_scale``): an int32 ``[1]`` the caller has zeroed on the device for this call, used instead of a new
+    zeroed word (its fill kernel: the MoE layer has its routing launch clear it)."""
     if valid is not None and (index is not None or x.dim() != 2):
         raise ValueError("quantize_rows (triton): valid needs a 2-D x and no index")
     k = check_k(x)
@@ -177,17 +185,23 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
     g = torch.empty(1, dtype=torch.float32, device=x.device)
     have_g = global_scale is not None
     # the amax word is zeroed (a memset launch) only where a global scale is computed
-    amax_bits = g.view(torch.int32) if have_g else torch.zeros(1, dtype=torch.int32, device=x.device)
+    if have_g:
+        amax_bits = g.view(torch.int32)
+    elif amax_word is not None:
+        amax_bits = amax_word.view(torch.int32).reshape(1)
+    else:
+        amax_bits = torch.zeros(1, dtype=torch.int32, device=x.device)
     if not have_g and ONE_PROGRAM and amax_reduce is None and valid is None:
         tile = {"R": triton.next_power_of_2(max(rows, out_rows, 1)), "CB": triton.next_power_of_2(nblk)}
         if tile["R"] * tile["CB"] * BLOCK_SIZE <= ONE_PROGRAM_ELEMENTS:
             launch(_quant_one_kernel, (1, 1), (x, stride, codes, scales, g, x if index is None else index, rows,
-                                               out_rows, nblk), {**tile, "HAS_INDEX": index is not None}, num_warps=8)
+                                               out_rows, nblk),
+                   {**tile, "HAS_INDEX": index is not None, **pdl.flag(x.device)}, num_warps=8)
             return codes, scales.view(torch.float8_e4m3fn), g
     tile = {"R": ROWS_PER_PROGRAM, "CB": BLOCKS_PER_PROGRAM}
     if not have_g:
         launch(_amax_kernel, _grid(rows, nblk), (x, stride, amax_bits, rows, nblk, x if valid is None else valid),
-               {**tile, "HAS_VALID": valid is not None})
+               {**tile, "HAS_VALID": valid is not None, **pdl.flag(x.device)})
         if amax_reduce is not None:  # (|x| >= 0: its float32 bits order as int32 bits, which the kernel maxes)
             amax_reduce(amax_bits.view(torch.float32))
     g_in = global_scale.to(torch.float32).reshape(1) if have_g else g
@@ -195,5 +209,6 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
     launch(_quant_kernel, _grid(out_rows, nblk),
            (x, stride, g_in, amax_bits, codes, scales, g, x if index is None else index, out_rows, nblk,
             x if valid is None else valid),
-           {"HAVE_G": have_g, **tile, "HAS_INDEX": index is not None, "HAS_VALID": valid is not None})
+           {"HAVE_G": have_g, **tile, "HAS_INDEX": index is not None, "HAS_VALID": valid is not None,
+            **pdl.flag(x.device)})
     return codes, scales.view(torch.float8_e4m3fn), g

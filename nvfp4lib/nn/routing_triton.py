@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..kernels.common import pdl
+from ..kernels.common.pdl_triton import chain
 from ..kernels.common.triton_launch import launch
 
 __all__ = ["ROUTE_MAX_COPIES", "route_triton", "unpermute_triton", "gather_rows_triton", "pack_rows_triton",
@@ -48,8 +50,12 @@ _PACK_BW = 1024  # 32-bit words per pack program
 
 
 @triton.jit
-def _route_kernel(ids, stride, token, row, offsets, n, experts, base, K: tl.constexpr, N_P2: tl.constexpr,
-                  E_P2: tl.constexpr):
+def _route_kernel(ids, stride, token, row, offsets, n, experts, base, clear, CLEAR: tl.constexpr, K: tl.constexpr,
+                  N_P2: tl.constexpr, E_P2: tl.constexpr, GDC: tl.constexpr):
+    chain(GDC)
+    if CLEAR > 0:  # zero the caller's words (the layer's amax words: no fill kernel)
+        c = tl.arange(0, 16)
+        tl.store(clear + c, tl.zeros([16], dtype=tl.int32), mask=c < CLEAR)
     i = tl.arange(0, N_P2)
     mi = i < n
     e = tl.load(ids + (i // K).to(tl.int64) * stride + i % K, mask=mi, other=0).to(tl.int32) - base
@@ -68,7 +74,8 @@ def _route_kernel(ids, stride, token, row, offsets, n, experts, base, K: tl.cons
 
 @triton.jit
 def _unpermute_kernel(y, row, w, w_stride, fits, out, cols, K: tl.constexpr, BN: tl.constexpr,
-                      HAS_FITS: tl.constexpr):
+                      HAS_FITS: tl.constexpr, GDC: tl.constexpr):
+    chain(GDC)
     t = tl.program_id(0)
     c = tl.program_id(1) * BN + tl.arange(0, BN)
     m = c < cols
@@ -85,7 +92,8 @@ def _unpermute_kernel(y, row, w, w_stride, fits, out, cols, K: tl.constexpr, BN:
 
 
 @triton.jit
-def _gather_rows_kernel(x, x_stride, index, out, cols, BN: tl.constexpr):
+def _gather_rows_kernel(x, x_stride, index, out, cols, BN: tl.constexpr, GDC: tl.constexpr):
+    chain(GDC)
     r = tl.program_id(0)
     src = tl.load(index + r).to(tl.int64)
     if src >= 0:  # a negative index: the row is left as it is
@@ -133,7 +141,7 @@ def gather_rows_triton(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         src, dst = x, out
     if rows and cols:
         launch(_gather_rows_kernel, (rows, triton.cdiv(dst.shape[1], _GATHER_BN)),
-               (src, src.stride(0), index, dst, dst.shape[1]), {"BN": _GATHER_BN})
+               (src, src.stride(0), index, dst, dst.shape[1]), {"BN": _GATHER_BN, **pdl.flag(x.device)})
     return out
 
 
@@ -160,10 +168,14 @@ def pack_rows_triton(parts: tuple[torch.Tensor, ...], topk_ids: torch.Tensor, to
     return out.view(torch.uint8)
 
 
-def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0):
+def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0, clear: torch.Tensor | None = None):
     """(token int64 [T·k], offsets int32 [E+1], row int64 [T·k]) of :func:`.routing.route` (``base`` 0) or
     :func:`.routing.route_local` (the experts ``[base, base + E)``), in one launch. ``topk_ids``: an integer [T, k]
-    tensor (any row stride, unit column stride) with T·k <= :data:`ROUTE_MAX_COPIES`, ``experts`` <= 1023."""
+    tensor (any row stride, unit column stride) with T·k <= :data:`ROUTE_MAX_COPIES`, ``experts`` <= 1023.
+    ``clear``: an int32 tensor of at most 16 contiguous words the launch also zeroes (one fill kernel less)."""
+    if clear is not None and (clear.dtype != torch.int32 or clear.numel() > 16 or not clear.is_contiguous()):
+        raise ValueError(f"route_triton: clear must be at most 16 contiguous int32 words, got {clear.dtype} "
+                         f"{tuple(clear.shape)}")
     t, k = topk_ids.shape
     n = t * k
     if n > ROUTE_MAX_COPIES or experts > _MAX_EXPERTS:
@@ -175,11 +187,14 @@ def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0):
     row = torch.empty(n, dtype=torch.int64, device=dev)
     offsets = torch.empty(experts + 1, dtype=torch.int32, device=dev)
     if n:
-        launch(_route_kernel, (1,), (ids, ids.stride(0) if t > 1 else k, token, row, offsets, n, experts, base),
-               {"K": k, "N_P2": max(16, triton.next_power_of_2(n)), "E_P2": triton.next_power_of_2(experts + 1)},
-               num_warps=8)
+        launch(_route_kernel, (1,), (ids, ids.stride(0) if t > 1 else k, token, row, offsets, n, experts, base,
+                                     offsets if clear is None else clear),
+               {"CLEAR": 0 if clear is None else clear.numel(), "K": k, "N_P2": max(16, triton.next_power_of_2(n)),
+                "E_P2": triton.next_power_of_2(experts + 1), **pdl.flag(dev)}, num_warps=8)
     else:
         offsets.zero_()
+        if clear is not None:
+            clear.zero_()
     return token, offsets, row
 
 
@@ -196,7 +211,7 @@ def unpermute_triton(y: torch.Tensor, row: torch.Tensor, topk_weights: torch.Ten
     if t and cols:
         launch(_unpermute_kernel, (t, triton.cdiv(cols, _BN)),
                (y.contiguous(), row, w, w.stride(0) if t > 1 else k, row if fits is None else fits, out, cols),
-               {"K": k, "BN": _BN, "HAS_FITS": fits is not None})
+               {"K": k, "BN": _BN, "HAS_FITS": fits is not None, **pdl.flag(y.device)})
     return out
 
 

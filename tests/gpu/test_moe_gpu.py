@@ -177,3 +177,50 @@ def test_decode_gemv_path_agrees_with_the_gemm_path_and_replays(activations):
         graph.replay()
         ref = reference_moe(x, ids, w, layer.w_gate, layer.w_up, layer.w_down, activations=activations).float()
         assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2, seed
+
+
+@pytest.mark.parametrize("activations", ["nvfp4", "bf16", "nvfp4-static"])
+def test_chained_launches_give_the_same_bits(activations, monkeypatch):
+    """kernels.common.pdl.CHAIN: the layer's kernels launched chained (each waits for the one before, then lets the
+    next launch; the amax words cleared by the routing launch) give the unchained layer's bits, eagerly for T = 1, 8,
+    64, 300 and 600 (past the one-launch routing) with random routings and every copy on one expert, and in a CUDA
+    graph captured chained and replayed with new activations and routings; W4A4 with per-call and static activation
+    scales, and W4A16."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs sm_90")
+    from nvfp4lib.kernels.common import pdl
+
+    mode = activations.split("-")[0]
+    scales = dict(input_scales=(0.004, 0.0005)) if activations.endswith("static") else {}
+    g = torch.Generator().manual_seed(5)
+    w3 = [(torch.randn(16, *s, generator=g) * 0.05).to(torch.bfloat16).cuda() for s in ((128, 256), (128, 256),
+                                                                                          (256, 128))]
+    plain = NVFP4MoE.from_float(*w3, activations=mode, **scales)
+    monkeypatch.setattr(pdl, "CHAIN", True)
+    chained = NVFP4MoE.from_float(*w3, activations=mode, **scales)
+    cases = []
+    for t in (1, 8, 64, 300, 600):
+        x = torch.randn(t, 256, device="cuda").to(torch.bfloat16)
+        cases.append((x, *_routing(t, 16, 2, t)))
+        cases.append((x, torch.full((t, 2), 3, device="cuda"), torch.full((t, 2), 0.5, device="cuda")))
+    for x, ids, w in cases:
+        got = chained(x, ids, w)
+        monkeypatch.setattr(pdl, "CHAIN", False)
+        want = plain(x, ids, w)
+        monkeypatch.setattr(pdl, "CHAIN", True)
+        assert torch.equal(got, want), (x.shape[0], ids[0].tolist())
+    monkeypatch.setattr(pdl, "CHAIN", False)  # (read per call by the Triton launches)
+    ref_of = [plain(*c) for c in cases[:4]]
+    monkeypatch.setattr(pdl, "CHAIN", True)
+    x, ids, w = (c.clone() for c in cases[2])
+    graph, out = _graph_of(chained, x, ids, w)  # an eager call, then the capture, chained
+    for (nx, nids, nw), ref in zip(cases[:4], ref_of):
+        if nx.shape[0] != x.shape[0]:
+            continue
+        x.copy_(nx)
+        ids.copy_(nids)
+        w.copy_(nw)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref)

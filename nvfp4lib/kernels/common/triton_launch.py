@@ -65,7 +65,9 @@ def launch(kernel, grid: tuple, args: tuple, consts: dict, num_warps: int = 4, s
         if names and names[len(args):] != tuple(consts):
             raise TypeError(f"launch: {getattr(kernel, '__name__', kernel)} takes {names}; pass its runtime "
                             "arguments, then every constexpr in signature order")
-        ck = kernel[grid](*args, **consts, num_warps=num_warps)
+        # a kernel given GDC=True (:mod:`.pdl`) is compiled to launch with programmatic dependent launch
+        pdl = {"launch_pdl": True} if consts.get("GDC") else {}
+        ck = kernel[grid](*args, **consts, num_warps=num_warps, **pdl)
         if dev.type == "cuda" and ck is not None and hasattr(ck, "run"):
             _COMPILED[key] = (ck, _direct(ck))
         return

@@ -30,9 +30,13 @@ With ``act="bf16"`` (W4A16) there is no prologue: the GEMM's B operand is the ca
 (TMA-loaded as they are; columns past K and rows past T arrive as zeros), the weights decode to bf16 value × scale ×
 2^-14 (:data:`~..hopper_rs.ops.A16_DECODE_PTX`), wgmma runs bf16 × bf16 -> fp32, and the epilogue multiplies by the
 weights' ``gs_B·2^14`` alone (the ``gs_A`` argument is not read).
+
+With :data:`..common.pdl.CHAIN` on when a kernel is built, the prologue is launched chained too (it waits for the
+kernel before it, then lets the GEMM launch) and the GEMM lets the next kernel launch when its mainloop ends.
 """
 from __future__ import annotations
 
+from ..common import pdl
 from ..hopper_rs.layout import UNIT_BYTES, UNIT_K, UNIT_ROWS
 from ..hopper_rs.mainloop import tile_class
 from ..hopper_rs.ops import ACT_SMEM, ACT_THREADS, ops
@@ -131,17 +135,23 @@ def _build():
 
     class ActivationDecodeSm90:
         """``mCodes`` uint8 [T, K/2], ``mScales`` E4M3 bytes [T, K/16] (row-major, the caller's tensors), ``mX``
-        fp16 [R >= T, K_pad]: rows 0 .. T-1 written (a runner keeps one buffer for every T up to R)."""
+        fp16 [R >= T, K_pad]: rows 0 .. T-1 written (a runner keeps one buffer for every T up to R). ``chain``:
+        launched chained (:mod:`..common.pdl`), it first waits for the kernel before it."""
+
+        def __init__(self, chain: bool = False):
+            self.chain = chain
 
         @cute.jit
         def __call__(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor, stream):
             work = cute.size(mCodes, mode=[0]) * (cute.size(mX, mode=[1]) // 16)
             self.kernel(mCodes, mScales, mX).launch(
                 grid=((work + ACT_THREADS - 1) // ACT_THREADS, 1, 1), block=(ACT_THREADS, 1, 1), stream=stream,
-                smem=ACT_SMEM)
+                smem=ACT_SMEM, use_pdl=self.chain)
 
         @cute.kernel
         def kernel(self, mCodes: cute.Tensor, mScales: cute.Tensor, mX: cute.Tensor):
+            if cutlass.const_expr(self.chain):
+                cute.arch.griddepcontrol_wait()  # the codes' writer has finished
             cute.arch.griddepcontrol_launch_dependents()  # the GEMM may start its set-up and weight loads now
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
@@ -173,6 +183,7 @@ def _build():
             self.a16 = cfg.act == "bf16"  # bf16 activations as they are, weights decoded to bf16
             self.op_dtype = cutlass.BFloat16 if self.a16 else cutlass.Float16
             self.split_k = cfg.split_k
+            self.chain = pdl.CHAIN  # (read when the kernel is built: a runner's compile key holds it)
             self._split = None  # (set while a kernel is traced: partials, counters, slices, this slice, the tile)
 
         @cute.jit
@@ -485,6 +496,8 @@ def _build():
         # -- split-K (split_k configs): the tile's last CTA adds the K slices and runs the epilogue ----------------
         @cute.jit
         def _finish(self, nv: int, accs, tCcC, storage, mC, scales, row0, tokens, n0, n_valid, wg, t):
+            if cutlass.const_expr(self.chain):
+                cute.arch.griddepcontrol_launch_dependents()  # the next kernel may launch (it waits for this one)
             if cutlass.const_expr(self.split_k):
                 last = cutlass.Int32(1)
                 if self._split[2] > 1:
@@ -549,7 +562,7 @@ def _build():
         the entry is cheap, each kernel launch inside it costs ~4 us."""
 
         def __init__(self, gemm: GroupedVarlenGemmSm90, fused: bool | None = None):
-            self.prologue, self.gemm = ActivationDecodeSm90(), gemm
+            self.prologue, self.gemm = ActivationDecodeSm90(gemm.chain), gemm
             self.fused = FUSED_PROLOGUE if fused is None else fused
 
         @cute.jit

@@ -2,6 +2,7 @@
 runner passes, an offline compile for sm_90a through the TVM-FFI entry, and the PTX's instruction counts."""
 from __future__ import annotations
 
+from ..common import pdl
 from .config import VarlenConfig, partials_width
 from .kernel import kernel_classes
 
@@ -82,7 +83,7 @@ def compile_report(cfg: VarlenConfig, groups: int = 8, n: int = 4096, k_pad: int
                            arch="sm_90a", dump_dir=dump_dir, ptxas=ptxas, extra_options=TVM_FFI)
     pro = None
     if cfg.act != "bf16":
-        pro = compile_offline(pro_cls(), *prologue_arguments(), arch="sm_90a", dump_dir=dump_dir,
+        pro = compile_offline(pro_cls(pdl.CHAIN), *prologue_arguments(), arch="sm_90a", dump_dir=dump_dir,
                               ptxas=ptxas, extra_options=TVM_FFI)
     return {"config": cfg.name, "groups": groups, "n": n, "k_pad": k_pad, "gemm": gemm.instructions,
             "gemm_ptxas": gemm.ptxas, "prologue": pro and pro.instructions, "prologue_ptxas": pro and pro.ptxas,

@@ -1,0 +1,31 @@
+"""Programmatic dependent launch (PDL) along the MoE layer's chain of kernels: the knob :data:`CHAIN`.
+
+Without it, of the layer's kernels only the serving GEMM is launched with PDL, and only the activation prologue
+before it lets it start early; every other kernel starts when the one before it has ended. With :data:`CHAIN` on,
+the Triton kernels of the layer (routing, row gather, amax, quantize, un-permute) and the prologue are launched with
+PDL too; each waits for the kernel before it (``griddepcontrol.wait``) before touching memory, then lets the next
+one launch (``griddepcontrol.launch_dependents``), and the GEMM lets the next one launch when its mainloop ends. So
+each kernel's launch and set-up overlap the kernel before it, and a kernel that starts has every kernel before its
+predecessor finished (its predecessor waited before it let it launch): what the GEMM reads before its own wait (the
+group offsets, written by the routing two or more kernels earlier) is complete.
+"""
+from __future__ import annotations
+
+__all__ = ["CHAIN", "chained", "flag"]
+
+# Prediction (issue 41, 2026-11-28, before any run): in the H200 profile of the Qwen3-like layer at T = 1 the
+# small kernels take 0.9-2.7 us each, a trivial one (the 4-byte fill) 0.9 us: mostly launch, first load and
+# completion. Each PDL link should hide ~0.5 us of that; the W4A16 layer (4 links) ~2 us faster, the W4A4 layer
+# (9 links, and its two amax fills made one, before the routing) ~4-6 us faster; prefill unchanged.
+CHAIN = False
+
+
+def chained(device) -> bool:
+    """Whether kernels on ``device`` run chained now: :data:`CHAIN` on and a CUDA device (Triton's interpreter has
+    no grid dependency control)."""
+    return CHAIN and getattr(device, "type", device) == "cuda"
+
+
+def flag(device) -> dict:
+    """The ``GDC`` constexpr of a chained Triton kernel launched on ``device`` (:func:`chained`), as launch consts."""
+    return {"GDC": chained(device)}
