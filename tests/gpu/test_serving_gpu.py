@@ -229,8 +229,9 @@ def test_small_captured_calls_run_the_fused_kernel_with_fuse_max_rows(monkeypatc
     base = GroupedProblem.uniform_nk("e", (5, 0, 30, 1), 512, 1024)
     base = base.with_dual() if dual else base
     inp = make_inputs(base, seed=21, mode="gaussian", device="cuda")
-    w = prepare_weights(inp.b, inp.b2)
-    ref = prepare_weights(inp.b, inp.b2, backend="reference")
+    # bf16 out: the dual products of gaussian inputs pass fp16's range in some splits (inf in both: no check)
+    w = prepare_weights(inp.b, inp.b2, out_dtype=torch.bfloat16)
+    ref = prepare_weights(inp.b, inp.b2, backend="reference", out_dtype=torch.bfloat16)
     ap, offsets, gs = packed(inp.a)
     rows = ap.data.shape[0]
     first = w(ap, offsets, global_scale=gs)
