@@ -183,27 +183,30 @@ def _entries(ptx: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("chain", [False, True])
-def test_chained_kernels_wait_then_let_the_next_launch(monkeypatch, chain):
+@pytest.mark.parametrize("chain,gemm", [(False, False), (True, False), (True, True)])
+def test_chained_kernels_wait_then_let_the_next_launch(monkeypatch, chain, gemm):
     """pdl.CHAIN (kernels.common.pdl): the prologue, launched chained, waits for the kernel before it before it lets
-    the GEMM launch; the GEMM lets the next kernel launch (after its own wait); W4A16's GEMM alone likewise. Off, the
-    prologue does not wait (it is launched after its predecessor ends) and the GEMM lets nothing launch early."""
+    the GEMM launch; with pdl.CHAIN_GEMM too, the GEMM lets the next kernel launch (after its own wait), W4A16's GEMM
+    alone likewise. Off, the prologue does not wait (it is launched after its predecessor ends) and the GEMM lets
+    nothing launch early."""
     pytest.importorskip("cutlass")
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     from nvfp4lib.kernels.common import pdl
     from nvfp4lib.kernels.hopper_varlen.report import compile_report
 
     monkeypatch.setattr(pdl, "CHAIN", chain)
+    monkeypatch.setattr(pdl, "CHAIN_GEMM", gemm)
     ks = _entries(_compile_call(CONFIGS["vl_m128_t16_k128_s8_e"], 2048, False).ptx)
-    pro, gemm = ks["prologue"], ks["gemm"]
-    assert "griddepcontrol.launch_dependents" in pro and "griddepcontrol.wait" in gemm
+    pro, body = ks["prologue"], ks["gemm"]
+    assert "griddepcontrol.launch_dependents" in pro and "griddepcontrol.wait" in body
     assert ("griddepcontrol.wait" in pro) == chain
     if chain:
         assert pro.index("griddepcontrol.wait") < pro.index("griddepcontrol.launch_dependents")
-        assert gemm.index("griddepcontrol.wait") < gemm.rindex("griddepcontrol.launch_dependents")
-    assert ("griddepcontrol.launch_dependents" in gemm) == chain
+    if gemm:
+        assert body.index("griddepcontrol.wait") < body.rindex("griddepcontrol.launch_dependents")
+    assert ("griddepcontrol.launch_dependents" in body) == gemm
     a16 = compile_report(CONFIGS["vl_a16_m128_t16_k128_s8_e"], groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"]
-    assert ("griddepcontrol.launch_dependents" in a16) == chain
+    assert ("griddepcontrol.launch_dependents" in a16) == gemm
 
 
 @pytest.mark.slow

@@ -277,7 +277,8 @@ def knob_setting(module: str, name: str, value):
 QUANT_KNOB = ("nvfp4lib.nn.quant_triton", "ONE_PROGRAM")  # moe-bench --quant-one-program
 ROUTE_KNOB = ("nvfp4lib.nn.routing_triton", "ROUTE_MAX_COPIES")  # moe-bench --route-max-copies
 FUSE_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "FUSE_MAX_ROWS")  # moe-bench --fuse-max-rows
-CHAIN_KNOB = ("nvfp4lib.kernels.common.pdl", "CHAIN")  # moe-bench --chain-pdl
+CHAIN_KNOB = ("nvfp4lib.kernels.common.pdl", "CHAIN")  # moe-bench --chain-pdl (on, gemm)
+CHAIN_GEMM_KNOB = ("nvfp4lib.kernels.common.pdl", "CHAIN_GEMM")  # moe-bench --chain-pdl gemm
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -323,6 +324,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         route_max = getattr(importlib.import_module(ROUTE_KNOB[0]), ROUTE_KNOB[1])  # the one-launch routing's limit
         fuse_max = getattr(importlib.import_module(FUSE_KNOB[0]), FUSE_KNOB[1])  # captured small calls fused
         chain = bool(getattr(importlib.import_module(CHAIN_KNOB[0]), CHAIN_KNOB[1]))  # chained launches
+        chain_gemm = chain and bool(getattr(importlib.import_module(CHAIN_GEMM_KNOB[0]), CHAIN_GEMM_KNOB[1]))
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
         rows = []
         for li, layer in enumerate(layers):
@@ -385,6 +387,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["gemv"] = bool(mod._gemv_step(x))
                             row["route_max_copies"] = route_max
                             row["chain_pdl"] = chain
+                            row["chain_gemm"] = chain_gemm
                             # the peer has W4A16 semantics; W4A4 is checked on the activations the layer quantized
                             act = "bf16" if kind in ("peer", "bf16") else "nvfp4"
                             try:
@@ -471,10 +474,11 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                    help="captured NVFP4 calls of at most N rows run the serving kernel's fused kernel (prologue inside "
                         "the GEMM: one launch; hopper_varlen.kernel.FUSE_MAX_ROWS; default: as shipped); several "
                         "values run the whole set once per value (an A/B, e.g. 0 64); rows carry fuse_max_rows")
-    p.add_argument("--chain-pdl", nargs="+", choices=["on", "off"],
+    p.add_argument("--chain-pdl", nargs="+", choices=["off", "on", "gemm"],
                    help="the layer's kernels launched chained by programmatic dependent launch (kernels.common.pdl."
-                        "CHAIN; default: as shipped); several values run the whole set once per value (an A/B, e.g. "
-                        "off on); rows carry chain_pdl")
+                        "CHAIN; gemm: the GEMMs also let the next kernel launch, CHAIN_GEMM; default: as shipped); "
+                        "several values run the whole set once per value (an A/B, e.g. off on gemm); rows carry "
+                        "chain_pdl and chain_gemm")
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -515,7 +519,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                 args.fuse_max_rows or [None], args.chain_pdl or [None]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
                     knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
-                    knob_setting(*CHAIN_KNOB, None if chain is None else chain == "on"):
+                    knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
+                    knob_setting(*CHAIN_GEMM_KNOB, None if chain is None else chain == "gemm"):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

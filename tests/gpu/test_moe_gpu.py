@@ -179,16 +179,19 @@ def test_decode_gemv_path_agrees_with_the_gemm_path_and_replays(activations):
         assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2, seed
 
 
-@pytest.mark.parametrize("activations", ["nvfp4", "bf16", "nvfp4-static"])
-def test_chained_launches_give_the_same_bits(activations, monkeypatch):
+@pytest.mark.parametrize("activations,gemm", [("nvfp4", False), ("bf16", False), ("nvfp4-static", False),
+                                              ("nvfp4", True), ("bf16", True)])
+def test_chained_launches_give_the_same_bits(activations, gemm, monkeypatch):
     """kernels.common.pdl.CHAIN: the layer's kernels launched chained (each waits for the one before, then lets the
     next launch; the amax words cleared by the routing launch) give the unchained layer's bits, eagerly for T = 1, 8,
     64, 300 and 600 (past the one-launch routing) with random routings and every copy on one expert, and in a CUDA
     graph captured chained and replayed with new activations and routings; W4A4 with per-call and static activation
-    scales, and W4A16."""
+    scales, and W4A16; with CHAIN_GEMM (the GEMMs letting the next kernel launch) too."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs sm_90")
     from nvfp4lib.kernels.common import pdl
+
+    monkeypatch.setattr(pdl, "CHAIN_GEMM", gemm)
 
     mode = activations.split("-")[0]
     scales = dict(input_scales=(0.004, 0.0005)) if activations.endswith("static") else {}

@@ -4,20 +4,28 @@ Without it, of the layer's kernels only the serving GEMM is launched with PDL, a
 before it lets it start early; every other kernel starts when the one before it has ended. With :data:`CHAIN` on,
 the Triton kernels of the layer (routing, row gather, amax, quantize, un-permute) and the prologue are launched with
 PDL too; each waits for the kernel before it (``griddepcontrol.wait``) before touching memory, then lets the next
-one launch (``griddepcontrol.launch_dependents``), and the GEMM lets the next one launch when its mainloop ends. So
-each kernel's launch and set-up overlap the kernel before it, and a kernel that starts has every kernel before its
-predecessor finished (its predecessor waited before it let it launch): what the GEMM reads before its own wait (the
-group offsets, written by the routing two or more kernels earlier) is complete.
+one launch (``griddepcontrol.launch_dependents``); with :data:`CHAIN_GEMM` as well, the GEMM lets the next kernel
+launch when its mainloop ends. So each kernel's launch and set-up overlap the kernel before it, and a kernel that
+starts has every kernel before its predecessor finished (its predecessor waited before it let it launch): what the
+GEMM reads before its own wait (the group offsets, written by the routing two or more kernels earlier) is complete.
 """
 from __future__ import annotations
 
-__all__ = ["CHAIN", "chained", "flag"]
+__all__ = ["CHAIN", "CHAIN_GEMM", "chained", "gemm_chained", "flag"]
 
 # Prediction (issue 41, 2026-11-28, before any run): in the H200 profile of the Qwen3-like layer at T = 1 the
 # small kernels take 0.9-2.7 us each, a trivial one (the 4-byte fill) 0.9 us: mostly launch, first load and
 # completion. Each PDL link should hide ~0.5 us of that; the W4A16 layer (4 links) ~2 us faster, the W4A4 layer
 # (9 links, and its two amax fills made one, before the routing) ~4-6 us faster; prefill unchanged.
 CHAIN = False
+# The GEMM's own trigger (read when a GEMM is built), only with CHAIN. Outcome of CHAIN with it (H200, one run,
+# moe-bench --chain-pdl, T = 1, 8, 64, three layers; notebook 11's round): W4A4 faster in 8 of 9 cases (Qwen3-like
+# T = 1 39.0 -> 36.0 us, DeepSeek-like T = 1 100.1 -> 93.5), W4A16 faster at T = 8 and 64 but slower at T = 1
+# (Qwen3-like 28.7 -> 29.4, Mixtral-like 108.0 -> 122.0 us: its down GEMM 36 -> 55 us in the profile). There the
+# gate/up GEMM lets the down GEMM launch early, and the down GEMM's CTAs (one per SM when launched on an idle GPU)
+# take the SMs that have room as the gate/up CTAs finish: a reading, not measured, is that some SMs then get two.
+# Off (the GEMM lets nothing launch early) until its own A/B (moe-bench --chain-pdl off on gemm).
+CHAIN_GEMM = False
 
 
 def chained(device) -> bool:
@@ -29,3 +37,9 @@ def chained(device) -> bool:
 def flag(device) -> dict:
     """The ``GDC`` constexpr of a chained Triton kernel launched on ``device`` (:func:`chained`), as launch consts."""
     return {"GDC": chained(device)}
+
+
+def gemm_chained() -> bool:
+    """Whether a GEMM built now lets the next kernel launch when its mainloop ends (:data:`CHAIN` and
+    :data:`CHAIN_GEMM`)."""
+    return CHAIN and CHAIN_GEMM

@@ -32,7 +32,8 @@ With ``act="bf16"`` (W4A16) there is no prologue: the GEMM's B operand is the ca
 weights' ``gs_B·2^14`` alone (the ``gs_A`` argument is not read).
 
 With :data:`..common.pdl.CHAIN` on when a kernel is built, the prologue is launched chained too (it waits for the
-kernel before it, then lets the GEMM launch) and the GEMM lets the next kernel launch when its mainloop ends.
+kernel before it, then lets the GEMM launch); with :data:`..common.pdl.CHAIN_GEMM` as well, the GEMM lets the next
+kernel launch when its mainloop ends.
 """
 from __future__ import annotations
 
@@ -183,7 +184,9 @@ def _build():
             self.a16 = cfg.act == "bf16"  # bf16 activations as they are, weights decoded to bf16
             self.op_dtype = cutlass.BFloat16 if self.a16 else cutlass.Float16
             self.split_k = cfg.split_k
-            self.chain = pdl.CHAIN  # (read when the kernel is built: a runner's compile key holds it)
+            # (read when the kernel is built: a runner's compile key holds both) the prologue launched chained; the
+            # GEMM letting the next kernel launch at its mainloop's end
+            self.chain, self.chain_next = pdl.CHAIN, pdl.gemm_chained()
             self._split = None  # (set while a kernel is traced: partials, counters, slices, this slice, the tile)
 
         @cute.jit
@@ -496,7 +499,7 @@ def _build():
         # -- split-K (split_k configs): the tile's last CTA adds the K slices and runs the epilogue ----------------
         @cute.jit
         def _finish(self, nv: int, accs, tCcC, storage, mC, scales, row0, tokens, n0, n_valid, wg, t):
-            if cutlass.const_expr(self.chain):
+            if cutlass.const_expr(self.chain_next):
                 cute.arch.griddepcontrol_launch_dependents()  # the next kernel may launch (it waits for this one)
             if cutlass.const_expr(self.split_k):
                 last = cutlass.Int32(1)
