@@ -17,15 +17,21 @@ __all__ = ["CHAIN", "CHAIN_GEMM", "chained", "gemm_chained", "flag"]
 # small kernels take 0.9-2.7 us each, a trivial one (the 4-byte fill) 0.9 us: mostly launch, first load and
 # completion. Each PDL link should hide ~0.5 us of that; the W4A16 layer (4 links) ~2 us faster, the W4A4 layer
 # (9 links, and its two amax fills made one, before the routing) ~4-6 us faster; prefill unchanged.
-CHAIN = False
-# The GEMM's own trigger (read when a GEMM is built), only with CHAIN. Outcome of CHAIN with it (H200, one run,
-# moe-bench --chain-pdl, T = 1, 8, 64, three layers; notebook 11's round): W4A4 faster in 8 of 9 cases (Qwen3-like
-# T = 1 39.0 -> 36.0 us, DeepSeek-like T = 1 100.1 -> 93.5), W4A16 faster at T = 8 and 64 but slower at T = 1
-# (Qwen3-like 28.7 -> 29.4, Mixtral-like 108.0 -> 122.0 us: its down GEMM 36 -> 55 us in the profile). There the
-# gate/up GEMM lets the down GEMM launch early, and the down GEMM's CTAs (one per SM when launched on an idle GPU)
-# take the SMs that have room as the gate/up CTAs finish: a reading, not measured, is that some SMs then get two.
-# Off (the GEMM lets nothing launch early) until its own A/B (moe-bench --chain-pdl off on gemm).
-CHAIN_GEMM = False
+CHAIN = True
+# The GEMM's own trigger (read when a GEMM is built), only with CHAIN: NVFP4-activation GEMMs (W4A4 layers) let the
+# next kernel launch when their mainloop ends; W4A16 GEMMs do not (the layer runs its down GEMM straight after the
+# gate/up GEMM, and that early launch measured slower).
+# Outcome, first A/B (H200, one run at 0797664, moe-bench --chain-pdl off on, T = 1, 8, 64, three layers, uniform
+# routing; "on" then had every GEMM trigger): W4A4 faster in 8 of 9 cases (Qwen3-like T = 1 39.0 -> 36.0 us,
+# DeepSeek-like T = 1 100.1 -> 93.5), W4A16 faster at T = 8 and 64 but slower at T = 1 (Qwen3-like 28.7 -> 29.4,
+# Mixtral-like 108.0 -> 122.0 us, its down GEMM 36 -> 55 us in the profile): there the gate/up GEMM lets the down GEMM
+# launch early and its CTAs, one per SM when launched on an idle GPU, take the SMs that have room as the gate/up CTAs
+# finish (a reading, not measured: some SMs get two).
+# Second A/B (one run, --chain-pdl off on gemm, "on" without any GEMM trigger, "gemm" with every GEMM's): "on" faster
+# than "off" in 16 of 18 cases, "gemm" in W4A4 in 9 of 9 (Qwen3-like T = 1 39.1 -> 35.8 us), W4A16's Mixtral-like
+# T = 1 again 108.0 -> 121.9. Shipped: CHAIN with the GEMM trigger for NVFP4-activation GEMMs only, i.e. each
+# layer mode as its better arm ran (W4A4 "gemm", W4A16 "on"); notebook 11's round holds the rows.
+CHAIN_GEMM = True
 
 
 def chained(device) -> bool:
@@ -40,6 +46,6 @@ def flag(device) -> dict:
 
 
 def gemm_chained() -> bool:
-    """Whether a GEMM built now lets the next kernel launch when its mainloop ends (:data:`CHAIN` and
+    """Whether an NVFP4-activation GEMM built now lets the next kernel launch when its mainloop ends (:data:`CHAIN` and
     :data:`CHAIN_GEMM`)."""
     return CHAIN and CHAIN_GEMM

@@ -32,8 +32,8 @@ With ``act="bf16"`` (W4A16) there is no prologue: the GEMM's B operand is the ca
 weights' ``gs_B·2^14`` alone (the ``gs_A`` argument is not read).
 
 With :data:`..common.pdl.CHAIN` on when a kernel is built, the prologue is launched chained too (it waits for the
-kernel before it, then lets the GEMM launch); with :data:`..common.pdl.CHAIN_GEMM` as well, the GEMM lets the next
-kernel launch when its mainloop ends.
+kernel before it, then lets the GEMM launch); with :data:`..common.pdl.CHAIN_GEMM` as well, the GEMM of an
+NVFP4-activation call lets the next kernel launch when its mainloop ends.
 """
 from __future__ import annotations
 
@@ -185,8 +185,9 @@ def _build():
             self.op_dtype = cutlass.BFloat16 if self.a16 else cutlass.Float16
             self.split_k = cfg.split_k
             # (read when the kernel is built: a runner's compile key holds both) the prologue launched chained; the
-            # GEMM letting the next kernel launch at its mainloop's end
-            self.chain, self.chain_next = pdl.CHAIN, pdl.gemm_chained()
+            # GEMM letting the next kernel launch at its mainloop's end: NVFP4-activation GEMMs only, which the layer
+            # follows with a quantization, never straight with a GEMM (pdl.CHAIN_GEMM's note)
+            self.chain, self.chain_next = pdl.CHAIN, pdl.gemm_chained() and not self.a16
             self._split = None  # (set while a kernel is traced: partials, counters, slices, this slice, the tile)
 
         @cute.jit
@@ -499,7 +500,7 @@ def _build():
         # -- split-K (split_k configs): the tile's last CTA adds the K slices and runs the epilogue ----------------
         @cute.jit
         def _finish(self, nv: int, accs, tCcC, storage, mC, scales, row0, tokens, n0, n_valid, wg, t):
-            if cutlass.const_expr(self.chain_next):
+            if cutlass.const_expr(self.chain_next and self._fused is None):  # (the plain GEMM; not the fused call)
                 cute.arch.griddepcontrol_launch_dependents()  # the next kernel may launch (it waits for this one)
             if cutlass.const_expr(self.split_k):
                 last = cutlass.Int32(1)
