@@ -254,10 +254,25 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
         return pd.DataFrame()
     sel = rows[(rows["status"] == "ok") & rows["gpu"].astype(str).str.contains(gpu)]
     for col, other in (("split_k", False), ("split_rule", "balance"), ("quant_one_program", True), ("gemv", True),
-                       ("wide_decode", "idle"), ("wide_decode", "all"), ("deep_decode", True)):
+                       ("wide_decode", "idle"), ("wide_decode", "all"), ("deep_decode", True), ("chain_pdl", False)):
         if col in sel:
             sel = sel[~sel[col].apply(lambda v, o=other: v is o or v == o)]
+    if "fuse_max_rows" in sel:  # (captured small calls fused: lost, off)
+        sel = sel[~(pd.to_numeric(sel["fuse_max_rows"], errors="coerce") > 0)]
+    if "chain_pdl" in sel:
+        sel = sel[~_chain_unshipped(sel)]
     return sel
+
+
+def _chain_unshipped(sel: pd.DataFrame) -> pd.Series:
+    """Chained rows not in the shipped form (kernels.common.pdl): W4A4 without the GEMM trigger, W4A16 with it (the
+    first A/B's rows, before chain_gemm was recorded, had every GEMM trigger)."""
+    chained = sel["chain_pdl"].apply(lambda v: v is True or v == 1)
+    gemm = sel["chain_gemm"] if "chain_gemm" in sel else pd.Series(None, index=sel.index, dtype=object)
+    unknown = gemm.isna()
+    w4a4 = sel["mode"].eq("nvfp4") if "mode" in sel else sel["label"].astype(str).str.contains("W4A4")
+    gemm_on = gemm.apply(lambda v: v is True or v == 1)
+    return chained & ((w4a4 & ~unknown & ~gemm_on) | (~w4a4 & (unknown | gemm_on)))
 
 
 def targets_41(rows: pd.DataFrame) -> pd.DataFrame:

@@ -348,6 +348,42 @@ def _wide_ab(r: Reader) -> str | None:
             "meant to help, and wrong in cases not debugged")
 
 
+FUSE_COMMIT = "e44cfb2"  # hopper_varlen.kernel.FUSE_MAX_ROWS's A/B
+CHAIN_COMMITS = ("0797664", "c1591b1", "a97ae1f")  # kernels.common.pdl: first A/B, second A/B, the shipped form's run
+
+
+def _chain_ab(r: Reader) -> str | None:
+    """The second chained-launch A/B (three arms in one run): unchained against chained without any GEMM trigger,
+    then that against every GEMM letting the next kernel launch."""
+    commit = CHAIN_COMMITS[1]
+    first = _split_ab(commit, "chain_pdl", (False, True), keep=lambda d: d["chain_gemm"].eq(False),
+                      names=("unchained", "chained, no GEMM trigger"))(r)
+    second = _split_ab(commit, "chain_gemm", (False, True), keep=lambda d: d["chain_pdl"].eq(True),
+                       names=("chained, no GEMM trigger", "every GEMM letting the next kernel launch"))(r)
+    if first is None or second is None:
+        return None
+    return f"{first}. Then {second}"
+
+
+def _chain_shipped(r: Reader) -> str | None:
+    """The shipped form's run (chained; the NVFP4-activation GEMMs letting the next kernel launch) against the second
+    A/B's unchained arm, the same cases, graph replay."""
+    ab = _ab_at(r, CHAIN_COMMITS[1], "chain_pdl", keep=lambda d: d["chain_gemm"].eq(False))
+    now = r.at(CHAIN_COMMITS[2], tokens=(1, 8, 64))
+    if ab is None or not len(now):
+        return None
+    off = ab[1]["median_us"]
+    both = pd.concat({"off": off, "now": now.set_index(KEY)["median_us"]}, axis=1).dropna()
+    if not len(both):
+        return None
+    faster = int((both["now"] < both["off"]).sum())
+    q = [f"{SHORT.get(k[3], k[3])} {v['off']:.1f} -> {v['now']:.1f} us" for k, v in both.iterrows()
+         if k[0] == "qwen3-moe" and k[1] == 1]
+    return (f"the shipped form (one run at {CHAIN_COMMITS[2]}) against the unchained arm of the run before "
+            f"({CHAIN_COMMITS[1]}), {len(both)} cases, uniform, graph replay: faster in {faster}; the ratio "
+            f"shipped / unchained {_span(both['now'] / both['off'])}. Qwen3-like T = 1: {', '.join(q)}")
+
+
 ROUNDS = (
     Round("NVFP4MoE end to end on cute-hopper, W4A4 only (W4A16 not built): the first moe-bench run",
           _floors_prediction, ("b3d663e",), _first_run),
@@ -432,6 +468,32 @@ ROUNDS = (
                                     names=("8 stages", "16 stages where the grid fits one CTA per SM")),
           "the ncu source counters that led to it: the top stall of that GEMM is the wait for a stage's TMA data "
           "(development, in hopper_varlen/config.py)"),
+    Round("Captured NVFP4 calls of at most 64 rows as the fused kernel (hopper_varlen.kernel.FUSE_MAX_ROWS): the "
+          "prologue's work inside the GEMM, one launch instead of two per GEMM. An A/B in one run on an H200 "
+          "(moe-bench --fuse-max-rows 0 64, W4A4, T = 1, 8, uniform)",
+          "Qwen3-like T = 1 W4A4 ~2-3 us faster (two prologue launches of 1.3-1.4 us gone, each GEMM a little "
+          "longer); DeepSeek- and Mixtral-like decode likewise in absolute terms.", (FUSE_COMMIT,),
+          _split_ab(FUSE_COMMIT, "fuse_max_rows", (0, 64), keep=None,
+                    names=("prologue kernel", "fused at up to 64 rows"))),
+    Round("Chained launches (kernels.common.pdl.CHAIN): the layer's Triton kernels and the activation prologue "
+          "launched by programmatic dependent launch, each waiting for the kernel before it, then letting the next "
+          "launch; every GEMM letting the next kernel launch when its mainloop ends; the two amax words cleared by "
+          "the routing launch (no fill kernels). An A/B in one run on an H200 (moe-bench --chain-pdl off on, "
+          "T = 1, 8, 64, uniform)",
+          "Each link hides ~0.5 us of a small kernel's launch and start: the W4A16 layer ~2 us faster, the W4A4 "
+          "layer ~4-6 us faster; prefill unchanged.", (CHAIN_COMMITS[0],),
+          _split_ab(CHAIN_COMMITS[0], "chain_pdl", (False, True), keep=None,
+                    names=("unchained", "chained, every GEMM letting the next launch"))),
+    Round("The GEMM's trigger as its own knob (pdl.CHAIN_GEMM). A second A/B in one run on an H200 (moe-bench "
+          "--chain-pdl off on gemm: unchained; chained without any GEMM trigger; chained with every GEMM's)",
+          "None written as numbers; the reading of the first A/B: W4A16's T = 1 losses come from the down GEMM "
+          "launched early beside the gate/up GEMM, so without the GEMM trigger W4A16 keeps the gains of T = 8 and "
+          "64 and loses nothing at T = 1.", (CHAIN_COMMITS[1],), _chain_ab),
+    Round("Shipped: chained launches on, the GEMM trigger for NVFP4-activation GEMMs only (W4A4: the layer follows "
+          "them with a quantization; W4A16's gate/up GEMM is followed by the down GEMM). One run on an H200 (moe-bench "
+          "as shipped, T = 1, 8, 64, uniform)",
+          "Each mode as its better arm of the second A/B ran: W4A4 as with every GEMM's trigger, W4A16 as without.",
+          (CHAIN_COMMITS[2],), _chain_shipped),
 )
 
 

@@ -73,7 +73,10 @@ EAGER_FUSED = True
 # (thousands of rows) lost 0.9-2.6 us to them (FUSED_PROLOGUE's note). Prediction (2026-11-28, before any run; not run
 # on a GPU yet): at 64 (up to 8 tokens of a top-8 layer), the Qwen3-like T = 1 W4A4 layer ~2-3 us faster (two
 # prologue launches gone, each GEMM a little longer), DeepSeek- and Mixtral-like decode likewise in absolute terms;
-# steps past 64 rows unchanged. Off until that A/B (moe-bench --fuse-max-rows 0 64) is recorded.
+# steps past 64 rows unchanged. Outcome (H200, one run, moe-bench --fuse-max-rows 0 64, W4A4, T = 1, 8; notebook
+# 11's round): slower in every case, Qwen3-like T = 1 39.2 -> 46.6 us (its GEMMs 1.4 + 11.5 -> 14.5 and 1.4 + 7.0 ->
+# 9.2 us: the slices cost the GEMM more than the prologue launch they replace, and the layer lost ~5 us more than its
+# kernels, in the gaps before the fused kernels), DeepSeek-like T = 8 475 -> 578 us. Off.
 FUSE_MAX_ROWS = 0
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
 # test_serving_gpu.py's S4 case, eager W4A4 calls): the fused kernel reports shared-memory hazards (1 error on the
