@@ -135,6 +135,10 @@ class NVFP4MoE(torch.nn.Module):
             return compiled.moe(x, topk_ids, topk_weights, self._handle)
         if self._gemv_step(x):
             return self._forward_gemv(x, topk_ids, topk_weights)
+        with pdl.scope():  # (kernels.common.pdl: the Triton launches chained)
+            return self._forward_gemm(x, topk_ids, topk_weights)
+
+    def _forward_gemm(self, x, topk_ids, topk_weights) -> torch.Tensor:
         static = self.input_scales or (None, None)
         # chained launches (kernels.common.pdl): the amax words of the two dynamic quantizations zeroed by the
         # routing launch instead of a fill kernel each (a fill is not chained)

@@ -2,16 +2,19 @@
 
 Without it, of the layer's kernels only the serving GEMM is launched with PDL, and only the activation prologue
 before it lets it start early; every other kernel starts when the one before it has ended. With :data:`CHAIN` on,
-the Triton kernels of the layer (routing, row gather, amax, quantize, un-permute) and the prologue are launched with
-PDL too; each waits for the kernel before it (``griddepcontrol.wait``) before touching memory, then lets the next
-one launch (``griddepcontrol.launch_dependents``); with :data:`CHAIN_GEMM` as well, the GEMM lets the next kernel
-launch when its mainloop ends. So each kernel's launch and set-up overlap the kernel before it, and a kernel that
-starts has every kernel before its predecessor finished (its predecessor waited before it let it launch): what the
-GEMM reads before its own wait (the group offsets, written by the routing two or more kernels earlier) is complete.
+the Triton kernels of the layer's forward (routing, row gather, amax, quantize, un-permute; inside :func:`scope`)
+and the prologue are launched with PDL too; each waits for the kernel before it (``griddepcontrol.wait``) before
+touching memory, then lets the next one launch (``griddepcontrol.launch_dependents``); with :data:`CHAIN_GEMM` as
+well, the GEMM of an NVFP4-activation call lets the next kernel launch when its mainloop ends. So each kernel's
+launch and set-up overlap the kernel before it, and a kernel that starts has every kernel before its predecessor
+finished (its predecessor waited before it let it launch): what the GEMM reads before its own wait (the group
+offsets, written by the routing two or more kernels earlier) is complete.
 """
 from __future__ import annotations
 
-__all__ = ["CHAIN", "CHAIN_GEMM", "chained", "gemm_chained", "flag"]
+from contextlib import contextmanager
+
+__all__ = ["CHAIN", "CHAIN_GEMM", "chained", "gemm_chained", "flag", "scope"]
 
 # Prediction (issue 41, 2026-11-28, before any run): in the H200 profile of the Qwen3-like layer at T = 1 the
 # small kernels take 0.9-2.7 us each, a trivial one (the 4-byte fill) 0.9 us: mostly launch, first load and
@@ -34,10 +37,25 @@ CHAIN = True
 CHAIN_GEMM = True
 
 
+_DEPTH = [0]  # open scope() blocks
+
+
+@contextmanager
+def scope():
+    """Inside the block, Triton kernels launch chained (where :data:`CHAIN` is on): the single-GPU MoE layer's
+    forward, where the chain was measured. Outside it (the expert-parallel layer's steps between collectives, direct
+    calls of the routing and quantizer functions) they launch as before."""
+    _DEPTH[0] += 1
+    try:
+        yield
+    finally:
+        _DEPTH[0] -= 1
+
+
 def chained(device) -> bool:
-    """Whether kernels on ``device`` run chained now: :data:`CHAIN` on and a CUDA device (Triton's interpreter has
-    no grid dependency control)."""
-    return CHAIN and getattr(device, "type", device) == "cuda"
+    """Whether Triton kernels on ``device`` launch chained now: :data:`CHAIN` on, inside :func:`scope`, and a CUDA
+    device (Triton's interpreter has no grid dependency control)."""
+    return CHAIN and _DEPTH[0] > 0 and getattr(device, "type", device) == "cuda"
 
 
 def flag(device) -> dict:
