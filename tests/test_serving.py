@@ -211,6 +211,25 @@ def test_chained_kernels_wait_then_let_the_next_launch(monkeypatch, chain, gemm)
 
 
 @pytest.mark.slow
+def test_timeline_stamps_only_where_set(monkeypatch):
+    """kernel.TIMELINE (a development timeline, off as shipped): a GEMM built with a buffer address stamps %clock64
+    six times and %globaltimer twice per tile variant path into it, by thread 0; built without, no stamp at all."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from nvfp4lib.kernels.hopper_varlen import kernel
+    from nvfp4lib.kernels.hopper_varlen.report import compile_report
+
+    for name in ("vl_m128_t16_k128_s8_e", "vl_dual_m64_t16_k128_s8_e", "vl_a16_m128_t16_k128_s8_e"):  # one variant
+        monkeypatch.setattr(kernel, "TIMELINE", 0)
+        off = _entries(compile_report(CONFIGS[name], groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"])["gemm"]
+        assert "%clock64" not in off and "%globaltimer" not in off, name
+        monkeypatch.setattr(kernel, "TIMELINE", 1 << 40)
+        on = _entries(compile_report(CONFIGS[name], groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"])["gemm"]
+        assert on.count("mov.u64 t, %clock64") == 6 and on.count("mov.u64 t, %globaltimer") == 2, name
+        assert on.count("st.global.u64") == 8, name
+
+
+@pytest.mark.slow
 def test_tile_search_walks_few_groups_and_shuffles_over_many(monkeypatch):
     """_schedule: up to LOOP_GROUPS groups each thread walks them (G + 1 loads, no shuffles: the PTX of the large-token
     tiles before the warp search, which ran them 6-11% slower); above, each lane loads ceil(G/32) group ends (plus

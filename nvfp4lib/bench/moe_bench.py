@@ -217,9 +217,11 @@ def _time_graph(graph, iters: int, flush) -> dict:
     return {"iters": iters, **time_stats(time_runner(graph.replay, iters=iters, warmup=3, flush=flush))}
 
 
-def _measure(fn, x, ids, w, ref, tol: float, iters: int, flush, profile: bool = False) -> dict:
+def _measure(fn, x, ids, w, ref, tol: float, iters: int, flush, profile: bool = False, timeline=None) -> dict:
     """Capture, poison, replay once and check, time, check again; with ``profile``, the replay's kernels
-    (:func:`~nvfp4lib.bench.kernel_profile.profile_runner`, L2 flushed before each) as ``profile``."""
+    (:func:`~nvfp4lib.bench.kernel_profile.profile_runner`, L2 flushed before each) as ``profile``; with a
+    ``timeline`` (:class:`~nvfp4lib.bench.timeline.Timeline` the layer was built with), one more replay's per-CTA
+    stamps (L2 flushed before it) as ``timeline``."""
     graph, out = _graph_of(fn, x, ids, w)
     out.fill_(float("nan"))
     graph.replay()
@@ -235,6 +237,12 @@ def _measure(fn, x, ids, w, ref, tol: float, iters: int, flush, profile: bool = 
         from .kernel_profile import profile_runner
 
         timing["profile"] = profile_runner(graph.replay, iters=iters, flush=flush)
+    if timeline is not None:
+        timeline.clear()
+        flush()
+        graph.replay()
+        torch.cuda.synchronize()
+        timing["timeline"] = timeline.summary()
     del graph
     return {**timing, **_measure_eager(fn, x, ids, w, ref, tol, iters, flush), "rel_err": err, "tol": tol,
             "status": "ok"}
@@ -284,7 +292,7 @@ CHAIN_GEMM_KNOB = ("nvfp4lib.kernels.common.pdl", "CHAIN_GEMM")  # moe-bench --c
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
               seed: int = 2121, backend: str = "cute-hopper", peer: bool = True, ceilings: dict | None = None,
               quantizer: str = "auto", profile: bool = False, gemv_max_tokens: int | None = None,
-              split_k: bool | str | None = None, progress=print) -> list[dict]:
+              split_k: bool | str | None = None, timeline: bool = False, progress=print) -> list[dict]:
     """Rows (one per layer, T, routing and mode, plus the peer's) with provenance; nothing is stored here.
 
     ``layers``: :class:`MoELayer` or their names; ``modes``: the layer's activations, ``"nvfp4"`` (W4A4) and/or
@@ -296,7 +304,9 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
     NVFP4 row with whether the step took that path (``gemv``). ``split_k``: the serving kernel's
     :data:`~nvfp4lib.kernels.hopper_varlen.config.SPLIT_K` knob for the run (None: as it is; True: on with the
     shipped rule; a rule of :data:`~nvfp4lib.kernels.hopper_varlen.config.SPLIT_RULES`: on with it), recorded in every
-    NVFP4 row with ``split_rule``."""
+    NVFP4 row with ``split_rule``. ``timeline``: the NVFP4 layers built with the GEMMs' per-CTA stamps
+    (:mod:`.timeline`; a development probe: a few stores per CTA), each NVFP4 row's ``timeline`` read from one more
+    replay."""
     if not torch.cuda.is_available():
         raise RuntimeError("bench_moe needs a CUDA GPU (none here): it times graph-captured MoE layers on the device. "
                            "Run `python -m nvfp4lib moe-bench --record` on the H100; recorded rows are in "
@@ -317,7 +327,14 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
     quantizer = resolve_quantizer(quantizer, "cuda")  # rows record the quantizer that ran
     from ..kernels.hopper_varlen import config as vl_config
 
-    with vl_config.split_setting(split_k):  # (the knobs as they were after the run)
+    stamps = None
+    if timeline:
+        from .timeline import Timeline
+
+        stamps = Timeline("cuda")
+    # (the knobs as they were after the run; with a timeline, every GEMM compiled in the run stamps into it: a layer's
+    # runners compile on their first call)
+    with vl_config.split_setting(split_k), stamps.building() if stamps is not None else contextlib.nullcontext():
         # the W4A4 quantizer's one-program knob, as set for the run (the Triton quantizer's only)
         one_program = getattr(importlib.import_module(QUANT_KNOB[0]), QUANT_KNOB[1]) if quantizer == "triton" \
             else None
@@ -394,7 +411,8 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                             try:
                                 if act not in refs:
                                     refs[act] = reference_moe(x, ids, w, gate, up, down, activations=act)
-                                row.update(_measure(mod, x, ids, w, refs[act], TOL[kind], iters, flush, profile))
+                                row.update(_measure(mod, x, ids, w, refs[act], TOL[kind], iters, flush, profile,
+                                                    stamps if kind != "peer" else None))
                             except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
                                 row["status"] = f"error: {type(e).__name__}: {str(e)[:400]}"
                             _free()
@@ -423,6 +441,11 @@ def _print_row(r: dict) -> None:
         from .kernel_profile import format_profile
 
         print(format_profile("    graph replay", r["profile"]), flush=True)
+    for gemm, g in (r.get("timeline") or {}).items():
+        phases = ", ".join(f"{p} {v[0]:.2f}" for p, v in g.get("phases", {}).items())
+        print(f"    timeline {gemm}: {g['tiles']} of {g['ctas']} CTAs with a tile, starts over "
+              f"{g['start_spread_us']:.2f} us, span {g.get('span_us', float('nan')):.2f} us; median us: {phases}",
+              flush=True)
 
 
 def _layer_arg(text: str) -> str:
@@ -458,6 +481,10 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                    help="the NVFP4 layers' decode path for steps of at most N tokens (0: never; default: the layer's)")
     p.add_argument("--profile", action="store_true",
                    help="also profile each graph replay kernel by kernel (CUPTI): the row's profile field")
+    p.add_argument("--timeline", action="store_true",
+                   help="build the NVFP4 layers' GEMMs with per-CTA stamps (hopper_varlen.kernel.TIMELINE; a "
+                        "development probe) and read them from one more replay: the row's timeline field (phases "
+                        "per CTA: schedule, wait, first stage, mainloop, epilogue)")
     p.add_argument("--split-k", nargs="+", choices=["on", "off", "idle", "balance"],
                    help="the serving kernel's split-K at decode (SPLIT_K; default: as shipped, on with the idle rule); "
                         "idle, balance: on with that rule (SPLIT_RULE); several values run the whole set once per "
@@ -527,6 +554,7 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,
                                   gemv_max_tokens=args.gemv_max_tokens,
                                   split_k={None: None, "on": True, "off": False}.get(split, split),
+                                  timeline=args.timeline,
                                   progress=_print_row)
         write(args, rows, MOE.name)
         return 0 if all(r["status"] == "ok" or "NotImplementedError" in r["status"] for r in rows) else 1

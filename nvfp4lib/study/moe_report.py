@@ -249,7 +249,8 @@ ISSUE41_GPU = "H100"
 def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     """The ok rows measured on ``gpu`` with the layer's knobs as shipped when they ran: a knob A/B's other arm (split-K
     off or the 'balance' rule, the one-program quantizer, the GEMV decode path, the wide decode form that left the
-    package) is left out."""
+    package, captured small calls fused, the chained-launch arms not shipped) and the timeline probes' rows are left
+    out."""
     if rows is None or not len(rows) or "status" not in rows:
         return pd.DataFrame()
     sel = rows[(rows["status"] == "ok") & rows["gpu"].astype(str).str.contains(gpu)]
@@ -257,6 +258,8 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
                        ("wide_decode", "idle"), ("wide_decode", "all"), ("deep_decode", True), ("chain_pdl", False)):
         if col in sel:
             sel = sel[~sel[col].apply(lambda v, o=other: v is o or v == o)]
+    if "timeline" in sel:  # (development probes: GEMMs built with per-CTA stamps)
+        sel = sel[sel["timeline"].isna()]
     if "fuse_max_rows" in sel:  # (captured small calls fused: lost, off)
         sel = sel[~(pd.to_numeric(sel["fuse_max_rows"], errors="coerce") > 0)]
     if "chain_pdl" in sel:

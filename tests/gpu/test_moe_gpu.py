@@ -227,3 +227,34 @@ def test_chained_launches_give_the_same_bits(activations, gemm, monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("activations", ["nvfp4", "bf16"])
+def test_timeline_stamps_every_tile_in_order(activations):
+    """moe-bench --timeline (bench.timeline, kernel.TIMELINE): GEMMs built with the stamps still give the reference
+    layer's result; in a graph replay every CTA with a tile stamps its six clock64 stamps in order and its global
+    start before its end, in both GEMMs, and the summary's phases are not negative."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs sm_90")
+    from nvfp4lib.bench.timeline import Timeline
+
+    tl = Timeline("cuda")
+    t = 8
+    x = torch.randn(t, 256, device="cuda").to(torch.bfloat16)
+    ids, w = _routing(t, 8, 2, 3)
+    with tl.building():
+        layer = _layer(activations=activations)
+        graph, out = _graph_of(layer, x, ids, w)
+    tl.clear()
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = reference_moe(x, ids, w, layer.w_gate, layer.w_up, layer.w_down, activations=activations).float()
+    assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2
+    b = tl.buf.cpu()
+    for r in range(2):
+        done = b[r][(b[r, :, 0] != 0) & (b[r, :, 5] != 0)]
+        assert len(done), f"GEMM {r} stamped no tile"
+        assert bool((done[:, 1:6] >= done[:, 0:5]).all()) and bool((done[:, 7] >= done[:, 6]).all())
+    s = tl.summary()
+    assert set(s) == {"gate_up", "down"}
+    assert all(v[1] >= 0 for g in s.values() for v in g["phases"].values())

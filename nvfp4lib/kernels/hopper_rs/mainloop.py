@@ -140,6 +140,9 @@ def _build():
                     early.advance()
             for kt in cutlass.range(k_tiles, unroll=1):
                 self._wait_full(load_pipe, cons)
+                if cutlass.const_expr(getattr(self, "timeline", 0) != 0):  # (a subclass's timeline: the first stage)
+                    if kt == 0:
+                        self._stamp(3)
                 loaded = self._load_units(sw_base, cons.index, wg, t)
                 for s in cutlass.range_constexpr(self.nsub):
                     self._decode_mma(s, loaded, tiled_mma, rA, rA32, accs, tCrB, cons.index)

@@ -189,10 +189,10 @@ def _build() -> SimpleNamespace:
                                                 "=r,=r,=r,r,r", True)]
 
     @dsl_user_op
-    def stamp_to(addr, *, loc=None, ip=None):
-        """%globaltimer (ns) to the shared address ``addr``."""
-        _asm("{\n.reg .u64 t;\nmov.u64 t, %globaltimer;\nst.shared.u64 [$0], t;\n}", 0,
-             [cutlass.Int32(addr).ir_value(loc=loc, ip=ip)], "r", True)
+    def stamp_to(addr, timer: str = "clock64", *, loc=None, ip=None):
+        """``%clock64`` (this SM's cycles) or ``%globaltimer`` (ns, every SM's) to the global address ``addr``."""
+        _asm(f"{{\n.reg .u64 t;\nmov.u64 t, %{timer};\nst.global.u64 [$0], t;\n}}", 0,
+             [cutlass.Int64(addr).ir_value(loc=loc, ip=ip)], "l", True)
 
     def _silu_mul(g, u):
         """silu(g)·u with the fast exp and reciprocal (~2 ulp of fp32 before the rounding to the output type)."""

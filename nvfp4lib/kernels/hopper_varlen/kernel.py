@@ -78,6 +78,14 @@ EAGER_FUSED = True
 # 9.2 us: the slices cost the GEMM more than the prologue launch they replace, and the layer lost ~5 us more than its
 # kernels, in the gaps before the fused kernels), DeepSeek-like T = 8 475 -> 578 us. Off.
 FUSE_MAX_ROWS = 0
+# A development timeline (0: off, as shipped): the device address of an int64 buffer [2, TIMELINE_CTAS, 8] that GEMMs
+# built while it is set stamp into, per CTA (dual GEMMs in [0], single in [1]; CTAs past TIMELINE_CTAS not
+# stamped): %clock64 at entry (0), once its tile is found (1), after the wait for the kernel before (2), when its
+# first stage has landed (3), at the mainloop's end (4) and the epilogue's (5); %globaltimer at entry (6) and at the
+# end (7). Thread 0 of each CTA writes them; a CTA with no tile stops after (1). Read by moe-bench --timeline
+# (bench.timeline); a runner's compile key holds it.
+TIMELINE = 0
+TIMELINE_CTAS = 4096
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
 # test_serving_gpu.py's S4 case, eager W4A4 calls): the fused kernel reports shared-memory hazards (1 error on the
 # shipped config's S4 case, 12 on a split-K case) at one site only: the staged epilogue's stores to its output tile
@@ -191,6 +199,7 @@ def _build():
             # GEMM letting the next kernel launch at its mainloop's end: NVFP4-activation GEMMs only, which the layer
             # follows with a quantization, never straight with a GEMM (pdl.CHAIN_GEMM's note)
             self.chain, self.chain_next = pdl.CHAIN, pdl.gemm_chained() and not self.a16
+            self.timeline, self.region = TIMELINE, 0 if cfg.dual else 1  # (TIMELINE's note)
             self._split = None  # (set while a kernel is traced: partials, counters, slices, this slice, the tile)
 
         @cute.jit
@@ -335,9 +344,12 @@ def _build():
                    mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor, mPart: cute.Tensor,
                    mSplits: cute.Tensor, sw_layout: cute.Layout, sx_layout: cute.ComposedLayout):
             self._fused = None
+            self._stamp(0)
+            self._stamp(6, "globaltimer")
             bidx, _, _ = cute.arch.block_idx()
             tile = self._tile_of(bidx, mPart, mSplits)
             group, tok_row0, tokens, n0 = self._schedule(mOffsets, cute.size(mC, mode=[0]), tile)
+            self._stamp(1)
             if tokens > 0:
                 storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
                 self._run_tile(storage, tma_w, tW, tma_x, tX, mC, mGsA, mGsB, group, tok_row0, tokens, n0,
@@ -445,6 +457,7 @@ def _build():
             (barrier 3), then until every slice of its epoch is done."""
             if cutlass.const_expr(self._fused is None):
                 cute.arch.griddepcontrol_wait()
+                self._stamp(2)
             else:
                 if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
                     cute.arch.barrier(barrier_id=3, number_of_threads=64)
@@ -503,6 +516,7 @@ def _build():
         # -- split-K (split_k configs): the tile's last CTA adds the K slices and runs the epilogue ----------------
         @cute.jit
         def _finish(self, nv: int, accs, tCcC, storage, mC, scales, row0, tokens, n0, n_valid, wg, t):
+            self._stamp(4)
             if cutlass.const_expr(self.chain_next and self._fused is None):  # (the plain GEMM; not the fused call)
                 cute.arch.griddepcontrol_launch_dependents()  # the next kernel may launch (it waits for this one)
             if cutlass.const_expr(self.split_k):
@@ -513,6 +527,18 @@ def _build():
                     self._epilogue(nv, accs, tCcC, storage, mC, self._alpha(*scales), row0, tokens, n0, n_valid, wg, t)
             else:
                 self._epilogue(nv, accs, tCcC, storage, mC, self._alpha(*scales), row0, tokens, n0, n_valid, wg, t)
+            self._stamp(5)
+            self._stamp(7, "globaltimer")
+
+        @cute.jit
+        def _stamp(self, i: cutlass.Constexpr, timer: cutlass.Constexpr = "clock64"):
+            """Stamp ``i`` of :data:`TIMELINE` (thread 0 of a CTA; nothing where it is off)."""
+            if cutlass.const_expr(self.timeline != 0):
+                tidx, _, _ = cute.arch.thread_idx()
+                bidx, _, _ = cute.arch.block_idx()
+                if tidx == 0 and bidx < TIMELINE_CTAS:
+                    o.stamp_to(cutlass.Int64(self.timeline) + ((self.region * TIMELINE_CTAS + bidx) * 8 + i) * 8,
+                               timer)
 
         def _part_rows(self, wg, b: int):
             """(the partials' column of block b's first weight row, the block's first row within the tile): dual

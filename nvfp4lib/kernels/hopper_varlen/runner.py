@@ -44,7 +44,8 @@ def _compile(key, make, args):
 def compile_gemm(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, k: int | None = None):
     """The GEMM alone (``act="bf16"``: B is the caller's rows, K = ``k``), compiled once per shape."""
     gemm_cls = kernel_classes()[1]
-    return _compile(("gemm", cfg, groups, n, k_pad, out_name, k or k_pad, pdl.CHAIN, pdl.gemm_chained()),
+    return _compile(("gemm", cfg, groups, n, k_pad, out_name, k or k_pad, pdl.CHAIN, pdl.gemm_chained(),
+                     kernel.TIMELINE),
                     lambda: gemm_cls(cfg, groups, n, k_pad),
                     lambda: gemm_arguments(cfg, groups, n, k_pad, out_name, k=k))
 
@@ -56,7 +57,8 @@ def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
     None: :data:`.kernel.FUSED_PROLOGUE`), compiled once per shape."""
     _, gemm_cls, call_cls = kernel_classes()
     fused = kernel.FUSED_PROLOGUE if fused is None else fused
-    return _compile(("call", cfg, groups, n, k_pad, out_name, fused, pdl.CHAIN, pdl.gemm_chained()),
+    return _compile(("call", cfg, groups, n, k_pad, out_name, fused, pdl.CHAIN, pdl.gemm_chained(),
+                     kernel.TIMELINE),
                     lambda: call_cls(gemm_cls(cfg, groups, n, k_pad), fused),
                     lambda: call_arguments(cfg, groups, n, k_pad, out_name))
 
