@@ -325,6 +325,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
     from ..nn.moe import resolve_quantizer
 
     quantizer = resolve_quantizer(quantizer, "cuda")  # rows record the quantizer that ran
+    from ..kernels.common import pdl
     from ..kernels.hopper_varlen import config as vl_config
 
     stamps = None
@@ -340,8 +341,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
             else None
         route_max = getattr(importlib.import_module(ROUTE_KNOB[0]), ROUTE_KNOB[1])  # the one-launch routing's limit
         fuse_max = getattr(importlib.import_module(FUSE_KNOB[0]), FUSE_KNOB[1])  # captured small calls fused
-        chain = bool(getattr(importlib.import_module(CHAIN_KNOB[0]), CHAIN_KNOB[1]))  # chained launches
-        chain_gemm = chain and bool(getattr(importlib.import_module(CHAIN_GEMM_KNOB[0]), CHAIN_GEMM_KNOB[1]))
+        chain, chain_gemm = bool(pdl.CHAIN), pdl.gemm_chained()  # chained launches, the GEMMs' trigger
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
         rows = []
         for li, layer in enumerate(layers):

@@ -142,17 +142,18 @@ class NVFP4MoE(torch.nn.Module):
         static = self.input_scales or (None, None)
         # chained launches (kernels.common.pdl): the amax words of the two dynamic quantizations zeroed by the
         # routing launch instead of a fill kernel each (a fill is not chained)
-        words = None
+        words, amax = None, (None, None)
         if self.activations == "nvfp4" and self.quantizer == "triton" and pdl.chained(x.device) and None in static:
             words = torch.empty(2, dtype=torch.int32, device=x.device)
+            amax = words.split(1)
         r = route(topk_ids, self.experts, clear=words)
         if self.activations == "nvfp4":
             # The T·k copies quantized in packed order with x's global scale: quantization is row-local, so these
             # are the bits of quantizing x then gathering (the Triton quantizer reads each copy's row itself, one
             # launch instead of a quantization and two gathers; the torch form gathers after quantizing)
-            codes, scales, g = self._quantize(x, static[0], r.token, amax_word=None if words is None else words[0:1])
+            codes, scales, g = self._quantize(x, static[0], r.token, amax_word=amax[0])
             h = self.gate_up(_packed(codes, scales.view(torch.uint8), g), r.offsets, global_scale=g)
-            codes, scales, g = self._quantize(h, static[1], amax_word=None if words is None else words[1:2])
+            codes, scales, g = self._quantize(h, static[1], amax_word=amax[1])
             y = self.down(_packed(codes, scales.view(torch.uint8), g), r.offsets, global_scale=g)
         else:
             # the intermediate is already bf16 (INTERMEDIATE_DTYPE): the down GEMM's activations as they are
