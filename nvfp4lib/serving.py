@@ -128,6 +128,37 @@ class PreparedWeights:
             return self._call_list(a)
         return self._call_packed(a, offsets, global_scale, out)
 
+    @property
+    def operand_k(self) -> int | None:
+        """K of the fp16 operand :meth:`call_operand` takes (the weights' K padded to the packed layout's K tile), or
+        None where these weights take no operand (bf16 activations)."""
+        return None if self.activations == "bf16" else self.impl.operand_k
+
+    def call_operand(self, x16: torch.Tensor, offsets: torch.Tensor, global_scale: torch.Tensor, *, out=None):
+        """NVFP4 activations already decoded to the GEMM's operand: ``x16`` fp16 ``[T, operand_k]``, each element
+        ``e2m1 · block scale · 2^-7`` (columns past K zeros), as :func:`nvfp4lib.nn.quant_triton.quantize_to_operand`
+        writes it while quantizing; ``global_scale`` float32 [1] or [G]. The same result as ``w(a_packed, offsets,
+        global_scale=...)`` on those codes and scales, without the activation prologue (one launch fewer)."""
+        if self.activations == "bf16":
+            raise TypeError("call_operand is for NVFP4 activations; these weights were prepared with "
+                            "activations='bf16': call w(a, offsets)")
+        k = self.operand_k
+        if not isinstance(x16, torch.Tensor) or x16.dtype != torch.float16 or x16.dim() != 2 or x16.shape[1] != k:
+            raise TypeError(f"call_operand: x16 must be an fp16 tensor [T, {k}], got "
+                            f"{getattr(x16, 'dtype', type(x16).__name__)} {tuple(getattr(x16, 'shape', ()))}")
+        if self._elsewhere(x16):
+            raise ValueError(f"x16 is on device {x16.device} but the weights are on device {self.device}")
+        if not torch.compiler.is_compiling() and (not x16.is_contiguous() or x16.data_ptr() % 16):
+            raise ValueError("call_operand: the kernel loads x16 by TMA and needs a contiguous, 16-byte aligned tensor")
+        if global_scale is None:
+            raise TypeError("call_operand needs the activations' global_scale (float32 [1] or [G])")
+        gs = self._check_buffers(None, offsets, global_scale, torch.compiler.is_compiling())
+        if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (x16.shape[0], self.n)
+                                or out.dtype != self.out_dtype or not out.is_contiguous() or self._elsewhere(out)):
+            raise ValueError(f"out must be a contiguous {self.out_dtype} tensor [T, N] = [{x16.shape[0]}, {self.n}] "
+                             f"on {self.device}")
+        return self.impl.operand(x16, gs, offsets, out)
+
     # -- the two call forms ---------------------------------------------------------------------------------------
     def _call_list(self, a):
         if isinstance(a, NVFP4Tensor):
@@ -328,6 +359,13 @@ class _ReferenceImpl:
         a = dequantize(NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), one), torch.float32)
         return self._grouped(a, gs_a, offsets)
 
+    operand_k = property(lambda self: self.b[0].shape[1])  # (no padding: the operand is [T, K])
+
+    def operand(self, x16, gs_a, offsets, out=None):
+        """The fp16 operand (e2m1 · block scale · 2^-7): its values times 2^7, exactly, are the dequantized codes."""
+        y = self._grouped(x16[:, :self.b[0].shape[1]].float() * 128.0, gs_a, offsets)
+        return y if out is None else out.copy_(y)
+
     def a16(self, x, offsets, out=None):
         """bf16 activations ``x [T, K]``: the same products with x as it is (exact in fp32), no activation scale."""
         if out is not None:
@@ -440,10 +478,11 @@ class _CuteHopperImpl:
         return self._tune(lambda c: self.runner(c)(codes, scales, gs_a, offsets), codes.shape[0])
 
     def _runner_for(self, rows: int, run):
-        """The runner for ``rows`` rows (tuning its bucket first with ``run(config)`` where asked and not capturing);
-        a serving loop repeats its row count, so it is resolved once per change of T."""
+        """The runner for ``rows`` rows (tuning its bucket first with ``run(config)`` where asked, given and not
+        capturing); a serving loop repeats its row count, so it is resolved once per change of T."""
         if rows != self._last[0]:
-            if self.tune and not self.fixed and m_bucket(rows, self.weights.groups) not in self._choice:
+            if self.tune and run is not None and not self.fixed and m_bucket(rows, self.weights.groups) \
+                    not in self._choice:
                 if not torch.cuda.is_current_stream_capturing():
                     self._tune(run, rows)
             run = self.runner(self.config_for(rows))
@@ -456,6 +495,15 @@ class _CuteHopperImpl:
         if rows != last:  # (a serving loop repeats its row count: no closure, no lookup per call)
             run = self._runner_for(rows, lambda c: self.runner(c)(codes, scales, gs_a, offsets))
         return run(codes, scales, gs_a, offsets, out)
+
+    @property
+    def operand_k(self) -> int:
+        return self.weights.k_pad
+
+    def operand(self, x16, gs_a, offsets, out=None):
+        """The fp16 operand ``x16 [T, K_pad]`` (checked by the caller): the runner of the rows' bucket, the GEMM alone
+        (a tuned bucket is timed on codes; an operand call never tunes)."""
+        return self._runner_for(x16.shape[0], None).call_operand(x16, gs_a, offsets, out)
 
     def a16(self, x, offsets, out=None):
         """bf16 activations ``x [T, K]`` (checked by the caller): the runner of the rows' bucket, as ``__call__``."""

@@ -178,3 +178,68 @@ def test_strided_rows_and_negative_indices():
     assert torch.equal(got[2].cpu(), g)
     assert torch.equal(got[0].cpu()[keep], codes[index[keep]])
     assert torch.equal(got[1].cpu().view(torch.uint8)[keep], scales.view(torch.uint8)[index[keep]])
+
+
+def _operand_of(codes, scales, k_pad):
+    """The serving GEMM's fp16 operand that its activation prologue decodes from codes and scale bytes: each element
+    e2m1 · block scale · 2^-7, columns past K zeros (torch, exact)."""
+    from nvfp4lib.formats import e2m1_decode, unpack_e2m1
+
+    v = e2m1_decode(unpack_e2m1(codes)) * scales.float().repeat_interleave(16, dim=-1) * 2.0 ** -7
+    return torch.nn.functional.pad(v, (0, k_pad - v.shape[-1])).to(torch.float16)
+
+
+@pytest.mark.parametrize("static,k_pad,index", [(False, 64, None), (True, 128, None), (False, 256, [4, 0, 0, 2, 3]),
+                                                (True, 64, [1, -1, 3])])
+def test_the_operand_is_what_the_prologue_decodes(static, k_pad, index):
+    """quantize_to_operand: the fp16 operand [R, k_pad] holds, bit for bit (signed zeros too), what the GEMM's
+    prologue decodes from quantize_rows' codes and scales (ties, wide range, signed zeros, a zero block); the
+    padding columns are zeros; the global scale is the same; a negative index's row is unspecified."""
+    from nvfp4lib.nn.quant_triton import quantize_to_operand
+
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(5, 64, generator=gen) * torch.pow(10.0, torch.empty(5, 64).uniform_(-5, 5, generator=gen))
+    x[0, :16] = torch.tensor([6 * 1.0625 * f for f in (1, 0.25, 0.75, -0.125, 1.75 / 6, 2.5 / 6, 3.5 / 6, 5 / 6,
+                                                       -0.25 / 6, -0.0, 0.0, 1 / 12, -1 / 12, 0.5, 0.1, 0.9)])
+    x[1, 16:32] = 0.0
+    x[2, 32:48:2] = -0.0
+    gs = torch.tensor([0.0123]) if static else None
+    codes, scales, g = quantize_rows(x, gs)
+    want = _operand_of(codes, scales.view(torch.uint8).view(torch.float8_e4m3fn), k_pad)
+    idx = None if index is None else torch.tensor(index)
+    x16, g2 = quantize_to_operand(x.to(DEV), k_pad, None if gs is None else gs.to(DEV),
+                                  None if idx is None else idx.to(DEV))
+    assert x16.dtype == torch.float16 and tuple(x16.shape) == (5 if idx is None else len(index), k_pad)
+    assert torch.equal(g2.cpu(), g)
+    rows = torch.arange(5) if idx is None else idx
+    keep = rows >= 0
+    assert torch.equal(x16.cpu()[keep].view(torch.int16), want[rows[keep]].view(torch.int16))
+
+
+def test_the_operand_refuses_bad_shapes():
+    from nvfp4lib.nn.quant_triton import quantize_to_operand
+
+    with pytest.raises(ValueError, match="k_pad=48"):
+        quantize_to_operand(torch.zeros(2, 64, device=DEV), 48)
+    with pytest.raises(ValueError, match="2-D"):
+        quantize_to_operand(torch.zeros(2, 2, 64, device=DEV), 64)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_the_layer_quantizing_into_the_operand_gives_the_same_output(static, monkeypatch):
+    """nn.moe.QUANT_TO_OPERAND (the Triton quantizer writing the GEMMs' operands, PreparedWeights.call_operand) gives
+    the output of codes and scales (the reference backend, whose operand form decodes the operand back)."""
+    from nvfp4lib.nn import NVFP4MoE, moe
+
+    g = torch.Generator().manual_seed(4)
+    w = [torch.randn(4, *s, generator=g).mul(0.1).to(torch.bfloat16) for s in ((32, 64), (32, 64), (64, 32))]
+    x = torch.randn(5, 64, generator=g).to(torch.bfloat16)
+    ids = torch.tensor([[0, 1], [1, 2], [3, 0], [2, 3], [1, 0]])
+    tw = torch.softmax(torch.randn(5, 2, generator=g), -1)
+    layer = NVFP4MoE.from_float(*[t.to(DEV) for t in w], backend="reference", quantizer="triton",
+                                input_scales=(0.01, 0.002) if static else None)
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(moe, "QUANT_TO_OPERAND", on)
+        outs.append(layer(x.to(DEV), ids.to(DEV), tw.to(DEV)))
+    assert torch.equal(outs[0], outs[1])

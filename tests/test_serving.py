@@ -51,6 +51,34 @@ def test_custom_op_compiles_and_passes_opcheck():
                        torch.ops.nvfp4lib.grouped_mm(ap.data, ap.scales.view(torch.uint8), gs, off, w.handle))
 
 
+
+@pytest.mark.parametrize("dual", [False, True])
+def test_operand_form_gives_the_packed_form(dual):
+    """PreparedWeights.call_operand: activations decoded to the GEMM's fp16 operand (e2m1 · block scale · 2^-7) give
+    the packed form's output on the same codes and scales; bad operands are refused with the rule."""
+    from nvfp4lib.formats import e2m1_decode, unpack_e2m1
+
+    w = prepare_weights(_weights(), _weights(seed=1) if dual else None, backend="reference")
+    ap = quantize(torch.randn(12, 128) * 3)
+    off, gs = torch.tensor([0, 4, 4, 12], dtype=torch.int32), torch.tensor([0.25])
+    x16 = (e2m1_decode(unpack_e2m1(ap.data)) * ap.scales.float().repeat_interleave(16, dim=-1) / 128).half()
+    assert w.operand_k == 128
+    assert torch.equal(w.call_operand(x16, off, gs), w(ap, off, global_scale=gs))
+    out = torch.empty(12, 64, dtype=torch.float16)
+    assert w.call_operand(x16, off, gs, out=out) is out and torch.equal(out, w(ap, off, global_scale=gs))
+    with pytest.raises(TypeError, match=r"fp16 tensor \[T, 128\]"):
+        w.call_operand(x16.float(), off, gs)
+    with pytest.raises(TypeError, match="global_scale"):
+        w.call_operand(x16, off, None)
+    with pytest.raises(TypeError, match="int32"):
+        w.call_operand(x16, off.long(), gs)
+    with pytest.raises(ValueError, match="contiguous"):
+        w.call_operand(torch.zeros(128, 12, dtype=torch.float16).t(), off, gs)
+    a16 = prepare_weights(_weights(), backend="reference", activations="bf16")
+    assert a16.operand_k is None
+    with pytest.raises(TypeError, match="activations='bf16'"):
+        a16.call_operand(x16, off, gs)
+
 def test_bad_input_is_refused_with_the_rule():
     w = prepare_weights(_weights(), backend="reference")
     ap = quantize(torch.randn(12, 128))

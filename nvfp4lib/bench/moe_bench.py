@@ -287,6 +287,7 @@ ROUTE_KNOB = ("nvfp4lib.nn.routing_triton", "ROUTE_MAX_COPIES")  # moe-bench --r
 FUSE_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "FUSE_MAX_ROWS")  # moe-bench --fuse-max-rows
 CHAIN_KNOB = ("nvfp4lib.kernels.common.pdl", "CHAIN")  # moe-bench --chain-pdl (on, gemm)
 CHAIN_GEMM_KNOB = ("nvfp4lib.kernels.common.pdl", "CHAIN_GEMM")  # moe-bench --chain-pdl gemm
+OPERAND_KNOB = ("nvfp4lib.nn.moe", "QUANT_TO_OPERAND")  # moe-bench --quant-operand
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -342,6 +343,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         route_max = getattr(importlib.import_module(ROUTE_KNOB[0]), ROUTE_KNOB[1])  # the one-launch routing's limit
         fuse_max = getattr(importlib.import_module(FUSE_KNOB[0]), FUSE_KNOB[1])  # captured small calls fused
         chain, chain_gemm = bool(pdl.CHAIN), pdl.gemm_chained()  # chained launches, the GEMMs' trigger
+        to_operand = bool(getattr(importlib.import_module(OPERAND_KNOB[0]), OPERAND_KNOB[1]))
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
         rows = []
         for li, layer in enumerate(layers):
@@ -401,6 +403,9 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["split_rule"] = vl_config.SPLIT_RULE
                                 row["fuse_max_rows"] = fuse_max
                                 row["quant_one_program"] = one_program if kind == "nvfp4" else None
+                                # W4A4 quantizing straight into the GEMMs' operands (no prologues; Triton only)
+                                row["quant_operand"] = to_operand if kind == "nvfp4" and quantizer == "triton" \
+                                    else None
                                 row["gemv"] = bool(mod._gemv_step(x))
                             row["route_max_copies"] = route_max
                             row["chain_pdl"] = chain
@@ -507,6 +512,10 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                         "CHAIN; gemm: the GEMMs also let the next kernel launch, CHAIN_GEMM; default: as shipped); "
                         "several values run the whole set once per value (an A/B, e.g. off on gemm); rows carry "
                         "chain_pdl and chain_gemm")
+    p.add_argument("--quant-operand", nargs="+", choices=["off", "on"],
+                   help="W4A4 quantizing straight into the GEMMs' fp16 operands, the GEMMs without their prologues "
+                        "(nn.moe.QUANT_TO_OPERAND; default: as shipped); several values run the whole set once per "
+                        "value (an A/B, e.g. off on); W4A4 rows carry quant_operand")
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -542,13 +551,14 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split, one, route_max, fuse, chain in itertools.product(
+        for split, one, route_max, fuse, chain, operand in itertools.product(
                 args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
-                args.fuse_max_rows or [None], args.chain_pdl or [None]):
+                args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
                     knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
                     knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
-                    knob_setting(*CHAIN_GEMM_KNOB, None if chain is None else chain == "gemm"):
+                    knob_setting(*CHAIN_GEMM_KNOB, None if chain is None else chain == "gemm"), \
+                    knob_setting(*OPERAND_KNOB, None if operand is None else operand == "on"):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

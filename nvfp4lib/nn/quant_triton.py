@@ -20,7 +20,7 @@ from ..kernels.common.pdl_triton import chain
 from ..kernels.common.triton_launch import launch
 from .quant import check_k
 
-__all__ = ["quantize_rows_triton"]
+__all__ = ["quantize_rows_triton", "quantize_to_operand"]
 
 BLOCKS_PER_PROGRAM = 32  # 16-element blocks of a row per program
 ROWS_PER_PROGRAM = 4
@@ -42,7 +42,7 @@ ONE_PROGRAM_ELEMENTS = 16384  # a Qwen3-like T = 1 step's 8 token copies of 2048
 def _tile(x, x_stride, rows, nblk, R: tl.constexpr, CB: tl.constexpr, index, HAS_INDEX: tl.constexpr):
     """The even and odd elements (fp32) of this program's [R rows, CB blocks, 8 pairs] tile, its mask and indices
     (output row r reads x's row ``index[r]`` with ``HAS_INDEX`` (a negative index: zeros), else row r; x's rows
-    ``x_stride`` elements apart)."""
+    ``x_stride`` elements apart; blocks past ``nblk``, the operand's padding, read as zeros)."""
     r = tl.program_id(0) * R + tl.arange(0, R)[:, None, None]
     b = tl.program_id(1) * CB + tl.arange(0, CB)[None, :, None]
     j = tl.arange(0, 8)[None, None, :]
@@ -94,9 +94,38 @@ def _global_scale(amax):
 
 
 @triton.jit
+def _e4m3_value(byte):
+    """The E4M3 byte's value in fp32 (exact; 0x7F and 0xFF: NaN), as the kernels' cvt.e4m3x2 decodes it."""
+    e = (byte >> 3) & 15
+    m = byte & 7
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, (((e + 120) << 23) | (m << 20)).to(tl.float32,
+                                                                                               bitcast=True))
+    mag = tl.where((e == 15) & (m == 7), float("nan"), mag)
+    return _with_sign(mag, (byte >> 7) & 1)
+
+
+@triton.jit
+def _with_sign(v, sign):
+    """v (>= 0) with the sign bit set where ``sign`` is 1 (in bits: Triton's negation is 0 - v, which gives +0)."""
+    return (v.to(tl.int32, bitcast=True) | (sign << 31)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e2m1_value(code):
+    """The E2M1 code's value in fp32 (sign at bit 3; code 8 is -0)."""
+    mag = code & 7
+    v = tl.where(mag < 4, mag.to(tl.float32) * 0.5, tl.where(mag < 6, (mag - 2).to(tl.float32),
+                                                             (mag * 2 - 8).to(tl.float32)))
+    return _with_sign(v, (code >> 3) & 1)
+
+
+@triton.jit
 def _quant_tile(x, x_stride, g, codes, scales, index, rows, nblk, R: tl.constexpr, CB: tl.constexpr,
-                HAS_INDEX: tl.constexpr):
-    """Quantize this program's tile of output rows with the global scale ``g``: codes and E4M3 block scales."""
+                HAS_INDEX: tl.constexpr, OPERAND: tl.constexpr = False, op_stride=0, op_blocks=0):
+    """Quantize this program's tile of output rows with the global scale ``g``: codes and E4M3 block scales; with
+    ``OPERAND``, instead the serving GEMM's fp16 operand at ``codes`` (rows ``op_stride`` apart, ``op_blocks``
+    blocks of 16 per row, those past ``nblk`` zeros): each element ``e2m1 · block scale · 2^-7``, the values the
+    GEMM's activation prologue decodes from those codes and scale bytes, bit for bit."""
     ev, od, ok, r, b, j = _tile(x, x_stride, rows, nblk, R, CB, index, HAS_INDEX)
     bmax = tl.max(tl.maximum(tl.abs(ev), tl.abs(od)), axis=2)  # [R, CB]
     s = tl.minimum(tl.math.div_rn(tl.math.div_rn(bmax, 6.0), g), 448.0)
@@ -114,16 +143,24 @@ def _quant_tile(x, x_stride, g, codes, scales, index, rows, nblk, R: tl.constexp
     safe = tl.where(pos, denom, 1.0)
     lo = _e2m1(tl.where(pos, tl.math.div_rn(ev, safe), 0.0))
     hi = _e2m1(tl.where(pos, tl.math.div_rn(od, safe), 0.0))
-    tl.store(codes + r.to(tl.int64) * (nblk * 8) + b * 8 + j, (lo | (hi << 4)).to(tl.uint8), mask=ok)
     r2 = tl.program_id(0) * R + tl.arange(0, R)[:, None]
     b2 = tl.program_id(1) * CB + tl.arange(0, CB)[None, :]
-    tl.store(scales + r2.to(tl.int64) * nblk + b2, code.to(tl.uint8), mask=(r2 < rows) & (b2 < nblk))
+    if OPERAND:
+        # the scale as its stored byte decodes (what the prologue reads), times 2^-7
+        sb = (_e4m3_value(code & 255) * 0.0078125)[:, :, None]
+        at = codes + r.to(tl.int64) * op_stride + b * 16 + 2 * j
+        keep = (r < rows) & (b < op_blocks) & (j < 8)
+        tl.store(at, (_e2m1_value(lo) * sb).to(tl.float16), mask=keep)
+        tl.store(at + 1, (_e2m1_value(hi) * sb).to(tl.float16), mask=keep)
+    else:
+        tl.store(codes + r.to(tl.int64) * (nblk * 8) + b * 8 + j, (lo | (hi << 4)).to(tl.uint8), mask=ok)
+        tl.store(scales + r2.to(tl.int64) * nblk + b2, code.to(tl.uint8), mask=(r2 < rows) & (b2 < nblk))
 
 
 @triton.jit
-def _quant_kernel(x, x_stride, g_in, amax_bits, codes, scales, g_out, index, rows, nblk, valid, HAVE_G: tl.constexpr,
-                  R: tl.constexpr, CB: tl.constexpr, HAS_INDEX: tl.constexpr, HAS_VALID: tl.constexpr,
-                  GDC: tl.constexpr):
+def _quant_kernel(x, x_stride, g_in, amax_bits, codes, scales, g_out, index, rows, nblk, valid, op_stride, op_blocks,
+                  HAVE_G: tl.constexpr, R: tl.constexpr, CB: tl.constexpr, HAS_INDEX: tl.constexpr,
+                  HAS_VALID: tl.constexpr, OPERAND: tl.constexpr, GDC: tl.constexpr):
     chain(GDC)
     if HAS_VALID:
         rows = tl.minimum(rows, tl.load(valid))
@@ -133,7 +170,7 @@ def _quant_kernel(x, x_stride, g_in, amax_bits, codes, scales, g_out, index, row
         g = _global_scale(tl.load(amax_bits).to(tl.float32, bitcast=True))
     if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         tl.store(g_out, g)
-    _quant_tile(x, x_stride, g, codes, scales, index, rows, nblk, R, CB, HAS_INDEX)
+    _quant_tile(x, x_stride, g, codes, scales, index, rows, nblk, R, CB, HAS_INDEX, OPERAND, op_stride, op_blocks)
 
 
 @triton.jit
@@ -167,6 +204,26 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
     unspecified), e.g. the rows an expert GEMM wrote of a buffer sized for the most. ``amax_word`` (without
     ``global_scale``): an int32 ``[1]`` the caller has zeroed on the device for this call, used instead of a new
     zeroed word (its fill kernel: the MoE layer has its routing launch clear it)."""
+    return _quantize(x, global_scale, index, amax_reduce, valid, amax_word)
+
+
+def quantize_to_operand(x: torch.Tensor, k_pad: int, global_scale: torch.Tensor | None = None,
+                        index: torch.Tensor | None = None, amax_word: torch.Tensor | None = None):
+    """``(x16, g)``: x's rows (2-D; or ``x[index]``) quantized to NVFP4 as :func:`quantize_rows_triton` does, with the
+    same global scale ``g``, but written as the serving GEMM's fp16 operand ``x16 [R, k_pad]`` instead of codes and
+    scales: each element ``e2m1 · block scale · 2^-7`` (columns past K zeros), the values the GEMM's activation
+    prologue would decode from those codes, bit for bit
+    (:meth:`nvfp4lib.serving.PreparedWeights.call_operand` takes it and runs the GEMM alone, no prologue)."""
+    if x.dim() != 2:
+        raise ValueError(f"quantize_to_operand: x must be 2-D [T, K], got {tuple(x.shape)}")
+    if k_pad < x.shape[1] or k_pad % BLOCK_SIZE:
+        raise ValueError(f"quantize_to_operand: k_pad={k_pad} must be a multiple of {BLOCK_SIZE} and at least "
+                         f"K={x.shape[1]}")
+    return _quantize(x, global_scale, index, None, None, amax_word, k_pad)
+
+
+def _quantize(x, global_scale, index, amax_reduce, valid, amax_word, k_pad: int | None = None):
+    """The launches of both entries: codes and scales, or with ``k_pad`` the fp16 operand ``[R, k_pad]``."""
     if valid is not None and (index is not None or x.dim() != 2):
         raise ValueError("quantize_rows (triton): valid needs a 2-D x and no index")
     k = check_k(x)
@@ -180,8 +237,13 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
     rows, nblk = x.numel() // k, k // BLOCK_SIZE
     lead = tuple(x.shape[:-1]) if index is None else (index.numel(),)
     out_rows = rows if index is None else index.numel()
-    codes = torch.empty((*lead, k // 2), dtype=torch.uint8, device=x.device)
-    scales = torch.empty((*lead, nblk), dtype=torch.uint8, device=x.device)
+    operand = k_pad is not None
+    if operand:
+        codes = torch.empty((out_rows, k_pad), dtype=torch.float16, device=x.device)
+        scales = codes  # (not written)
+    else:
+        codes = torch.empty((*lead, k // 2), dtype=torch.uint8, device=x.device)
+        scales = torch.empty((*lead, nblk), dtype=torch.uint8, device=x.device)
     g = torch.empty(1, dtype=torch.float32, device=x.device)
     have_g = global_scale is not None
     # the amax word is zeroed (a memset launch) only where a global scale is computed
@@ -191,7 +253,7 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
         amax_bits = amax_word.view(torch.int32).reshape(1)
     else:
         amax_bits = torch.zeros(1, dtype=torch.int32, device=x.device)
-    if not have_g and ONE_PROGRAM and amax_reduce is None and valid is None:
+    if not have_g and ONE_PROGRAM and amax_reduce is None and valid is None and not operand:
         tile = {"R": triton.next_power_of_2(max(rows, out_rows, 1)), "CB": triton.next_power_of_2(nblk)}
         if tile["R"] * tile["CB"] * BLOCK_SIZE <= ONE_PROGRAM_ELEMENTS:
             launch(_quant_one_kernel, (1, 1), (x, stride, codes, scales, g, x if index is None else index, rows,
@@ -205,10 +267,13 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
         if amax_reduce is not None:  # (|x| >= 0: its float32 bits order as int32 bits, which the kernel maxes)
             amax_reduce(amax_bits.view(torch.float32))
     g_in = global_scale.to(torch.float32).reshape(1) if have_g else g
+    op_blocks = k_pad // BLOCK_SIZE if operand else nblk
     # (at least one program, also for no rows: program 0 writes the global scale)
-    launch(_quant_kernel, _grid(out_rows, nblk),
+    launch(_quant_kernel, _grid(out_rows, op_blocks),
            (x, stride, g_in, amax_bits, codes, scales, g, x if index is None else index, out_rows, nblk,
-            x if valid is None else valid),
+            x if valid is None else valid, k_pad or 0, op_blocks),
            {"HAVE_G": have_g, **tile, "HAS_INDEX": index is not None, "HAS_VALID": valid is not None,
-            **pdl.flag(x.device)})
+            "OPERAND": operand, **pdl.flag(x.device)})
+    if operand:
+        return codes, g
     return codes, scales.view(torch.float8_e4m3fn), g

@@ -249,8 +249,8 @@ ISSUE41_GPU = "H100"
 def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     """The ok rows measured on ``gpu`` with the layer's knobs as shipped when they ran: a knob A/B's other arm (split-K
     off or the 'balance' rule, the one-program quantizer, the GEMV decode path, the wide decode form that left the
-    package, captured small calls fused, the chained-launch arms not shipped) and the timeline probes' rows are left
-    out."""
+    package, captured small calls fused, the chained-launch arms not shipped, W4A4 through codes and prologues once
+    the quantizer wrote the operands) and the timeline probes' rows are left out."""
     if rows is None or not len(rows) or "status" not in rows:
         return pd.DataFrame()
     sel = rows[(rows["status"] == "ok") & rows["gpu"].astype(str).str.contains(gpu)]
@@ -264,6 +264,8 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
         sel = sel[~(pd.to_numeric(sel["fuse_max_rows"], errors="coerce") > 0)]
     if "chain_pdl" in sel:
         sel = sel[~_chain_unshipped(sel)]
+    if "quant_operand" in sel:  # (the A/B's arm through codes and prologues; rows before the knob had no field)
+        sel = sel[~sel["quant_operand"].apply(lambda v: v is False or v == 0)]
     return sel
 
 

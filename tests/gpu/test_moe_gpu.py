@@ -179,44 +179,42 @@ def test_decode_gemv_path_agrees_with_the_gemm_path_and_replays(activations):
         assert ((out.float() - ref).norm() / ref.norm()).item() < 1e-2, seed
 
 
-@pytest.mark.parametrize("activations,gemm", [("nvfp4", False), ("bf16", False), ("nvfp4-static", False),
-                                              ("nvfp4", True), ("bf16", True)])
-def test_chained_launches_give_the_same_bits(activations, gemm, monkeypatch):
-    """kernels.common.pdl.CHAIN: the layer's kernels launched chained (each waits for the one before, then lets the
-    next launch; the amax words cleared by the routing launch) give the unchained layer's bits, eagerly for T = 1, 8,
-    64, 300 and 600 (past the one-launch routing) with random routings and every copy on one expert, and in a CUDA
-    graph captured chained and replayed with new activations and routings; W4A4 with per-call and static activation
-    scales, and W4A16; with CHAIN_GEMM (the GEMMs letting the next kernel launch) too."""
+def _same_bits(monkeypatch, activations: str, want_knobs: dict, got_knobs: dict):
+    """A layer run with ``got_knobs`` ({(module, name): value}, set around each of its calls) gives the bits of the same
+    layer run with ``want_knobs``: eagerly for T = 1, 8, 64, 300 and 600 (past the one-launch routing) with random
+    routings and every copy on one expert, and in a CUDA graph captured with ``got_knobs`` and replayed with new
+    activations and routings. ``activations``: "nvfp4", "nvfp4-static" (static activation scales) or "bf16"."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs sm_90")
-    from nvfp4lib.kernels.common import pdl
 
-    monkeypatch.setattr(pdl, "CHAIN_GEMM", gemm)
+    def use(knobs):
+        for (module, name), value in knobs.items():
+            monkeypatch.setattr(module, name, value)
 
     mode = activations.split("-")[0]
     scales = dict(input_scales=(0.004, 0.0005)) if activations.endswith("static") else {}
     g = torch.Generator().manual_seed(5)
     w3 = [(torch.randn(16, *s, generator=g) * 0.05).to(torch.bfloat16).cuda() for s in ((128, 256), (128, 256),
                                                                                           (256, 128))]
+    use(want_knobs)
     plain = NVFP4MoE.from_float(*w3, activations=mode, **scales)
-    monkeypatch.setattr(pdl, "CHAIN", True)
-    chained = NVFP4MoE.from_float(*w3, activations=mode, **scales)
+    use(got_knobs)
+    tried = NVFP4MoE.from_float(*w3, activations=mode, **scales)
     cases = []
     for t in (1, 8, 64, 300, 600):
         x = torch.randn(t, 256, device="cuda").to(torch.bfloat16)
         cases.append((x, *_routing(t, 16, 2, t)))
         cases.append((x, torch.full((t, 2), 3, device="cuda"), torch.full((t, 2), 0.5, device="cuda")))
     for x, ids, w in cases:
-        got = chained(x, ids, w)
-        monkeypatch.setattr(pdl, "CHAIN", False)
+        use(got_knobs)
+        got = tried(x, ids, w)
+        use(want_knobs)
         want = plain(x, ids, w)
-        monkeypatch.setattr(pdl, "CHAIN", True)
         assert torch.equal(got, want), (x.shape[0], ids[0].tolist())
-    monkeypatch.setattr(pdl, "CHAIN", False)  # (read per call by the Triton launches)
     ref_of = [plain(*c) for c in cases[:4]]
-    monkeypatch.setattr(pdl, "CHAIN", True)
+    use(got_knobs)  # (read per call by the Triton launches and the layer)
     x, ids, w = (c.clone() for c in cases[2])
-    graph, out = _graph_of(chained, x, ids, w)  # an eager call, then the capture, chained
+    graph, out = _graph_of(tried, x, ids, w)  # an eager call, then the capture
     for (nx, nids, nw), ref in zip(cases[:4], ref_of):
         if nx.shape[0] != x.shape[0]:
             continue
@@ -227,6 +225,31 @@ def test_chained_launches_give_the_same_bits(activations, gemm, monkeypatch):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("activations,gemm", [("nvfp4", False), ("bf16", False), ("nvfp4-static", False),
+                                              ("nvfp4", True), ("bf16", True)])
+def test_chained_launches_give_the_same_bits(activations, gemm, monkeypatch):
+    """kernels.common.pdl.CHAIN: the layer's kernels launched chained (each waits for the one before, then lets the
+    next launch; the amax words cleared by the routing launch) give the unchained layer's bits (:func:`_same_bits`);
+    W4A4 with per-call and static activation scales, and W4A16; with CHAIN_GEMM (the GEMMs letting the next kernel
+    launch) too."""
+    from nvfp4lib.kernels.common import pdl
+
+    _same_bits(monkeypatch, activations, {(pdl, "CHAIN_GEMM"): gemm, (pdl, "CHAIN"): False},
+               {(pdl, "CHAIN_GEMM"): gemm, (pdl, "CHAIN"): True})
+
+
+@pytest.mark.parametrize("activations,chain", [("nvfp4", True), ("nvfp4-static", True), ("nvfp4", False)])
+def test_quantizing_into_the_operand_gives_the_same_bits(activations, chain, monkeypatch):
+    """nn.moe.QUANT_TO_OPERAND: W4A4 quantizations writing the GEMMs' fp16 operands (the GEMMs run without their
+    prologues) give the bits of codes, scales and the prologue (:func:`_same_bits`), with per-call and static
+    activation scales, chained and not."""
+    from nvfp4lib.kernels.common import pdl
+    from nvfp4lib.nn import moe
+
+    _same_bits(monkeypatch, activations, {(pdl, "CHAIN"): chain, (moe, "QUANT_TO_OPERAND"): False},
+               {(pdl, "CHAIN"): chain, (moe, "QUANT_TO_OPERAND"): True})
 
 
 @pytest.mark.parametrize("activations", ["nvfp4", "bf16"])

@@ -199,8 +199,10 @@ def layout_of(cfg: VarlenConfig) -> tuple[bool, int, int]:
 
 
 class VarlenRunner:
-    """One config compiled for packed weights: ``runner(codes, scales, gs_a, offsets) -> C [T, N]``; a config with
-    ``act="bf16"``: ``runner.call_a16(x, offsets) -> C [T, N]`` (no prologue: the bf16 rows are the GEMM's operand)."""
+    """One config compiled for packed weights: ``runner(codes, scales, gs_a, offsets) -> C [T, N]``, or
+    ``runner.call_operand(x16, gs_a, offsets)`` on activations already decoded to the GEMM's fp16 operand (the GEMM
+    alone, compiled on first use); a config with ``act="bf16"``: ``runner.call_a16(x, offsets) -> C [T, N]`` (no
+    prologue: the bf16 rows are the GEMM's operand)."""
 
     def __init__(self, w: PackedWeights, cfg: VarlenConfig, out_dtype=torch.float16):
         self.cfg = validate(cfg)
@@ -256,6 +258,25 @@ class VarlenRunner:
         if rows == 0:
             return out
         self._gemm(w.packed, x, out, offsets, self._gs_unread, w.gs_b, *self._split_args(rows))
+        return out
+
+    def call_operand(self, x16: torch.Tensor, gs_a: torch.Tensor, offsets: torch.Tensor,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
+        """``x16`` fp16 [T, K_pad] (contiguous; each element e2m1 · block scale · 2^-7, what the prologue writes),
+        ``gs_a`` float32 [1] or [G], ``offsets`` int32 [G+1], ``out`` [T, N] or None; all on the weights' device,
+        already checked by the caller. The NVFP4 GEMM alone: it waits for the kernel before it (the operand's
+        writer) as it waits for the prologue."""
+        if self._call is None:
+            raise TypeError(f"config {self.cfg.name} takes bf16 activations: runner.call_a16(x, offsets)")
+        w = self.w
+        rows = x16.shape[0]
+        if out is None:
+            out = torch.empty(rows, w.n, dtype=self.out_dtype, device=w.device)
+        if rows == 0:
+            return out
+        if self._gemm is None:  # (compiled on the first such call: a runner serving codes never needs it)
+            self._gemm = compile_gemm(self.cfg, w.groups, w.n, w.k_pad, OUT_DTYPES[self.out_dtype])
+        self._gemm(w.packed, x16, out, offsets, gs_a, w.gs_b, *self._split_args(rows))
         return out
 
     def __call__(self, codes: torch.Tensor, scales: torch.Tensor, gs_a: torch.Tensor, offsets: torch.Tensor,
