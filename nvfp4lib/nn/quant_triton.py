@@ -148,10 +148,11 @@ def _quant_tile(x, x_stride, g, codes, scales, index, rows, nblk, R: tl.constexp
     if OPERAND:
         # the scale as its stored byte decodes (what the prologue reads), times 2^-7
         sb = (_e4m3_value(code & 255) * 0.0078125)[:, :, None]
-        at = codes + r.to(tl.int64) * op_stride + b * 16 + 2 * j
-        keep = (r < rows) & (b < op_blocks) & (j < 8)
-        tl.store(at, (_e2m1_value(lo) * sb).to(tl.float16), mask=keep)
-        tl.store(at + 1, (_e2m1_value(hi) * sb).to(tl.float16), mask=keep)
+        # each block's 16 values interleaved back (even, odd) into one contiguous 32-byte run per block
+        vals = tl.reshape(tl.join(_e2m1_value(lo) * sb, _e2m1_value(hi) * sb), [R, CB, 16])
+        e = tl.arange(0, 16)[None, None, :]
+        at = codes + r.to(tl.int64) * op_stride + b * 16 + e
+        tl.store(at, vals.to(tl.float16), mask=(r < rows) & (b < op_blocks) & (e < 16))
     else:
         tl.store(codes + r.to(tl.int64) * (nblk * 8) + b * 8 + j, (lo | (hi << 4)).to(tl.uint8), mask=ok)
         tl.store(scales + r2.to(tl.int64) * nblk + b2, code.to(tl.uint8), mask=(r2 < rows) & (b2 < nblk))
