@@ -65,7 +65,14 @@ INTERMEDIATE_DTYPE = torch.bfloat16
 # (H200 profile, chained launches) each prologue ends 1.1-1.2 us after its quantization, on the path to its GEMM.
 # Prediction (2026-11-28, before any run): Qwen3-like T = 1 W4A4 ~2-2.5 us faster (34.4 -> ~32 us); every W4A4 case
 # faster by about that at decode; prefill T = 4096 some 20-40 us faster (the prologue's pass over the codes and the
-# fp16 rows gone; the quantizer writes fp16 rows instead of codes).
+# fp16 rows gone; the quantizer writes fp16 rows instead of codes). Outcome (H200, moe-bench --quant-operand off on,
+# W4A4, uniform; notebook 11's rounds): the first form, storing even and odd elements apart (2-byte stores 4 bytes
+# apart), won at T = 1 (Qwen3-like 34.2 -> 32.4 us) and lost past it (DeepSeek-like T = 64's input quantization
+# 54.6 us against 10.6 + 6.1, prefill 1092 -> 1676 us). Stored as one contiguous run per block: Qwen3-like T = 1
+# 34.2 -> 30.5 us, T = 8 84.0 -> 78.7, prefill 1085 -> 1062, DeepSeek-like T = 1 and 8 -3 and -5 us, the rest within
+# 1% but Mixtral-like T = 1 (101.1 -> 108.3 us), which a repeat in one run had the other way (112.2 -> 107.1 uniform,
+# 111.3 -> 107.3 Zipf): that case moves by ~10 us from run to run. The same bits as codes and prologue (GPU test,
+# memcheck 0 errors). On.
 QUANT_TO_OPERAND = True
 
 

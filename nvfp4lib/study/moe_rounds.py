@@ -384,6 +384,54 @@ def _chain_shipped(r: Reader) -> str | None:
             f"shipped / unchained {_span(both['now'] / both['off'])}. Qwen3-like T = 1: {', '.join(q)}")
 
 
+
+TIMELINE_COMMIT = "ad6bb18"  # moe-bench --timeline's run (per-CTA stamps: a probe, its rows not shipped)
+OPERAND_COMMITS = ("0476cd6", "cb7456c", "1bf0e0a")  # nn.moe.QUANT_TO_OPERAND: first A/B, second A/B, shipped run
+
+
+def _timeline(r: Reader) -> str | None:
+    """The per-CTA phases of each T = 1 row of the timeline run: median us of each phase, per GEMM."""
+    d = r.at(TIMELINE_COMMIT, tokens=(1,))
+    if not len(d) or "timeline" not in d:
+        return None
+    from ..bench.timeline import GEMMS, PHASES
+
+    parts = []
+    for _, row in d.iterrows():
+        tl = row["timeline"] if isinstance(row["timeline"], dict) else {}
+        gemms = []
+        for gemm in GEMMS:
+            ph = (tl.get(gemm) or {}).get("phases") or {}
+            if not ph:
+                continue
+            gemms.append(f"{gemm} {tl[gemm]['tiles']} CTAs: "
+                         + ", ".join(f"{k} {ph[k][0]:.1f}" for k, _, _ in PHASES if k in ph and k != "total")
+                         + f" (total {ph['total'][0]:.1f})")
+        if gemms:
+            parts.append(f"{row['layer']} {SHORT.get(row['label'], row['label'])}: {'; '.join(gemms)}")
+    if not parts:
+        return None
+    return ("median us per CTA with a tile, one graph replay, T = 1 (phases: tile search, wait for the kernel "
+            "before, first stage landed after that, rest of the mainloop, epilogue): " + " | ".join(parts))
+
+
+def _operand_shipped(r: Reader) -> str | None:
+    """The shipped run: the Mixtral-like T = 1 A/B repeated (both routings), and the layer as shipped at T = 1."""
+    d = r.rows[r.rows["commit"] == OPERAND_COMMITS[2]] if len(r.rows) else r.rows
+    if not len(d) or "quant_operand" not in d:
+        return None
+    # (the A/B's runs hold the Mixtral-like layer alone; the shipped run every layer)
+    alone = d.groupby("run_id")["layer"].agg(lambda v: set(v) == {"mixtral"})
+    ab = d[d["run_id"].isin(alone[alone].index) & (d["tokens"] == 1) & (d["label"] == W4A4)].sort_values("run_id")
+    cells = [f"{g} {'on' if v else 'off'} {x:.1f} us" for (g, v), x in
+             ab.groupby(["routing", "quant_operand"])["median_us"].last().items()]
+    ship = r.at(OPERAND_COMMITS[2], tokens=(1,), routing=None)
+    q = [f"{SHORT.get(x['label'], x['label'])} {x['routing']} {x['median_us']:.1f} us" for _, x in ship.iterrows()
+         if x["layer"] == "qwen3-moe"]
+    r.used[OPERAND_COMMITS[2]] = sorted(set(d["run_id"]))
+    return ("Mixtral-like T = 1 W4A4 A/B repeated (one run): " + ", ".join(cells)
+            + "; the layer as shipped, Qwen3-like T = 1: " + ", ".join(q))
+
 ROUNDS = (
     Round("NVFP4MoE end to end on cute-hopper, W4A4 only (W4A16 not built): the first moe-bench run",
           _floors_prediction, ("b3d663e",), _first_run),
@@ -494,6 +542,28 @@ ROUNDS = (
           "as shipped, T = 1, 8, 64, uniform)",
           "Each mode as its better arm of the second A/B ran: W4A4 as with every GEMM's trigger, W4A16 as without.",
           (CHAIN_COMMITS[2],), _chain_shipped),
+    Round("A probe, not shipped: moe-bench --timeline, the GEMMs built with per-CTA stamps (clock64 at entry, tile "
+          "found, after the wait, first stage landed, mainloop end, epilogue end), read from one graph replay. One run "
+          "on an H200 (T = 1 and 8, both modes, uniform)",
+          "None as numbers: the split-K fit's ~4 us per CTA (start, pipeline fill, hand-over) should show as the "
+          "phases around the mainloop.", (TIMELINE_COMMIT,), _timeline),
+    Round("W4A4's two quantizations write the GEMMs' fp16 operand themselves (nn.moe.QUANT_TO_OPERAND; "
+          "quant_triton.quantize_to_operand, e2m1 · block scale · 2^-7, the prologue's values) and the GEMMs run "
+          "without their prologues (PreparedWeights.call_operand): two launches fewer. An A/B in one run on an H200 "
+          "(moe-bench --quant-operand off on, W4A4, T = 1, 8, 64 and prefill T = 4096 Qwen3-like, uniform)",
+          "Qwen3-like T = 1 W4A4 ~2-2.5 us faster (34.4 -> ~32 us), every W4A4 decode case by about that; prefill "
+          "some 20-40 us faster.", (OPERAND_COMMITS[0],),
+          _split_ab(OPERAND_COMMITS[0], "quant_operand", (False, True), keep=None,
+                    names=("codes and prologue", "quantized into the operand"))),
+    Round("The operand's 16 values per block stored as one contiguous run (the first form stored even and odd "
+          "elements apart, 2-byte stores 4 bytes apart). The A/B again, one run on an H200",
+          "The losses of the first A/B past T = 8 gone (the quantization as fast as codes plus prologue or faster); "
+          "T = 1 as before.", (OPERAND_COMMITS[1],),
+          _split_ab(OPERAND_COMMITS[1], "quant_operand", (False, True), keep=None,
+                    names=("codes and prologue", "quantized into the operand"))),
+    Round("Shipped: QUANT_TO_OPERAND on. One run on an H200: the Mixtral-like T = 1 A/B again (the second A/B's one "
+          "loss), then the layer as shipped (T = 1, 8, 64, uniform and Zipf, both modes)",
+          "Mixtral-like T = 1 within noise of the codes arm.", (OPERAND_COMMITS[2],), _operand_shipped),
 )
 
 

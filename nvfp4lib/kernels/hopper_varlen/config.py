@@ -248,6 +248,19 @@ SPLIT_TILES = 1024  # tiles a split call counts at most: the per-stream counters
 # GEMM CTA that needs more of the SM (216 KB, or 512 threads) seems to start later beside the kernel before it (the
 # programmatic dependent launch overlap), a reading not yet measured. The deep form left the package too (git keeps it
 # at its A/B's commit).
+# Where a decode CTA's time goes (moe-bench --timeline, per-CTA stamps, one graph replay, H200, 2026-11-28; notebook
+# 11's rounds). Qwen3-like T = 1 W4A4, median per CTA: gate/up (96 CTAs, 16 K tiles) tile search 0.9 us, wait for the
+# kernel before 1.0, first stage landed 2.0 after that (3.0 after its weights were requested, before the wait), the
+# other 15 K tiles 6.3, epilogue 0.5; down (128 CTAs, 6 K tiles) 0.9, 0.9, 2.2, 2.1, 0.5. So the ~4 us per CTA of the
+# split-K fit is tile search + wait + first stage + epilogue (~4.4 us), and at T = 1 the down GEMM is two thirds
+# fixed cost. The first stage lands ~3 us after the request because every CTA asks for its 8 stages at once (96 x 8
+# x 9 KB, 7 MB: ~1.5-2 us at the copy rate, behind the latency), not for want of stages. The mainloop then takes
+# ~0.39 us per K tile (W4A4) and ~0.48 (W4A16), the ratio of the decode's instructions per weight (4.0 and 4.8, the
+# ncu probe above): once the stages are in, the decode's issue rate bounds it. The tile search and the wait overlap
+# the kernel before (the GEMM starts early); the first stage and the mainloop do not. Levers this points at, not
+# built: the weights' first stages requested before the kernel before ends (a GEMM launched earlier, or an L2
+# prefetch of the experts' weights by the kernel before), fewer decode instructions per weight, one persistent
+# launch for gate/up and down.
 SPLIT_RULES = ("idle", "balance")
 SHIPPED_SPLIT_RULE = "idle"
 SPLIT_RULE = SHIPPED_SPLIT_RULE
