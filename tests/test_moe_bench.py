@@ -393,6 +393,8 @@ def test_issue_41_targets_on_the_latest_shipped_rows():
             dict(_row("qwen3-moe", 1, "uniform", "nvfp4", 5.0, run="20261202T000000Z-synth"), quant_one_program=True),
             # another card: left out
             dict(_row("qwen3-moe", 1, "uniform", "bf16", 50.0, run="20261203T000000Z-synth"), gpu="NVIDIA H200"),
+            # the operand A/B's codes arm, later: left out
+            dict(_row("qwen3-moe", 1, "uniform", "nvfp4", 6.0, run="20261204T000000Z-synth"), quant_operand=False),
             _row("deepseek-v3", 4096, "uniform", "peer", 40000.0), _row("deepseek-v3", 4096, "uniform", "nvfp4",
                                                                          30000.0)]
     rows = pd.DataFrame(rows)
@@ -427,3 +429,18 @@ def test_wide_decode_round_counts_the_wrong_cases_of_its_third_arm():
     assert "qwen3-moe T = 1 W4A16 28.0 -> 32.0 us" in text
     assert "1 of 2 cases wrong (mixtral T = 1 W4A16)" in text and "1.11x the narrow form's time" in text
     assert moe_rounds._wide_ab(moe_rounds.Reader(pd.DataFrame(rows[:1]).assign(git_commit="0000000"))) is None
+
+
+def test_operand_shipped_round_reads_the_ab_runs_apart_from_the_shipped_run():
+    """The QUANT_TO_OPERAND shipped round: the Mixtral-like A/B's runs (that layer alone) give both arms per routing;
+    the shipped run (every layer) gives the Qwen3-like T = 1 times; no rows at its commit, no outcome."""
+    c = moe_rounds.OPERAND_COMMITS[2] + "synthetic"
+    ab = [dict(_row("mixtral", 1, routing, "nvfp4", us, run=run, commit=c), quant_operand=on)
+          for routing in ("uniform", "zipf") for on, us, run in ((False, 112.0, "20261128T120000Z-a"),
+                                                                  (True, 107.0, "20261128T120100Z-b"))]
+    ship = [dict(_row(layer, 1, "uniform", "nvfp4", us, run="20261128T120200Z-c", commit=c), quant_operand=True)
+            for layer, us in (("qwen3-moe", 29.0), ("mixtral", 108.0))]
+    text = moe_rounds._operand_shipped(moe_rounds.Reader(pd.DataFrame(ab + ship)))
+    assert "uniform off 112.0 us, uniform on 107.0 us, zipf off 112.0 us, zipf on 107.0 us" in text
+    assert "Qwen3-like T = 1: W4A4 uniform 29.0 us" in text
+    assert moe_rounds._operand_shipped(moe_rounds.Reader(pd.DataFrame(ab).assign(git_commit="0000000"))) is None

@@ -415,6 +415,12 @@ def _timeline(r: Reader) -> str | None:
             "before, first stage landed after that, rest of the mainloop, epilogue): " + " | ".join(parts))
 
 
+def _operand_ab(commit: str):
+    """A QUANT_TO_OPERAND A/B in one run (moe-bench --quant-operand off on)."""
+    return _split_ab(commit, "quant_operand", (False, True), keep=None,
+                     names=("codes and prologue", "quantized into the operand"))
+
+
 def _operand_shipped(r: Reader) -> str | None:
     """The shipped run: the Mixtral-like T = 1 A/B repeated (both routings), and the layer as shipped at T = 1."""
     d = r.rows[r.rows["commit"] == OPERAND_COMMITS[2]] if len(r.rows) else r.rows
@@ -552,15 +558,11 @@ ROUNDS = (
           "without their prologues (PreparedWeights.call_operand): two launches fewer. An A/B in one run on an H200 "
           "(moe-bench --quant-operand off on, W4A4, T = 1, 8, 64 and prefill T = 4096 Qwen3-like, uniform)",
           "Qwen3-like T = 1 W4A4 ~2-2.5 us faster (34.4 -> ~32 us), every W4A4 decode case by about that; prefill "
-          "some 20-40 us faster.", (OPERAND_COMMITS[0],),
-          _split_ab(OPERAND_COMMITS[0], "quant_operand", (False, True), keep=None,
-                    names=("codes and prologue", "quantized into the operand"))),
+          "some 20-40 us faster.", (OPERAND_COMMITS[0],), _operand_ab(OPERAND_COMMITS[0])),
     Round("The operand's 16 values per block stored as one contiguous run (the first form stored even and odd "
           "elements apart, 2-byte stores 4 bytes apart). The A/B again, one run on an H200",
           "The losses of the first A/B past T = 8 gone (the quantization as fast as codes plus prologue or faster); "
-          "T = 1 as before.", (OPERAND_COMMITS[1],),
-          _split_ab(OPERAND_COMMITS[1], "quant_operand", (False, True), keep=None,
-                    names=("codes and prologue", "quantized into the operand"))),
+          "T = 1 as before.", (OPERAND_COMMITS[1],), _operand_ab(OPERAND_COMMITS[1])),
     Round("Shipped: QUANT_TO_OPERAND on. One run on an H200: the Mixtral-like T = 1 A/B again (the second A/B's one "
           "loss), then the layer as shipped (T = 1, 8, 64, uniform and Zipf, both modes)",
           "Mixtral-like T = 1 within noise of the codes arm.", (OPERAND_COMMITS[2],), _operand_shipped),

@@ -251,14 +251,7 @@ class VarlenRunner:
         the weights' device, already checked by the caller."""
         if self._call is not None:
             raise TypeError(f"config {self.cfg.name} takes NVFP4 activations: runner(codes, scales, gs_a, offsets)")
-        w = self.w
-        rows = x.shape[0]
-        if out is None:
-            out = torch.empty(rows, w.n, dtype=self.out_dtype, device=w.device)
-        if rows == 0:
-            return out
-        self._gemm(w.packed, x, out, offsets, self._gs_unread, w.gs_b, *self._split_args(rows))
-        return out
+        return self._gemm_alone(x, self._gs_unread, offsets, out)
 
     def call_operand(self, x16: torch.Tensor, gs_a: torch.Tensor, offsets: torch.Tensor,
                      out: torch.Tensor | None = None) -> torch.Tensor:
@@ -268,15 +261,19 @@ class VarlenRunner:
         writer) as it waits for the prologue."""
         if self._call is None:
             raise TypeError(f"config {self.cfg.name} takes bf16 activations: runner.call_a16(x, offsets)")
+        return self._gemm_alone(x16, gs_a, offsets, out)
+
+    def _gemm_alone(self, x, gs_a, offsets, out):
+        """The GEMM on its operand ``x`` (bf16 rows, or the NVFP4 call's fp16 operand), no prologue."""
         w = self.w
-        rows = x16.shape[0]
+        rows = x.shape[0]
         if out is None:
             out = torch.empty(rows, w.n, dtype=self.out_dtype, device=w.device)
         if rows == 0:
             return out
-        if self._gemm is None:  # (compiled on the first such call: a runner serving codes never needs it)
+        if self._gemm is None:  # (an NVFP4 runner's, on its first operand call: one serving codes never needs it)
             self._gemm = compile_gemm(self.cfg, w.groups, w.n, w.k_pad, OUT_DTYPES[self.out_dtype])
-        self._gemm(w.packed, x16, out, offsets, gs_a, w.gs_b, *self._split_args(rows))
+        self._gemm(w.packed, x, out, offsets, gs_a, w.gs_b, *self._split_args(rows))
         return out
 
     def __call__(self, codes: torch.Tensor, scales: torch.Tensor, gs_a: torch.Tensor, offsets: torch.Tensor,
