@@ -16,6 +16,11 @@ outside ``offsets[0] .. offsets[G]`` are left unspecified by the kernel (zeros i
 clamped to ``[0, T]`` and made monotone on the device (the kernel never reads or writes out of bounds); whether
 they are right is the caller's business: ``check_offsets`` tests them at the cost of one synchronisation.
 
+A caller that quantizes its own activations can skip the prologue that decodes them:
+``w.call_operand(x16, offsets, global_scale)`` takes them already decoded to the GEMM's fp16 operand ``[T,
+w.operand_k]`` (``nvfp4lib.nn.quant_triton.quantize_to_operand`` writes it while quantizing; the MoE layer does), one
+launch fewer, the same result (eager or in a CUDA graph; torch.compile has no custom op of it to trace).
+
 ``prepare_weights(..., activations="bf16")`` (W4A16) takes bf16 activations instead: ``w([a_g bf16 [M_g, K] ...])``
 or ``w(a [T, K] bf16, offsets)``, no global scale (C = A·(gs_B·dequantized B)ᵀ); on cute-hopper the rows go into the
 GEMM as they are (no prologue), through the custom op ``nvfp4lib::grouped_mm_a16``.
@@ -142,17 +147,20 @@ class PreparedWeights:
         if self.activations == "bf16":
             raise TypeError("call_operand is for NVFP4 activations; these weights were prepared with "
                             "activations='bf16': call w(a, offsets)")
+        if torch.compiler.is_compiling():
+            raise TypeError("call_operand has no custom op for torch.compile to trace: call w(a_packed, offsets) in "
+                            "compiled code")
         k = self.operand_k
         if not isinstance(x16, torch.Tensor) or x16.dtype != torch.float16 or x16.dim() != 2 or x16.shape[1] != k:
             raise TypeError(f"call_operand: x16 must be an fp16 tensor [T, {k}], got "
                             f"{getattr(x16, 'dtype', type(x16).__name__)} {tuple(getattr(x16, 'shape', ()))}")
         if self._elsewhere(x16):
             raise ValueError(f"x16 is on device {x16.device} but the weights are on device {self.device}")
-        if not torch.compiler.is_compiling() and (not x16.is_contiguous() or x16.data_ptr() % 16):
+        if not x16.is_contiguous() or x16.data_ptr() % 16:
             raise ValueError("call_operand: the kernel loads x16 by TMA and needs a contiguous, 16-byte aligned tensor")
         if global_scale is None:
             raise TypeError("call_operand needs the activations' global_scale (float32 [1] or [G])")
-        gs = self._check_buffers(None, offsets, global_scale, torch.compiler.is_compiling())
+        gs = self._check_buffers(None, offsets, global_scale, False)
         if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (x16.shape[0], self.n)
                                 or out.dtype != self.out_dtype or not out.is_contiguous() or self._elsewhere(out)):
             raise ValueError(f"out must be a contiguous {self.out_dtype} tensor [T, N] = [{x16.shape[0]}, {self.n}] "
