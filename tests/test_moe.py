@@ -135,6 +135,26 @@ def test_reference_is_the_per_token_formula():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+
+def test_static_scales_calibrated_on_the_batch_give_the_dynamic_reference():
+    """calibrate_input_scales: the global scales W4A4 computes for a batch and its intermediate; the reference with
+    them as static scales is the dynamic reference, bit for bit; with other scales it differs, and the layer built with
+    those scales matches the reference given them."""
+    from nvfp4lib.nn import calibrate_input_scales
+
+    layer = make_layer(6, "nvfp4")
+    x, ids, w = make_inputs(9, 2, 6)
+    ws = (layer.w_gate, layer.w_up, layer.w_down)
+    scales = calibrate_input_scales(x, ids, layer.w_gate, layer.w_up)
+    assert all(isinstance(v, float) and v > 0 for v in scales)
+    dynamic = reference_moe(x, ids, w, *ws)
+    assert torch.equal(reference_moe(x, ids, w, *ws, input_scales=scales), dynamic)
+    other = (scales[0] * 3.0, scales[1] * 0.37)
+    ref = reference_moe(x, ids, w, *ws, input_scales=other)
+    assert not torch.equal(ref, dynamic)
+    static = NVFP4MoE(*ws, backend="reference", input_scales=other)
+    assert rel_err(static(x, ids, w), ref) < TOL
+
 def test_w4a4_error_against_unquantized_activations():
     """What NVFP4 activations cost: W4A4 against W4A16 on the same weights (measured 0.15 normwise)."""
     layer = make_layer(16, "nvfp4")

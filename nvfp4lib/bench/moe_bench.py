@@ -86,6 +86,7 @@ NVFP4_BACKEND, PEER_BACKEND = "nvfp4-moe", "bf16-grouped-mm"
 #   its product with up, the down product's output), each ~1.7e-3 normwise on normal data; 4-7e-3 in all on the CPU
 #   test shapes (tests/test_moe_bench.py). 2e-2 leaves a 3x margin and still fails a wrong expert or row by far.
 TOL = {"nvfp4": 1e-2, "bf16": 1e-2, "peer": 2e-2}
+CALIBRATION_T = 64  # tokens of the batch that calibrates static activation scales (bench_moe's static_scales)
 # the expert-parallel bench's defaults (nvfp4lib.bench.ep_bench, `moe-bench --ep W`): issue 42's layers and T per rank
 EP_LAYERS = ("deepseek-v3", "qwen3-moe")
 EP_TOKENS = (1, 8, 64, 4096)
@@ -293,7 +294,8 @@ OPERAND_KNOB = ("nvfp4lib.nn.moe", "QUANT_TO_OPERAND")  # moe-bench --quant-oper
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
               seed: int = 2121, backend: str = "cute-hopper", peer: bool = True, ceilings: dict | None = None,
               quantizer: str = "auto", profile: bool = False, gemv_max_tokens: int | None = None,
-              split_k: bool | str | None = None, timeline: bool = False, progress=print) -> list[dict]:
+              split_k: bool | str | None = None, timeline: bool = False, static_scales: bool = False,
+              progress=print) -> list[dict]:
     """Rows (one per layer, T, routing and mode, plus the peer's) with provenance; nothing is stored here.
 
     ``layers``: :class:`MoELayer` or their names; ``modes``: the layer's activations, ``"nvfp4"`` (W4A4) and/or
@@ -307,12 +309,15 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
     shipped rule; a rule of :data:`~nvfp4lib.kernels.hopper_varlen.config.SPLIT_RULES`: on with it), recorded in every
     NVFP4 row with ``split_rule``. ``timeline``: the NVFP4 layers built with the GEMMs' per-CTA stamps
     (:mod:`.timeline`; a development probe: a few stores per CTA), each NVFP4 row's ``timeline`` read from one more
-    replay."""
+    replay. ``static_scales``: the W4A4 layers built with static activation scales, as checkpoints give them
+    (:func:`~nvfp4lib.nn.reference.calibrate_input_scales` on a seeded calibration batch of :data:`CALIBRATION_T`
+    tokens, uniform routing), checked against the reference with those scales; W4A4 rows carry ``input_scales``
+    ("static" or "dynamic")."""
     if not torch.cuda.is_available():
         raise RuntimeError("bench_moe needs a CUDA GPU (none here): it times graph-captured MoE layers on the device. "
                            "Run `python -m nvfp4lib moe-bench --record` on the H100; recorded rows are in "
                            "data/moe.jsonl")
-    from ..nn import NVFP4MoE, reference_moe
+    from ..nn import NVFP4MoE, calibrate_input_scales, reference_moe
     from .harness import L2Flusher
     from .peers.bf16_moe import BF16GroupedMoE
 
@@ -349,6 +354,12 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         for li, layer in enumerate(layers):
             w_seed = seed + li
             gate, up, down = make_weights(layer, seed=w_seed, device="cuda")
+            scales = None
+            if static_scales:  # (a calibration batch of its own, as a checkpoint's scales come from one)
+                ids_cal, _ = make_routing(CALIBRATION_T, layer.experts, layer.top_k, "uniform", seed=w_seed)
+                x_cal = torch.randn(CALIBRATION_T, layer.hidden, generator=torch.Generator().manual_seed(w_seed)).to(
+                    device="cuda", dtype=torch.bfloat16)
+                scales = calibrate_input_scales(x_cal, ids_cal.cuda(), gate, up)
             built: dict = {}
             for kind in [*modes, *(["peer"] if peer else [])]:
                 _free()
@@ -357,7 +368,8 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                     if kind == "peer":
                         built[kind] = BF16GroupedMoE(gate, up, down)
                     else:
-                        built[kind] = NVFP4MoE(gate, up, down, activations=kind, backend=backend, quantizer=quantizer)
+                        built[kind] = NVFP4MoE(gate, up, down, activations=kind, backend=backend, quantizer=quantizer,
+                                               input_scales=scales if kind == "nvfp4" else None)
                         if gemv_max_tokens is not None:
                             built[kind].gemv_max_tokens = gemv_max_tokens
                     torch.cuda.synchronize()
@@ -403,6 +415,8 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["split_rule"] = vl_config.SPLIT_RULE
                                 row["fuse_max_rows"] = fuse_max
                                 row["quant_one_program"] = one_program if kind == "nvfp4" else None
+                                row["input_scales"] = ("static" if scales is not None else "dynamic") \
+                                    if kind == "nvfp4" else None
                                 # W4A4 quantizing straight into the GEMMs' operands (no prologues; Triton only)
                                 row["quant_operand"] = to_operand if kind == "nvfp4" and quantizer == "triton" \
                                     else None
@@ -415,7 +429,8 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                             act = "bf16" if kind in ("peer", "bf16") else "nvfp4"
                             try:
                                 if act not in refs:
-                                    refs[act] = reference_moe(x, ids, w, gate, up, down, activations=act)
+                                    refs[act] = reference_moe(x, ids, w, gate, up, down, activations=act,
+                                                              input_scales=scales if act == "nvfp4" else None)
                                 row.update(_measure(mod, x, ids, w, refs[act], TOL[kind], iters, flush, profile,
                                                     stamps if kind != "peer" else None))
                             except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
@@ -516,6 +531,10 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                    help="W4A4 quantizing straight into the GEMMs' fp16 operands, the GEMMs without their prologues "
                         "(nn.moe.QUANT_TO_OPERAND; default: as shipped); several values run the whole set once per "
                         "value (an A/B, e.g. off on); W4A4 rows carry quant_operand")
+    p.add_argument("--input-scales", nargs="+", choices=["dynamic", "static"],
+                   help="W4A4's activation global scales: computed per call (dynamic, the default) or static, as "
+                        "checkpoints give them (calibrated once per layer on a seeded batch); several values run the "
+                        "whole set once per value (an A/B); W4A4 rows carry input_scales")
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -551,9 +570,10 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split, one, route_max, fuse, chain, operand in itertools.product(
+        for split, one, route_max, fuse, chain, operand, static in itertools.product(
                 args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
-                args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None]):
+                args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None],
+                args.input_scales or ["dynamic"]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
                     knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
                     knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
@@ -564,7 +584,7 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,
                                   gemv_max_tokens=args.gemv_max_tokens,
                                   split_k={None: None, "on": True, "off": False}.get(split, split),
-                                  timeline=args.timeline,
+                                  timeline=args.timeline, static_scales=static == "static",
                                   progress=_print_row)
         write(args, rows, MOE.name)
         return 0 if all(r["status"] == "ok" or "NotImplementedError" in r["status"] for r in rows) else 1

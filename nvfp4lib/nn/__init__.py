@@ -16,6 +16,7 @@ from .ep import EPMoE
 from .linear import NVFP4Linear
 from .moe import NVFP4MoE
 from .quant import global_scale_of, quantize_rows
-from .reference import reference_moe
+from .reference import calibrate_input_scales, reference_moe
 
-__all__ = ["NVFP4MoE", "EPMoE", "NVFP4Linear", "quantize_rows", "global_scale_of", "reference_moe"]
+__all__ = ["NVFP4MoE", "EPMoE", "NVFP4Linear", "quantize_rows", "global_scale_of", "reference_moe",
+           "calibrate_input_scales"]

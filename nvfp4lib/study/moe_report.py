@@ -250,12 +250,14 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     """The ok rows measured on ``gpu`` with the layer's knobs as shipped when they ran: a knob A/B's other arm (split-K
     off or the 'balance' rule, the one-program quantizer, the GEMV decode path, the wide decode form that left the
     package, captured small calls fused, the chained-launch arms not shipped, W4A4 through codes and prologues once
-    the quantizer wrote the operands) and the timeline probes' rows are left out."""
+    the quantizer wrote the operands, W4A4 with static activation scales, reported apart from the scales computed per
+    call) and the timeline probes' rows are left out."""
     if rows is None or not len(rows) or "status" not in rows:
         return pd.DataFrame()
     sel = rows[(rows["status"] == "ok") & rows["gpu"].astype(str).str.contains(gpu)]
     for col, other in (("split_k", False), ("split_rule", "balance"), ("quant_one_program", True), ("gemv", True),
-                       ("wide_decode", "idle"), ("wide_decode", "all"), ("deep_decode", True), ("chain_pdl", False)):
+                       ("wide_decode", "idle"), ("wide_decode", "all"), ("deep_decode", True), ("chain_pdl", False),
+                       ("input_scales", "static")):
         if col in sel:
             sel = sel[~sel[col].apply(lambda v, o=other: v is o or v == o)]
     if "timeline" in sel:  # (development probes: GEMMs built with per-CTA stamps)
