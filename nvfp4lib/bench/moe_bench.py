@@ -473,6 +473,12 @@ def _layer_arg(text: str) -> str:
     return text
 
 
+
+def _ab_arg(p, flag: str, what: str, example: str, field: str, **kw) -> None:
+    """A knob's option of ``moe-bench``: one value or several, each running the whole set once (an A/B)."""
+    p.add_argument(flag, nargs="+", help=f"{what}; several values run the whole set once per value in this process, in "
+                                         f"the order given (an A/B, {example}); rows carry {field}", **kw)
+
 def add_command(sub, add_record_args, write, ep_run=None) -> None:
     """``python -m nvfp4lib moe-bench``: the parser and the command, registered on ``sub`` (argparse subparsers).
     With ``--ep W`` (under torchrun) ``ep_run(args, write)`` runs instead: the expert-parallel bench,
@@ -505,36 +511,27 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                    help="build the NVFP4 layers' GEMMs with per-CTA stamps (hopper_varlen.kernel.TIMELINE; a "
                         "development probe) and read them from one more replay: the row's timeline field (phases "
                         "per CTA: schedule, wait, first stage, mainloop, epilogue)")
-    p.add_argument("--split-k", nargs="+", choices=["on", "off", "idle", "balance"],
-                   help="the serving kernel's split-K at decode (SPLIT_K; default: as shipped, on with the idle rule); "
-                        "idle, balance: on with that rule (SPLIT_RULE); several values run the whole set once per "
-                        "value in this process, in the order given (an A/B: e.g. off on balance); rows carry split_k "
-                        "and split_rule")
-    p.add_argument("--quant-one-program", nargs="+", choices=["on", "off"],
-                   help="W4A4's activation quantizer on small inputs in one program (nn.quant_triton.ONE_PROGRAM; "
-                        "default: as shipped); several values run the whole set once per value in this process (an "
-                        "A/B); rows carry quant_one_program")
-    p.add_argument("--route-max-copies", nargs="+", type=int, metavar="N",
-                   help="the most token copies (T·k) the one-launch Triton routing takes, torch's form above "
-                        "(nn.routing_triton.ROUTE_MAX_COPIES; default: as shipped); several values run the whole set "
-                        "once per value (an A/B, e.g. 128 1024); rows carry route_max_copies")
-    p.add_argument("--fuse-max-rows", nargs="+", type=int, metavar="N",
-                   help="captured NVFP4 calls of at most N rows run the serving kernel's fused kernel (prologue inside "
-                        "the GEMM: one launch; hopper_varlen.kernel.FUSE_MAX_ROWS; default: as shipped); several "
-                        "values run the whole set once per value (an A/B, e.g. 0 64); rows carry fuse_max_rows")
-    p.add_argument("--chain-pdl", nargs="+", choices=["off", "on", "gemm"],
-                   help="the layer's kernels launched chained by programmatic dependent launch (kernels.common.pdl."
-                        "CHAIN; gemm: the GEMMs also let the next kernel launch, CHAIN_GEMM; default: as shipped); "
-                        "several values run the whole set once per value (an A/B, e.g. off on gemm); rows carry "
-                        "chain_pdl and chain_gemm")
-    p.add_argument("--quant-operand", nargs="+", choices=["off", "on"],
-                   help="W4A4 quantizing straight into the GEMMs' fp16 operands, the GEMMs without their prologues "
-                        "(nn.moe.QUANT_TO_OPERAND; default: as shipped); several values run the whole set once per "
-                        "value (an A/B, e.g. off on); W4A4 rows carry quant_operand")
-    p.add_argument("--input-scales", nargs="+", choices=["dynamic", "static"],
-                   help="W4A4's activation global scales: computed per call (dynamic, the default) or static, as "
-                        "checkpoints give them (calibrated once per layer on a seeded batch); several values run the "
-                        "whole set once per value (an A/B); W4A4 rows carry input_scales")
+    # the knobs' A/B options: several values run the whole set once per value in this process, in the order given
+    _ab_arg(p, "--split-k", "the serving kernel's split-K at decode (SPLIT_K; default: as shipped, on with the idle "
+            "rule); idle, balance: on with that rule (SPLIT_RULE)", "e.g. off on balance", "split_k and split_rule",
+            choices=["on", "off", "idle", "balance"])
+    _ab_arg(p, "--quant-one-program", "W4A4's activation quantizer on small inputs in one program "
+            "(nn.quant_triton.ONE_PROGRAM; default: as shipped)", "off on", "quant_one_program", choices=["on", "off"])
+    _ab_arg(p, "--route-max-copies", "the most token copies (T·k) the one-launch Triton routing takes, torch's form "
+            "above (nn.routing_triton.ROUTE_MAX_COPIES; default: as shipped)", "e.g. 128 1024", "route_max_copies",
+            type=int, metavar="N")
+    _ab_arg(p, "--fuse-max-rows", "captured NVFP4 calls of at most N rows run the serving kernel's fused kernel "
+            "(prologue inside the GEMM: one launch; hopper_varlen.kernel.FUSE_MAX_ROWS; default: as shipped)",
+            "e.g. 0 64", "fuse_max_rows", type=int, metavar="N")
+    _ab_arg(p, "--chain-pdl", "the layer's kernels launched chained by programmatic dependent launch "
+            "(kernels.common.pdl.CHAIN; gemm: the GEMMs also let the next kernel launch, CHAIN_GEMM; default: as "
+            "shipped)", "e.g. off on gemm", "chain_pdl and chain_gemm", choices=["off", "on", "gemm"])
+    _ab_arg(p, "--quant-operand", "W4A4 quantizing straight into the GEMMs' fp16 operands, the GEMMs without their "
+            "prologues (nn.moe.QUANT_TO_OPERAND; default: as shipped)", "off on", "quant_operand (W4A4 rows)",
+            choices=["off", "on"])
+    _ab_arg(p, "--input-scales", "W4A4's activation global scales: computed per call (dynamic, the default) or "
+            "static, as checkpoints give them (calibrated once per layer on a seeded batch)", "dynamic static",
+            "input_scales (W4A4 rows)", choices=["dynamic", "static"])
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
