@@ -6,6 +6,7 @@ This is the semantics every backend is checked against.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -17,14 +18,21 @@ from .runner import Runner
 __all__ = ["reference_grouped_gemm", "prepare", "relative_error"]
 
 
-def _group_product(a: NVFP4Tensor, b: NVFP4Tensor, acc: torch.dtype) -> torch.Tensor:
-    # A global TF32 setting would silently round the operands to 10-bit mantissas: forbid it here.
+@contextlib.contextmanager
+def exact_matmuls():
+    """Inside the block, CUDA fp32 matmuls do not use TF32 (a global TF32 setting would silently round the operands
+    to 10-bit mantissas); the setting is restored after it."""
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        return dequantize(a, acc) @ dequantize(b, acc).T
+        yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _group_product(a: NVFP4Tensor, b: NVFP4Tensor, acc: torch.dtype) -> torch.Tensor:
+    with exact_matmuls():
+        return dequantize(a, acc) @ dequantize(b, acc).T
 
 
 def reference_grouped_gemm(a, b, b2=None, *, out_dtype=torch.float16, accumulate=torch.float32):

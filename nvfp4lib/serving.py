@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from .formats import NVFP4Tensor, dequantize
 from .kernels.hopper_varlen.gather import F as _F  # (the one-shot call's table: no import per call, ~1 µs)
 from .kernels.hopper_varlen.gather import group_table as _group_table
+from .reference import exact_matmuls
 from .tuning import heuristic, lookup, m_bucket, problem_key
 
 __all__ = ["prepare_weights", "PreparedWeights", "check_offsets", "SERVING_BACKENDS", "ACTIVATIONS"]
@@ -371,7 +372,7 @@ class _ReferenceImpl:
 
     def operand(self, x16, gs_a, offsets, out=None):
         """The fp16 operand (e2m1 · block scale · 2^-7): its values times 2^7, exactly, are the dequantized codes."""
-        y = self._grouped(x16[:, :self.b[0].shape[1]].float() * 128.0, gs_a, offsets)
+        y = self._grouped(x16[:, :self.operand_k].float() * 128.0, gs_a, offsets)
         return y if out is None else out.copy_(y)
 
     def a16(self, x, offsets, out=None):
@@ -389,16 +390,12 @@ class _ReferenceImpl:
         inside = (r >= lo[0]) & (group < len(self.b))
         scale = gs_a[torch.clamp(group, max=len(self.b) - 1)] if gs_a.shape[0] > 1 else gs_a.expand(rows)
         out = torch.zeros((rows, self.n), dtype=torch.float32, device=a.device)
-        tf32 = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        try:
+        with exact_matmuls():
             for g, w in enumerate(self.b):
                 y = (a @ w.T) * scale[:, None]
                 if self.b2 is not None:
                     y = F.silu(y) * ((a @ self.b2[g].T) * scale[:, None])
                 out = torch.where(((group == g) & inside)[:, None], y, out)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = tf32
         return out.to(self.out_dtype)
 
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..formats import NVFP4Tensor, dequantize
+from ..reference import exact_matmuls
 from .moe import ACTIVATIONS, INTERMEDIATE_DTYPE
 from .quant import global_scale_of, quantize_rows
 
@@ -53,9 +54,7 @@ def reference_moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, *, activation
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations must be one of {ACTIVATIONS}, got {activations!r}")
     gs_x, gs_h = _scales(input_scales, x.device)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # a global TF32 setting would round the operands
-    try:
+    with exact_matmuls():
         a = _as_quantized(x, gs_x) if activations == "nvfp4" else x.to(torch.float32)
         h = _intermediate(a, topk_ids, w_gate, w_up)
         h = _as_quantized(h, gs_h) if activations == "nvfp4" else h.to(torch.float32)
@@ -65,8 +64,6 @@ def reference_moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, *, activation
             tok, slot = (topk_ids == e).nonzero(as_tuple=True)
             if tok.numel():
                 y[tok, slot] = h[tok, slot] @ dequantize(w_down[e]).T
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
     return (y * topk_weights.to(torch.float32).unsqueeze(-1)).sum(dim=1)
 
 
@@ -74,10 +71,6 @@ def calibrate_input_scales(x, topk_ids, w_gate, w_up) -> tuple[float, float]:
     """``(gate_up, down)``: the global scales W4A4 computes per call for the calibration batch ``x`` (routed by
     ``topk_ids``) and for its intermediate, as floats: what a checkpoint's static activation scales record
     (``NVFP4MoE(..., input_scales=...)``)."""
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with exact_matmuls():
         h = _intermediate(_as_quantized(x), topk_ids, w_gate, w_up)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
     return float(global_scale_of(x)), float(global_scale_of(h))
