@@ -176,3 +176,47 @@ def test_unpermute_reads_strided_weights():
     got = unpermute_triton(y.to(DEV), row.to(DEV), w_rows.to(DEV)[:, 2:2 + k], torch.float32).cpu()
     want = unpermute_triton(y.to(DEV), row.to(DEV), w_rows[:, 2:2 + k].contiguous().to(DEV), torch.float32).cpu()
     assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="the L2 prefetch runs on a CUDA device only (off it, it is skipped)")
+def test_route_with_the_l2_prefetch_gives_the_same_routing():
+    """route_triton's ``prefetch`` (programs beside the routing's asking L2 for the touched experts' bytes) leaves the
+    routing as it is, for one tensor or two, on steps touching few experts and many; bad tensors are refused."""
+    e = 128
+    a = torch.zeros(e * 4096 + 16, dtype=torch.uint8, device=DEV)[16:]  # (a view at an offset: 16-byte aligned)
+    b = torch.zeros(e * 70000 // 16 * 16, dtype=torch.uint8, device=DEV)  # experts over one chunk, not a multiple
+    for t, k in ((1, 8), (8, 8), (64, 8), (3, 2)):
+        ids = _ids(t, k, e, seed=t).to(DEV)
+        want = route_triton(ids, e)
+        for pf in (((a, 4096),), ((a, 4096), (b, 70000 // 16 * 16))):
+            got = route_triton(ids, e, prefetch=pf)
+            for name, x, y in zip(Routing._fields, got, want):
+                assert torch.equal(x, y), (t, len(pf), name)
+    ids = _ids(1, 8, e, seed=1).to(DEV)
+    for bad in (((a, 4000),), ((a, 8192),), ((a[1:], 16),), ((a.view(-1, 64)[:, :32], 16),), ((a, 16),) * 3):
+        with pytest.raises(ValueError, match="prefetch"):
+            route_triton(ids, e, prefetch=bad)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="Triton's interpreter does not compile kernels")
+def test_the_prefetch_compiles_to_bulk_l2_prefetches_for_sm90():
+    """The routing kernel with two prefetch tensors, compiled for sm_90 (no GPU needed): its PTX holds the bulk L2
+    prefetch, once per tensor, and the routing's chained launch."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from nvfp4lib.nn import routing_triton as rt
+
+    sig = {"ids": "*i64", "stride": "i32", "token": "*i64", "row": "*i64", "offsets": "*i32", "n": "i32",
+           "experts": "i32", "base": "i32", "clear": "*i32", "pf0": "*u8", "pf0_bytes": "i64", "pf1": "*u8",
+           "pf1_bytes": "i64"}
+    consts = {"CLEAR": 2, "K": 8, "N_P2": 16, "E_P2": 256, "PF": 2, "C_P2": 32, "M": 256, "CHUNK": rt.PREFETCH_CHUNK,
+              "PROGS": rt.PREFETCH_PROGRAMS, "GDC": True}
+    src = ASTSource(fn=rt._route_kernel, signature={**sig, **{c: "constexpr" for c in consts}}, constexprs=consts)
+    try:
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
+    except RuntimeError as err:  # (a Triton without its CUDA tools)
+        pytest.skip(f"Triton cannot compile for sm_90 here: {err}")
+    assert ptx.count("cp.async.bulk.prefetch.L2.global") == 2
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
