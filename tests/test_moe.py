@@ -221,13 +221,3 @@ def test_refusals():
         layer(x, ids, w[:, :1])
     with pytest.raises(ValueError, match="x must be"):
         layer(x[:, :32], ids, w)
-
-
-def test_prefetch_pick_takes_both_gemms_then_the_down_gemm_alone_then_none():
-    from nvfp4lib.nn.moe import prefetch_pick
-
-    mb = 1 << 20
-    assert prefetch_pick(8, [2 * mb, 1 * mb], 24 * mb) == (0, 1)  # 24 MB: both fit
-    assert prefetch_pick(8, [2 * mb, 1 * mb], 23 * mb) == (1,)  # the down GEMM's 8 MB alone
-    assert prefetch_pick(64, [2 * mb, 1 * mb], 25 * mb) == ()  # 64 MB of down weights: none
-    assert prefetch_pick(0, [2 * mb, 1 * mb], 0) == (0, 1)  # no expert touched: nothing to fetch, nothing over

@@ -34,7 +34,7 @@ from .moe_gemv import GEMV_MAX_TOKENS, gemv_moe
 from .quant import amax_of, global_scale_of, quantize_rows, static_scale
 from .routing import gather_rows, route, triton_importable, unpermute
 
-__all__ = ["NVFP4MoE", "ACTIVATIONS", "INTERMEDIATE_DTYPE", "QUANTIZERS", "resolve_quantizer", "prefetch_pick"]
+__all__ = ["NVFP4MoE", "ACTIVATIONS", "INTERMEDIATE_DTYPE", "QUANTIZERS", "resolve_quantizer"]
 
 ACTIVATIONS = ("nvfp4", "bf16")
 # How W4A4 quantizes on the fly: "torch" (:func:`.quant.quantize_rows`, ~45 elementwise kernels, fused by
@@ -74,27 +74,6 @@ INTERMEDIATE_DTYPE = torch.bfloat16
 # 111.3 -> 107.3 Zipf): that case moves by ~10 us from run to run. The same bits as codes and prologue (GPU test,
 # memcheck 0 errors). On.
 QUANT_TO_OPERAND = True
-# The knob (the Triton routing, Hopper backend): the routing launch also asks L2 for the packed weights of every expert
-# the step touches (:func:`.routing_triton.route_triton`'s ``prefetch``: 64 more programs of bulk L2 prefetches), where
-# the touched experts' bytes fit :data:`PREFETCH_L2_SHARE` of the GPU's L2: both GEMMs' weights, else the down GEMM's
-# alone, else none. Why (issue 41, the per-CTA timeline): a decode GEMM's first stage lands ~3 us after its weights are
-# requested, when the kernel before has ended; the down GEMM's weights are only asked for after the gate/up GEMM, whose
-# mainloop is bound by its decode (DRAM 20-28% busy). Of the bench's cases only the Qwen3-like layer at T = 1 fits (8
-# experts, ~20 MB, of a 50 MB L2). Prediction (2026-11-28, before any run): Qwen3-like T = 1 ~2-3.5 us faster in both
-# modes (W4A4 ~29 -> ~26 us, W4A16 ~27 -> ~24: the down GEMM's first stage from L2, ~1.5 us, and part of the gate/up
-# GEMM's), the other cases unchanged (no prefetch).
-PREFETCH_L2 = True
-PREFETCH_L2_SHARE = 0.5
-
-
-def prefetch_pick(touched: int, per_expert: list[int], budget: float) -> tuple[int, ...]:
-    """Which GEMMs' weights (0: gate/up, 1: down) the routing asks L2 for when a step touches at most ``touched``
-    experts of ``per_expert`` bytes each per GEMM: both where they fit ``budget`` bytes, else the down GEMM's alone
-    (read last, so the longest time to arrive), else none."""
-    for pick in ((0, 1), (1,)):
-        if touched * sum(per_expert[i] for i in pick) <= budget:
-            return pick
-    return ()
 
 
 def _expert_list(ws, what: str, shape: tuple[int, int] | None = None) -> list[NVFP4Tensor]:
@@ -147,7 +126,6 @@ class NVFP4MoE(torch.nn.Module):
         # steps of at most this many tokens take the GEMV decode path (:mod:`.moe_gemv`) where it can run; 0: never
         self.gemv_max_tokens = GEMV_MAX_TOKENS
         self._gemv = None  # (gate_up, down) GemvWeights, made on first use
-        self._prefetch_plans: dict = {}  # step shape -> the routing's L2 prefetch (_prefetch)
         self._handle = compiled.handle(self)  # the module's name in the op torch.compile records (:mod:`.compiled`)
 
     @classmethod
@@ -184,7 +162,7 @@ class NVFP4MoE(torch.nn.Module):
         if self.activations == "nvfp4" and self.quantizer == "triton" and pdl.chained(x.device) and None in static:
             words = torch.empty(2, dtype=torch.int32, device=x.device)
             amax = words.split(1)
-        r = route(topk_ids, self.experts, clear=words, prefetch=self._prefetch(topk_ids))
+        r = route(topk_ids, self.experts, clear=words)
         if self.activations == "nvfp4" and self._operand_path():
             from .quant_triton import quantize_to_operand
 
@@ -206,20 +184,6 @@ class NVFP4MoE(torch.nn.Module):
             # the intermediate is already bf16 (INTERMEDIATE_DTYPE): the down GEMM's activations as they are
             y = self.down(self.gate_up(gather_rows(x.to(torch.bfloat16), r.token), r.offsets), r.offsets)
         return unpermute(y, r, topk_weights, x.dtype)
-
-    def _prefetch(self, topk_ids: torch.Tensor) -> tuple:
-        """What the routing launch asks L2 for (:data:`PREFETCH_L2`): ``(packed weights, bytes per expert)`` of the
-        GEMMs :func:`prefetch_pick` picks for this step shape; () for none. Worked out once per step shape."""
-        if not (PREFETCH_L2 and self.backend == "cute-hopper" and self.device.type == "cuda"):
-            return ()
-        key = tuple(topk_ids.shape)
-        if key not in self._prefetch_plans:
-            parts = [(w.impl.weights.packed, w.impl.weights.packed.numel() // self.experts)
-                     for w in (self.gate_up, self.down)]
-            budget = PREFETCH_L2_SHARE * torch.cuda.get_device_properties(self.device).L2_cache_size
-            pick = prefetch_pick(min(self.experts, topk_ids.numel()), [per for _, per in parts], budget)
-            self._prefetch_plans[key] = tuple(parts[i] for i in pick)
-        return self._prefetch_plans[key]
 
     def _operand_path(self) -> bool:
         """Whether W4A4 quantizes straight into the GEMMs' operands (:data:`QUANT_TO_OPERAND`): the Triton quantizer,

@@ -37,16 +37,14 @@ def _triton_form(t: torch.Tensor) -> bool:
     return t.is_cuda and not torch.compiler.is_compiling() and triton_importable()
 
 
-def route(topk_ids: torch.Tensor, experts: int, clear: torch.Tensor | None = None, prefetch: tuple = ()) -> Routing:
+def route(topk_ids: torch.Tensor, experts: int, clear: torch.Tensor | None = None) -> Routing:
     """Sort the ``T·k`` token copies of ``topk_ids [T, k]`` by expert (stable: within an expert, token order).
     Decode-sized steps on a CUDA device run :func:`.routing_triton.route_triton` (one launch, the same outputs).
-    ``clear``: at most 16 contiguous int32 words to zero as well (in that launch where it runs, else by a fill).
-    ``prefetch``: the Triton form's L2 prefetch of the touched experts' bytes (``route_triton``'s; a hint, which the
-    torch form skips)."""
+    ``clear``: at most 16 contiguous int32 words to zero as well (in that launch where it runs, else by a fill)."""
     if _fits_triton(topk_ids, experts):
         from .routing_triton import route_triton
 
-        return Routing(*route_triton(topk_ids, experts, clear=clear, prefetch=prefetch))
+        return Routing(*route_triton(topk_ids, experts, clear=clear))
     if clear is not None:
         clear.zero_()
     k = topk_ids.shape[1]

@@ -39,8 +39,7 @@ from ..kernels.common import pdl
 from ..kernels.common.pdl_triton import chain
 from ..kernels.common.triton_launch import launch
 
-__all__ = ["ROUTE_MAX_COPIES", "PREFETCH_CHUNK", "PREFETCH_PROGRAMS", "route_triton", "unpermute_triton",
-           "gather_rows_triton", "pack_rows_triton",
+__all__ = ["ROUTE_MAX_COPIES", "route_triton", "unpermute_triton", "gather_rows_triton", "pack_rows_triton",
            "put_rows_triton", "word_rows", "copy_row"]
 
 ROUTE_MAX_COPIES = 1024
@@ -50,41 +49,17 @@ _GATHER_BN = 1024  # elements (32-bit words where rows are whole words) per gath
 _PACK_BW = 1024  # 32-bit words per pack program
 
 
-# L2 prefetch of the experts a step touches (route_triton's ``prefetch``): the chunk one bulk prefetch asks for, and
-# the programs beside the routing's own that issue them (one SM's copy engine alone asks too slowly for megabytes)
-PREFETCH_CHUNK = 65536
-PREFETCH_PROGRAMS = 64
-# cp.async.bulk.prefetch.L2 (sm_90): the ``$3`` bytes at global address ``$2`` into L2 where ``$1`` is non-zero; a hint,
-# nothing waits for it ($0: a dummy result, inline asm elementwise needs one)
-_PREFETCH_PTX = tl.constexpr("{ .reg .pred p; setp.ne.s32 p, $1, 0; @p cp.async.bulk.prefetch.L2.global [$2], $3; "
-                 "mov.u32 $0, 0; }")
-
-
 @triton.jit
-def _prefetch_experts(e, mi, pf, pf_bytes, experts, q, C_P2: tl.constexpr, M: tl.constexpr, CHUNK: tl.constexpr,
-                      PROGS: tl.constexpr):
-    """Program ``q`` (of PROGS) asks L2 for its share of the touched experts' bytes in ``pf`` (expert g's
-    ``pf_bytes`` bytes at g·pf_bytes), in chunks: chunk c of expert g is the program's where g·C_P2 + c = q mod
-    PROGS (its M entries j = q + PROGS·m)."""
-    j = q + PROGS * tl.arange(0, M)
-    g = j // C_P2
-    c = j % C_P2
-    touched = tl.max(((g[:, None] == e[None, :]) & mi[None, :]).to(tl.int32), axis=1) > 0
-    left = pf_bytes - c.to(tl.int64) * CHUNK
-    on = touched & (g < experts) & (left > 0)
-    at = (pf + g.to(tl.int64) * pf_bytes + c.to(tl.int64) * CHUNK).to(tl.int64)
-    size = tl.minimum(left, CHUNK).to(tl.int32)
-    tl.inline_asm_elementwise(_PREFETCH_PTX, "=r,r,l,r", [on.to(tl.int32), at, size], dtype=tl.int32, is_pure=False,
-                              pack=1)
-
-
-@triton.jit
-def _route_copies(e, mi, i, token, row, offsets, experts, clear, CLEAR: tl.constexpr, K: tl.constexpr,
-                  N_P2: tl.constexpr, E_P2: tl.constexpr):
-    """The routing proper (one program): the offsets and every copy's packed row and token."""
+def _route_kernel(ids, stride, token, row, offsets, n, experts, base, clear, CLEAR: tl.constexpr, K: tl.constexpr,
+                  N_P2: tl.constexpr, E_P2: tl.constexpr, GDC: tl.constexpr):
+    chain(GDC)
     if CLEAR > 0:  # zero the caller's words (the layer's amax words: no fill kernel)
-        cl = tl.arange(0, 16)
-        tl.store(clear + cl, tl.zeros([16], dtype=tl.int32), mask=cl < CLEAR)
+        c = tl.arange(0, 16)
+        tl.store(clear + c, tl.zeros([16], dtype=tl.int32), mask=c < CLEAR)
+    i = tl.arange(0, N_P2)
+    mi = i < n
+    e = tl.load(ids + (i // K).to(tl.int64) * stride + i % K, mask=mi, other=0).to(tl.int32) - base
+    e = tl.where((e >= 0) & (e < experts), e, experts)  # a copy outside [base, base + experts): the sink group
     # the offsets: copies per group, exclusive prefix sum
     count = tl.histogram(e, E_P2, mask=mi)
     g = tl.arange(0, E_P2)
@@ -95,28 +70,6 @@ def _route_copies(e, mi, i, token, row, offsets, experts, clear, CLEAR: tl.const
     own = key // N_P2 < experts
     tl.store(row + src, tl.where(own, i, -1).to(tl.int64), mask=mi)
     tl.store(token + i, tl.where(own, src // K, -1).to(tl.int64), mask=mi)
-
-
-@triton.jit
-def _route_kernel(ids, stride, token, row, offsets, n, experts, base, clear, pf0, pf0_bytes, pf1, pf1_bytes,
-                  CLEAR: tl.constexpr, K: tl.constexpr, N_P2: tl.constexpr, E_P2: tl.constexpr, PF: tl.constexpr,
-                  C_P2: tl.constexpr, M: tl.constexpr, CHUNK: tl.constexpr, PROGS: tl.constexpr,
-                  GDC: tl.constexpr):
-    chain(GDC)
-    i = tl.arange(0, N_P2)
-    mi = i < n
-    e = tl.load(ids + (i // K).to(tl.int64) * stride + i % K, mask=mi, other=0).to(tl.int32) - base
-    e = tl.where((e >= 0) & (e < experts), e, experts)  # a copy outside [base, base + experts): the sink group
-    if PF > 0:  # programs 1..PROGS prefetch, program 0 routes
-        pid = tl.program_id(0)
-        if pid > 0:
-            _prefetch_experts(e, mi, pf0, pf0_bytes, experts, pid - 1, C_P2, M, CHUNK, PROGS)
-            if PF > 1:
-                _prefetch_experts(e, mi, pf1, pf1_bytes, experts, pid - 1, C_P2, M, CHUNK, PROGS)
-        else:
-            _route_copies(e, mi, i, token, row, offsets, experts, clear, CLEAR, K, N_P2, E_P2)
-    else:
-        _route_copies(e, mi, i, token, row, offsets, experts, clear, CLEAR, K, N_P2, E_P2)
 
 
 @triton.jit
@@ -215,16 +168,11 @@ def pack_rows_triton(parts: tuple[torch.Tensor, ...], topk_ids: torch.Tensor, to
     return out.view(torch.uint8)
 
 
-def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0, clear: torch.Tensor | None = None,
-                 prefetch: tuple = ()):
+def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0, clear: torch.Tensor | None = None):
     """(token int64 [T·k], offsets int32 [E+1], row int64 [T·k]) of :func:`.routing.route` (``base`` 0) or
     :func:`.routing.route_local` (the experts ``[base, base + E)``), in one launch. ``topk_ids``: an integer [T, k]
     tensor (any row stride, unit column stride) with T·k <= :data:`ROUTE_MAX_COPIES`, ``experts`` <= 1023.
-    ``clear``: an int32 tensor of at most 16 contiguous words the launch also zeroes (one fill kernel less).
-    ``prefetch``: up to two ``(tensor, bytes_per_expert)``, each a CUDA tensor holding the experts' bytes one after
-    the other (expert g at byte offset g·bytes_per_expert, a multiple of 16); the same launch also asks L2 for the
-    bytes of every expert the step touches (:data:`PREFETCH_PROGRAMS` more programs, bulk prefetches of
-    :data:`PREFETCH_CHUNK` bytes): a hint for the kernels that read them next, nothing waits for it."""
+    ``clear``: an int32 tensor of at most 16 contiguous words the launch also zeroes (one fill kernel less)."""
     if clear is not None and (clear.dtype != torch.int32 or clear.numel() > 16 or not clear.is_contiguous()):
         raise ValueError(f"route_triton: clear must be at most 16 contiguous int32 words, got {clear.dtype} "
                          f"{tuple(clear.shape)}")
@@ -238,39 +186,16 @@ def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0, clear: tor
     token = torch.empty(n, dtype=torch.int64, device=dev)
     row = torch.empty(n, dtype=torch.int64, device=dev)
     offsets = torch.empty(experts + 1, dtype=torch.int32, device=dev)
-    pf = _prefetch_args(prefetch, experts, dev)
     if n:
-        launch(_route_kernel, (1 + (PREFETCH_PROGRAMS if pf[0] else 0),),
-               (ids, ids.stride(0) if t > 1 else k, token, row, offsets, n, experts, base,
-                offsets if clear is None else clear, *(pf[1] or (ids, 0, ids, 0))),
+        launch(_route_kernel, (1,), (ids, ids.stride(0) if t > 1 else k, token, row, offsets, n, experts, base,
+                                     offsets if clear is None else clear),
                {"CLEAR": 0 if clear is None else clear.numel(), "K": k, "N_P2": max(16, triton.next_power_of_2(n)),
-                "E_P2": triton.next_power_of_2(experts + 1), "PF": pf[0], "C_P2": pf[2],
-                # (at least a chunk per thread of the 8 warps: fewer would repeat each prefetch in several threads)
-                "M": max(256, triton.next_power_of_2(-(-experts * pf[2] // PREFETCH_PROGRAMS))),
-                "CHUNK": PREFETCH_CHUNK, "PROGS": PREFETCH_PROGRAMS, **pdl.flag(dev)}, num_warps=8)
+                "E_P2": triton.next_power_of_2(experts + 1), **pdl.flag(dev)}, num_warps=8)
     else:
         offsets.zero_()
         if clear is not None:
             clear.zero_()
     return token, offsets, row
-
-
-def _prefetch_args(prefetch: tuple, experts: int, dev) -> tuple[int, tuple, int]:
-    """(how many tensors, the kernel's four prefetch arguments, chunks per expert rounded up to a power of two) of
-    :func:`route_triton`'s ``prefetch``, checked; (0, (), 1) for none or off a CUDA device."""
-    if len(prefetch) > 2:
-        raise ValueError(f"route_triton: prefetch takes at most two (tensor, bytes_per_expert), got {len(prefetch)}")
-    for tensor, per in prefetch:
-        if not isinstance(tensor, torch.Tensor) or not tensor.is_contiguous() or per <= 0 or per % 16 \
-                or tensor.numel() * tensor.element_size() < per * experts or tensor.data_ptr() % 16:
-            raise ValueError(f"route_triton: prefetch needs a contiguous 16-byte aligned tensor of at least {experts} "
-                             f"experts' bytes and bytes_per_expert a positive multiple of 16, got {per}")
-    if not prefetch or getattr(dev, "type", dev) != "cuda":
-        return 0, (), 1
-    chunks = max(-(-int(per) // PREFETCH_CHUNK) for _, per in prefetch)
-    (a, pa), (b, pb) = prefetch[0], prefetch[-1]
-    return len(prefetch), (a.view(-1).view(torch.uint8), int(pa), b.view(-1).view(torch.uint8), int(pb)), \
-        triton.next_power_of_2(chunks)
 
 
 def unpermute_triton(y: torch.Tensor, row: torch.Tensor, topk_weights: torch.Tensor, out_dtype,

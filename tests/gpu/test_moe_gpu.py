@@ -252,23 +252,6 @@ def test_quantizing_into_the_operand_gives_the_same_bits(activations, chain, mon
                {(pdl, "CHAIN"): chain, (moe, "QUANT_TO_OPERAND"): True})
 
 
-@pytest.mark.parametrize("activations", ["nvfp4", "bf16", "nvfp4-static"])
-def test_prefetching_the_experts_into_l2_gives_the_same_bits(activations, monkeypatch):
-    """nn.moe.PREFETCH_L2: the routing launch asking L2 for the touched experts' packed weights gives the bits without
-    it (:func:`_same_bits`: up to T = 300 the one-launch routing prefetches, T = 600 takes the torch routing); the
-    plan for this small layer is both GEMMs, and none with the knob off."""
-    from nvfp4lib.nn import moe
-
-    layer = _layer(e=16, h=256, i=128, activations=activations.split("-")[0])
-    ids, _ = _routing(1, 16, 2, 0)
-    monkeypatch.setattr(moe, "PREFETCH_L2", True)
-    assert [p[0].data_ptr() for p in layer._prefetch(ids)] == [w.impl.weights.packed.data_ptr()
-                                                              for w in (layer.gate_up, layer.down)]
-    monkeypatch.setattr(moe, "PREFETCH_L2", False)
-    assert layer._prefetch(ids) == ()
-    _same_bits(monkeypatch, activations, {(moe, "PREFETCH_L2"): False}, {(moe, "PREFETCH_L2"): True})
-
-
 @pytest.mark.parametrize("activations", ["nvfp4", "bf16"])
 def test_timeline_stamps_every_tile_in_order(activations):
     """moe-bench --timeline (bench.timeline, kernel.TIMELINE): GEMMs built with the stamps still give the reference

@@ -261,6 +261,16 @@ SPLIT_TILES = 1024  # tiles a split call counts at most: the per-stream counters
 # built: the weights' first stages requested before the kernel before ends (a GEMM launched earlier, or an L2
 # prefetch of the experts' weights by the kernel before), fewer decode instructions per weight, one persistent
 # launch for gate/up and down.
+# The first of those levers, built and measured (issue 41, 2026-11-28, H200): the routing launch asked L2 for the
+# packed weights of every expert the step touched (64 more programs of bulk L2 prefetches, where the experts' bytes
+# fit half the L2: of the bench's cases only the Qwen3-like layer at T = 1, ~20 MB). Predicted: that layer 2-3.5 us
+# faster in both modes (the down GEMM's first stage from L2, and part of the gate/up GEMM's). Measured (moe-bench
+# --prefetch-l2 off on off on, one run, notebook 11's rounds): slower, W4A4 ~29.7 -> ~32.2 us, W4A16 ~27.9 -> ~30.3,
+# in every pair. The profile says why: the routing launch ended 2.3-3 us later (its prefetching programs), and with
+# their weights already in L2 neither GEMM got faster from its predecessor's end (gate/up 7.4 -> 8.7 us after the
+# quantization, W4A16 11.0 -> 11.6 after the gather; down 7.6 -> 7.5). So a decode GEMM's first stage does not wait
+# for DRAM: what it waits for after the kernel before has ended is still to be found (its activation loads, issued
+# after the wait, are the candidate). The prefetch left the package (git keeps it at the A/B's commit).
 SPLIT_RULES = ("idle", "balance")
 SHIPPED_SPLIT_RULE = "idle"
 SPLIT_RULE = SHIPPED_SPLIT_RULE
