@@ -258,6 +258,28 @@ def test_timeline_stamps_only_where_set(monkeypatch):
 
 
 @pytest.mark.slow
+def test_prewait_stages_ask_for_the_other_first_stages_after_the_wait(monkeypatch):
+    """kernel.PREWAIT_STAGES (0 as shipped: all the first stages' weights before the wait): set, the GEMM has one more
+    load site, the other first stages' weights and activations together after the wait (one weight copy and an
+    activation copy per 64-K sub-block more in its PTX); a negative value is refused."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from nvfp4lib.kernels.hopper_varlen import kernel
+    from nvfp4lib.kernels.hopper_varlen.report import compile_report
+
+    for name in ("vl_m128_t16_k128_s8_e_x", "vl_a16_dual_m64_t16_k128_s8_e"):
+        copies = []
+        for pre in (0, 2):
+            monkeypatch.setattr(kernel, "PREWAIT_STAGES", pre)
+            ptx = _entries(compile_report(CONFIGS[name], groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"])["gemm"]
+            copies.append(ptx.count("cp.async.bulk.tensor"))
+        assert copies[1] == copies[0] + 1 + CONFIGS[name].tile_k // 64, (name, copies)
+    monkeypatch.setattr(kernel, "PREWAIT_STAGES", -1)
+    with pytest.raises(ValueError, match="PREWAIT_STAGES"):
+        compile_report(CONFIGS["vl_m128_t16_k128_s8_e"], groups=8, n=2048, k_pad=1024, ptxas=False)
+
+
+@pytest.mark.slow
 def test_tile_search_walks_few_groups_and_shuffles_over_many(monkeypatch):
     """_schedule: up to LOOP_GROUPS groups each thread walks them (G + 1 loads, no shuffles: the PTX of the large-token
     tiles before the warp search, which ran them 6-11% slower); above, each lane loads ceil(G/32) group ends (plus

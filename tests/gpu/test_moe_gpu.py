@@ -253,6 +253,16 @@ def test_quantizing_into_the_operand_gives_the_same_bits(activations, chain, mon
 
 
 @pytest.mark.parametrize("activations", ["nvfp4", "bf16"])
+def test_prewait_stages_give_the_same_bits(activations, monkeypatch):
+    """hopper_varlen.kernel.PREWAIT_STAGES: GEMMs asking for only 2 stages' weights before their wait (the rest with
+    their activations after it) give the bits of the shipped GEMMs (:func:`_same_bits`, split-K decode calls among
+    them)."""
+    from nvfp4lib.kernels.hopper_varlen import kernel
+
+    _same_bits(monkeypatch, activations, {(kernel, "PREWAIT_STAGES"): 0}, {(kernel, "PREWAIT_STAGES"): 2})
+
+
+@pytest.mark.parametrize("activations", ["nvfp4", "bf16"])
 def test_timeline_stamps_every_tile_in_order(activations):
     """moe-bench --timeline (bench.timeline, kernel.TIMELINE): GEMMs built with the stamps still give the reference
     layer's result; in a graph replay every CTA with a tile stamps its six clock64 stamps in order and its global

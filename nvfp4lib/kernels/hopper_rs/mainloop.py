@@ -127,17 +127,24 @@ def _build():
             cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             first = _min_stages(self.stages, k_tiles)
+            # the stages whose weights are asked for before the wait (a subclass's ``prewait``; 0: all the first)
+            prewait = getattr(self, "prewait", 0)
+            pre = first if prewait == 0 else _min_stages(prewait, first)
             if warp_idx == 0:
-                for _ in cutlass.range(first, unroll=1):
+                for _ in cutlass.range(pre, unroll=1):
                     load_pipe.producer_acquire(prod)
                     self._issue_w(load_pipe, prod, loads)
                     prod.advance()
             self._await_x()
             if warp_idx == 0:
                 early = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
-                for _ in cutlass.range(first, unroll=1):
+                for _ in cutlass.range(pre, unroll=1):
                     self._issue_x(load_pipe, early, loads)
                     early.advance()
+                if cutlass.const_expr(prewait != 0):  # the other first stages: weights and activations together
+                    for _ in cutlass.range(first - pre, unroll=1):
+                        self._issue(load_pipe, prod, loads)
+                        prod.advance()
             for kt in cutlass.range(k_tiles, unroll=1):
                 self._wait_full(load_pipe, cons)
                 if cutlass.const_expr(getattr(self, "timeline", 0) != 0):  # (a subclass's timeline: the first stage)

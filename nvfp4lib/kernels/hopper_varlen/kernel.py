@@ -86,6 +86,17 @@ FUSE_MAX_ROWS = 0
 # (bench.timeline); a runner's compile key holds it.
 TIMELINE = 0
 TIMELINE_CTAS = 4096
+# The stages whose weights a GEMM CTA asks for before its wait for the kernel before (0: all its first stages, up to
+# ab_stages, as before; the rest are asked for after the wait with their activations); read when a GEMM is built, a
+# runner's compile key holds it. Why (issue 41): the decode GEMMs' first stage lands ~2 us after the wait even with
+# their weights already in L2 (the L2 prefetch's A/B, beside SPLIT_RULE), and a stage is full only when its
+# activations, asked for after the wait, have landed too; the CTA's copy engine may take requests in order, so the
+# activations of stage 0 queue behind the 8 stages of weights (72 KB) asked for first. The deep-decode A/B (16 stages
+# before the wait) was slower, as this would predict. Prediction (2026-11-28, before any run): with 2, the first stage
+# lands ~1 us sooner after the wait, each decode GEMM ~1 us faster: Qwen3-like T = 1 ~2 us faster in both modes
+# (W4A4 ~29 -> ~27, W4A16 ~27 -> ~25), DeepSeek- and Mixtral-like decode ~1-2 us faster, prefill unchanged. If the
+# copy engine does not take them in order: no change, or slower (the first stages' weights asked for later).
+PREWAIT_STAGES = 0
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
 # test_serving_gpu.py's S4 case, eager W4A4 calls): the fused kernel reports shared-memory hazards (1 error on the
 # shipped config's S4 case, 12 on a split-K case) at one site only: the staged epilogue's stores to its output tile
@@ -200,6 +211,10 @@ def _build():
             # follows with a quantization, never straight with a GEMM (pdl.CHAIN_GEMM's note)
             self.chain, self.chain_next = pdl.CHAIN, pdl.gemm_chained() and not self.a16
             self.timeline, self.region = TIMELINE, 0 if cfg.dual else 1  # (TIMELINE's note)
+            if PREWAIT_STAGES < 0:
+                raise ValueError(f"PREWAIT_STAGES={PREWAIT_STAGES}: the stages asked for before the wait, 0 (all the "
+                                 "first stages) or more")
+            self.prewait = PREWAIT_STAGES  # (its note)
             self._split = None  # (set while a kernel is traced: partials, counters, slices, this slice, the tile)
 
         @cute.jit

@@ -45,7 +45,7 @@ def compile_gemm(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
     """The GEMM alone (``act="bf16"``: B is the caller's rows, K = ``k``), compiled once per shape."""
     gemm_cls = kernel_classes()[1]
     return _compile(("gemm", cfg, groups, n, k_pad, out_name, k or k_pad, pdl.CHAIN, pdl.gemm_chained(),
-                     kernel.TIMELINE),
+                     kernel.TIMELINE, kernel.PREWAIT_STAGES),
                     lambda: gemm_cls(cfg, groups, n, k_pad),
                     lambda: gemm_arguments(cfg, groups, n, k_pad, out_name, k=k))
 
@@ -58,7 +58,7 @@ def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
     _, gemm_cls, call_cls = kernel_classes()
     fused = kernel.FUSED_PROLOGUE if fused is None else fused
     return _compile(("call", cfg, groups, n, k_pad, out_name, fused, pdl.CHAIN, pdl.gemm_chained(),
-                     kernel.TIMELINE),
+                     kernel.TIMELINE, kernel.PREWAIT_STAGES),
                     lambda: call_cls(gemm_cls(cfg, groups, n, k_pad), fused),
                     lambda: call_arguments(cfg, groups, n, k_pad, out_name))
 
