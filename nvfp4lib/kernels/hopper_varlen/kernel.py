@@ -96,7 +96,14 @@ TIMELINE_CTAS = 4096
 # lands ~1 us sooner after the wait, each decode GEMM ~1 us faster: Qwen3-like T = 1 ~2 us faster in both modes
 # (W4A4 ~29 -> ~27, W4A16 ~27 -> ~25), DeepSeek- and Mixtral-like decode ~1-2 us faster, prefill unchanged. If the
 # copy engine does not take them in order: no change, or slower (the first stages' weights asked for later).
-PREWAIT_STAGES = 0
+# Outcome (H200, moe-bench --prewait-stages 0 2, one run, three layers at T = 1 and 8, uniform; notebook 11's rounds):
+# W4A16 faster in 6 of 6 cases (Qwen3-like T = 8 81.2 -> 75.5 us, DeepSeek-like T = 1 100.4 -> 96.1, Qwen3-like T = 1
+# 27.2 -> 26.9), W4A4 within 1% in all 6. The per-CTA timeline (Qwen3-like T = 1) shows why: W4A16's first stage
+# landed 1.1 us after the wait instead of 2.0-2.3 (its gate/up CTAs 12.0 -> 9.9 us), while W4A4's operand GEMMs wait
+# ~2 us for their slow quantization and had their first stage in 0.6-1.05 us already. Taken for the decode tilings
+# (16 and 32 tokens, 6-8 stages), where it was measured; the study shapes' tilings (3-5 stages) as before.
+PREWAIT_STAGES = 2
+PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens per tile (the decode tilings)
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
 # test_serving_gpu.py's S4 case, eager W4A4 calls): the fused kernel reports shared-memory hazards (1 error on the
 # shipped config's S4 case, 12 on a split-K case) at one site only: the staged epilogue's stores to its output tile
@@ -214,7 +221,7 @@ def _build():
             if PREWAIT_STAGES < 0:
                 raise ValueError(f"PREWAIT_STAGES={PREWAIT_STAGES}: the stages asked for before the wait, 0 (all the "
                                  "first stages) or more")
-            self.prewait = PREWAIT_STAGES  # (its note)
+            self.prewait = PREWAIT_STAGES if cfg.tile_n <= PREWAIT_MAX_TILE_N else 0  # (its note)
             self._split = None  # (set while a kernel is traced: partials, counters, slices, this slice, the tile)
 
         @cute.jit
