@@ -259,28 +259,28 @@ def test_timeline_stamps_only_where_set(monkeypatch):
 
 @pytest.mark.slow
 def test_prewait_stages_ask_for_the_other_first_stages_after_the_wait(monkeypatch):
-    """kernel.PREWAIT_STAGES (2 as shipped; 0: all the first stages' weights before the wait): set, a decode tiling's
-    GEMM has one more load site, the other first stages' weights and activations together after the wait (one weight
-    copy and an activation copy per 64-K sub-block more in its PTX); a study tiling's GEMM is the same either way; a
-    negative value is refused."""
+    """kernel.PREWAIT_STAGES (2 as shipped; 0: all the first stages' weights before the wait): set, a W4A16 decode
+    tiling's GEMM has one more load site, the other first stages' weights and activations together after the wait (one
+    weight copy and an activation copy per 64-K sub-block more in its PTX); a study tiling's GEMM and a W4A4 one are
+    the same either way; a negative value is refused."""
     pytest.importorskip("cutlass")
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     from nvfp4lib.kernels.hopper_varlen import kernel
     from nvfp4lib.kernels.hopper_varlen.report import compile_report
 
-    for name in ("vl_m128_t16_k128_s8_e_x", "vl_a16_dual_m64_t16_k128_s8_e"):
+    for name in ("vl_a16_m128_t16_k128_s8_e_x", "vl_a16_dual_m64_t16_k128_s8_e"):
         copies = []
         for pre in (0, 2):
             monkeypatch.setattr(kernel, "PREWAIT_STAGES", pre)
             ptx = _entries(compile_report(CONFIGS[name], groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"])["gemm"]
             copies.append(ptx.count("cp.async.bulk.tensor"))
         assert copies[1] == copies[0] + 1 + CONFIGS[name].tile_k // 64, (name, copies)
-    study = []  # a study shape's tiling (128 tokens) is built as before
-    for pre in (0, 2):
-        monkeypatch.setattr(kernel, "PREWAIT_STAGES", pre)
-        study.append(compile_report(CONFIGS["vl_m128_t128_k128_s3_e"], groups=8, n=2048, k_pad=1024,
-                                    ptxas=False)["ptx"])
-    assert study[0] == study[1]
+    for name in ("vl_m128_t128_k128_s3_e", "vl_m128_t16_k128_s8_e_x"):  # a study tiling; a W4A4 decode tiling
+        ptx = []
+        for pre in (0, 2):
+            monkeypatch.setattr(kernel, "PREWAIT_STAGES", pre)
+            ptx.append(compile_report(CONFIGS[name], groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"])
+        assert ptx[0] == ptx[1], name  # built as before
     monkeypatch.setattr(kernel, "PREWAIT_STAGES", -1)
     with pytest.raises(ValueError, match="PREWAIT_STAGES"):
         compile_report(CONFIGS["vl_m128_t16_k128_s8_e"], groups=8, n=2048, k_pad=1024, ptxas=False)

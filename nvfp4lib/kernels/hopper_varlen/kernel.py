@@ -102,8 +102,14 @@ TIMELINE_CTAS = 4096
 # landed 1.1 us after the wait instead of 2.0-2.3 (its gate/up CTAs 12.0 -> 9.9 us), while W4A4's operand GEMMs wait
 # ~2 us for their slow quantization and had their first stage in 0.6-1.05 us already. Taken for the decode tilings
 # (16 and 32 tokens, 6-8 stages), where it was measured; the study shapes' tilings (3-5 stages) as before.
+# Second A/B (the other order, 2 then 0, at a7f6fab, T = 1, 8 and 64): W4A16 faster in 8 of 9 (Qwen3-like T = 1 28.3 ->
+# 25.2 us, Mixtral-like T = 64 379.7 -> 347.3; DeepSeek-like T = 64 2187.5 -> 2211.5, +1.1%); W4A4 mixed: Qwen3-like
+# T = 1 29.5 -> 27.7 and Mixtral-like T = 64 324.6 -> 304.2, but DeepSeek-like T = 64 1739.6 -> 1854.3 (+6.6%, a case
+# that had read 1720-1736 in four runs), the rest within 1.3%. Shipped for the W4A16 GEMMs only, where the timeline
+# shows the mechanism (their first stage waited ~2 us behind the weights); the W4A4 GEMMs, whose wait for their
+# quantization already hid it, keep all first stages before the wait. Why DeepSeek-like T = 64 lost is not known.
 PREWAIT_STAGES = 2
-PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens per tile (the decode tilings)
+PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens per tile (the decode tilings), W4A16
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
 # test_serving_gpu.py's S4 case, eager W4A4 calls): the fused kernel reports shared-memory hazards (1 error on the
 # shipped config's S4 case, 12 on a split-K case) at one site only: the staged epilogue's stores to its output tile
@@ -221,7 +227,7 @@ def _build():
             if PREWAIT_STAGES < 0:
                 raise ValueError(f"PREWAIT_STAGES={PREWAIT_STAGES}: the stages asked for before the wait, 0 (all the "
                                  "first stages) or more")
-            self.prewait = PREWAIT_STAGES if cfg.tile_n <= PREWAIT_MAX_TILE_N else 0  # (its note)
+            self.prewait = PREWAIT_STAGES if self.a16 and cfg.tile_n <= PREWAIT_MAX_TILE_N else 0  # (its note)
             self._split = None  # (set while a kernel is traced: partials, counters, slices, this slice, the tile)
 
         @cute.jit
