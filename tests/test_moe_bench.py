@@ -446,3 +446,35 @@ def test_operand_shipped_round_reads_the_ab_runs_apart_from_the_shipped_run():
     assert "uniform off 112.0 us, uniform on 107.0 us, zipf off 112.0 us, zipf on 107.0 us" in text
     assert "Qwen3-like T = 1: W4A4 uniform 29.0 us" in text
     assert moe_rounds._operand_shipped(moe_rounds.Reader(pd.DataFrame(ab).assign(git_commit="0000000"))) is None
+
+
+def test_prefetch_round_lists_the_arms_in_the_order_they_ran():
+    """The L2 prefetch's round (moe-bench --prefetch-l2 off on off on): per case, each arm's time in run order; no
+    rows at its commit, no outcome."""
+    c = moe_rounds.PREFETCH_COMMIT + "synthetic"
+    rows = [dict(_row("qwen3-moe", 1, "uniform", "bf16", us, run=f"20261128T14{i:02d}00Z-s", commit=c), prefetch_l2=on)
+            for i, (on, us) in enumerate(((False, 26.9), (True, 30.3), (False, 28.2), (True, 30.1)))]
+    text = moe_rounds._prefetch_ab(moe_rounds.Reader(pd.DataFrame(rows)))
+    assert "qwen3-moe T = 1 uniform W4A16: off 26.9 then on 30.3 then off 28.2 then on 30.1 us" in text
+    assert moe_rounds._prefetch_ab(moe_rounds.Reader(pd.DataFrame(rows).assign(git_commit="0000000"))) is None
+
+
+def test_prewait_round_keeps_the_timeline_probe_apart_from_the_timed_rows():
+    """The first PREWAIT_STAGES round: the A/B from the timed rows only (the probe's rows, later in the same commit,
+    do not replace them), then the probe's phases per value; the shipped round compares each mode with the run
+    before."""
+    c = moe_rounds.PREWAIT_COMMITS[0] + "synthetic"
+    timed = [dict(_row("qwen3-moe", 8, "uniform", "bf16", us, run=run, commit=c), prewait_stages=v)
+             for v, us, run in ((0, 81.2, "20261128T140000Z-a"), (2, 75.5, "20261128T140100Z-b"))]
+    phases = {"schedule": [1.0], "wait": [0.4], "first stage": [1.1], "mainloop": [7.0], "epilogue": [0.4],
+              "total": [9.9]}
+    probe = [dict(_row("qwen3-moe", 8, "uniform", "bf16", 99.0, run="20261128T140200Z-c", commit=c), prewait_stages=2,
+                  timeline={"gate_up": {"tiles": 96, "phases": phases}})]
+    text = moe_rounds._prewait_first(moe_rounds.Reader(pd.DataFrame(timed + probe)))
+    assert "qwen3-moe T = 8 W4A16 81.2 -> 75.5 us" in text
+    assert "2 stages before the wait, W4A16: gate_up schedule 1.00, wait 0.40, first stage 1.10" in text
+    before, after = (moe_rounds.OPERAND_COMMITS[2] + "synthetic", moe_rounds.PREWAIT_COMMITS[2] + "synthetic")
+    ship = [_row("qwen3-moe", 1, "uniform", kind, us, commit=cm) for cm, kind, us in
+            ((before, "bf16", 27.1), (after, "bf16", 25.7), (before, "nvfp4", 29.1), (after, "nvfp4", 28.7))]
+    text = moe_rounds._prewait_shipped(moe_rounds.Reader(pd.DataFrame(ship)))
+    assert "W4A16 after / before 0.95 (1 of 1 faster)" in text and "W4A16 uniform 25.7 us (was 27.1)" in text

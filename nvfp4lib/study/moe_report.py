@@ -251,13 +251,15 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     off or the 'balance' rule, the one-program quantizer, the GEMV decode path, the wide decode form that left the
     package, captured small calls fused, the chained-launch arms not shipped, W4A4 through codes and prologues once
     the quantizer wrote the operands, W4A4 with static activation scales, reported apart from the scales computed per
-    call) and the timeline probes' rows are left out."""
+    call, the routing's L2 prefetch that left the package, the W4A16 GEMMs asking for all their first stages' weights
+    before their wait, and the W4A4 GEMMs asking for only some while the knob also took them) and the timeline probes'
+    rows are left out."""
     if rows is None or not len(rows) or "status" not in rows:
         return pd.DataFrame()
     sel = rows[(rows["status"] == "ok") & rows["gpu"].astype(str).str.contains(gpu)]
     for col, other in (("split_k", False), ("split_rule", "balance"), ("quant_one_program", True), ("gemv", True),
                        ("wide_decode", "idle"), ("wide_decode", "all"), ("deep_decode", True), ("chain_pdl", False),
-                       ("input_scales", "static")):
+                       ("input_scales", "static"), ("prefetch_l2", True)):
         if col in sel:
             sel = sel[~sel[col].apply(lambda v, o=other: v is o or v == o)]
     if "timeline" in sel:  # (development probes: GEMMs built with per-CTA stamps)
@@ -268,7 +270,16 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
         sel = sel[~_chain_unshipped(sel)]
     if "quant_operand" in sel:  # (the A/B's arm through codes and prologues; rows before the knob had no field)
         sel = sel[~sel["quant_operand"].apply(lambda v: v is False or v == 0)]
+    if "prewait_stages" in sel:  # (hopper_varlen.kernel.PREWAIT_STAGES, shipped for the W4A16 decode GEMMs only)
+        pw = pd.to_numeric(sel["prewait_stages"], errors="coerce")
+        w4a16 = sel["mode"].eq("bf16") if "mode" in sel else sel["label"].astype(str).str.contains("W4A16")
+        both = sel["git_commit"].astype(str).str[:7].isin(PREWAIT_BOTH_MODES)
+        sel = sel[~((w4a16 & (pw == 0)) | (~w4a16 & both & (pw > 0)))]
     return sel
+
+
+# the commits whose runs had PREWAIT_STAGES take the W4A4 GEMMs too (its two A/Bs, before it was shipped for W4A16)
+PREWAIT_BOTH_MODES = ("488aabc", "a7f6fab")
 
 
 def _chain_unshipped(sel: pd.DataFrame) -> pd.Series:

@@ -438,6 +438,108 @@ def _operand_shipped(r: Reader) -> str | None:
     return ("Mixtral-like T = 1 W4A4 A/B repeated (one run): " + ", ".join(cells)
             + "; the layer as shipped, Qwen3-like T = 1: " + ", ".join(q))
 
+STATIC_COMMIT = "aaf13ca"  # moe-bench --input-scales dynamic static (W4A4)
+PREFETCH_COMMIT = "b9eb5b9"  # nn.moe.PREFETCH_L2's A/B (its code left the package after it; git keeps it there)
+PREWAIT_COMMITS = ("488aabc", "a7f6fab", "0df7533")  # kernel.PREWAIT_STAGES: first A/B (+ timeline), second, shipped
+
+
+def _not_probe(d: pd.DataFrame) -> pd.Series:
+    """The rows of a timed run, not of a timeline probe (whose GEMMs stamp)."""
+    if "timeline" not in d:
+        return pd.Series(True, index=d.index)
+    return d["timeline"].map(lambda v: not isinstance(v, dict))
+
+
+def _arms_in_order(commit: str, column: str, labels: dict):
+    """An A/B whose arms ran several times in one process (moe-bench --knob off on off on): per case (both
+    routings), each arm's times in the order they ran, and the kernel that moved most in the graph-replay profile."""
+    def outcome(r: Reader) -> str | None:
+        d = r.rows[(r.rows["commit"] == commit[:7])] if len(r.rows) else r.rows
+        if not len(d) or column not in d:
+            return None
+        d = d[_not_probe(d)].sort_values("run_id")
+        r.used[commit[:7]] = sorted(set(d["run_id"]))
+        parts = []
+        for key, g in d.groupby(["layer", "tokens", "routing", "label"], sort=False):
+            arms = " then ".join(f"{labels.get(v, v)} {x:.1f}" for v, x in zip(g[column], g["median_us"]))
+            parts.append(f"{key[0]} T = {key[1]} {key[2]} {SHORT.get(key[3], key[3])}: {arms} us")
+        return "graph replay, in the order the arms ran: " + "; ".join(parts)
+    return outcome
+
+
+def _profile_kernels(row) -> str:
+    """A row's graph-replay kernels as name: duration (us), in launch order."""
+    prof = row.get("profile") if isinstance(row, dict) else row["profile"]
+    if not isinstance(prof, dict):
+        return ""
+    short = {"kernel_cutlass": "GEMM"}
+    names = []
+    for k in prof.get("kernels", []):
+        n = str(k.get("name", ""))
+        n = next((v for p, v in short.items() if n.startswith(p)), n.strip("_").replace("_kernel", ""))
+        names.append(f"{n} {k['median_us']:.1f}")
+    return ", ".join(names)
+
+
+def _prefetch_ab(r: Reader) -> str | None:
+    """The L2 prefetch's A/B: the arms in the order they ran, and one pair's kernels (Qwen3-like T = 1 uniform)."""
+    base = _arms_in_order(PREFETCH_COMMIT, "prefetch_l2", {False: "off", True: "on"})(r)
+    if base is None:
+        return None
+    d = r.rows[(r.rows["commit"] == PREFETCH_COMMIT) & (r.rows["routing"] == "uniform")
+               & (r.rows["label"] == W4A4)].sort_values("run_id")
+    kern = [f"{'on' if x['prefetch_l2'] else 'off'}: {_profile_kernels(x)}" for _, x in d.head(2).iterrows()
+            if "profile" in x and _profile_kernels(x)]
+    return base + (". The first pair's W4A4 kernels (uniform, us): " + " | ".join(kern) if kern else "") + \
+        ". The prefetch left the package"
+
+
+def _phases(row) -> str:
+    """A timeline row's per-GEMM phases (median us per CTA)."""
+    from ..bench.timeline import GEMMS, PHASES
+
+    tl = row["timeline"] if isinstance(row["timeline"], dict) else {}
+    out = []
+    for gemm in GEMMS:
+        ph = (tl.get(gemm) or {}).get("phases") or {}
+        if ph:
+            out.append(f"{gemm} " + ", ".join(f"{k} {ph[k][0]:.2f}" for k, _, _ in PHASES if k in ph))
+    return "; ".join(out)
+
+
+def _prewait_first(r: Reader) -> str | None:
+    """The first PREWAIT_STAGES A/B (timed rows), then its timeline probe (Qwen3-like T = 1, per value)."""
+    base = _split_ab(PREWAIT_COMMITS[0], "prewait_stages", (0, 2), keep=_not_probe,
+                     names=("all first stages before the wait", "2"))(r)
+    if base is None:
+        return None
+    d = r.rows[r.rows["commit"] == PREWAIT_COMMITS[0]]
+    probe = d[~_not_probe(d)].sort_values("run_id") if "timeline" in d else d.iloc[0:0]
+    lines = [f"{int(x['prewait_stages']) or 'all first'} stages before the wait, {SHORT.get(x['label'], x['label'])}: "
+             f"{_phases(x)}"
+             for _, x in probe.iterrows()]
+    r.used[PREWAIT_COMMITS[0]] = sorted(set(d["run_id"]))
+    return base + (". The timeline probe (Qwen3-like T = 1, median us per CTA): " + " | ".join(lines) if lines else "")
+
+
+def _prewait_shipped(r: Reader) -> str | None:
+    """The shipped run with PREWAIT_STAGES for the W4A16 decode GEMMs against the run before it (QUANT_TO_OPERAND's
+    shipped run), both routings, per mode."""
+    p = r.pair(OPERAND_COMMITS[2], PREWAIT_COMMITS[2], routing=None)
+    if not len(p):
+        return None
+    parts = []
+    for lab in (W4A16, W4A4):
+        g = p[p["label"] == lab]
+        if len(g):
+            faster = int((g["after"] < g["before"]).sum())
+            parts.append(f"{SHORT[lab]} after / before {_span(g['after'] / g['before'])} ({faster} of {len(g)} faster)")
+    q = [f"{SHORT.get(x['label'], x['label'])} {x['routing']} {x['after']:.1f} us (was {x['before']:.1f})"
+         for _, x in p.iterrows() if x["layer"] == "qwen3-moe" and x["tokens"] == 1]
+    return (f"the shipped run ({PREWAIT_COMMITS[2]}) against the run before ({OPERAND_COMMITS[2]}), {len(p)} cases, "
+            f"both routings, graph replay: " + ", ".join(parts) + ". Qwen3-like T = 1: " + ", ".join(q))
+
+
 ROUNDS = (
     Round("NVFP4MoE end to end on cute-hopper, W4A4 only (W4A16 not built): the first moe-bench run",
           _floors_prediction, ("b3d663e",), _first_run),
@@ -566,6 +668,35 @@ ROUNDS = (
     Round("Shipped: QUANT_TO_OPERAND on. One run on an H200: the Mixtral-like T = 1 A/B again (the second A/B's one "
           "loss), then the layer as shipped (T = 1, 8, 64, uniform and Zipf, both modes)",
           "Mixtral-like T = 1 within noise of the codes arm.", (OPERAND_COMMITS[2],), _operand_shipped),
+    Round("Static activation scales, as ModelOpt and compressed-tensors checkpoints give them (NVFP4MoE(..., "
+          "input_scales=), calibrated once per layer on a seeded 64-token batch): W4A4 without its two amax "
+          "launches. An A/B in one run on an H200 (moe-bench --input-scales dynamic static, W4A4, T = 1, 8, 64, "
+          "uniform); static rows are reported apart from the issue's per-call targets",
+          "Qwen3-like T = 1 W4A4 ~4-5 us faster (~29 -> ~25 us: two amax launches of ~2-3 us each in the chain).",
+          (STATIC_COMMIT,), _split_ab(STATIC_COMMIT, "input_scales", ("dynamic", "static"), keep=None,
+                                      names=("per-call scales", "static scales"))),
+    Round("The routing launch asking L2 for the packed weights of every expert the step touches (a knob then, "
+          "nn.moe.PREFETCH_L2: 64 more programs of bulk L2 prefetches, where the touched experts' bytes fit half the "
+          "L2; of the bench's cases only the Qwen3-like layer at T = 1). An A/B in one run on an H200 (moe-bench "
+          "--prefetch-l2 off on off on, Qwen3-like T = 1, both modes and routings)",
+          "Qwen3-like T = 1 ~2-3.5 us faster in both modes (W4A4 ~29 -> ~26 us, W4A16 ~27 -> ~24): the down GEMM's "
+          "first stage from L2 and part of the gate/up GEMM's.", (PREFETCH_COMMIT,), _prefetch_ab),
+    Round("Only 2 stages' weights asked for before a GEMM CTA's wait for the kernel before, the other first stages' "
+          "weights with their activations after it (hopper_varlen.kernel.PREWAIT_STAGES; a CTA asked for all 8 "
+          "first). An A/B in one run on an H200 (moe-bench --prewait-stages 0 2, T = 1, 8, both modes, uniform), and "
+          "the timeline probe at 0, 2 and 1",
+          "The first stage lands ~1 us sooner after the wait (its activations no longer behind 72 KB of weights in "
+          "the copy engine's queue): each decode GEMM ~1 us faster, Qwen3-like T = 1 ~2 us faster in both modes; "
+          "no change, or slower, if the copy engine does not take requests in order.", (PREWAIT_COMMITS[0],),
+          _prewait_first),
+    Round("The A/B again in the other order (2 then 0), T = 1, 8, 64, both modes, uniform, one run on an H200",
+          "As the first A/B: W4A16 faster, W4A4 within noise.", (PREWAIT_COMMITS[1],),
+          _split_ab(PREWAIT_COMMITS[1], "prewait_stages", (0, 2), keep=None,
+                    names=("all first stages before the wait", "2"))),
+    Round("Shipped: PREWAIT_STAGES = 2 for the W4A16 decode GEMMs only (tilings of at most 32 tokens; the W4A4 "
+          "GEMMs, whose wait for their quantization already hides the first stage, and the study tilings as before). "
+          "One run on an H200 (the layer as shipped, T = 1, 8, 64, uniform and Zipf, both modes)",
+          "W4A16 decode as the A/Bs' faster arm, W4A4 unchanged.", (PREWAIT_COMMITS[2],), _prewait_shipped),
 )
 
 
