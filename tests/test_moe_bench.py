@@ -478,3 +478,18 @@ def test_prewait_round_keeps_the_timeline_probe_apart_from_the_timed_rows():
             ((before, "bf16", 27.1), (after, "bf16", 25.7), (before, "nvfp4", 29.1), (after, "nvfp4", 28.7))]
     text = moe_rounds._prewait_shipped(moe_rounds.Reader(pd.DataFrame(ship)))
     assert "W4A16 after / before 0.95 (1 of 1 faster)" in text and "W4A16 uniform 25.7 us (was 27.1)" in text
+
+
+def test_shipped_rows_leave_out_the_prewait_and_prefetch_arms_not_shipped():
+    """PREWAIT_STAGES shipped for W4A16 only: a W4A16 row asking for all first stages (0) is an A/B arm; a W4A4 row
+    with some is one only where the knob also took W4A4 (its A/B commits); the L2 prefetch's 'on' arm is out."""
+    ab, later = mr.PREWAIT_BOTH_MODES[0] + "synthetic", "1234567synthetic"
+    rows = [dict(_row("qwen3-moe", 1, "uniform", kind, 30.0, commit=c), prewait_stages=pw)
+            for c, kind, pw in ((ab, "bf16", 0), (ab, "bf16", 2), (ab, "nvfp4", 0), (ab, "nvfp4", 2),
+                                (later, "nvfp4", 2), (later, "bf16", 2))]
+    rows += [dict(_row("qwen3-moe", 1, "uniform", "bf16", 30.0, commit=later), prefetch_l2=on) for on in (False, True)]
+    kept = mr.shipped_rows(pd.DataFrame(rows))
+    got = sorted((c[:7] == ab[:7], lab, pw, pf) for c, lab, pw, pf in zip(
+        kept["git_commit"], kept["mode"], kept["prewait_stages"].fillna(-1), kept["prefetch_l2"].fillna(-1)))
+    assert got == [(False, "bf16", -1, False), (False, "bf16", 2, -1), (False, "nvfp4", 2, -1),
+                   (True, "bf16", 2, -1), (True, "nvfp4", 0, -1)]
