@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from ..kernels.common.compiling import cutlass_dsl_version
+
 __all__ = ["DATA_DIR", "append_rows", "load", "merge", "provenance", "new_run_id", "kernel_family", "add_fields",
            "dirty_state"]
 
@@ -262,19 +264,6 @@ def _version(dist: str, module: str | None = None) -> str | None:
     return None
 
 
-def _cutlass_from_unpacked_wheel() -> str | None:
-    # The GPU machine gets CuTe DSL as an unpacked wheel on PYTHONPATH (no installed metadata):
-    # read the version from the wheel's dist-info folder beside the package.
-    try:
-        import cutlass
-    except Exception:
-        return None
-    root = Path(cutlass.__file__).resolve().parents[3]
-    for d in sorted(root.glob("nvidia_cutlass_dsl-*.dist-info")):
-        return d.name.removesuffix(".dist-info").split("-")[1]
-    return "installed (version unknown)"
-
-
 def _nvidia_smi() -> dict:
     fields = ["driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem", "clocks.max.mem",
               "power.limit", "temperature.gpu"]
@@ -354,7 +343,7 @@ def provenance(device=None) -> dict:
         "git_head": head,  # HEAD of the .git beside the code (stale on the GPU machine's copy)
         "torch": torch.__version__,
         "triton": _version("triton", "triton"),
-        "cutlass_dsl": _version("nvidia-cutlass-dsl") or _cutlass_from_unpacked_wheel(),
+        "cutlass_dsl": cutlass_dsl_version(),
         "python": platform.python_version(),
     }
     if torch.cuda.is_available():

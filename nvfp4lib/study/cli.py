@@ -150,6 +150,24 @@ def cmd_amend(args) -> int:
     return 0 if n else 1
 
 
+def cmd_aot(args) -> int:
+    import os
+    import sys
+
+    if "cutlass" in sys.modules and os.environ.get("CUTE_DSL_ARCH") == "sm_90a":
+        raise SystemExit("aot: cutlass was imported with CUTE_DSL_ARCH=sm_90a; run the command in a fresh process")
+    os.environ["CUTE_DSL_ARCH"] = "sm_100a"  # (not the target: the compile then makes no JIT engine, no GPU needed)
+    from ..kernels.common import aot
+
+    recipes = aot.read_manifest(args.manifest)
+    print(f"{len(recipes)} kernels of {args.manifest} into {args.out} (for {aot.GPU_ARCH})")
+    status = aot.build(recipes, args.out)
+    built = [s for s in status if s["status"] == "built"]
+    print(f"built {len(built)}, kept {len(status) - len(built)}, "
+          f"{sum(s.get('seconds', 0) for s in built):.0f} s; load them with {aot.AOT_ENV}={args.out}")
+    return 0
+
+
 def cmd_compile(args) -> int:
     from .compile_reports import compile_rows
 
@@ -348,6 +366,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dual", action="store_true", help="also compile the dual variants")
     _add_record_args(p, COMPILE, "compile")
     p.set_defaults(fn=cmd_compile)
+
+    p = sub.add_parser("aot", help="build a manifest's kernels ahead of time for sm_90a (no GPU needed); a process "
+                                   "with NVFP4LIB_AOT=DIR loads them instead of compiling")
+    p.add_argument("manifest", type=Path, help="recipes, one JSON per line: what a process with "
+                                               "NVFP4LIB_AOT_RECORD=FILE compiled")
+    p.add_argument("--out", type=Path, required=True, help="the directory of built libraries (<digest>.so)")
+    p.set_defaults(fn=cmd_aot)
 
     p = sub.add_parser("study", help="run every notebook (papermill) and render HTML")
     p.add_argument("--mode", default="auto", choices=["auto", "live", "recorded"])

@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 ARCHS = ("sm_90a", "sm_100a")
 # Instructions whose presence a kernel claims; counted in the PTX.
@@ -45,6 +46,25 @@ class CompileArtifacts:
     @property
     def ptx(self) -> str:
         return read_ptx(self.ptx_path) if self.ptx_path else ""
+
+
+def cutlass_dsl_version() -> str | None:
+    """The CuTe DSL version: its installed metadata, or (the GPU machine gets CuTe DSL as an unpacked wheel on
+    PYTHONPATH, no installed metadata) the wheel's dist-info folder beside the package; None without CuTe DSL."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("nvidia-cutlass-dsl")
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        import cutlass
+    except Exception:  # noqa: BLE001  (not importable: no version)
+        return None
+    root = Path(cutlass.__file__).resolve().parents[3]
+    for d in sorted(root.glob("nvidia_cutlass_dsl-*.dist-info")):
+        return d.name.removesuffix(".dist-info").split("-")[1]
+    return "installed (version unknown)"
 
 
 def read_ptx(path: str) -> str:

@@ -11,13 +11,23 @@ from __future__ import annotations
 import torch
 
 from ...formats import NVFP4Tensor
-from ..common import pdl
+from ..common import aot, pdl
 from ..common.packing import check_scales_finite
 from ..common.sm90 import POST_SCALE
 from ..common.sm90 import _require_hopper as require_hopper
 from ..hopper_rs.layout import prepack_weights
 from . import kernel
-from .config import NWG, ROW_BYTES, SPLIT_TILES, VarlenConfig, check_grid, choose_splits, partials_width, validate
+from .config import (
+    CONFIGS,
+    NWG,
+    ROW_BYTES,
+    SPLIT_TILES,
+    VarlenConfig,
+    check_grid,
+    choose_splits,
+    partials_width,
+    validate,
+)
 from .gather import group_table, launch
 from .kernel import kernel_classes
 from .report import TVM_FFI, call_arguments, gemm_arguments
@@ -30,15 +40,51 @@ E4M3 = torch.float8_e4m3fn
 _compiled: dict = {}
 
 
-def _compile(key, make, args):
+def _compile(key, make, args, recipe: dict | None = None):
     """Compile once per key; ``make`` and ``args`` are callables (building fake tensors costs host time that a
-    one-shot call would pay every time)."""
+    one-shot call would pay every time). ``recipe`` (:mod:`..common.aot`): where a library built ahead of time for it
+    is found, it is loaded instead of compiling; a recording process notes it."""
     fn = _compiled.get(key)
     if fn is None:
-        import cutlass.cute as cute
+        fn = aot.load(recipe)
+        if fn is None:
+            import cutlass.cute as cute
 
-        fn = _compiled[key] = cute.compile(make(), *args(), options=TVM_FFI)
+            fn = cute.compile(make(), *args(), options=TVM_FFI)
+        _compiled[key] = fn
+        aot.note(recipe)
     return fn
+
+
+def _recipe(kind: str, cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, **more) -> dict | None:
+    """What :func:`aot_compile` needs to build this kernel again on another machine, with the knobs its build reads
+    as they are now; None where it cannot be rebuilt from a recipe (a config not in CONFIGS, a timeline address)."""
+    if CONFIGS.get(cfg.name) != cfg or kernel.TIMELINE:
+        return None
+    return {"kind": kind, "config": cfg.name, "groups": groups, "n": n, "k_pad": k_pad, "out": out_name,
+            "chain": bool(pdl.CHAIN), "chain_gemm": bool(pdl.CHAIN_GEMM), "prewait": kernel.PREWAIT_STAGES, **more}
+
+
+def aot_compile(recipe: dict, options: str):
+    """Compile ``recipe`` (:func:`_recipe`'s) with ``options`` (CuTe DSL's; TVM-FFI added), the knobs its build reads
+    set to the recipe's for the compile and restored after: :func:`nvfp4lib.kernels.common.aot.build`'s step."""
+    import cutlass.cute as cute
+
+    cfg = CONFIGS[recipe["config"]]
+    g, n, kp, out = recipe["groups"], recipe["n"], recipe["k_pad"], recipe["out"]
+    old = pdl.CHAIN, pdl.CHAIN_GEMM, kernel.PREWAIT_STAGES
+    pdl.CHAIN, pdl.CHAIN_GEMM, kernel.PREWAIT_STAGES = recipe["chain"], recipe["chain_gemm"], recipe["prewait"]
+    try:
+        pro_cls, gemm_cls, call_cls = kernel_classes()
+        if recipe["kind"] == "varlen-gemm":
+            obj, args = gemm_cls(cfg, g, n, kp), gemm_arguments(cfg, g, n, kp, out, k=recipe["k"])
+        elif recipe["kind"] == "varlen-call":
+            obj, args = call_cls(gemm_cls(cfg, g, n, kp), recipe["fused"]), call_arguments(cfg, g, n, kp, out)
+        else:
+            raise ValueError(f"aot_compile: unknown recipe kind {recipe['kind']!r}")
+        return cute.compile(obj, *args, options=f"{options} {TVM_FFI}")
+    finally:
+        pdl.CHAIN, pdl.CHAIN_GEMM, kernel.PREWAIT_STAGES = old
 
 
 def compile_gemm(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, k: int | None = None):
@@ -47,7 +93,8 @@ def compile_gemm(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
     return _compile(("gemm", cfg, groups, n, k_pad, out_name, k or k_pad, pdl.CHAIN, pdl.gemm_chained(),
                      kernel.TIMELINE, kernel.PREWAIT_STAGES),
                     lambda: gemm_cls(cfg, groups, n, k_pad),
-                    lambda: gemm_arguments(cfg, groups, n, k_pad, out_name, k=k))
+                    lambda: gemm_arguments(cfg, groups, n, k_pad, out_name, k=k),
+                    _recipe("varlen-gemm", cfg, groups, n, k_pad, out_name, k=k or k_pad))
 
 
 def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, fused: bool | None = None):
@@ -60,7 +107,8 @@ def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
     return _compile(("call", cfg, groups, n, k_pad, out_name, fused, pdl.CHAIN, pdl.gemm_chained(),
                      kernel.TIMELINE, kernel.PREWAIT_STAGES),
                     lambda: call_cls(gemm_cls(cfg, groups, n, k_pad), fused),
-                    lambda: call_arguments(cfg, groups, n, k_pad, out_name))
+                    lambda: call_arguments(cfg, groups, n, k_pad, out_name),
+                    _recipe("varlen-call", cfg, groups, n, k_pad, out_name, fused=bool(fused)))
 
 
 class PackedWeights:

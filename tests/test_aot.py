@@ -1,0 +1,112 @@
+"""Kernels built ahead of time (nvfp4lib/kernels/common/aot.py), on the CPU: recipes and their digests, the manifest,
+the loader's fallbacks, the build into shared libraries that export the TVM-FFI function, and the same PTX as the
+GPU machine's compile. Loading one on a GPU: tests/gpu/test_aot_gpu.py."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from nvfp4lib.kernels.common import aot
+from nvfp4lib.kernels.hopper_varlen import config, kernel, runner
+
+GEMM = config.CONFIGS["vl_a16_dual_m64_t16_k128_s8_e"]
+
+
+def _recipe(**change):
+    r = runner._recipe("varlen-gemm", GEMM, 16, 256, 256, "BFloat16", k=256)
+    return {**r, **change}
+
+
+def test_a_recipe_names_the_kernel_and_the_knobs_its_build_reads(monkeypatch):
+    r = _recipe()
+    assert r == {"kind": "varlen-gemm", "config": GEMM.name, "groups": 16, "n": 256, "k_pad": 256, "out": "BFloat16",
+                 "k": 256, "chain": True, "chain_gemm": True, "prewait": kernel.PREWAIT_STAGES}
+    assert aot.digest(r) == aot.digest(dict(reversed(list(r.items()))))  # key order does not matter
+    assert len({aot.digest(r), aot.digest(_recipe(n=512)), aot.digest(_recipe(prewait=0)),
+                aot.digest(_recipe(chain=False))}) == 4
+    assert runner._recipe("varlen-gemm", GEMM.with_(ab_stages=7), 16, 256, 256, "BFloat16") is None  # not in CONFIGS
+    monkeypatch.setattr(kernel, "TIMELINE", 1 << 40)  # an address baked into the kernel: never built ahead
+    assert runner._recipe("varlen-gemm", GEMM, 16, 256, 256, "BFloat16") is None
+
+
+def test_the_manifest_holds_each_recipe_once(tmp_path, monkeypatch):
+    manifest = tmp_path / "m.jsonl"
+    monkeypatch.setenv(aot.RECORD_ENV, str(manifest))
+    monkeypatch.setattr(aot, "_NOTED", set())
+    for r in (_recipe(), _recipe(), None, _recipe(n=512)):
+        aot.note(r)
+    assert aot.read_manifest(manifest) == [_recipe(), _recipe(n=512)]
+    manifest.write_text(manifest.read_text() + json.dumps(_recipe()) + "\n")  # another process noted it again
+    assert len(aot.read_manifest(manifest)) == 2
+
+
+def test_load_falls_back_to_compiling(tmp_path, monkeypatch):
+    """No directory set, no library there: None, silently; a library that does not load: None with a warning."""
+    monkeypatch.delenv(aot.AOT_ENV, raising=False)
+    assert aot.load(_recipe()) is None
+    monkeypatch.setenv(aot.AOT_ENV, str(tmp_path))
+    assert aot.load(_recipe()) is None and aot.load(None) is None
+    pytest.importorskip("cutlass")
+    (tmp_path / f"{aot.digest(_recipe())}.so").write_bytes(b"not a library")
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        assert aot.load(_recipe()) is None
+    assert any("compiling instead" in str(w.message) for w in got)
+
+
+def _cli(*args, arch=None, cwd=None):
+    env = {**os.environ}
+    if arch:
+        env["CUTE_DSL_ARCH"] = arch
+    return subprocess.run([sys.executable, "-m", "nvfp4lib", *args], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=cwd)
+
+
+@pytest.mark.slow
+def test_build_links_libraries_that_export_the_kernel(tmp_path):
+    """`python -m nvfp4lib aot` on a manifest (no GPU): one library per recipe, exporting the TVM-FFI function under
+    its digest and needing CuTe DSL's runtime and libtvm_ffi; a second build keeps them."""
+    pytest.importorskip("cutlass")
+    pytest.importorskip("tvm_ffi")
+    if not (shutil.which("cc") and shutil.which("readelf")):
+        pytest.skip("needs cc and readelf")
+    manifest = tmp_path / "m.jsonl"
+    recipes = [_recipe(), runner._recipe("varlen-call", config.CONFIGS["vl_m128_t16_k128_s8_e_x"], 16, 256, 256,
+                                         "BFloat16", fused=False)]
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in recipes))
+    out = _cli("aot", str(manifest), "--out", str(tmp_path / "lib"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "built 2, kept 0" in out.stdout
+    for r in recipes:
+        lib = tmp_path / "lib" / f"{aot.digest(r)}.so"
+        syms = subprocess.run(["readelf", "--dyn-syms", "-W", str(lib)], capture_output=True, text=True).stdout
+        assert f"__tvm_ffi_{aot.digest(r)}" in syms
+        assert "__cute_internal" not in syms  # only the TVM-FFI symbols are visible: libraries never clash
+        deps = subprocess.run(["readelf", "-d", str(lib)], capture_output=True, text=True).stdout
+        assert "libcuda_dialect_runtime.so" in deps and "libtvm_ffi.so" in deps
+    again = _cli("aot", str(manifest), "--out", str(tmp_path / "lib"))
+    assert "built 0, kept 2" in again.stdout
+
+
+@pytest.mark.slow
+def test_the_build_compiles_the_ptx_the_gpu_machine_compiles(tmp_path):
+    """A recipe compiled as the build does (CUTE_DSL_ARCH other than the target: no JIT engine) and as the GPU
+    machine does (CUTE_DSL_ARCH=sm_90a) gives the same PTX."""
+    pytest.importorskip("cutlass")
+    code = ("import json, sys\nfrom nvfp4lib.kernels.hopper_varlen import runner\n"
+            "try:\n    runner.aot_compile(json.loads(sys.argv[1]), '--gpu-arch sm_90a --keep-ptx --dump-dir ' "
+            "+ sys.argv[2])\nexcept Exception:\n    pass\n")
+    ptx = []
+    for arch in ("sm_90a", "sm_100a"):
+        d = tmp_path / arch
+        d.mkdir()
+        subprocess.run([sys.executable, "-c", code, json.dumps(_recipe()), str(d)], capture_output=True, timeout=600,
+                       env={**os.environ, "CUTE_DSL_ARCH": arch}, check=False)
+        files = sorted(d.glob("*.sm_90a.ptx"))
+        assert files, arch
+        ptx.append(files[-1].read_text())
+    assert ptx[0] == ptx[1]
