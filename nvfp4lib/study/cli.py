@@ -158,10 +158,11 @@ def cmd_aot(args) -> int:
         raise SystemExit("aot: cutlass was imported with CUTE_DSL_ARCH=sm_90a; run the command in a fresh process")
     os.environ["CUTE_DSL_ARCH"] = "sm_100a"  # (not the target: the compile then makes no JIT engine, no GPU needed)
     from ..kernels.common import aot
+    from ..kernels.hopper_varlen.runner import aot_compile
 
     recipes = aot.read_manifest(args.manifest)
     print(f"{len(recipes)} kernels of {args.manifest} into {args.out} (for {aot.GPU_ARCH})")
-    status = aot.build(recipes, args.out)
+    status = aot.build(recipes, args.out, aot_compile)
     built = [s for s in status if s["status"] == "built"]
     print(f"built {len(built)}, kept {len(status) - len(built)}, "
           f"{sum(s.get('seconds', 0) for s in built):.0f} s; load them with {aot.AOT_ENV}={args.out}")

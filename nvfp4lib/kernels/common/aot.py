@@ -118,16 +118,16 @@ def _libraries() -> tuple[Path, Path]:
     return dsl, Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
 
 
-def build(recipes: list[dict], out_dir, *, progress=print) -> list[dict]:
-    """Compile each recipe for :data:`GPU_ARCH` and link it into ``out_dir/<digest>.so`` (one already there is kept).
+def build(recipes: list[dict], out_dir, compile_recipe, *, progress=print) -> list[dict]:
+    """Compile each recipe for :data:`GPU_ARCH` with ``compile_recipe(recipe, options)`` (the runner's:
+    :func:`nvfp4lib.kernels.hopper_varlen.runner.aot_compile`) and link it into ``out_dir/<digest>.so`` (one already
+    there is kept).
     Runs without a GPU. The process must import cutlass with ``CUTE_DSL_ARCH`` other than :data:`GPU_ARCH` (no JIT
     engine, which needs a driver, is made then): :func:`nvfp4lib.study.cli`'s ``aot`` command sets it. Returns one
     status dict per recipe."""
     if os.environ.get("CUTE_DSL_ARCH", "") == GPU_ARCH:
         raise RuntimeError(f"aot.build: set CUTE_DSL_ARCH to another arch than {GPU_ARCH} before cutlass is imported "
                            "(the compile then makes no JIT engine, which needs a GPU driver)")
-    from ..hopper_varlen.runner import aot_compile
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     dsl, tvm = _libraries()
@@ -139,7 +139,7 @@ def build(recipes: list[dict], out_dir, *, progress=print) -> list[dict]:
             status.append({"recipe": r, "library": lib.name, "status": "kept"})
             continue
         t0 = time.time()
-        fn = aot_compile(r, f"--gpu-arch {GPU_ARCH}")
+        fn = compile_recipe(r, f"--gpu-arch {GPU_ARCH}")
         o = out / f"{name}.o"
         fn.export_to_c(str(o), function_name=name, export_only_tvm_ffi_symbols=True)
         subprocess.run(["cc", "-shared", "-o", str(lib), str(o), f"-L{dsl}", "-lcuda_dialect_runtime", f"-L{tvm}",
