@@ -58,12 +58,8 @@ def test_load_falls_back_to_compiling(tmp_path, monkeypatch):
     assert any("compiling instead" in str(w.message) for w in got)
 
 
-def _cli(*args, arch=None, cwd=None):
-    env = {**os.environ}
-    if arch:
-        env["CUTE_DSL_ARCH"] = arch
-    return subprocess.run([sys.executable, "-m", "nvfp4lib", *args], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=cwd)
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "nvfp4lib", *args], capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow

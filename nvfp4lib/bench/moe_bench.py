@@ -534,8 +534,7 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             choices=["off", "on"])
     _ab_arg(p, "--prewait-stages", "the stages whose weights a W4A16 decode GEMM CTA asks for before its wait for "
             "the kernel before (hopper_varlen.kernel.PREWAIT_STAGES; 0: all its first stages; default: as shipped)",
-            "e.g. 0 2",
-            "prewait_stages", type=int, metavar="S")
+            "e.g. 0 2", "prewait_stages", type=int, metavar="S")
     _ab_arg(p, "--input-scales", "W4A4's activation global scales: computed per call (dynamic, the default) or "
             "static, as checkpoints give them (calibrated once per layer on a seeded batch)", "dynamic static",
             "input_scales (W4A4 rows)", choices=["dynamic", "static"])

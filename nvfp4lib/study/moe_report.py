@@ -272,7 +272,7 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
         sel = sel[~sel["quant_operand"].apply(lambda v: v is False or v == 0)]
     if "prewait_stages" in sel:  # (hopper_varlen.kernel.PREWAIT_STAGES, shipped for the W4A16 decode GEMMs only)
         pw = pd.to_numeric(sel["prewait_stages"], errors="coerce")
-        w4a16 = sel["mode"].eq("bf16") if "mode" in sel else sel["label"].astype(str).str.contains("W4A16")
+        w4a16 = _in_mode(sel, "bf16")
         both = sel["git_commit"].astype(str).str[:7].isin(PREWAIT_BOTH_MODES)
         sel = sel[~((w4a16 & (pw == 0)) | (~w4a16 & both & (pw > 0)))]
     return sel
@@ -282,13 +282,21 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
 PREWAIT_BOTH_MODES = ("488aabc", "a7f6fab")
 
 
+def _in_mode(sel: pd.DataFrame, mode: str) -> pd.Series:
+    """The rows of the layer mode ``mode`` ("nvfp4": W4A4, "bf16": W4A16), by their mode, or their label where the
+    rows have no mode column."""
+    if "mode" in sel:
+        return sel["mode"].eq(mode)
+    return sel["label"].astype(str).str.contains({"nvfp4": "W4A4", "bf16": "W4A16"}[mode])
+
+
 def _chain_unshipped(sel: pd.DataFrame) -> pd.Series:
     """Chained rows not in the shipped form (kernels.common.pdl): W4A4 without the GEMM trigger, W4A16 with it (the
     first A/B's rows, before chain_gemm was recorded, had every GEMM trigger)."""
     chained = sel["chain_pdl"].apply(lambda v: v is True or v == 1)
     gemm = sel["chain_gemm"] if "chain_gemm" in sel else pd.Series(None, index=sel.index, dtype=object)
     unknown = gemm.isna()
-    w4a4 = sel["mode"].eq("nvfp4") if "mode" in sel else sel["label"].astype(str).str.contains("W4A4")
+    w4a4 = _in_mode(sel, "nvfp4")
     gemm_on = gemm.apply(lambda v: v is True or v == 1)
     return chained & ((w4a4 & ~unknown & ~gemm_on) | (~w4a4 & (unknown | gemm_on)))
 

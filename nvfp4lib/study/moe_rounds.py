@@ -394,19 +394,13 @@ def _timeline(r: Reader) -> str | None:
     d = r.at(TIMELINE_COMMIT, tokens=(1,))
     if not len(d) or "timeline" not in d:
         return None
-    from ..bench.timeline import GEMMS, PHASES
+    from ..bench.timeline import PHASES
 
     parts = []
     for _, row in d.iterrows():
-        tl = row["timeline"] if isinstance(row["timeline"], dict) else {}
-        gemms = []
-        for gemm in GEMMS:
-            ph = (tl.get(gemm) or {}).get("phases") or {}
-            if not ph:
-                continue
-            gemms.append(f"{gemm} {tl[gemm]['tiles']} CTAs: "
-                         + ", ".join(f"{k} {ph[k][0]:.1f}" for k, _, _ in PHASES if k in ph and k != "total")
-                         + f" (total {ph['total'][0]:.1f})")
+        gemms = [f"{gemm} {tiles} CTAs: "
+                 + ", ".join(f"{k} {ph[k][0]:.1f}" for k, _, _ in PHASES if k in ph and k != "total")
+                 + f" (total {ph['total'][0]:.1f})" for gemm, tiles, ph in _gemm_phases(row)]
         if gemms:
             parts.append(f"{row['layer']} {SHORT.get(row['label'], row['label'])}: {'; '.join(gemms)}")
     if not parts:
@@ -472,11 +466,10 @@ def _profile_kernels(row) -> str:
     prof = row.get("profile") if isinstance(row, dict) else row["profile"]
     if not isinstance(prof, dict):
         return ""
-    short = {"kernel_cutlass": "GEMM"}
     names = []
     for k in prof.get("kernels", []):
         n = str(k.get("name", ""))
-        n = next((v for p, v in short.items() if n.startswith(p)), n.strip("_").replace("_kernel", ""))
+        n = "GEMM" if n.startswith("kernel_cutlass") else n.strip("_").replace("_kernel", "")
         names.append(f"{n} {k['median_us']:.1f}")
     return ", ".join(names)
 
@@ -494,17 +487,23 @@ def _prefetch_ab(r: Reader) -> str | None:
         ". The prefetch left the package"
 
 
-def _phases(row) -> str:
-    """A timeline row's per-GEMM phases (median us per CTA)."""
-    from ..bench.timeline import GEMMS, PHASES
+def _gemm_phases(row):
+    """(GEMM, CTAs with a tile, phases) of each GEMM of a timeline row that has phases, in GEMMS' order."""
+    from ..bench.timeline import GEMMS
 
     tl = row["timeline"] if isinstance(row["timeline"], dict) else {}
-    out = []
     for gemm in GEMMS:
         ph = (tl.get(gemm) or {}).get("phases") or {}
         if ph:
-            out.append(f"{gemm} " + ", ".join(f"{k} {ph[k][0]:.2f}" for k, _, _ in PHASES if k in ph))
-    return "; ".join(out)
+            yield gemm, tl[gemm]["tiles"], ph
+
+
+def _phases(row) -> str:
+    """A timeline row's per-GEMM phases (median us per CTA)."""
+    from ..bench.timeline import PHASES
+
+    return "; ".join(f"{gemm} " + ", ".join(f"{k} {ph[k][0]:.2f}" for k, _, _ in PHASES if k in ph)
+                     for gemm, _, ph in _gemm_phases(row))
 
 
 def _prewait_first(r: Reader) -> str | None:

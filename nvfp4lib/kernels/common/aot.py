@@ -60,9 +60,12 @@ def digest(recipe: dict) -> str:
 def note(recipe: dict | None) -> None:
     """Append ``recipe`` to the manifest named by :data:`RECORD_ENV`, where it is set (once per recipe and process)."""
     path = os.environ.get(RECORD_ENV)
-    if not path or recipe is None or digest(recipe) in _NOTED:
+    if not path or recipe is None:
         return
-    _NOTED.add(digest(recipe))
+    name = digest(recipe)
+    if name in _NOTED:
+        return
+    _NOTED.add(name)
     with open(path, "a") as f:
         f.write(json.dumps(recipe, sort_keys=True) + "\n")
 
@@ -101,8 +104,9 @@ def read_manifest(path) -> list[dict]:
     for line in Path(path).read_text().splitlines():
         if line.strip():
             r = json.loads(line)
-            if digest(r) not in seen:
-                seen.add(digest(r))
+            name = digest(r)
+            if name not in seen:
+                seen.add(name)
                 out.append(r)
     return out
 

@@ -65,35 +65,39 @@ def _recipe(kind: str, cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_n
             "chain": bool(pdl.CHAIN), "chain_gemm": bool(pdl.CHAIN_GEMM), "prewait": kernel.PREWAIT_STAGES, **more}
 
 
+def _parts(kind: str, cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, k: int | None = None,
+           fused: bool = False):
+    """(make, args) of a kernel of ``kind`` ("varlen-gemm": the GEMM alone; "varlen-call": prologue and GEMM): the
+    callables that build its object and its fake arguments, with the knobs as they are when called."""
+    _, gemm_cls, call_cls = kernel_classes()
+    if kind == "varlen-gemm":
+        return (lambda: gemm_cls(cfg, groups, n, k_pad)), (lambda: gemm_arguments(cfg, groups, n, k_pad, out_name, k=k))
+    if kind == "varlen-call":
+        return ((lambda: call_cls(gemm_cls(cfg, groups, n, k_pad), fused)),
+                (lambda: call_arguments(cfg, groups, n, k_pad, out_name)))
+    raise ValueError(f"unknown kernel kind {kind!r}: varlen-gemm or varlen-call")
+
+
 def aot_compile(recipe: dict, options: str):
     """Compile ``recipe`` (:func:`_recipe`'s) with ``options`` (CuTe DSL's; TVM-FFI added), the knobs its build reads
     set to the recipe's for the compile and restored after: :func:`nvfp4lib.kernels.common.aot.build`'s step."""
     import cutlass.cute as cute
 
-    cfg = CONFIGS[recipe["config"]]
-    g, n, kp, out = recipe["groups"], recipe["n"], recipe["k_pad"], recipe["out"]
+    make, args = _parts(recipe["kind"], CONFIGS[recipe["config"]], recipe["groups"], recipe["n"], recipe["k_pad"],
+                        recipe["out"], k=recipe.get("k"), fused=recipe.get("fused", False))
     old = pdl.CHAIN, pdl.CHAIN_GEMM, kernel.PREWAIT_STAGES
     pdl.CHAIN, pdl.CHAIN_GEMM, kernel.PREWAIT_STAGES = recipe["chain"], recipe["chain_gemm"], recipe["prewait"]
     try:
-        pro_cls, gemm_cls, call_cls = kernel_classes()
-        if recipe["kind"] == "varlen-gemm":
-            obj, args = gemm_cls(cfg, g, n, kp), gemm_arguments(cfg, g, n, kp, out, k=recipe["k"])
-        elif recipe["kind"] == "varlen-call":
-            obj, args = call_cls(gemm_cls(cfg, g, n, kp), recipe["fused"]), call_arguments(cfg, g, n, kp, out)
-        else:
-            raise ValueError(f"aot_compile: unknown recipe kind {recipe['kind']!r}")
-        return cute.compile(obj, *args, options=f"{options} {TVM_FFI}")
+        return cute.compile(make(), *args(), options=f"{options} {TVM_FFI}")
     finally:
         pdl.CHAIN, pdl.CHAIN_GEMM, kernel.PREWAIT_STAGES = old
 
 
 def compile_gemm(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, k: int | None = None):
     """The GEMM alone (``act="bf16"``: B is the caller's rows, K = ``k``), compiled once per shape."""
-    gemm_cls = kernel_classes()[1]
     return _compile(("gemm", cfg, groups, n, k_pad, out_name, k or k_pad, pdl.CHAIN, pdl.gemm_chained(),
                      kernel.TIMELINE, kernel.PREWAIT_STAGES),
-                    lambda: gemm_cls(cfg, groups, n, k_pad),
-                    lambda: gemm_arguments(cfg, groups, n, k_pad, out_name, k=k),
+                    *_parts("varlen-gemm", cfg, groups, n, k_pad, out_name, k=k),
                     _recipe("varlen-gemm", cfg, groups, n, k_pad, out_name, k=k or k_pad))
 
 
@@ -102,12 +106,10 @@ def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
     (``fn(codes, scales, x16, weights, C, offsets, gs_a, gs_b, counters, partials, tile_counts)``; one kernel with
     ``fused``, else two;
     None: :data:`.kernel.FUSED_PROLOGUE`), compiled once per shape."""
-    _, gemm_cls, call_cls = kernel_classes()
     fused = kernel.FUSED_PROLOGUE if fused is None else fused
     return _compile(("call", cfg, groups, n, k_pad, out_name, fused, pdl.CHAIN, pdl.gemm_chained(),
                      kernel.TIMELINE, kernel.PREWAIT_STAGES),
-                    lambda: call_cls(gemm_cls(cfg, groups, n, k_pad), fused),
-                    lambda: call_arguments(cfg, groups, n, k_pad, out_name),
+                    *_parts("varlen-call", cfg, groups, n, k_pad, out_name, fused=fused),
                     _recipe("varlen-call", cfg, groups, n, k_pad, out_name, fused=bool(fused)))
 
 
