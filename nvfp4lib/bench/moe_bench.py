@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .calls import host_probe
 from .roofline import measure_ceilings
 from .store import new_run_id, provenance
 
@@ -436,6 +437,9 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                                               input_scales=scales if act == "nvfp4" else None)
                                 row.update(_measure(mod, x, ids, w, refs[act], TOL[kind], iters, flush, profile,
                                                     stamps if kind != "peer" else None))
+                                # the host's speed just after: eager calls are host-bound at decode, and the host's
+                                # speed moved 2x between runs (calls.host_probe's note)
+                                row.update(host_probe())
                             except (RuntimeError, ValueError, NotImplementedError, TypeError) as e:
                                 row["status"] = f"error: {type(e).__name__}: {str(e)[:400]}"
                             _free()
