@@ -480,6 +480,21 @@ def test_prewait_round_keeps_the_timeline_probe_apart_from_the_timed_rows():
     assert "W4A16 after / before 0.95 (1 of 1 faster)" in text and "W4A16 uniform 25.7 us (was 27.1)" in text
 
 
+def test_prewait_eager_round_reads_eager_host_time_in_units_of_the_host_probe():
+    """The eager re-measure's round: each arm in run order with its probe; the eager host time over the probe per
+    arm (here equal: the slower eager calls ran on a slower host); the graph replays compared per case."""
+    c = moe_rounds.PREWAIT_EAGER_COMMIT + "synthetic"
+    rows = [dict(_row("qwen3-moe", 1, "uniform", "bf16", us, run="20261128T155317Z-s", commit=c), prewait_stages=v,
+                 eager_per_call_us=host, eager_host_us=host, host_probe_idle_us=probe)
+            for v, us, host, probe in ((0, 27.3, 150.0, 30.0), (2, 26.4, 250.0, 50.0), (2, 26.8, 140.0, 28.0),
+                                       (0, 28.6, 130.0, 26.0))]
+    text = moe_rounds._prewait_eager(moe_rounds.Reader(pd.DataFrame(rows)))
+    assert "qwen3-moe T = 1 W4A16: 0: 27.3 / 150 (probe 30), 2: 26.4 / 250 (probe 50)" in text
+    assert "PREWAIT 0: mean 5.00, 5.00 over 2 rows; PREWAIT 2: mean 5.00, 5.00 over 2 rows" in text
+    assert "2 faster in 1 of 1 cases" in text
+    assert moe_rounds._prewait_eager(moe_rounds.Reader(pd.DataFrame(rows).assign(git_commit="0000000"))) is None
+
+
 def test_shipped_rows_leave_out_the_prewait_and_prefetch_arms_not_shipped():
     """PREWAIT_STAGES shipped for W4A16 only: a W4A16 row asking for all first stages (0) is an A/B arm; a W4A4 row
     with some is one only where the knob also took W4A4 (its A/B commits); the L2 prefetch's 'on' arm is out."""

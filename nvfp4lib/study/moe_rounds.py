@@ -435,6 +435,7 @@ def _operand_shipped(r: Reader) -> str | None:
 STATIC_COMMIT = "aaf13ca"  # moe-bench --input-scales dynamic static (W4A4)
 PREFETCH_COMMIT = "b9eb5b9"  # nn.moe.PREFETCH_L2's A/B (its code left the package after it; git keeps it there)
 PREWAIT_COMMITS = ("488aabc", "a7f6fab", "0df7533")  # kernel.PREWAIT_STAGES: first A/B (+ timeline), second, shipped
+PREWAIT_EAGER_COMMIT = "14b59e8"  # PREWAIT_STAGES 0 2 2 0 in one run, each row with the host's speed after it
 
 
 def _not_probe(d: pd.DataFrame) -> pd.Series:
@@ -519,6 +520,31 @@ def _prewait_first(r: Reader) -> str | None:
              for _, x in probe.iterrows()]
     r.used[PREWAIT_COMMITS[0]] = sorted(set(d["run_id"]))
     return base + (". The timeline probe (Qwen3-like T = 1, median us per CTA): " + " | ".join(lines) if lines else "")
+
+
+def _prewait_eager(r: Reader) -> str | None:
+    """The eager re-measure: per case, each arm's graph time and eager time per call with the host probe read after
+    it, in the order the arms ran; then each arm's eager host time per call in units of the host probe (the host's
+    speed at the time), and how many cases the PREWAIT arm's graph replays were faster in."""
+    d = r.rows[r.rows["commit"] == PREWAIT_EAGER_COMMIT] if len(r.rows) else r.rows
+    need = {"prewait_stages", "eager_per_call_us", "eager_host_us", "host_probe_idle_us"}
+    if not len(d) or not need <= set(d.columns):
+        return None
+    d = d.sort_values("run_id", kind="stable")
+    r.used[PREWAIT_EAGER_COMMIT] = sorted(set(d["run_id"]))
+    parts = []
+    for key, g in d.groupby(["layer", "tokens", "label"], sort=False):
+        arms = ", ".join(f"{int(x['prewait_stages'])}: {x['median_us']:.1f} / {x['eager_per_call_us']:.0f} "
+                         f"(probe {x['host_probe_idle_us']:.0f})" for _, x in g.iterrows())
+        parts.append(f"{key[0]} T = {key[1]} {SHORT.get(key[2], key[2])}: {arms}")
+    units = d["eager_host_us"] / d["host_probe_idle_us"]  # an eager call's host time in units of the probe
+    arms = "; ".join(f"PREWAIT {int(v)}: mean {g.mean():.2f}, {_span(g)} over {len(g)} rows"
+                     for v, g in units.groupby(d["prewait_stages"]))
+    graph = d.groupby(["layer", "tokens", "label", "prewait_stages"])["median_us"].mean().unstack()
+    faster = int((graph[2] < graph[0]).sum()) if {0, 2} <= set(graph.columns) else 0
+    return ("stages before the wait: graph us / eager us per call (host probe us), in the order run: "
+            + "; ".join(parts) + f". An eager call's host time over the host probe: {arms}. Graph replay, mean of "
+            f"each arm's two: 2 faster in {faster} of {len(graph)} cases")
 
 
 def _prewait_shipped(r: Reader) -> str | None:
@@ -696,6 +722,12 @@ ROUNDS = (
           "GEMMs, whose wait for their quantization already hides the first stage, and the study tilings as before). "
           "One run on an H200 (the layer as shipped, T = 1, 8, 64, uniform and Zipf, both modes)",
           "W4A16 decode as the A/Bs' faster arm, W4A4 unchanged.", (PREWAIT_COMMITS[2],), _prewait_shipped),
+    Round("The eager calls re-measured: in both A/Bs the PREWAIT arm's eager time per call was higher. One run on an "
+          "H200 (moe-bench --prewait-stages 0 2 2 0, W4A16, Qwen3- and Mixtral-like T = 1 and 8, uniform), each row "
+          "with the host's speed read just after it (calls.host_probe)",
+          "Written before the run: a kernel 1-3 us shorter cannot make a host-bound call ~100 us slower, so the eager "
+          "times should follow the host's speed, not the arm; if both PREWAIT arms are still slower at the same "
+          "host speed, PREWAIT_STAGES goes back to 0.", (PREWAIT_EAGER_COMMIT,), _prewait_eager),
 )
 
 
