@@ -151,14 +151,16 @@ def latest_compile_rows(arch: str):
 
 
 # Top-level folders a copy of the checkout may leave out and still run a commit's code: the rendered figures (plots
-# and notebook HTML, ~10 MB) are outputs, and leaving them out keeps the GPU machine's copy under its size limit.
-OMITTABLE = ("figures",)
+# and notebook HTML, ~10 MB) are outputs, and leaving them out keeps the GPU machine's copy under its size limit;
+# the recorded data (~15 MB) is read by the study, not by a measurement. Tried in this order (OMIT_SETS).
+OMITTABLE = ("figures", "data")
+OMIT_SETS = (("figures",), ("figures", "data"))
 
 
 def resolve_commits(rows: list[dict]) -> list[dict]:
     """Rows whose ``git_commit`` is unknown or dirty but whose ``git_tree`` is a commit's tree in this repository get
     that commit (``git_dirty`` False): the GPU machine's copy of the checkout has a stale ``.git``, but the tree it
-    ran is the commit's, byte for byte. A tree equal to a commit's tree without the :data:`OMITTABLE` folders is that
+    ran is the commit's, byte for byte. A tree equal to a commit's tree without the folders of one of :data:`OMIT_SETS` is that
     commit's code too: the row gets the commit and says what its copy left out (``git_tree_omits``)."""
     found: dict = {}
     for r in rows:
@@ -166,7 +168,11 @@ def resolve_commits(rows: list[dict]) -> list[dict]:
         if tree and (r.get("git_dirty") or r.get("git_commit") in (None, "unknown")):
             if tree not in found:
                 commit = commit_of_tree(tree)
-                found[tree] = (commit, []) if commit else (commit_of_tree(tree, omit=OMITTABLE), list(OMITTABLE))
+                found[tree] = (commit, [])
+                for omit in ([] if commit else OMIT_SETS):
+                    found[tree] = (commit_of_tree(tree, omit=omit), list(omit))
+                    if found[tree][0]:
+                        break
             commit, omits = found[tree]
             if commit:
                 r["git_commit"], r["git_dirty"] = commit, False
