@@ -104,7 +104,13 @@ def forget_memory() -> None:
 # 17.8, S4-dual 26.5 -> 27.0. Adopted for the single GEMM from 128 rows per group, the next run found S1 (not in the
 # A/B) at 170.6 us in graph replay against 129.6 (its eager call, the fused kernel with the same wait: 128.4), a
 # failure not understood. Until it is, every tier keeps the hinted wait (the configs measured at cacb795 and before);
-# the _w configs stay as named configs for the next A/B.
+# the _w configs stay as named configs for the next A/B. Again on an H200 (2026-11-28, one process per shape, the
+# shipped config first and last, the host-scheduled kernel between; notebook 10's rounds): S1 122.9 -> 167.2 us in
+# graph replay with the spin wait (the regression is the spin wait's, on two GPUs), S3 33.2 -> 31.9, S2 68.1 -> 66.6,
+# S4 17.7 -> 17.4, S2-dual 134.2 -> 133.2, S1-dual 217.6 -> 216.7, S3-dual and S4-dual within 0.4 us. The 96-token
+# _w tiling ran S2 in 65.7 and S2-dual in 127.7 (host-scheduled: 65.0 and 125.1), but S1 shares S2's tier and ran
+# 141.0 with 96-token tiles on the H100: a tier cannot hold both. The hinted wait stays; `nvfp4lib tune` picks per
+# shape.
 # Up to 4 rows per group, the 16-token tiles' split-K form (_x: a call splits K only where its tiles leave SMs idle,
 # hopper_varlen.config.choose_splits; otherwise it runs as the plain tile). Prediction and outcome: beside the configs
 # in hopper_varlen/config.py.

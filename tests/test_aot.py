@@ -45,11 +45,17 @@ def test_the_manifest_holds_each_recipe_once(tmp_path, monkeypatch):
 
 
 def test_load_falls_back_to_compiling(tmp_path, monkeypatch):
-    """No directory set, no library there: None, silently; a library that does not load: None with a warning."""
+    """No directory set: None, silently; no library there: None with a warning naming the kernel (a run shows what it
+    compiled); a library that does not load: None with a warning."""
     monkeypatch.delenv(aot.AOT_ENV, raising=False)
-    assert aot.load(_recipe()) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert aot.load(_recipe()) is None
     monkeypatch.setenv(aot.AOT_ENV, str(tmp_path))
-    assert aot.load(_recipe()) is None and aot.load(None) is None
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        assert aot.load(_recipe()) is None and aot.load(None) is None
+    assert len(got) == 1 and "not in" in str(got[0].message) and _recipe()["config"] in str(got[0].message)
     pytest.importorskip("cutlass")
     (tmp_path / f"{aot.digest(_recipe())}.so").write_bytes(b"not a library")
     with warnings.catch_warnings(record=True) as got:

@@ -160,8 +160,9 @@ OMIT_SETS = (("figures",), ("figures", "data"))
 def resolve_commits(rows: list[dict]) -> list[dict]:
     """Rows whose ``git_commit`` is unknown or dirty but whose ``git_tree`` is a commit's tree in this repository get
     that commit (``git_dirty`` False): the GPU machine's copy of the checkout has a stale ``.git``, but the tree it
-    ran is the commit's, byte for byte. A tree equal to a commit's tree without the folders of one of :data:`OMIT_SETS` is that
-    commit's code too: the row gets the commit and says what its copy left out (``git_tree_omits``)."""
+    ran is the commit's, byte for byte. A tree equal to a commit's tree without the folders of one of
+    :data:`OMIT_SETS` is that commit's code too: the row gets the commit and says what its copy left out
+    (``git_tree_omits``)."""
     found: dict = {}
     for r in rows:
         tree = r.get("git_tree")

@@ -371,6 +371,20 @@ ROUNDS = (
           "regressed by 41 us with it (its eager call, the fused kernel with the same wait, had not: 128.4 us), a "
           "failure not understood yet", "after 63083e2", "every shape back to the hinted wait's times at cacb795 "
           "and before (S1 ~128 us)", measured_by="not run: the session's GPU time was spent"),
+    Round("the spin wait's A/B again, on an H200, every benchmark and dual shape: per shape one process, the shipped "
+          "config (the hinted wait) first and last, its `*_w` form (on S2 and S2-dual also the 96-token `*_w` tiling) "
+          "and the host-scheduled kernel's config between (`bench --problem P --backend ...`, graph replay)",
+          "c3891fe", "none written down before the run: it repeats the H100 A/B and S1's regression above",
+          bench_ab("c3891fe", (("S1", "vl_m128_t256_k128_s3_v32_e", "vl_m128_t256_k128_s3_v32_e_w"),
+                               ("S2", "vl_m128_t256_k128_s3_v32_e", "vl_m128_t256_k128_s3_v32_e_w"),
+                               ("S2", "vl_m128_t256_k128_s3_v32_e", "vl_m128_t96_k128_s3_e_w"),
+                               ("S3", "vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s3_e_w"),
+                               ("S4", "vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s3_e_w"),
+                               ("S1-dual", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m64_t256_k128_s3_v32_e_w"),
+                               ("S2-dual", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m64_t256_k128_s3_v32_e_w"),
+                               ("S2-dual", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m64_t96_k128_s3_e_w"),
+                               ("S3-dual", "vl_dual_m128_t128_k128_s3", "vl_dual_m128_t128_k128_s3_w"),
+                               ("S4-dual", "vl_dual_m128_t128_k128_s3", "vl_dual_m128_t128_k128_s3_w")))),
 )
 
 

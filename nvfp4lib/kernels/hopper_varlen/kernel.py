@@ -108,6 +108,12 @@ TIMELINE_CTAS = 4096
 # that had read 1720-1736 in four runs), the rest within 1.3%. Shipped for the W4A16 GEMMs only, where the timeline
 # shows the mechanism (their first stage waited ~2 us behind the weights); the W4A4 GEMMs, whose wait for their
 # quantization already hid it, keep all first stages before the wait. Why DeepSeek-like T = 64 lost is not known.
+# Eager calls: in both A/Bs the PREWAIT arm's eager time per call was higher (Qwen3-like T = 1 195.8 -> 331.4 us, then
+# 159.1 -> 262.7). Re-measured (H200, one run at 14b59e8, --prewait-stages 0 2 2 0, W4A16, Qwen3- and Mixtral-like
+# T = 1 and 8, each row with calls.host_probe read just after it): the eager times followed the host's speed, not
+# the arm (an eager call's host time was 5.17 probes with 0 and 5.16 with 2, means over 8 rows each; Qwen3-like T = 1
+# 144 and 128 us with 0, 246 and 140 with 2, the 246 at a probe of 48 us against 26-30 for the others); graph replay
+# faster with 2 in 4 of 4 cases. PREWAIT stays.
 PREWAIT_STAGES = 2
 PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens per tile (the decode tilings), W4A16
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
