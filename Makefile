@@ -45,7 +45,9 @@ GPU_TESTS ?= tests/gpu
 GPU_WORKERS ?= 16
 # GPU_TIMEOUT=<seconds> stops the run with SIGINT: pytest then still reports the failures it has (a plain kill loses them)
 GPU_TIMEOUT ?=
-# GPU_ARGS: more pytest options (e.g. -rA to list what passed before a GPU_TIMEOUT stop)
+# GPU_ARGS: more pytest options (e.g. -rA to list what passed before a GPU_TIMEOUT stop). NVFP4LIB_TEST_TIMES=FILE in
+# the environment appends each test phase's seconds to FILE as it ends (a run cut off still says what took its time);
+# NVFP4LIB_AOT=DIR loads kernels compiled without a GPU (docs/aot.md)
 GPU_ARGS ?=
 # GPU_PART=i/n runs part i of n: the parts hold every GPU test once and keep each xdist group (one compiled kernel's
 # tests) whole. The whole suite took ~30 minutes at 16 workers on the H100 host, compiling most of it: n=5 aims each

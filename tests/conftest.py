@@ -44,3 +44,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    """With ``NVFP4LIB_TEST_TIMES=FILE``: each test phase's duration appended to FILE as it ends (tab-separated node
+    id, phase, seconds, outcome), so a run cut off by a machine's time limit still says what took its time (pytest's
+    --durations and junit report are written only at the end). Written once, by the controller under xdist."""
+    path = os.environ.get("NVFP4LIB_TEST_TIMES")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    with open(path, "a") as f:
+        f.write(f"{report.nodeid}\t{report.when}\t{report.duration:.2f}\t{report.outcome}\n")

@@ -55,3 +55,26 @@ def test_a_bad_part_is_refused():
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests/gpu"], capture_output=True,
                          text=True, env=env, cwd=ROOT)
     assert out.returncode != 0 and "1 <= i <= n" in out.stdout + out.stderr
+
+
+def test_each_test_phase_is_logged_as_it_ends(tmp_path, monkeypatch):
+    """NVFP4LIB_TEST_TIMES: a line per test phase (node id, phase, seconds, outcome) appended as it ends; nothing
+    without the variable, nothing from an xdist worker (the controller writes)."""
+    from types import SimpleNamespace
+
+    from tests.conftest import pytest_runtest_logreport as log
+
+    path = tmp_path / "times.tsv"
+    report = SimpleNamespace(nodeid="tests/x.py::test_y", when="call", duration=12.345, outcome="passed")
+    monkeypatch.delenv("NVFP4LIB_TEST_TIMES", raising=False)
+    log(report)
+    assert not path.exists()
+    monkeypatch.setenv("NVFP4LIB_TEST_TIMES", str(path))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    log(report)
+    assert not path.exists()
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    log(report)
+    log(SimpleNamespace(nodeid="tests/x.py::test_z", when="setup", duration=0.5, outcome="failed"))
+    assert path.read_text().splitlines() == ["tests/x.py::test_y\tcall\t12.35\tpassed",
+                                            "tests/x.py::test_z\tsetup\t0.50\tfailed"]
