@@ -44,6 +44,20 @@ def test_the_manifest_holds_each_recipe_once(tmp_path, monkeypatch):
     assert len(aot.read_manifest(manifest)) == 2
 
 
+def test_the_shipped_manifest_names_kernels_this_code_builds():
+    """tools/aot-manifest.jsonl (recipes a GPU run compiled): every recipe has the keys a runner's recipe has, a known
+    kind, and a config this code still names, with the groups, N and padded K a kernel of that config takes."""
+    path = os.path.join(os.path.dirname(__file__), "..", "tools", "aot-manifest.jsonl")
+    recipes = aot.read_manifest(path)
+    assert len(recipes) >= 100
+    keys = set(_recipe())
+    for r in recipes:
+        assert keys - {"k"} <= set(r), r
+        assert r["kind"] in ("varlen-gemm", "varlen-call"), r
+        cfg = config.CONFIGS[r["config"]]
+        assert r["groups"] > 0 and r["n"] > 0 and r["k_pad"] % cfg.tile_k == 0, r
+
+
 def test_load_falls_back_to_compiling(tmp_path, monkeypatch):
     """No directory set: None, silently; no library there: None with a warning naming the kernel (a run shows what it
     compiled); a library that does not load: None with a warning."""
