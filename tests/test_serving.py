@@ -2,6 +2,7 @@
 opcheck, the tuning cache, bad input refused; and every config of the device-scheduled kernel compiles for sm_90a
 with the instructions it claims."""
 import os
+import re
 
 import pytest
 import torch
@@ -174,6 +175,25 @@ def test_every_config_compiles_for_sm90a(name, monkeypatch):
     art = _compile_call(cfg, 4096, fused=True)
     assert art.ptx.count(".entry") == 1 and "kernel_fused" in art.ptx
     assert art.instructions["wgmma.mma_async"] == r["gemm"]["wgmma.mma_async"]
+
+
+@pytest.mark.slow
+def test_stage_wait_forms_in_the_ptx(monkeypatch):
+    """VarlenConfig.wait: "spin" replaces the stage wait's hinted try_wait (suspend-time hint) by unhinted tries (one
+    inline, one in the loop); "once" adds one unhinted try before the hinted wait, which stays."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from nvfp4lib.kernels.hopper_varlen.report import compile_report
+
+    def tries(name):
+        ptx = compile_report(CONFIGS[name], groups=2, n=3072, k_pad=1024, ptxas=False)["ptx"]
+        lines = [ln for ln in ptx.splitlines() if "mbarrier.try_wait" in ln]
+        hinted = sum(1 for ln in lines if re.search(r",\s*\d+;\s*$", ln))
+        return hinted, len(lines) - hinted
+
+    base = tries("vl_m128_t128_k128_s3_e")
+    assert tries("vl_m128_t128_k128_s3_e_w") == (base[0] - 1, base[1] + 2)
+    assert tries("vl_m128_t128_k128_s3_e_o") == (base[0], base[1] + 1)
 
 
 @pytest.mark.slow

@@ -183,14 +183,20 @@ def _build():
         def _wait_full(self, load_pipe, cons):
             """Until stage ``cons`` has landed. ``wait="suspend"``: the pipeline's wait (try_wait with a suspend-time
             hint, which ptxas may compile into a NANOSLEEP loop inline); ``"spin"``: try_wait without a hint (the
-            hardware's own time limit per try) in a loop, no sleep (the config knob; see its doc)."""
-            if cutlass.const_expr(getattr(self.cfg, "wait", "suspend") == "spin"):
+            hardware's own time limit per try) in a loop, no sleep; ``"once"``: one try without a hint, then (if the
+            stage has not landed) the pipeline's wait (the config knob; see its doc)."""
+            wait = getattr(self.cfg, "wait", "suspend")
+            if cutlass.const_expr(wait == "suspend"):
+                load_pipe.consumer_wait(cons)
+            else:
                 bar = load_pipe.sync_object_full.get_barrier(cons.index)
                 done = cute.arch.mbarrier_try_wait(bar, cons.phase)
-                while not done:
-                    done = cute.arch.mbarrier_try_wait(bar, cons.phase)
-            else:
-                load_pipe.consumer_wait(cons)
+                if cutlass.const_expr(wait == "spin"):
+                    while not done:
+                        done = cute.arch.mbarrier_try_wait(bar, cons.phase)
+                else:
+                    if not done:
+                        load_pipe.consumer_wait(cons)
 
         @cute.jit
         def _await_x(self):
