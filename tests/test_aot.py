@@ -45,8 +45,9 @@ def test_the_manifest_holds_each_recipe_once(tmp_path, monkeypatch):
 
 
 def test_the_shipped_manifest_names_kernels_this_code_builds():
-    """tools/aot-manifest.jsonl (recipes a GPU run compiled, and some written by hand): every recipe has the keys a runner's recipe has, a known
-    kind, and a config this code still names, with the groups, N and padded K a kernel of that config takes."""
+    """tools/aot-manifest.jsonl (recipes a GPU run compiled, and some written by hand): every recipe has the keys a
+    runner's recipe has, a known kind, and a config this code still names, with the groups, N and padded K a kernel
+    of that config takes."""
     path = os.path.join(os.path.dirname(__file__), "..", "tools", "aot-manifest.jsonl")
     recipes = aot.read_manifest(path)
     assert len(recipes) >= 100

@@ -124,16 +124,20 @@ def test_rows_from_a_stale_clone_get_their_commit_from_the_tree():
 
 
 def test_a_copy_without_the_rendered_figures_is_its_commits_code():
-    """The GPU machine's copy may leave out figures/ (outputs, not code): the row gets the commit and says so."""
+    """The GPU machine's copy may leave out figures/, or figures/ and data/ (outputs and records, not code): the row
+    gets the commit and says what its copy left out."""
     head = store._git("rev-parse", "HEAD")
     tree = store._git("rev-parse", "HEAD^{tree}")
     assert store.tree_without(tree, ()) == tree  # git's own hash, recomputed
     slim = store.tree_without(tree, ("figures",))
-    assert slim != tree
+    slimmer = store.tree_without(tree, ("figures", "data"))
+    assert len({slim, slimmer, tree}) == 3
     rows = store.resolve_commits([{"run_id": "x", "git_commit": "unknown", "git_dirty": True, "git_tree": slim},
-                                  {"run_id": "y", "git_commit": "unknown", "git_dirty": True, "git_tree": tree}])
+                                  {"run_id": "y", "git_commit": "unknown", "git_dirty": True, "git_tree": tree},
+                                  {"run_id": "z", "git_commit": "unknown", "git_dirty": True, "git_tree": slimmer}])
     assert (rows[0]["git_commit"], rows[0]["git_dirty"], rows[0]["git_tree_omits"]) == (head, False, ["figures"])
     assert rows[1]["git_commit"] == head and "git_tree_omits" not in rows[1]
+    assert (rows[2]["git_commit"], rows[2]["git_tree_omits"]) == (head, ["figures", "data"])
     assert store.commit_of_tree(store.tree_without(tree, ("nvfp4lib",)), omit=store.OMITTABLE) is None  # code
 
 
