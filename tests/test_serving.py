@@ -99,6 +99,23 @@ def test_bad_input_is_refused_with_the_rule():
         check_offsets(torch.tensor([0, 5, 5, 13], dtype=torch.int32), 12)
 
 
+def test_tuning_candidates_have_the_shipped_stage_wait():
+    """config="auto" tunes among the configs of its layout with the shipped stage wait: the _w and _o configs are A/B
+    arms (named configs), and every config the heuristic prefers stays a candidate."""
+    from nvfp4lib.kernels.hopper_varlen.runner import layout_of
+    from nvfp4lib.serving import auto_layout
+
+    preferred = {c for _, names in tuning.PREFERENCE for c in names}
+    for dual, groups, n in ((False, 8, 4096), (True, 8, 4096), (True, 128, 768)):
+        for act in ("nvfp4", "bf16"):
+            layout, cands = auto_layout(dual, groups, n, act)
+            assert cands and all(CONFIGS[c].wait == "suspend" for c in cands)
+            assert not any(c.endswith(("_w", "_o")) for c in cands)
+            same = {c for c, cfg in CONFIGS.items() if layout_of(cfg) == layout and cfg.act == act}
+            assert preferred & same <= set(cands)
+    assert any(c.wait != "suspend" for c in CONFIGS.values())  # (the arms exist, as named configs)
+
+
 def test_tuning_cache_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("NVFP4LIB_CACHE", str(tmp_path))
     tuning.forget_memory()
