@@ -152,9 +152,9 @@ def latest_compile_rows(arch: str):
 
 # Top-level folders a copy of the checkout may leave out and still run a commit's code: the rendered figures (plots
 # and notebook HTML, ~10 MB) are outputs, and leaving them out keeps the GPU machine's copy under its size limit;
-# the recorded data (~15 MB) is read by the study, not by a measurement. Tried in this order (OMIT_SETS).
-OMITTABLE = ("figures", "data")
+# the recorded data (~15 MB) is read by the study, not by a measurement. Tried in this order after the whole tree.
 OMIT_SETS = (("figures",), ("figures", "data"))
+OMITTABLE = OMIT_SETS[-1]
 
 
 def resolve_commits(rows: list[dict]) -> list[dict]:
@@ -168,12 +168,8 @@ def resolve_commits(rows: list[dict]) -> list[dict]:
         tree = r.get("git_tree")
         if tree and (r.get("git_dirty") or r.get("git_commit") in (None, "unknown")):
             if tree not in found:
-                commit = commit_of_tree(tree)
-                found[tree] = (commit, [])
-                for omit in ([] if commit else OMIT_SETS):
-                    found[tree] = (commit_of_tree(tree, omit=omit), list(omit))
-                    if found[tree][0]:
-                        break
+                found[tree] = next(((c, list(omit)) for omit in ((), *OMIT_SETS)
+                                    if (c := commit_of_tree(tree, omit=omit))), (None, []))
             commit, omits = found[tree]
             if commit:
                 r["git_commit"], r["git_dirty"] = commit, False

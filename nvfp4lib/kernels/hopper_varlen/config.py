@@ -137,6 +137,13 @@ def make(dual: bool, tile_m: int, tile_n: int, ab_stages: int, token_step: int =
                                  split_k=split_k))
 
 
+def _wait_arms(wait: str, single, dual) -> tuple[VarlenConfig, ...]:
+    """The study shapes' tilings with another stage wait (A/B arms): single GEMMs (tile_n, stages, token_step) and dual
+    ones (tile_m, tile_n, stages, token_step, epilogue)."""
+    return (*(make(False, 128, tn, st, token_step=ts, wait=wait) for tn, st, ts in single),
+            *(make(True, tm, tn, st, token_step=ts, epilogue=e, wait=wait) for tm, tn, st, ts, e in dual))
+
+
 # The tilings `auto` chooses among: those of the host-scheduled kernel's AUTO_CANDIDATES (each ran exact on the H100
 # there), under this family's names.
 CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
@@ -171,10 +178,8 @@ CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     # than the host-scheduled kernel's with the same tiling, same PTX loop; in its SASS the stage wait is an inline
     # TRYWAIT + NANOSLEEP.SYNCS loop (20,525 tries for 12,288 waits, the top stall: 233 of 1,384 samples) where the
     # host-scheduled kernel's tries once inline and retries out of line (2,476 retries, no samples).
-    *(make(False, 128, tn, st, token_step=ts, wait="spin") for tn, st, ts in ((128, 3, 0), (128, 4, 0), (96, 3, 0),
-                                                                              (256, 3, 32))),
-    *(make(True, tm, tn, st, token_step=ts, epilogue=e, wait="spin")
-      for tm, tn, st, ts, e in ((128, 128, 3, 0, "simt"), (64, 96, 3, 0, "staged"), (64, 256, 3, 32, "staged"))),
+    *_wait_arms("spin", ((128, 3, 0), (128, 4, 0), (96, 3, 0), (256, 3, 32)),
+                ((128, 128, 3, 0, "simt"), (64, 96, 3, 0, "staged"), (64, 256, 3, 32, "staged"))),
     # The stage wait tried once without a hint, then the hinted wait (wait="once", names ending _o): the
     # host-scheduled kernel's SASS shape (one inline try, the retries out of line). Why: the spin wait (_w) ran S3
     # 33.2 -> 31.9 us on the H200 but S1 122.9 -> 167.2 in graph replay, on two GPUs (tuning.py's note), a failure
@@ -182,9 +187,7 @@ CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     # hint, as the shipped wait does, instead of spinning. Prediction (2026-11-28, before any run): S3 and S2 take
     # most of the spin wait's gain (S3 ~32 us, S2 ~67) and S1 stays at the hinted wait's ~123 us; S4 and the duals
     # within 1%. If S1 also regresses, the slowdown is in the unhinted try itself, not in sustained spinning.
-    *(make(False, 128, tn, st, token_step=ts, wait="once") for tn, st, ts in ((128, 3, 0), (256, 3, 32))),
-    *(make(True, tm, tn, st, token_step=ts, epilogue=e, wait="once")
-      for tm, tn, st, ts, e in ((128, 128, 3, 0, "simt"), (64, 256, 3, 32, "staged"))),
+    *_wait_arms("once", ((128, 3, 0), (256, 3, 32)), ((128, 128, 3, 0, "simt"), (64, 256, 3, 32, "staged"))),
 )}
 
 
