@@ -445,15 +445,24 @@ def _not_probe(d: pd.DataFrame) -> pd.Series:
     return d["timeline"].map(lambda v: not isinstance(v, dict))
 
 
+def _timed_in_order(r: Reader, commit: str, columns) -> pd.DataFrame | None:
+    """The timed rows (no timeline probe) at ``commit`` in the order they ran (the runs marked used), or None where
+    there are none or they lack one of ``columns``."""
+    d = r.rows[r.rows["commit"] == commit[:7]] if len(r.rows) else r.rows
+    if not len(d) or not set(columns) <= set(d.columns):
+        return None
+    d = d[_not_probe(d)].sort_values("run_id", kind="stable")
+    r.used[commit[:7]] = sorted(set(d["run_id"]))
+    return d
+
+
 def _arms_in_order(commit: str, column: str, labels: dict):
     """An A/B whose arms ran several times in one process (moe-bench --knob off on off on): per case (both
     routings), each arm's times in the order they ran, and the kernel that moved most in the graph-replay profile."""
     def outcome(r: Reader) -> str | None:
-        d = r.rows[(r.rows["commit"] == commit[:7])] if len(r.rows) else r.rows
-        if not len(d) or column not in d:
+        d = _timed_in_order(r, commit, (column,))
+        if d is None:
             return None
-        d = d[_not_probe(d)].sort_values("run_id")
-        r.used[commit[:7]] = sorted(set(d["run_id"]))
         parts = []
         for key, g in d.groupby(["layer", "tokens", "routing", "label"], sort=False):
             arms = " then ".join(f"{labels.get(v, v)} {x:.1f}" for v, x in zip(g[column], g["median_us"]))
@@ -526,12 +535,10 @@ def _prewait_eager(r: Reader) -> str | None:
     """The eager re-measure: per case, each arm's graph time and eager time per call with the host probe read after
     it, in the order the arms ran; then each arm's eager host time per call in units of the host probe (the host's
     speed at the time), and how many cases the PREWAIT arm's graph replays were faster in."""
-    d = r.rows[r.rows["commit"] == PREWAIT_EAGER_COMMIT] if len(r.rows) else r.rows
-    need = {"prewait_stages", "eager_per_call_us", "eager_host_us", "host_probe_idle_us"}
-    if not len(d) or not need <= set(d.columns):
+    d = _timed_in_order(r, PREWAIT_EAGER_COMMIT,
+                        ("prewait_stages", "eager_per_call_us", "eager_host_us", "host_probe_idle_us"))
+    if d is None:
         return None
-    d = d.sort_values("run_id", kind="stable")
-    r.used[PREWAIT_EAGER_COMMIT] = sorted(set(d["run_id"]))
     parts = []
     for key, g in d.groupby(["layer", "tokens", "label"], sort=False):
         arms = ", ".join(f"{int(x['prewait_stages'])}: {x['median_us']:.1f} / {x['eager_per_call_us']:.0f} "
