@@ -413,17 +413,20 @@ def tuning_layout(tile_m: int, tile_k: int, activations: str = "nvfp4") -> str:
 
 def auto_layout(dual: bool, groups: int, n: int, activations: str = "nvfp4"):
     """(layout, candidates) of ``config="auto"``: the packed weights' (dual, tile_m, tile_k) for the shape, and the
-    configs of that layout for the activation type with the shipped stage wait, in :data:`CONFIGS` order.
+    configs of that layout for the activation type with the hinted stage wait or the once-wait, in :data:`CONFIGS`
+    order.
 
-    The other stage waits (``_w``, ``_o``) are A/B arms, named configs only, never tuning candidates: tuning times eager
-    calls, which run the fused kernel, and the spin wait that was fine there (S1 128.4 us) ran S1's graph replays,
-    the unfused kernel, 36% slower on two GPUs (tuning.py's note): a tuned choice would have carried it into graphs."""
+    The spin-wait configs (``_w``) are A/B arms, named configs only, never tuning candidates: tuning times eager calls,
+    which run the fused kernel, and the spin wait that was fine there (S1 128.4 us) ran S1's graph replays, the
+    unfused kernel, 36% slower on two GPUs (tuning.py's note): a tuned choice would have carried it into graphs. The
+    once-wait configs (``_o``) ran every study shape in graph replay (tuning.PREFERENCE's note) and some are the
+    heuristic's choice."""
     from .kernels.hopper_varlen.config import CONFIGS
     from .kernels.hopper_varlen.runner import layout_of
 
     layout = (dual, dual_layout(groups, n) if dual else 128, 128)
     return layout, [c for c, cfg in CONFIGS.items()
-                    if layout_of(cfg) == layout and cfg.act == activations and cfg.wait == "suspend"]
+                    if layout_of(cfg) == layout and cfg.act == activations and cfg.wait != "spin"]
 
 
 class _CuteHopperImpl:

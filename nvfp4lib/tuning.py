@@ -114,12 +114,22 @@ def forget_memory() -> None:
 # Up to 4 rows per group, the 16-token tiles' split-K form (_x: a call splits K only where its tiles leave SMs idle,
 # hopper_varlen.config.choose_splits; otherwise it runs as the plain tile). Prediction and outcome: beside the configs
 # in hopper_varlen/config.py.
+# The stage wait tried once without a hint, then the hinted wait (the _o configs, wait="once": the host-scheduled
+# kernel's SASS shape; prediction beside them in hopper_varlen/config.py). A/B on an H200 (2026-11-28, one process per
+# shape, the shipped config first and last, graph replay; notebook 10's rounds): S3 33.4, 34.1 -> 32.2 us, S2 68.7,
+# 69.2 -> 67.1, S1 123.8, 124.7 -> 122.4 (no regression: the spin wait's was its sustained spinning), S4 17.5, 18.5 ->
+# 17.6; the duals within 0.5 us except S4-dual 26.0, 26.7 -> 27.0. Taken for the single GEMM's two study tiers, where it
+# ran as fast or faster on every shape (ONCE_WAIT); the dual GEMMs keep the hinted wait. Where the _o config is not a
+# candidate (the bf16-activation configs have no _o form) the tier's next name is taken. ONCE_WAIT off: the tiers as
+# before (moe-bench --once-wait off on, the A/B).
+ONCE_WAIT = True
 PREFERENCE = (
     (4, ("vl_m128_t16_k128_s8_e_x", "vl_dual_m64_t16_k128_s8_e_x", "vl_m128_t16_k128_s8_e",
          "vl_dual_m64_t16_k128_s8_e")),
     (16, ("vl_m128_t32_k128_s6_e", "vl_dual_m64_t32_k128_s6_e")),
-    (128, ("vl_m128_t256_k128_s3_v32_e", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m128_t128_k128_s3")),
-    (256, ("vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s4_e", "vl_dual_m128_t128_k128_s3",
+    (128, ("vl_m128_t256_k128_s3_v32_e_o", "vl_m128_t256_k128_s3_v32_e", "vl_dual_m64_t256_k128_s3_v32_e",
+           "vl_dual_m128_t128_k128_s3")),
+    (256, ("vl_m128_t128_k128_s3_e_o", "vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s4_e", "vl_dual_m128_t128_k128_s3",
            "vl_dual_m64_t96_k128_s3_e")),
     (1 << 30, ("vl_m128_t128_k128_s4_e", "vl_m128_t128_k128_s3_e", "vl_dual_m128_t128_k128_s3",
                "vl_dual_m64_t96_k128_s3_e")),
@@ -128,11 +138,12 @@ PREFERENCE = (
 
 def heuristic(dual: bool, bucket: int, candidates: list[str]) -> str:
     """A shape rule for a cache miss: the first of :data:`PREFERENCE`'s configs for the bucket that is a candidate
-    (the candidates share the prepared weights' layout), else the first candidate."""
+    (the candidates share the prepared weights' layout), else the first candidate. With :data:`ONCE_WAIT` off the
+    once-wait configs (named ``*_o`` by ``hopper_varlen.config.make``) are passed over."""
     for limit, names in PREFERENCE:
         if bucket <= limit:
             for name in names:
-                if name in candidates:
+                if name in candidates and (ONCE_WAIT or not name.endswith("_o")):
                     return name
     return candidates[0]
 

@@ -99,8 +99,8 @@ def test_bad_input_is_refused_with_the_rule():
         check_offsets(torch.tensor([0, 5, 5, 13], dtype=torch.int32), 12)
 
 
-def test_tuning_candidates_have_the_shipped_stage_wait():
-    """config="auto" tunes among the configs of its layout with the shipped stage wait: the _w and _o configs are A/B
+def test_tuning_candidates_leave_out_the_spin_wait():
+    """config="auto" tunes among the configs of its layout with the hinted or the once-wait: the _w configs are A/B
     arms (named configs), and every config the heuristic prefers stays a candidate."""
     from nvfp4lib.kernels.hopper_varlen.runner import layout_of
     from nvfp4lib.serving import auto_layout
@@ -109,11 +109,32 @@ def test_tuning_candidates_have_the_shipped_stage_wait():
     for dual, groups, n in ((False, 8, 4096), (True, 8, 4096), (True, 128, 768)):
         for act in ("nvfp4", "bf16"):
             layout, cands = auto_layout(dual, groups, n, act)
-            assert cands and all(CONFIGS[c].wait == "suspend" for c in cands)
-            assert not any(c.endswith(("_w", "_o")) for c in cands)
+            assert cands and all(CONFIGS[c].wait in ("suspend", "once") for c in cands)
+            assert not any(c.endswith("_w") for c in cands)
             same = {c for c, cfg in CONFIGS.items() if layout_of(cfg) == layout and cfg.act == act}
             assert preferred & same <= set(cands)
-    assert any(c.wait != "suspend" for c in CONFIGS.values())  # (the arms exist, as named configs)
+    assert any(c.wait == "spin" for c in CONFIGS.values())  # (the arms exist, as named configs)
+    assert all(c.endswith("_o") == (CONFIGS[c].wait == "once") for c in CONFIGS)  # (what tuning.heuristic reads)
+
+
+def test_heuristic_takes_the_once_wait_where_shipped():
+    """The single GEMM's study tiers take their _o config when it is a candidate (ONCE_WAIT), the hinted one with the
+    knob off or where there is none (the bf16 configs); the duals and the decode tiers are unchanged."""
+    from nvfp4lib.serving import auto_layout
+
+    _, single = auto_layout(False, 8, 4096)
+    _, dual = auto_layout(True, 8, 4096)
+    assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e_o"
+    assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s3_e_o"
+    assert tuning.heuristic(False, 4, single) == "vl_m128_t16_k128_s8_e_x"
+    assert tuning.heuristic(True, 128, dual) == "vl_dual_m64_t256_k128_s3_v32_e"
+    old = tuning.ONCE_WAIT
+    try:
+        tuning.ONCE_WAIT = False
+        assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e"
+        assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s3_e"
+    finally:
+        tuning.ONCE_WAIT = old
 
 
 def test_tuning_cache_on_disk(tmp_path, monkeypatch):
@@ -128,13 +149,13 @@ def test_tuning_cache_on_disk(tmp_path, monkeypatch):
     tuning.forget_memory()
     assert tuning.m_bucket(1024, 8) == 128 and tuning.m_bucket(0, 8) == 1 and tuning.m_bucket(129, 1) == 256
     single = [n for n, c in CONFIGS.items() if not c.dual]
-    assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e"
-    assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s3_e"  # S3, S4: one wave
+    assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e_o"
+    assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s3_e_o"  # S3, S4: one wave
     assert tuning.heuristic(False, 512, single) == "vl_m128_t128_k128_s4_e"
     # decode tiers (a few rows per expert); a layout without decode tiles falls through to the next tier
     assert tuning.heuristic(False, 1, single) == "vl_m128_t16_k128_s8_e_x"
     assert tuning.heuristic(False, 16, single) == "vl_m128_t32_k128_s6_e"
-    assert tuning.heuristic(False, 32, single) == "vl_m128_t256_k128_s3_v32_e"
+    assert tuning.heuristic(False, 32, single) == "vl_m128_t256_k128_s3_v32_e_o"
     dual64 = [n for n, c in CONFIGS.items() if c.dual and c.tile_m == 64 and c.act == "nvfp4"]
     dual128 = [n for n, c in CONFIGS.items() if c.dual and c.tile_m == 128 and c.act == "nvfp4"]
     assert tuning.heuristic(True, 4, dual64) == "vl_dual_m64_t16_k128_s8_e_x"

@@ -270,6 +270,8 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
         sel = sel[~_chain_unshipped(sel)]
     if "quant_operand" in sel:  # (the A/B's arm through codes and prologues; rows before the knob had no field)
         sel = sel[~sel["quant_operand"].apply(lambda v: v is False or v == 0)]
+    if "once_wait" in sel:  # (tuning.ONCE_WAIT, shipped on; rows before the knob have no field)
+        sel = sel[~sel["once_wait"].apply(lambda v: v is False or v == 0)]
     if "prewait_stages" in sel:  # (hopper_varlen.kernel.PREWAIT_STAGES, shipped for the W4A16 decode GEMMs only)
         pw = pd.to_numeric(sel["prewait_stages"], errors="coerce")
         w4a16 = _in_mode(sel, "bf16")
