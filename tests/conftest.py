@@ -4,6 +4,15 @@ import pytest
 import torch
 
 
+# An xdist worker's share of the cores for torch's CPU threads: every worker defaults to one thread per core, so 16
+# workers on 16 cores ran 256 threads; the GPU suite's inputs are made on the CPU (problems.make_inputs, ~20 s for an
+# S2-dual case on one core here), and its S2-dual exactness tests took 180-195 s each at 16 workers (H200 host,
+# 2026-11-28, NVFP4LIB_TEST_TIMES) against ~85 s for the S4 cases.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
+
 def gpu_part_key(item) -> str:
     """The unit a part of the GPU suite keeps whole: the test's xdist group (tests that share a compiled kernel), or
     the test itself."""
