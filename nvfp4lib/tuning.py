@@ -121,7 +121,12 @@ def forget_memory() -> None:
 # 17.6; the duals within 0.5 us except S4-dual 26.0, 26.7 -> 27.0. Taken for the single GEMM's two study tiers, where it
 # ran as fast or faster on every shape (ONCE_WAIT); the dual GEMMs keep the hinted wait. Where the _o config is not a
 # candidate (the bf16-activation configs have no _o form) the tier's next name is taken. ONCE_WAIT off: the tiers as
-# before (moe-bench --once-wait off on, the A/B).
+# before (moe-bench --once-wait off on, the A/B). The second run, with the tiers taking it (H200, 819396d, notebook
+# 10's rounds): S1-S4 graph replay 0.9-2.7 us faster than the hinted config, eager calls 0.5-3.3 us; S1 ahead of the
+# host-scheduled kernel, S2, S3 and S4 1.4, 0.9 and 0.3 us behind it (medians of the run's rows). MoE layers
+# (moe-bench --once-wait off on, W4A4, Qwen3- and DeepSeek-like at T = 512 and 4096): within 1.2% either way, the
+# run's noise (DeepSeek-like T = 512, 16 rows per expert, does not reach these tiers and moved 0.9%). Buckets of 17-64
+# rows per expert, which tier 128 also holds, were not in either run.
 ONCE_WAIT = True
 PREFERENCE = (
     (4, ("vl_m128_t16_k128_s8_e_x", "vl_dual_m64_t16_k128_s8_e_x", "vl_m128_t16_k128_s8_e",

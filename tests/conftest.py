@@ -3,7 +3,6 @@ import os
 import pytest
 import torch
 
-
 # An xdist worker's share of the cores for torch's CPU threads: every worker defaults to one thread per core, so 16
 # workers on 16 cores ran 256 threads; the GPU suite's inputs are made on the CPU (problems.make_inputs, ~20 s for an
 # S2-dual case on one core here), and its S2-dual exactness tests took 180-195 s each at 16 workers (H200 host,

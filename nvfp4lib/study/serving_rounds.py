@@ -238,12 +238,14 @@ def gather_first(commit: str = "6ce62ac", development=None) -> Outcome:
 _DEV_WEIGHTS_US = {"S1": 153.7, "S2": 82.4, "S3": 21.9, "S4": 12.8, "S1-dual": 300.4, "S4-dual": 21.4}
 
 
-def _graph_rows(src: Sources, commit: str) -> pd.DataFrame:
-    """The bench's graph-replay rows of the cute-hopper backend at ``commit`` (status ok)."""
+def _graph_rows(src: Sources, commit: str, graph: bool = True) -> pd.DataFrame:
+    """The bench's graph-replay rows (``graph``; else its eager calls) of the cute-hopper backend at ``commit`` (status
+    ok)."""
     b = src.bench
     if b is None or not len(b) or "label" not in b:
         return pd.DataFrame()
-    ok = b[(b["status"] == "ok") & (b["backend"] == "cute-hopper") & b["label"].astype(str).str.contains("graph=True")]
+    graphed = b["label"].astype(str).str.contains("graph=True")
+    ok = b[(b["status"] == "ok") & (b["backend"] == "cute-hopper") & (graphed if graph else ~graphed)]
     return ok[ok["git_commit"].astype(str).str[:7] == commit[:7]]
 
 
@@ -268,11 +270,25 @@ def bench_commits(before: str, after: str, shapes=None, label: str = "cute-hoppe
     return measure
 
 
-def bench_ab(commit: str, pairs, reference_prefix: str = "rs_") -> Outcome:
-    """In the runs at ``commit``: per (shape, config A, config B) the graph replays of both configs, beside the
-    host-scheduled kernel's config (name starting ``reference_prefix``) timed in the same run."""
+def bench_ab(commit: str, pairs, reference_prefix: str = "rs_", modes=("graph",)) -> Outcome:
+    """In the runs at ``commit``: per (shape, config A, config B) the graph replays (and with "eager" in ``modes``, the
+    eager calls) of both configs, each the median of its rows, beside the host-scheduled kernel's config (name
+    starting ``reference_prefix``) timed in the same run."""
+    parts_of = {mode: _ab_parts(commit, pairs, reference_prefix, mode == "graph") for mode in modes}
+
     def measure(src: Sources):
-        r = _graph_rows(src, commit)
+        got = {mode: f(src) for mode, f in parts_of.items()}
+        got = {mode: g for mode, g in got.items() if g is not None}
+        if not got:
+            return None
+        return ("; ".join(f"{mode} us: {text}" for mode, (text, _) in got.items()),
+                sorted({run for _, runs in got.values() for run in runs}))
+    return measure
+
+
+def _ab_parts(commit: str, pairs, reference_prefix: str, graph: bool):
+    def measure(src: Sources):
+        r = _graph_rows(src, commit, graph)
         if not len(r):
             return None
         med = r.groupby(["problem", "config"])["median_us"].median()
@@ -285,7 +301,7 @@ def bench_ab(commit: str, pairs, reference_prefix: str = "rs_") -> Outcome:
                          + (f" (host-scheduled {_f(med[(shape, ref[0])])})" if ref else ""))
         if not parts:
             return None
-        return "graph us: " + ", ".join(parts), sorted(set(r["run_id"]))
+        return ", ".join(parts), sorted(set(r["run_id"]))
     return measure
 
 
@@ -385,6 +401,29 @@ ROUNDS = (
                                ("S2-dual", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m64_t96_k128_s3_e_w"),
                                ("S3-dual", "vl_dual_m128_t128_k128_s3", "vl_dual_m128_t128_k128_s3_w"),
                                ("S4-dual", "vl_dual_m128_t128_k128_s3", "vl_dual_m128_t128_k128_s3_w")))),
+    Round("the stage wait tried once without a hint, then the hinted wait (`wait=\"once\"`, configs `*_o`: the "
+          "host-scheduled kernel's SASS shape); the same A/B on every shape, and the shipped config eager beside the "
+          "host-scheduled kernel's", "fcd3748",
+          "S3 ~32 us and S2 ~67 (most of the spin wait's gain), S1 stays at the hinted wait's ~123; S4 and the duals "
+          "within 1%", bench_ab("fcd3748", (("S1", "vl_m128_t256_k128_s3_v32_e", "vl_m128_t256_k128_s3_v32_e_o"),
+                                            ("S2", "vl_m128_t256_k128_s3_v32_e", "vl_m128_t256_k128_s3_v32_e_o"),
+                                            ("S3", "vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s3_e_o"),
+                                            ("S4", "vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s3_e_o"),
+                                            ("S1-dual", "vl_dual_m64_t256_k128_s3_v32_e",
+                                             "vl_dual_m64_t256_k128_s3_v32_e_o"),
+                                            ("S2-dual", "vl_dual_m64_t256_k128_s3_v32_e",
+                                             "vl_dual_m64_t256_k128_s3_v32_e_o"),
+                                            ("S3-dual", "vl_dual_m128_t128_k128_s3", "vl_dual_m128_t128_k128_s3_o"),
+                                            ("S4-dual", "vl_dual_m128_t128_k128_s3", "vl_dual_m128_t128_k128_s3_o")))),
+    Round("the once-wait shipped for the single GEMM's two study tiers (tuning.ONCE_WAIT; the duals keep the hinted "
+          "wait); checked in graph replay and eager calls against the hinted config and the host-scheduled kernel",
+          "819396d", "graph replay as in the A/B before; none written down for the eager calls (the fused kernel, with "
+          "the same wait) before the run",
+          bench_ab("819396d", (("S1", "vl_m128_t256_k128_s3_v32_e", "vl_m128_t256_k128_s3_v32_e_o"),
+                               ("S2", "vl_m128_t256_k128_s3_v32_e", "vl_m128_t256_k128_s3_v32_e_o"),
+                               ("S3", "vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s3_e_o"),
+                               ("S4", "vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s3_e_o")),
+                   modes=("graph", "eager"))),
 )
 
 

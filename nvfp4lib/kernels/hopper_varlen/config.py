@@ -187,6 +187,11 @@ CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     # hint, as the shipped wait does, instead of spinning. Prediction (2026-11-28, before any run): S3 and S2 take
     # most of the spin wait's gain (S3 ~32 us, S2 ~67) and S1 stays at the hinted wait's ~123 us; S4 and the duals
     # within 1%. If S1 also regresses, the slowdown is in the unhinted try itself, not in sustained spinning.
+    # Outcome (H200, one process per shape, graph replay, notebook 10's rounds): S3 33.8 -> 32.2 us, S2 68.9 -> 67.1,
+    # S1 124.2 -> 122.4 (held: no regression, so S1's was the sustained spinning), S4 18.0 -> 17.6; the duals within
+    # 0.6 us, S4-dual 26.3 -> 27.0 the only one slower. A second run with the single GEMM's tiers taking them
+    # (tuning.ONCE_WAIT): S1-S4 0.9-2.7 us faster in graph replay and 0.5-3.3 us in eager calls. Exact (the serving GPU
+    # tests), memcheck clean on S4 (H200, 2026-11-28). Shipped for the single GEMM; the dual configs stay A/B arms.
     *_wait_arms("once", ((128, 3, 0), (256, 3, 32)), ((128, 128, 3, 0, "simt"), (64, 256, 3, 32, "staged"))),
 )}
 
