@@ -36,7 +36,7 @@ from .formats import NVFP4Tensor, dequantize
 from .kernels.hopper_varlen.gather import F as _F  # (the one-shot call's table: no import per call, ~1 µs)
 from .kernels.hopper_varlen.gather import group_table as _group_table
 from .reference import exact_matmuls
-from .tuning import heuristic, lookup, m_bucket, problem_key
+from .tuning import PREFERENCE, heuristic, lookup, m_bucket, problem_key
 
 __all__ = ["prepare_weights", "PreparedWeights", "check_offsets", "SERVING_BACKENDS", "ACTIVATIONS"]
 
@@ -418,15 +418,16 @@ def auto_layout(dual: bool, groups: int, n: int, activations: str = "nvfp4"):
 
     The spin-wait configs (``_w``) are A/B arms, named configs only, never tuning candidates: tuning times eager calls,
     which run the fused kernel, and the spin wait that was fine there (S1 128.4 us) ran S1's graph replays, the
-    unfused kernel, 36% slower on two GPUs (tuning.py's note): a tuned choice would have carried it into graphs. The
-    once-wait configs (``_o``) ran every study shape in graph replay (tuning.PREFERENCE's note) and some are the
-    heuristic's choice."""
+    unfused kernel, 36% slower on two GPUs (tuning.py's note): a tuned choice would have carried it into graphs. Of the
+    once-wait configs (``_o``) those a tier of tuning.PREFERENCE ships are candidates (measured in graph replay and
+    eager calls); the others are named A/B arms until a run has timed them."""
     from .kernels.hopper_varlen.config import CONFIGS
     from .kernels.hopper_varlen.runner import layout_of
 
+    shipped = {name for _, names in PREFERENCE for name in names}
     layout = (dual, dual_layout(groups, n) if dual else 128, 128)
-    return layout, [c for c, cfg in CONFIGS.items()
-                    if layout_of(cfg) == layout and cfg.act == activations and cfg.wait != "spin"]
+    return layout, [c for c, cfg in CONFIGS.items() if layout_of(cfg) == layout and cfg.act == activations
+                    and (cfg.wait == "suspend" or (cfg.wait == "once" and c in shipped))]
 
 
 class _CuteHopperImpl:

@@ -100,8 +100,9 @@ def test_bad_input_is_refused_with_the_rule():
 
 
 def test_tuning_candidates_leave_out_the_spin_wait():
-    """config="auto" tunes among the configs of its layout with the hinted or the once-wait: the _w configs are A/B
-    arms (named configs), and every config the heuristic prefers stays a candidate."""
+    """config="auto" tunes among the configs of its layout with the hinted wait or a once-wait that a tier ships: the
+    _w configs and the other _o configs are A/B arms (named configs), and every config the heuristic prefers stays a
+    candidate."""
     from nvfp4lib.kernels.hopper_varlen.runner import layout_of
     from nvfp4lib.serving import auto_layout
 
@@ -109,8 +110,9 @@ def test_tuning_candidates_leave_out_the_spin_wait():
     for dual, groups, n in ((False, 8, 4096), (True, 8, 4096), (True, 128, 768)):
         for act in ("nvfp4", "bf16"):
             layout, cands = auto_layout(dual, groups, n, act)
-            assert cands and all(CONFIGS[c].wait in ("suspend", "once") for c in cands)
+            assert cands and all(CONFIGS[c].wait == "suspend" or c in preferred for c in cands)
             assert not any(c.endswith("_w") for c in cands)
+            assert "vl_m128_t96_k128_s3_e_o" not in cands and "vl_dual_m64_t96_k128_s3_e_o" not in cands
             same = {c for c, cfg in CONFIGS.items() if layout_of(cfg) == layout and cfg.act == act}
             assert preferred & same <= set(cands)
     assert any(c.wait == "spin" for c in CONFIGS.values())  # (the arms exist, as named configs)

@@ -192,7 +192,16 @@ CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     # 0.6 us, S4-dual 26.3 -> 27.0 the only one slower. A second run with the single GEMM's tiers taking them
     # (tuning.ONCE_WAIT): S1-S4 0.9-2.7 us faster in graph replay and 0.5-3.3 us in eager calls. Exact (the serving GPU
     # tests), memcheck clean on S4 (H200, 2026-11-28). Shipped for the single GEMM; the dual configs stay A/B arms.
-    *_wait_arms("once", ((128, 3, 0), (256, 3, 32)), ((128, 128, 3, 0, "simt"), (64, 256, 3, 32, "staged"))),
+    # The 96-token tilings with the once-wait (vl_m128_t96_k128_s3_e_o, vl_dual_m64_t96_k128_s3_e_o), named A/B arms,
+    # not tuning candidates until run (serving.auto_layout takes the _o configs a tier ships). Why: with the once-wait
+    # S2 and S2-dual are still 1.4 and 9.6 us behind the host-scheduled kernel, which runs them with 96-token tiles;
+    # the 96-token spin-wait forms ran them in 65.7 and 127.7 us (H200, 2026-11-28), and the once-wait kept the spin
+    # wait's gain on S2 without its S1 regression. Prediction (2026-11-28, before any run): S2 ~65 us and S2-dual
+    # ~127 in graph replay, level with the host-scheduled kernel (64.9, 125.7); S1 and S1-dual, which share their tier,
+    # slower with 96-token tiles (S1 141.0 us on the H100 with the hinted wait), so a tier cannot take them: a tuned
+    # choice per shape (nvfp4lib tune) could.
+    *_wait_arms("once", ((128, 3, 0), (256, 3, 32), (96, 3, 0)),
+                ((128, 128, 3, 0, "simt"), (64, 256, 3, 32, "staged"), (64, 96, 3, 0, "staged"))),
 )}
 
 
