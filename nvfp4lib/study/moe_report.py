@@ -269,15 +269,20 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     if "chain_pdl" in sel:
         sel = sel[~_chain_unshipped(sel)]
     if "quant_operand" in sel:  # (the A/B's arm through codes and prologues; rows before the knob had no field)
-        sel = sel[~sel["quant_operand"].apply(lambda v: v is False or v == 0)]
+        sel = sel[~_switched_off(sel["quant_operand"])]
     if "once_wait" in sel:  # (tuning.ONCE_WAIT, shipped on; rows before the knob have no field)
-        sel = sel[~sel["once_wait"].apply(lambda v: v is False or v == 0)]
+        sel = sel[~_switched_off(sel["once_wait"])]
     if "prewait_stages" in sel:  # (hopper_varlen.kernel.PREWAIT_STAGES, shipped for the W4A16 decode GEMMs only)
         pw = pd.to_numeric(sel["prewait_stages"], errors="coerce")
         w4a16 = _in_mode(sel, "bf16")
         both = sel["git_commit"].astype(str).str[:7].isin(PREWAIT_BOTH_MODES)
         sel = sel[~((w4a16 & (pw == 0)) | (~w4a16 & both & (pw > 0)))]
     return sel
+
+
+def _switched_off(col: pd.Series) -> pd.Series:
+    """The rows whose on/off knob was off (False or 0); a row without the field (NaN, None) is not."""
+    return col.apply(lambda v: v is False or v == 0)
 
 
 # the commits whose runs had PREWAIT_STAGES take the W4A4 GEMMs too (its two A/Bs, before it was shipped for W4A16)

@@ -238,7 +238,7 @@ def gather_first(commit: str = "6ce62ac", development=None) -> Outcome:
 _DEV_WEIGHTS_US = {"S1": 153.7, "S2": 82.4, "S3": 21.9, "S4": 12.8, "S1-dual": 300.4, "S4-dual": 21.4}
 
 
-def _graph_rows(src: Sources, commit: str, graph: bool = True) -> pd.DataFrame:
+def _cute_rows(src: Sources, commit: str, graph: bool = True) -> pd.DataFrame:
     """The bench's graph-replay rows (``graph``; else its eager calls) of the cute-hopper backend at ``commit`` (status
     ok)."""
     b = src.bench
@@ -255,7 +255,7 @@ def bench_commits(before: str, after: str, shapes=None, label: str = "cute-hoppe
     def measure(src: Sources):
         med, runs = {}, {}
         for c in (before, after):
-            r = _graph_rows(src, c)
+            r = _cute_rows(src, c)
             r = r[r["label"] == label] if len(r) else r
             if not len(r):
                 return None
@@ -288,7 +288,7 @@ def bench_ab(commit: str, pairs, reference_prefix: str = "rs_", modes=("graph",)
 
 def _ab_parts(commit: str, pairs, reference_prefix: str, graph: bool):
     def measure(src: Sources):
-        r = _graph_rows(src, commit, graph)
+        r = _cute_rows(src, commit, graph)
         if not len(r):
             return None
         med = r.groupby(["problem", "config"])["median_us"].median()
