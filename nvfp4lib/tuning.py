@@ -127,6 +127,11 @@ def forget_memory() -> None:
 # (moe-bench --once-wait off on, W4A4, Qwen3- and DeepSeek-like at T = 512 and 4096): within 1.2% either way, the
 # run's noise (DeepSeek-like T = 512, 16 rows per expert, does not reach these tiers and moved 0.9%). Buckets of 17-64
 # rows per expert, which tier 128 also holds, were not in either run.
+# The 96-token tilings with the once-wait on the tier S1 and S2 share (A/B arms beside the configs). Prediction
+# (2026-11-28, before the run) for the two shapes the arms' note does not give in numbers: S1 ~135 us (the H100's
+# 96-token S1 was 9% slower than the 256-token tile) and S1-dual ~221 (the host-scheduled 96-token dual ran 223.0
+# on the H200, the shipped 256-token dual 218.9). If S1-dual is within 1% and S2-dual ~8 us faster, the dual tier
+# takes the 96-token tile; the single GEMM's cannot (S1).
 ONCE_WAIT = True
 PREFERENCE = (
     (4, ("vl_m128_t16_k128_s8_e_x", "vl_dual_m64_t16_k128_s8_e_x", "vl_m128_t16_k128_s8_e",
