@@ -36,7 +36,7 @@ from .formats import NVFP4Tensor, dequantize
 from .kernels.hopper_varlen.gather import F as _F  # (the one-shot call's table: no import per call, ~1 µs)
 from .kernels.hopper_varlen.gather import group_table as _group_table
 from .reference import exact_matmuls
-from .tuning import PREFERENCE, heuristic, lookup, m_bucket, problem_key
+from .tuning import heuristic, lookup, m_bucket, problem_key, shipped
 
 __all__ = ["prepare_weights", "PreparedWeights", "check_offsets", "SERVING_BACKENDS", "ACTIVATIONS"]
 
@@ -419,15 +419,15 @@ def auto_layout(dual: bool, groups: int, n: int, activations: str = "nvfp4"):
     The spin-wait configs (``_w``) are A/B arms, named configs only, never tuning candidates: tuning times eager calls,
     which run the fused kernel, and the spin wait that was fine there (S1 128.4 us) ran S1's graph replays, the
     unfused kernel, 36% slower on two GPUs (tuning.py's note): a tuned choice would have carried it into graphs. Of the
-    once-wait configs (``_o``) those a tier of tuning.PREFERENCE ships are candidates (measured in graph replay and
-    eager calls); the others are named A/B arms until a run has timed them."""
+    once-wait configs (``_o``) those a rule of tuning ships (``tuning.shipped``) are candidates (measured in graph
+    replay and eager calls); the others are named A/B arms until a run has timed them."""
     from .kernels.hopper_varlen.config import CONFIGS
     from .kernels.hopper_varlen.runner import layout_of
 
-    shipped = {name for _, names in PREFERENCE for name in names}
+    ships = shipped()
     layout = (dual, dual_layout(groups, n) if dual else 128, 128)
     return layout, [c for c, cfg in CONFIGS.items() if layout_of(cfg) == layout and cfg.act == activations
-                    and (cfg.wait == "suspend" or (cfg.wait == "once" and c in shipped))]
+                    and (cfg.wait == "suspend" or (cfg.wait == "once" and c in ships))]
 
 
 class _CuteHopperImpl:
@@ -451,7 +451,7 @@ class _CuteHopperImpl:
             cfg = get_config(config, dual, activations)
             layout, self.candidates, self.fixed = layout_of(cfg), [cfg.name], cfg.name
         self.weights = PackedWeights(b, b2, layout[1], layout[2], check_scales=check_scales)
-        self.tune, self.out_dtype, self.n = tune, out_dtype, n
+        self.tune, self.out_dtype, self.n, self.k = tune, out_dtype, n, k
         self.gpu = torch.cuda.get_device_name(b[0].data.device)
         self.activations = activations
         tag = tuning_layout(layout[1], layout[2], activations)
@@ -482,10 +482,10 @@ class _CuteHopperImpl:
 
     def _heuristic(self, bucket: int) -> str:
         if self.activations == "nvfp4":
-            return heuristic(self.weights.dual, bucket, self.candidates)
+            return heuristic(self.weights.dual, bucket, self.candidates, self.k)
         # the bf16 configs mirror the NVFP4 ones under vl_a16_ names: the same ranking, until they are timed apart
         as_nvfp4 = [c.replace("vl_a16_", "vl_", 1) for c in self.candidates]
-        return self.candidates[as_nvfp4.index(heuristic(self.weights.dual, bucket, as_nvfp4))]
+        return self.candidates[as_nvfp4.index(heuristic(self.weights.dual, bucket, as_nvfp4, self.k))]
 
     def tune_bucket(self, codes, scales, gs_a, offsets) -> dict:
         """Time every candidate on these inputs; cache the fastest for their bucket. Returns {config: us}."""
@@ -552,7 +552,7 @@ def _oneshot_config(device, dual: bool, out_dtype, groups: int, n: int, k: int, 
             gpu = _GPU_NAMES[device] = torch.cuda.get_device_name(device)
         layout, cands = auto_layout(dual, groups, n)
         name = lookup(problem_key(gpu, "cute-hopper", dual, out_dtype, groups, n, k, bucket,
-                                  tuning_layout(layout[1], layout[2]))) or heuristic(dual, bucket, cands)
+                                  tuning_layout(layout[1], layout[2]))) or heuristic(dual, bucket, cands, k)
         cfg = _ONESHOT_CHOICE[key] = CONFIGS[name]
     return cfg
 

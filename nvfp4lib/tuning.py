@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ._version import __version__
 
-__all__ = ["cache_dir", "m_bucket", "problem_key", "lookup", "store", "heuristic", "tune"]
+__all__ = ["cache_dir", "m_bucket", "problem_key", "lookup", "store", "heuristic", "shipped", "tune"]
 
 _lock = threading.Lock()
 _memory: dict[str, str] | None = None
@@ -131,7 +131,8 @@ def forget_memory() -> None:
 # (2026-11-28, before the run) for the two shapes the arms' note does not give in numbers: S1 ~135 us (the H100's
 # 96-token S1 was 9% slower than the 256-token tile) and S1-dual ~221 (the host-scheduled 96-token dual ran 223.0
 # on the H200, the shipped 256-token dual 218.9). If S1-dual is within 1% and S2-dual ~8 us faster, the dual tier
-# takes the 96-token tile; the single GEMM's cannot (S1).
+# takes the 96-token tile; the single GEMM's cannot (S1). Outcome (H200, the run below): S1 131.7 us (held), S1-dual
+# 226.8 (missed: 3.4% slower, not within 1%), so neither tier takes it; SHORT_K below chooses by K instead.
 ONCE_WAIT = True
 PREFERENCE = (
     (4, ("vl_m128_t16_k128_s8_e_x", "vl_dual_m64_t16_k128_s8_e_x", "vl_m128_t16_k128_s8_e",
@@ -146,11 +147,36 @@ PREFERENCE = (
 )
 
 
-def heuristic(dual: bool, bucket: int, candidates: list[str]) -> str:
+# Short K at 65-128 rows per group: the 96-token tiles (two CTAs per SM; the 256-token tile holds one). A/B on an
+# H200 (2026-11-28, one process per shape, the shipped config first and last, graph replay; notebook 10's rounds):
+# S2 (K = 2048) 66.3, 66.9 -> 65.7 us with vl_m128_t96_k128_s3_e_o, S2-dual 134.6, 135.3 -> 128.4 with
+# vl_dual_m64_t96_k128_s3_e_o (the host-scheduled kernel, 96-token tiles: 64.9 and 125.4); S1 (K = 7168) 120.7, 122.0
+# -> 131.7, S1-dual 219.4, 219.7 -> 226.8. Why K (a reading, not measured apart): a 256-token CTA runs alone on its SM,
+# so its pipeline fill and epilogue are not hidden; over 16 K steps (S2) they are a larger share than over 56 (S1),
+# and two 96-token CTAs per SM overlap them. The bound between 2048 and 7168 is not measured: SHORT_K = 4096, the
+# middle. Only the once-wait arms that ran are named, so the bf16-activation configs and ONCE_WAIT off keep the
+# tier's choice; SHORT_K = 0 switches the rule off (moe-bench --short-k off on, the A/B).
+# Prediction for the MoE layers it reaches in the study's grid (written before their run): W4A4 Mixtral-like T = 512
+# (128 rows per expert; the gate/up GEMM, K = 4096, is S2-dual's tiling case) ~3% faster, DeepSeek-like T = 4096
+# (128 rows per expert; the down GEMM is S2's N and K over 256 experts) ~1% faster; W4A16 unchanged (no bf16 arm).
+SHORT_K = 4096
+SHORT_K_TIER = (128, ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o"))
+
+
+def shipped() -> set[str]:
+    """Every config a rule of this module can choose (:data:`PREFERENCE` and :data:`SHORT_K_TIER`)."""
+    return {name for _, names in PREFERENCE + (SHORT_K_TIER,) for name in names}
+
+
+def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = None) -> str:
     """A shape rule for a cache miss: the first of :data:`PREFERENCE`'s configs for the bucket that is a candidate
-    (the candidates share the prepared weights' layout), else the first candidate. With :data:`ONCE_WAIT` off the
+    (the candidates share the prepared weights' layout), else the first candidate; in the bucket of
+    :data:`SHORT_K_TIER` with ``k`` at most :data:`SHORT_K`, its configs first. With :data:`ONCE_WAIT` off the
     once-wait configs (named ``*_o`` by ``hopper_varlen.config.make``) are passed over."""
-    for limit, names in PREFERENCE:
+    tiers = list(PREFERENCE)
+    if k is not None and k <= SHORT_K and bucket == SHORT_K_TIER[0]:
+        tiers.insert(0, SHORT_K_TIER)
+    for limit, names in tiers:
         if bucket <= limit:
             for name in names:
                 if name in candidates and (ONCE_WAIT or not name.endswith("_o")):

@@ -209,12 +209,14 @@ def test_tuning_key_and_heuristic_know_the_activation_type():
     from nvfp4lib.serving import _CuteHopperImpl
 
     single = [n for n in A16 if not CONFIGS[n].dual]
-    fake = types.SimpleNamespace(activations="bf16", candidates=single, weights=types.SimpleNamespace(dual=False))
+    fake = types.SimpleNamespace(activations="bf16", candidates=single, k=2048,
+                                 weights=types.SimpleNamespace(dual=False))
     assert _CuteHopperImpl._heuristic(fake, 128) == "vl_a16_m128_t256_k128_s3_v32_e"
     assert _CuteHopperImpl._heuristic(fake, 2) == "vl_a16_m128_t16_k128_s8_e_x"
     assert _CuteHopperImpl._heuristic(fake, 1024) == "vl_a16_m128_t128_k128_s4_e"
     dual64 = [n for n in A16 if CONFIGS[n].dual and CONFIGS[n].tile_m == 64]
-    fake = types.SimpleNamespace(activations="bf16", candidates=dual64, weights=types.SimpleNamespace(dual=True))
+    fake = types.SimpleNamespace(activations="bf16", candidates=dual64, k=2048,
+                                 weights=types.SimpleNamespace(dual=True))
     assert _CuteHopperImpl._heuristic(fake, 64) == "vl_a16_dual_m64_t256_k128_s3_v32_e"
     assert _CuteHopperImpl._heuristic(fake, 512) == "vl_a16_dual_m64_t96_k128_s3_e"
     from nvfp4lib.serving import tuning_layout

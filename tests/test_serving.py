@@ -3,6 +3,7 @@ opcheck, the tuning cache, bad input refused; and every config of the device-sch
 with the instructions it claims."""
 import os
 import re
+import types
 
 import pytest
 import torch
@@ -106,13 +107,15 @@ def test_tuning_candidates_leave_out_the_spin_wait():
     from nvfp4lib.kernels.hopper_varlen.runner import layout_of
     from nvfp4lib.serving import auto_layout
 
-    preferred = {c for _, names in tuning.PREFERENCE for c in names}
+    preferred = tuning.shipped()
+    assert {c for _, names in tuning.PREFERENCE for c in names} <= preferred
+    assert set(tuning.SHORT_K_TIER[1]) <= preferred
     for dual, groups, n in ((False, 8, 4096), (True, 8, 4096), (True, 128, 768)):
         for act in ("nvfp4", "bf16"):
             layout, cands = auto_layout(dual, groups, n, act)
             assert cands and all(CONFIGS[c].wait == "suspend" or c in preferred for c in cands)
             assert not any(c.endswith("_w") for c in cands)
-            assert "vl_m128_t96_k128_s3_e_o" not in cands and "vl_dual_m64_t96_k128_s3_e_o" not in cands
+            assert not any(CONFIGS[c].wait == "once" and c not in preferred for c in cands)
             same = {c for c, cfg in CONFIGS.items() if layout_of(cfg) == layout and cfg.act == act}
             assert preferred & same <= set(cands)
     assert any(c.wait == "spin" for c in CONFIGS.values())  # (the arms exist, as named configs)
@@ -135,8 +138,36 @@ def test_heuristic_takes_the_once_wait_where_shipped():
         tuning.ONCE_WAIT = False
         assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e"
         assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s3_e"
+        assert tuning.heuristic(False, 128, single, k=2048) == "vl_m128_t256_k128_s3_v32_e"  # (SHORT_K names _o only)
     finally:
         tuning.ONCE_WAIT = old
+
+
+def test_heuristic_takes_96_token_tiles_for_short_k():
+    """At 65-128 rows per group (bucket 128) a K of at most SHORT_K takes the 96-token once-wait tiles (S2, S2-dual),
+    a longer K the tier's 256-token ones (S1, S1-dual); other buckets, the bf16 configs and SHORT_K = 0 are
+    unchanged."""
+    from nvfp4lib.serving import _CuteHopperImpl, auto_layout
+
+    _, single = auto_layout(False, 8, 7168)
+    _, dual = auto_layout(True, 8, 7168)
+    assert tuning.heuristic(False, 128, single, k=2048) == "vl_m128_t96_k128_s3_e_o"
+    assert tuning.heuristic(True, 128, dual, k=2048) == "vl_dual_m64_t96_k128_s3_e_o"
+    assert tuning.heuristic(False, 128, single, k=tuning.SHORT_K) == "vl_m128_t96_k128_s3_e_o"
+    assert tuning.heuristic(False, 128, single, k=7168) == "vl_m128_t256_k128_s3_v32_e_o"
+    assert tuning.heuristic(True, 128, dual, k=7168) == "vl_dual_m64_t256_k128_s3_v32_e"
+    assert tuning.heuristic(False, 64, single, k=2048) == "vl_m128_t256_k128_s3_v32_e_o"
+    assert tuning.heuristic(False, 256, single, k=2048) == "vl_m128_t128_k128_s3_e_o"
+    assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e_o"  # (K not given)
+    fake = types.SimpleNamespace(activations="bf16", k=2048, weights=types.SimpleNamespace(dual=True),
+                                 candidates=auto_layout(True, 8, 7168, "bf16")[1])
+    assert _CuteHopperImpl._heuristic(fake, 128) == "vl_a16_dual_m64_t256_k128_s3_v32_e"
+    old = tuning.SHORT_K
+    try:
+        tuning.SHORT_K = 0
+        assert tuning.heuristic(False, 128, single, k=2048) == "vl_m128_t256_k128_s3_v32_e_o"
+    finally:
+        tuning.SHORT_K = old
 
 
 def test_tuning_cache_on_disk(tmp_path, monkeypatch):

@@ -292,6 +292,7 @@ CHAIN_GEMM_KNOB = ("nvfp4lib.kernels.common.pdl", "CHAIN_GEMM")  # moe-bench --c
 OPERAND_KNOB = ("nvfp4lib.nn.moe", "QUANT_TO_OPERAND")  # moe-bench --quant-operand
 PREWAIT_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "PREWAIT_STAGES")  # moe-bench --prewait-stages
 ONCE_WAIT_KNOB = ("nvfp4lib.tuning", "ONCE_WAIT")  # moe-bench --once-wait
+SHORT_K_KNOB = ("nvfp4lib.tuning", "SHORT_K")  # moe-bench --short-k
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -354,6 +355,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         to_operand = bool(getattr(importlib.import_module(OPERAND_KNOB[0]), OPERAND_KNOB[1]))
         prewait = getattr(importlib.import_module(PREWAIT_KNOB[0]), PREWAIT_KNOB[1])  # GEMMs' weights before the wait
         once_wait = getattr(importlib.import_module(ONCE_WAIT_KNOB[0]), ONCE_WAIT_KNOB[1])  # the study tiers' wait
+        short_k = getattr(importlib.import_module(SHORT_K_KNOB[0]), SHORT_K_KNOB[1])  # 96-token tiles up to this K
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
         rows = []
         for li, layer in enumerate(layers):
@@ -429,6 +431,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["prewait_stages"] = prewait
                             row["route_max_copies"] = route_max
                             row["once_wait"] = bool(once_wait)
+                            row["short_k"] = int(short_k)
                             row["chain_pdl"] = chain
                             # (the W4A16 GEMMs never trigger early: pdl.CHAIN_GEMM's note)
                             row["chain_gemm"] = chain_gemm and kind == "nvfp4"
@@ -544,6 +547,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             "e.g. 0 2", "prewait_stages", type=int, metavar="S")
     _ab_arg(p, "--once-wait", "the single GEMM's study tiers (over 16 rows per expert) run their once-wait configs, "
             "*_o (tuning.ONCE_WAIT; default: as shipped)", "off on", "once_wait", choices=["off", "on"])
+    _ab_arg(p, "--short-k", "at 65-128 rows per expert, GEMMs of K up to this run 96-token tiles (tuning.SHORT_K; 0: "
+            "off; default: as shipped)", "0 4096", "short_k", type=int, metavar="K")
     _ab_arg(p, "--input-scales", "W4A4's activation global scales: computed per call (dynamic, the default) or "
             "static, as checkpoints give them (calibrated once per layer on a seeded batch)", "dynamic static",
             "input_scales (W4A4 rows)", choices=["dynamic", "static"])
@@ -582,17 +587,19 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split, one, route_max, fuse, chain, operand, static, prewait, once in itertools.product(
+        for split, one, route_max, fuse, chain, operand, static, prewait, once, short in itertools.product(
                 args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
                 args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None],
-                args.input_scales or ["dynamic"], args.prewait_stages or [None], args.once_wait or [None]):
+                args.input_scales or ["dynamic"], args.prewait_stages or [None], args.once_wait or [None],
+                args.short_k or [None]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
                     knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
                     knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
                     knob_setting(*CHAIN_GEMM_KNOB, None if chain is None else chain == "gemm"), \
                     knob_setting(*OPERAND_KNOB, None if operand is None else operand == "on"), \
                     knob_setting(*PREWAIT_KNOB, prewait), \
-                    knob_setting(*ONCE_WAIT_KNOB, None if once is None else once == "on"):
+                    knob_setting(*ONCE_WAIT_KNOB, None if once is None else once == "on"), \
+                    knob_setting(*SHORT_K_KNOB, short):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,
