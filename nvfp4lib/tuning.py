@@ -132,7 +132,7 @@ def forget_memory() -> None:
 # 96-token S1 was 9% slower than the 256-token tile) and S1-dual ~221 (the host-scheduled 96-token dual ran 223.0
 # on the H200, the shipped 256-token dual 218.9). If S1-dual is within 1% and S2-dual ~8 us faster, the dual tier
 # takes the 96-token tile; the single GEMM's cannot (S1). Outcome (H200, the run below): S1 131.7 us (held), S1-dual
-# 226.8 (missed: 3.4% slower, not within 1%), so neither tier takes it; SHORT_K below chooses by K instead.
+# 226.8 (missed: 3.4% slower, not within 1%), so neither tier takes it; SHORT_K below tried a rule by K (off: its note).
 ONCE_WAIT = True
 PREFERENCE = (
     (4, ("vl_m128_t16_k128_s8_e_x", "vl_dual_m64_t16_k128_s8_e_x", "vl_m128_t16_k128_s8_e",
@@ -151,15 +151,20 @@ PREFERENCE = (
 # H200 (2026-11-28, one process per shape, the shipped config first and last, graph replay; notebook 10's rounds):
 # S2 (K = 2048) 66.3, 66.9 -> 65.7 us with vl_m128_t96_k128_s3_e_o, S2-dual 134.6, 135.3 -> 128.4 with
 # vl_dual_m64_t96_k128_s3_e_o (the host-scheduled kernel, 96-token tiles: 64.9 and 125.4); S1 (K = 7168) 120.7, 122.0
-# -> 131.7, S1-dual 219.4, 219.7 -> 226.8. Why K (a reading, not measured apart): a 256-token CTA runs alone on its SM,
-# so its pipeline fill and epilogue are not hidden; over 16 K steps (S2) they are a larger share than over 56 (S1),
-# and two 96-token CTAs per SM overlap them. The bound between 2048 and 7168 is not measured: SHORT_K = 4096, the
-# middle. Only the once-wait arms that ran are named, so the bf16-activation configs and ONCE_WAIT off keep the
-# tier's choice; SHORT_K = 0 switches the rule off (moe-bench --short-k off on, the A/B).
-# Prediction for the MoE layers it reaches in the study's grid (written before their run): W4A4 Mixtral-like T = 512
-# (128 rows per expert; the gate/up GEMM, K = 4096, is S2-dual's tiling case) ~3% faster, DeepSeek-like T = 4096
-# (128 rows per expert; the down GEMM is S2's N and K over 256 experts) ~1% faster; W4A16 unchanged (no bf16 arm).
-SHORT_K = 4096
+# -> 131.7, S1-dual 219.4, 219.7 -> 226.8. A rule by K (SHORT_K: at most this K takes them) was read from that: a
+# 256-token CTA runs alone on its SM, so its pipeline fill and epilogue are not hidden, a larger share over S2's 16 K
+# steps than over S1's 56. Prediction for the MoE layers it reaches in the study's grid (written before their run):
+# W4A4 Mixtral-like T = 512 (128 rows per expert; the gate/up GEMM, K = 4096) ~3% faster, DeepSeek-like T = 4096 (the
+# down GEMM: S2's N and K over 256 experts) ~1% faster. Outcome (H200, moe-bench --short-k 0 4096, graph replay, one
+# run): Mixtral-like uniform 698 -> 800 us, Zipf 766 -> 770; DeepSeek-like uniform 6790 -> 7276, Zipf 7504 -> 7724:
+# slower everywhere, most with uniform routing. A reading of it: uniform routing gives every expert ~128 rows, which
+# 96-token tiles pad to 192 (50% more MMA work, twice the tiles' weight decode) where the 32-token steps of the
+# 256-token tile pad to 128; S2's groups (40-196 rows) padded 13.5% more. The call knows only the mean rows per group
+# (no read-back), not how they spread, so no rule here can tell S2 from uniform routing: SHORT_K = 0, off. The two
+# arms are tuning candidates (exact in the serving GPU tests, timed in these runs): `nvfp4lib tune` takes them per
+# shape where they win (S2, S2-dual). With the rule on at the same commit (aca63ef) the auto call ran S2 in 65.4,
+# 66.4 us and S2-dual in 128.2, 129.6 (host-scheduled 65.2 and 125.1).
+SHORT_K = 0
 SHORT_K_TIER = (128, ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o"))
 
 

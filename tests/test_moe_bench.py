@@ -508,3 +508,13 @@ def test_shipped_rows_leave_out_the_prewait_and_prefetch_arms_not_shipped():
         kept["git_commit"], kept["mode"], kept["prewait_stages"].fillna(-1), kept["prefetch_l2"].fillna(-1)))
     assert got == [(False, "bf16", -1, False), (False, "bf16", 2, -1), (False, "nvfp4", 2, -1),
                    (True, "bf16", 2, -1), (True, "nvfp4", 0, -1)]
+
+
+def test_shipped_rows_leave_out_the_once_wait_off_and_short_k_on_arms():
+    """tuning.ONCE_WAIT shipped on, tuning.SHORT_K shipped off (0): the other arms of their A/Bs are left out; rows
+    from before either knob (no field) stay."""
+    c = "1234567synthetic"
+    rows = [dict(_row("mixtral", 512, "uniform", "nvfp4", us, commit=c), once_wait=ow, short_k=sk)
+            for us, ow, sk in ((1.0, True, 0), (2.0, True, 4096), (3.0, False, 0), (4.0, None, None))]
+    kept = mr.shipped_rows(pd.DataFrame(rows))
+    assert sorted(kept["median_us"]) == [1.0, 4.0]

@@ -138,22 +138,27 @@ def test_heuristic_takes_the_once_wait_where_shipped():
         tuning.ONCE_WAIT = False
         assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e"
         assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s3_e"
-        assert tuning.heuristic(False, 128, single, k=2048) == "vl_m128_t256_k128_s3_v32_e"  # (SHORT_K names _o only)
     finally:
         tuning.ONCE_WAIT = old
 
 
-def test_heuristic_takes_96_token_tiles_for_short_k():
-    """At 65-128 rows per group (bucket 128) a K of at most SHORT_K takes the 96-token once-wait tiles (S2, S2-dual),
-    a longer K the tier's 256-token ones (S1, S1-dual); other buckets, the bf16 configs and SHORT_K = 0 are
+def test_short_k_rule_is_off_and_takes_96_token_tiles_when_on(monkeypatch):
+    """The rule by K (tuning.SHORT_K) is shipped off (the MoE layers ran slower with it): every K takes the tier's
+    256-token tiles. Switched on, at 65-128 rows per group (bucket 128) a K of at most SHORT_K takes the 96-token
+    once-wait tiles (S2, S2-dual), a longer K the tier's (S1, S1-dual); other buckets and the bf16 configs are
     unchanged."""
     from nvfp4lib.serving import _CuteHopperImpl, auto_layout
 
     _, single = auto_layout(False, 8, 7168)
     _, dual = auto_layout(True, 8, 7168)
+    assert tuning.SHORT_K == 0
+    assert tuning.heuristic(False, 128, single, k=2048) == "vl_m128_t256_k128_s3_v32_e_o"
+    assert tuning.heuristic(True, 128, dual, k=2048) == "vl_dual_m64_t256_k128_s3_v32_e"
+    assert set(tuning.SHORT_K_TIER[1]) <= set(single + dual)  # (tuning candidates: `nvfp4lib tune` takes them)
+    monkeypatch.setattr(tuning, "SHORT_K", 4096)
     assert tuning.heuristic(False, 128, single, k=2048) == "vl_m128_t96_k128_s3_e_o"
     assert tuning.heuristic(True, 128, dual, k=2048) == "vl_dual_m64_t96_k128_s3_e_o"
-    assert tuning.heuristic(False, 128, single, k=tuning.SHORT_K) == "vl_m128_t96_k128_s3_e_o"
+    assert tuning.heuristic(False, 128, single, k=4096) == "vl_m128_t96_k128_s3_e_o"
     assert tuning.heuristic(False, 128, single, k=7168) == "vl_m128_t256_k128_s3_v32_e_o"
     assert tuning.heuristic(True, 128, dual, k=7168) == "vl_dual_m64_t256_k128_s3_v32_e"
     assert tuning.heuristic(False, 64, single, k=2048) == "vl_m128_t256_k128_s3_v32_e_o"
@@ -162,12 +167,8 @@ def test_heuristic_takes_96_token_tiles_for_short_k():
     fake = types.SimpleNamespace(activations="bf16", k=2048, weights=types.SimpleNamespace(dual=True),
                                  candidates=auto_layout(True, 8, 7168, "bf16")[1])
     assert _CuteHopperImpl._heuristic(fake, 128) == "vl_a16_dual_m64_t256_k128_s3_v32_e"
-    old = tuning.SHORT_K
-    try:
-        tuning.SHORT_K = 0
-        assert tuning.heuristic(False, 128, single, k=2048) == "vl_m128_t256_k128_s3_v32_e_o"
-    finally:
-        tuning.SHORT_K = old
+    monkeypatch.setattr(tuning, "ONCE_WAIT", False)  # (the rule names _o configs only)
+    assert tuning.heuristic(False, 128, single, k=2048) == "vl_m128_t256_k128_s3_v32_e"
 
 
 def test_tuning_cache_on_disk(tmp_path, monkeypatch):

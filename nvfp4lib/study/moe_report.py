@@ -272,8 +272,8 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
         sel = sel[~_switched_off(sel["quant_operand"])]
     if "once_wait" in sel:  # (tuning.ONCE_WAIT, shipped on; rows before the knob have no field)
         sel = sel[~_switched_off(sel["once_wait"])]
-    if "short_k" in sel:  # (tuning.SHORT_K, shipped on; rows before the knob have no field)
-        sel = sel[~_switched_off(sel["short_k"])]
+    if "short_k" in sel:  # (tuning.SHORT_K, shipped off; rows before the knob have no field)
+        sel = sel[~(pd.to_numeric(sel["short_k"], errors="coerce") > 0)]
     if "prewait_stages" in sel:  # (hopper_varlen.kernel.PREWAIT_STAGES, shipped for the W4A16 decode GEMMs only)
         pw = pd.to_numeric(sel["prewait_stages"], errors="coerce")
         w4a16 = _in_mode(sel, "bf16")
