@@ -324,6 +324,29 @@ def test_serving_against_host_pairs_the_latest_run_that_timed_both():
     assert t.loc["S4", "serving / host-scheduled"] == pytest.approx(18.5 / 17.0)
     assert not t.loc["S4", "<= 1 (issue 41)"] and t.loc["S3", "<= 1 (issue 41)"]
     assert sr.serving_against_host(pd.DataFrame()).empty
+    # a run at a commit whose auto rule is not shipped now (an A/B arm) does not count
+    arm = pd.DataFrame([row("r5", "S4", "vl_c", 8.0), row("r5", "S4", "rs_a", 10.0, named=True)]).assign(
+        git_commit=next(iter(sr.AUTO_NOT_SHIPPED)) + "xyz")
+    assert sr.serving_against_host(pd.concat([both, arm], ignore_index=True)).loc["S4", "run"] == "r4"
+
+
+def test_auto_at_names_the_config_auto_ran_beside_the_host_scheduled_kernel():
+    def row(run, problem, config, us, graph=True, named=False, commit="abc1234"):
+        opts = {"graph": graph, **({"config": config} if named else {})}
+        return {"run_id": run, "problem": problem, "backend": "cute-hopper", "options": opts, "config": config,
+                "median_us": us, "status": "ok", "git_commit": commit, "label": f"cute-hopper[graph={graph}]"}
+
+    rows = pd.DataFrame([row("r1", "S2", "vl_t96", 65.0), row("r1", "S2", "vl_t96", 67.0),
+                         row("r1", "S2", "rs_x", 64.0, named=True), row("r1", "S2", "vl_t96", 70.0, graph=False),
+                         row("r1", "S2", "vl_t256", 66.0, named=True),
+                         row("r0", "S2", "vl_old", 1.0, commit="fff0000")])
+    from nvfp4lib.study import serving_rounds as rd
+
+    src = rd.Sources(pd.DataFrame(), pd.DataFrame(), list(BENCHMARK), None, rows, rows)
+    text, runs = rd.auto_at("abc1234", ("S2", "S1"))(src)
+    assert text == "graph us: S2 vl_t96 66.0 (host-scheduled 64.0); eager us: S2 vl_t96 70.0" and runs == ["r1"]
+    assert rd.auto_at("abc1234", ("S2",), table="tuned")(src)[0].startswith("graph us: S2 vl_t96 66.0")
+    assert rd.auto_at("1111111", ("S2",))(src) is None
 
 
 def test_floor_target_judges_each_graph_replay_against_the_measured_floor():

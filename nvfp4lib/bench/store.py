@@ -33,6 +33,9 @@ MOE = DATA_DIR / "moe.jsonl"  # the MoE layer against its bf16 peer (nvfp4lib.be
 EP = DATA_DIR / "ep.jsonl"  # the MoE layer over several GPUs, per phase (nvfp4lib.bench.ep_bench, moe-bench --ep W)
 GENERATE = DATA_DIR / "generate.jsonl"  # NVFP4 checkpoints decoded against bf16 (nvfp4lib.bench.generate_bench)
 GATHER = DATA_DIR / "gather.jsonl"  # the one-shot gather alone per shape and knob (nvfp4lib.bench.gather_bench)
+# bench rows of runs under a tuning cache that `nvfp4lib tune` filled (config="auto" ran its tuned choice, not the
+# shipped rule's): kept apart from bench.jsonl, whose auto rows are the shipped rule's
+TUNED = DATA_DIR / "tuned.jsonl"
 # Where commands write their rows unless asked to record them: git-ignored, so running a command never
 # dirties the checkout; data/ grows only by an explicit --record (or `record`).
 SCRATCH_DIR = DATA_DIR.parent / "build"

@@ -325,6 +325,8 @@ def _split_ab(commit: str, column: str = "split_k", values=(False, True), keep=_
     return outcome
 
 
+ONCE_WAIT_COMMIT = "819396d"  # moe-bench --once-wait off on (the single GEMM's study tiers)
+SHORT_K_COMMIT = "aca63ef"  # moe-bench --short-k 0 4096 (the rule by K, switched off after it)
 WIDE_COMMIT = "051a36f"  # the wide decode form's A/B (its code left the package after it; git keeps it there)
 DEEP_COMMIT = "178dc1f"  # the deep decode form's A/B (likewise)
 
@@ -735,6 +737,18 @@ ROUNDS = (
           "Written before the run: a kernel 1-3 us shorter cannot make a host-bound call ~100 us slower, so the eager "
           "times should follow the host's speed, not the arm; if both PREWAIT arms are still slower at the same "
           "host speed, PREWAIT_STAGES goes back to 0.", (PREWAIT_EAGER_COMMIT,), _prewait_eager),
+    Round("The single GEMM's study tilings (over 16 rows per expert) with the once-wait (tuning.ONCE_WAIT, shipped "
+          "from 819396d; notebook 10's rounds). One run on an H200 (moe-bench --once-wait off on, W4A4, Qwen3- and "
+          "DeepSeek-like T = 512 and 4096, uniform)",
+          "None written down before the run; the serving rounds' shapes gained 0.9-2.7 us each.",
+          (ONCE_WAIT_COMMIT,), _arms_in_order(ONCE_WAIT_COMMIT, "once_wait", {False: "off", True: "on"})),
+    Round("A rule by K: at 65-128 rows per expert a GEMM of K <= 4096 takes the 96-token tiles (tuning.SHORT_K, "
+          "shipped in aca63ef from S2 and S2-dual's A/B; notebook 10's rounds). One run on an H200 (moe-bench "
+          "--short-k 0 4096, W4A4, Mixtral-like T = 512 and DeepSeek-like T = 4096, uniform and Zipf); switched off "
+          "in c2ab5a1",
+          "Mixtral-like T = 512 ~3% faster (its gate/up GEMM, K = 4096, is S2-dual's tiling case), DeepSeek-like "
+          "T = 4096 ~1% (its down GEMM is S2's N and K over 256 experts).",
+          (SHORT_K_COMMIT,), _arms_in_order(SHORT_K_COMMIT, "short_k", {0: "off", 4096: "K <= 4096"})),
 )
 
 

@@ -26,12 +26,14 @@ PREDICTED_LAUNCHES, PREDICTED_LAUNCH_US = 2, 6.0
 
 class Sources(NamedTuple):
     """What an outcome is computed from: the rows of data/calls.jsonl and data/gather.jsonl, the problems, the
-    host-scheduled kernel's graph times (:func:`serving_report.host_scheduled_reference`) and data/bench.jsonl."""
+    host-scheduled kernel's graph times (:func:`serving_report.host_scheduled_reference`), data/bench.jsonl and
+    data/tuned.jsonl."""
     calls: pd.DataFrame
     gather: pd.DataFrame
     problems: list
     reference: pd.DataFrame | None = None
     bench: pd.DataFrame | None = None  # data/bench.jsonl: the serving kernel's graph replays per config
+    tuned: pd.DataFrame | None = None  # data/tuned.jsonl: bench runs under a tuning cache `nvfp4lib tune` filled
 
 
 # an outcome: (text, the run ids it rests on), or None where data/ has no rows for it
@@ -238,10 +240,10 @@ def gather_first(commit: str = "6ce62ac", development=None) -> Outcome:
 _DEV_WEIGHTS_US = {"S1": 153.7, "S2": 82.4, "S3": 21.9, "S4": 12.8, "S1-dual": 300.4, "S4-dual": 21.4}
 
 
-def _cute_rows(src: Sources, commit: str, graph: bool = True) -> pd.DataFrame:
+def _cute_rows(src: Sources, commit: str, graph: bool = True, table: str = "bench") -> pd.DataFrame:
     """The bench's graph-replay rows (``graph``; else its eager calls) of the cute-hopper backend at ``commit`` (status
-    ok)."""
-    b = src.bench
+    ok), from ``src.bench`` (or another table of ``src``: "tuned")."""
+    b = getattr(src, table)
     if b is None or not len(b) or "label" not in b:
         return pd.DataFrame()
     graphed = b["label"].astype(str).str.contains("graph=True")
@@ -278,6 +280,33 @@ def bench_ab(commit: str, pairs, reference_prefix: str = "rs_", modes=("graph",)
 
     def measure(src: Sources):
         got = {mode: f(src) for mode, f in parts_of.items()}
+        got = {mode: g for mode, g in got.items() if g is not None}
+        if not got:
+            return None
+        return ("; ".join(f"{mode} us: {text}" for mode, (text, _) in got.items()),
+                sorted({run for _, runs in got.values() for run in runs}))
+    return measure
+
+
+def auto_at(commit: str, shapes, modes=("graph", "eager"), table: str = "bench") -> Outcome:
+    """In the runs at ``commit`` (of ``src.bench``, or ``table``): per shape the config ``auto`` ran and its median per
+    mode, beside the host-scheduled kernel's graph replays in the same runs."""
+    def part(src: Sources, graph: bool):
+        r = _cute_rows(src, commit, graph, table)
+        if not len(r) or "options" not in r:
+            return None
+        auto = r[r["options"].apply(lambda o: not (isinstance(o, dict) and o.get("config")))]
+        host = r[r["config"].astype(str).str.startswith("rs_")]
+        parts = []
+        for shape in shapes:
+            a, h = auto[auto["problem"] == shape], host[host["problem"] == shape]
+            if len(a):
+                parts.append(f"{shape} {a['config'].iloc[0]} {_f(a['median_us'].median())}"
+                             + (f" (host-scheduled {_f(h['median_us'].median())})" if len(h) else ""))
+        return (", ".join(parts), sorted(set(r["run_id"]))) if parts else None
+
+    def measure(src: Sources):
+        got = {mode: part(src, mode == "graph") for mode in modes}
         got = {mode: g for mode, g in got.items() if g is not None}
         if not got:
             return None
@@ -424,6 +453,27 @@ ROUNDS = (
                                ("S3", "vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s3_e_o"),
                                ("S4", "vl_m128_t128_k128_s3_e", "vl_m128_t128_k128_s3_e_o")),
                    modes=("graph", "eager"))),
+    Round("the 96-token tilings with the once-wait (`vl_m128_t96_k128_s3_e_o`, `vl_dual_m64_t96_k128_s3_e_o`: two "
+          "CTAs per SM, the host-scheduled kernel's tiling of S2 and the duals) against the tier S1 and S2 share: per "
+          "shape one process, the shipped config first and last, the arm and the host-scheduled kernel between, "
+          "graph replay and eager calls", "5f3b1c1",
+          "S2 ~65 us and S2-dual ~127 in graph replay, level with the host-scheduled kernel; S1 ~135 and S1-dual ~221: "
+          "slower, so the tier cannot take them",
+          bench_ab("5f3b1c1", (("S1", "vl_m128_t256_k128_s3_v32_e_o", "vl_m128_t96_k128_s3_e_o"),
+                               ("S2", "vl_m128_t256_k128_s3_v32_e_o", "vl_m128_t96_k128_s3_e_o"),
+                               ("S1-dual", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m64_t96_k128_s3_e_o"),
+                               ("S2-dual", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m64_t96_k128_s3_e_o")),
+                   modes=("graph", "eager"))),
+    Round("a rule by K for that tier: at 65-128 rows per group a K of at most 4096 takes the 96-token tiles "
+          "(tuning.SHORT_K; S2 and S2-dual have K = 2048, S1 7168); shipped in aca63ef, switched off in c2ab5a1 after "
+          "the MoE layers it reached ran slower with it (notebook 11's rounds)", "aca63ef",
+          "S2 and S2-dual as their 96-token arms in the A/B before, S1 and S1-dual unchanged; MoE layers: Mixtral-like "
+          "T = 512 ~3% faster, DeepSeek-like T = 4096 ~1%",
+          auto_at("aca63ef", ("S1", "S2", "S1-dual", "S2-dual"))),
+    Round("`nvfp4lib tune` on S2 and S2-dual with the rule off (the 96-token arms are tuning candidates), then the "
+          "auto call under that cache beside the host-scheduled kernel (data/tuned.jsonl)", "c2ab5a1",
+          "tuning takes the 96-token arm on S2-dual (S2: either, they were within 1 us)",
+          auto_at("c1ecaa4", ("S2", "S2-dual"), table="tuned")),
 )
 
 
