@@ -127,3 +127,11 @@ def test_the_build_compiles_the_ptx_the_gpu_machine_compiles(tmp_path):
         assert files, arch
         ptx.append(files[-1].read_text())
     assert ptx[0] == ptx[1]
+
+
+def test_the_build_knobs_are_read_once_for_the_key_and_the_recipe(monkeypatch):
+    """runner.BUILD_KNOBS: the one list of module knobs a build reads; a recipe carries each as it is now."""
+    knobs = runner.build_knobs()
+    assert set(knobs) == {f for f, _, _ in runner.BUILD_KNOBS} and {f: _recipe()[f] for f in knobs} == knobs
+    monkeypatch.setattr(kernel, "PREWAIT_STAGES", 0)
+    assert runner.build_knobs()["prewait"] == 0 and _recipe()["prewait"] == 0

@@ -56,13 +56,23 @@ def _compile(key, make, args, recipe: dict | None = None):
     return fn
 
 
+# The module knobs a kernel's build reads besides its config and shape: (recipe field, module, attribute). They are
+# part of its compile key and its AOT recipe, and set from a recipe to build it elsewhere (aot_compile).
+BUILD_KNOBS = (("chain", pdl, "CHAIN"), ("chain_gemm", pdl, "CHAIN_GEMM"), ("prewait", kernel, "PREWAIT_STAGES"))
+
+
+def build_knobs() -> dict:
+    """:data:`BUILD_KNOBS` as they are now, by recipe field."""
+    return {field: getattr(mod, name) for field, mod, name in BUILD_KNOBS}
+
+
 def _recipe(kind: str, cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, **more) -> dict | None:
     """What :func:`aot_compile` needs to build this kernel again on another machine, with the knobs its build reads
     as they are now; None where it cannot be rebuilt from a recipe (a config not in CONFIGS, a timeline address)."""
     if CONFIGS.get(cfg.name) != cfg or kernel.TIMELINE:
         return None
     return {"kind": kind, "config": cfg.name, "groups": groups, "n": n, "k_pad": k_pad, "out": out_name,
-            "chain": bool(pdl.CHAIN), "chain_gemm": bool(pdl.CHAIN_GEMM), "prewait": kernel.PREWAIT_STAGES, **more}
+            **build_knobs(), **more}
 
 
 def _parts(kind: str, cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, k: int | None = None,
@@ -85,18 +95,19 @@ def aot_compile(recipe: dict, options: str):
 
     make, args = _parts(recipe["kind"], CONFIGS[recipe["config"]], recipe["groups"], recipe["n"], recipe["k_pad"],
                         recipe["out"], k=recipe.get("k"), fused=recipe.get("fused", False))
-    old = pdl.CHAIN, pdl.CHAIN_GEMM, kernel.PREWAIT_STAGES
-    pdl.CHAIN, pdl.CHAIN_GEMM, kernel.PREWAIT_STAGES = recipe["chain"], recipe["chain_gemm"], recipe["prewait"]
+    old = build_knobs()
+    for field, mod, name in BUILD_KNOBS:
+        setattr(mod, name, recipe[field])
     try:
         return cute.compile(make(), *args(), options=f"{options} {TVM_FFI}")
     finally:
-        pdl.CHAIN, pdl.CHAIN_GEMM, kernel.PREWAIT_STAGES = old
+        for field, mod, name in BUILD_KNOBS:
+            setattr(mod, name, old[field])
 
 
 def compile_gemm(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, k: int | None = None):
     """The GEMM alone (``act="bf16"``: B is the caller's rows, K = ``k``), compiled once per shape."""
-    return _compile(("gemm", cfg, groups, n, k_pad, out_name, k or k_pad, pdl.CHAIN, pdl.gemm_chained(),
-                     kernel.TIMELINE, kernel.PREWAIT_STAGES),
+    return _compile(("gemm", cfg, groups, n, k_pad, out_name, k or k_pad, kernel.TIMELINE, *build_knobs().values()),
                     *_parts("varlen-gemm", cfg, groups, n, k_pad, out_name, k=k),
                     _recipe("varlen-gemm", cfg, groups, n, k_pad, out_name, k=k or k_pad))
 
@@ -107,8 +118,7 @@ def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
     ``fused``, else two;
     None: :data:`.kernel.FUSED_PROLOGUE`), compiled once per shape."""
     fused = kernel.FUSED_PROLOGUE if fused is None else fused
-    return _compile(("call", cfg, groups, n, k_pad, out_name, fused, pdl.CHAIN, pdl.gemm_chained(),
-                     kernel.TIMELINE, kernel.PREWAIT_STAGES),
+    return _compile(("call", cfg, groups, n, k_pad, out_name, fused, kernel.TIMELINE, *build_knobs().values()),
                     *_parts("varlen-call", cfg, groups, n, k_pad, out_name, fused=fused),
                     _recipe("varlen-call", cfg, groups, n, k_pad, out_name, fused=bool(fused)))
 
