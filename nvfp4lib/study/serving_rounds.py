@@ -276,8 +276,11 @@ def bench_ab(commit: str, pairs, reference_prefix: str = "rs_", modes=("graph",)
     """In the runs at ``commit``: per (shape, config A, config B) the graph replays (and with "eager" in ``modes``, the
     eager calls) of both configs, each the median of its rows, beside the host-scheduled kernel's config (name
     starting ``reference_prefix``) timed in the same run."""
-    parts_of = {mode: _ab_parts(commit, pairs, reference_prefix, mode == "graph") for mode in modes}
+    return _per_mode({mode: _ab_parts(commit, pairs, reference_prefix, mode == "graph") for mode in modes})
 
+
+def _per_mode(parts_of: dict) -> Outcome:
+    """One outcome of several modes' parts ({mode: outcome}): "graph us: ...; eager us: ...", the runs of all."""
     def measure(src: Sources):
         got = {mode: f(src) for mode, f in parts_of.items()}
         got = {mode: g for mode, g in got.items() if g is not None}
@@ -305,14 +308,7 @@ def auto_at(commit: str, shapes, modes=("graph", "eager"), table: str = "bench")
                              + (f" (host-scheduled {_f(h['median_us'].median())})" if len(h) else ""))
         return (", ".join(parts), sorted(set(r["run_id"]))) if parts else None
 
-    def measure(src: Sources):
-        got = {mode: part(src, mode == "graph") for mode in modes}
-        got = {mode: g for mode, g in got.items() if g is not None}
-        if not got:
-            return None
-        return ("; ".join(f"{mode} us: {text}" for mode, (text, _) in got.items()),
-                sorted({run for _, runs in got.values() for run in runs}))
-    return measure
+    return _per_mode({mode: (lambda src, graph=(mode == "graph"): part(src, graph)) for mode in modes})
 
 
 def _ab_parts(commit: str, pairs, reference_prefix: str, graph: bool):
