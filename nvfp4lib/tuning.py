@@ -161,9 +161,10 @@ PREFERENCE = (
 # 96-token tiles pad to 192 (50% more MMA work, twice the tiles' weight decode) where the 32-token steps of the
 # 256-token tile pad to 128; S2's groups (40-196 rows) padded 13.5% more. The call knows only the mean rows per group
 # (no read-back), not how they spread, so no rule here can tell S2 from uniform routing: SHORT_K = 0, off. The two
-# arms are tuning candidates (exact in the serving GPU tests, timed in these runs): `nvfp4lib tune` takes them per
-# shape where they win (S2, S2-dual). With the rule on at the same commit (aca63ef) the auto call ran S2 in 65.4,
-# 66.4 us and S2-dual in 128.2, 129.6 (host-scheduled 65.2 and 125.1).
+# arms are tuning candidates (exact in the serving GPU tests, timed in these runs). With the rule on (aca63ef) the auto
+# call ran S2 in 65.4, 66.4 us and S2-dual in 128.2, 129.6 (host-scheduled 65.2 and 125.1). `nvfp4lib tune` with it
+# off (H200, data/tuned.jsonl): S2 kept the 256-token tile (eager 67.9 us against 68.3), S2-dual took the 96-token one
+# (134.7 against 139.0), then ran 126.5, 128.2 in graph replay (host-scheduled 124.0).
 SHORT_K = 0
 SHORT_K_TIER = (128, ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o"))
 
