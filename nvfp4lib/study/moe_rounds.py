@@ -574,6 +574,19 @@ def _prewait_shipped(r: Reader) -> str | None:
             f"both routings, graph replay: " + ", ".join(parts) + ". Qwen3-like T = 1: " + ", ".join(q))
 
 
+def _generic(before: str | None, after: str):
+    """A commit no round names: its rows against the previous commit's, the same cases (both routings)."""
+    def outcome(r: Reader) -> str | None:
+        if before is None:
+            return None
+        p = r.pair(before, after, routing=None)
+        if not len(p):
+            return None
+        return (f"{before} -> {after}, {len(p)} cases, graph time before / after: "
+                + _per_label(p, lambda g: g["before"] / g["after"], "{:.2f}x"))
+    return outcome
+
+
 ROUNDS = (
     Round("NVFP4MoE end to end on cute-hopper, W4A4 only (W4A16 not built): the first moe-bench run",
           _floors_prediction, ("b3d663e",), _first_run),
@@ -684,6 +697,11 @@ ROUNDS = (
           "as shipped, T = 1, 8, 64, uniform)",
           "Each mode as its better arm of the second A/B ran: W4A4 as with every GEMM's trigger, W4A16 as without.",
           (CHAIN_COMMITS[2],), _chain_shipped),
+    Round("Chained launches scoped to the single-GPU layer's forward (pdl.scope): the expert-parallel steps and "
+          "direct calls of the routing and quantizer launch unchained, as before the chain. One run on an H200 "
+          "(Qwen3-like T = 1, both modes and routings)",
+          "None written down before the run: the layer's own chain is unchanged, so its times should hold.",
+          ("e13c986",), _generic(CHAIN_COMMITS[2], "e13c986")),
     Round("A probe, not shipped: moe-bench --timeline, the GEMMs built with per-CTA stamps (clock64 at entry, tile "
           "found, after the wait, first stage landed, mainloop end, epilogue end), read from one graph replay. One run "
           "on an H200 (T = 1 and 8, both modes, uniform)",
@@ -750,19 +768,6 @@ ROUNDS = (
           "T = 4096 ~1% (its down GEMM is S2's N and K over 256 experts).",
           (SHORT_K_COMMIT,), _arms_in_order(SHORT_K_COMMIT, "short_k", {0: "off", 4096: "K <= 4096"})),
 )
-
-
-def _generic(before: str | None, after: str):
-    """A commit no round names: its rows against the previous commit's, the same cases (both routings)."""
-    def outcome(r: Reader) -> str | None:
-        if before is None:
-            return None
-        p = r.pair(before, after, routing=None)
-        if not len(p):
-            return None
-        return (f"{before} -> {after}, {len(p)} cases, graph time before / after: "
-                + _per_label(p, lambda g: g["before"] / g["after"], "{:.2f}x"))
-    return outcome
 
 
 def _not_ok_note(rows: pd.DataFrame, commits: tuple[str, ...]) -> str:
