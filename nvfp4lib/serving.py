@@ -121,6 +121,12 @@ class PreparedWeights:
         """The config a call with ``rows`` rows runs (resolved without timing)."""
         return self.impl.config_for(rows)
 
+    def choice_source(self, rows: int) -> str:
+        """Where :meth:`config_for` takes its config from: "named" (given to prepare_weights, or a backend with one),
+        "tuned" (the tuning cache, filled by ``tune``) or "rule" (:func:`nvfp4lib.tuning.heuristic`)."""
+        source = getattr(self.impl, "choice_source", None)
+        return source(rows) if source is not None else "named"
+
     def __call__(self, a, offsets=None, *, global_scale=None, out=None):
         """``out``: (packed form, eager) a [T, N] tensor of ``out_dtype`` to write instead of a new one."""
         if self.activations == "bf16":
@@ -479,6 +485,11 @@ class _CuteHopperImpl:
         if bucket not in self._choice:
             self._choice[bucket] = lookup(self._key(bucket)) or self._heuristic(bucket)
         return self._choice[bucket]
+
+    def choice_source(self, rows: int) -> str:
+        if self.fixed:
+            return "named"
+        return "tuned" if lookup(self._key(m_bucket(rows, self.weights.groups))) else "rule"
 
     def _heuristic(self, bucket: int) -> str:
         if self.activations == "nvfp4":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ._version import __version__
 
-__all__ = ["cache_dir", "m_bucket", "problem_key", "lookup", "store", "heuristic", "shipped", "tune"]
+__all__ = ["cache_dir", "m_bucket", "problem_key", "lookup", "store", "heuristic", "rule_knobs", "shipped", "tune"]
 
 _lock = threading.Lock()
 _memory: dict[str, str] | None = None
@@ -167,6 +167,12 @@ PREFERENCE = (
 # (134.7 against 139.0), then ran 126.5, 128.2 in graph replay (host-scheduled 124.0).
 SHORT_K = 0
 SHORT_K_TIER = (128, ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o"))
+
+
+def rule_knobs() -> dict:
+    """The knobs of the shape rule as set now: what bench and calls rows of config="auto" carry, and what the reports
+    keep the serving kernel's rows at (``study.serving_report``)."""
+    return {"once_wait": bool(ONCE_WAIT), "short_k": int(SHORT_K)}
 
 
 def shipped() -> set[str]:

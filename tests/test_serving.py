@@ -570,3 +570,23 @@ def test_split_setting_sets_the_knobs_for_a_block_only():
     with pytest.raises(ValueError, match="split_k 'fast'"), vc.split_setting("fast"):
         pass
     assert (vc.SPLIT_K, vc.SPLIT_RULE) == (True, vc.SHIPPED_SPLIT_RULE)
+
+
+def test_choice_source_says_where_auto_took_its_config(tmp_path, monkeypatch):
+    """config="auto" reports "rule" on a cache miss and "tuned" once the tuning cache holds the bucket; a named config
+    reports "named" (bench and calls rows carry it, so a tuned run is never read as the shipped rule's)."""
+    from nvfp4lib.serving import PreparedWeights, _CuteHopperImpl
+
+    monkeypatch.setenv("NVFP4LIB_CACHE", str(tmp_path))
+    tuning.forget_memory()
+    key = tuning.problem_key("H200", "cute-hopper", False, torch.float16, 8, 7168, 2048, 128)
+    fake = types.SimpleNamespace(fixed=None, weights=types.SimpleNamespace(groups=8), _key=lambda bucket: key)
+    assert _CuteHopperImpl.choice_source(fake, 1024) == "rule"
+    tuning.store(key, "vl_m128_t96_k128_s3_e_o")
+    assert _CuteHopperImpl.choice_source(fake, 1024) == "tuned"
+    fake.fixed = "vl_m128_t96_k128_s3_e_o"
+    assert _CuteHopperImpl.choice_source(fake, 1024) == "named"
+    tuning.forget_memory()
+    plain = types.SimpleNamespace(impl=types.SimpleNamespace())  # (a backend without a choice: the reference)
+    assert PreparedWeights.choice_source(plain, 8) == "named"
+    assert tuning.rule_knobs() == {"once_wait": tuning.ONCE_WAIT, "short_k": tuning.SHORT_K}

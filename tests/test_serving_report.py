@@ -359,3 +359,20 @@ def test_floor_target_judges_each_graph_replay_against_the_measured_floor():
     ft = sr.floor_target(latest)
     assert list(ft.index) == ["S1", "S4"] and list(ft.iloc[:, -1]) == [True, False]
     assert sr.floor_target(pd.DataFrame()).empty
+
+
+def test_rule_as_shipped_drops_tuned_rows_and_other_rules(monkeypatch):
+    from nvfp4lib import tuning
+
+    monkeypatch.setattr(tuning, "SHORT_K", 0)
+    monkeypatch.setattr(tuning, "ONCE_WAIT", True)
+    rows = pd.DataFrame([
+        {"id": 1, "info_choice": "rule", "info_once_wait": True, "info_short_k": 0},
+        {"id": 2, "info_choice": "tuned", "info_once_wait": True, "info_short_k": 0},  # a tuning cache's choice
+        {"id": 3, "info_choice": "rule", "info_once_wait": True, "info_short_k": 4096},  # another rule
+        {"id": 4, "info_choice": "rule", "info_once_wait": False, "info_short_k": 0},
+        {"id": 5},  # from before the fields
+    ])
+    assert sr.rule_as_shipped(rows, "info_")["id"].tolist() == [1, 5]
+    assert sr.rule_as_shipped(rows.rename(columns=lambda c: c.replace("info_", "")))["id"].tolist() == [1, 5]
+    assert sr.rule_as_shipped(rows)["id"].tolist() == [1, 2, 3, 4, 5]  # (no such columns without the prefix)

@@ -115,6 +115,7 @@ def prepare_serving(a, b, b2, *, out_dtype=torch.float16, config: str = "auto") 
     with the output and offsets kept between calls (as a serving loop keeps them)."""
     from ..formats import NVFP4Tensor
     from ..serving import prepare_weights
+    from ..tuning import rule_knobs
 
     t0 = time.perf_counter()
     shape = tuple(b[0].shape)
@@ -138,7 +139,8 @@ def prepare_serving(a, b, b2, *, out_dtype=torch.float16, config: str = "auto") 
     cfg = w.config_for(sum(m))
     return Runner(run, outputs, prepare_s=time.perf_counter() - t0, held_bytes=w.held_bytes,
                   notes=f"prepared weights (serving kernel), config {cfg}; w(a_packed, offsets) per call",
-                  info={"config": cfg, "serving": True}, keepalive=(w, packed, offsets, gs, c))
+                  info={"config": cfg, "serving": True, "choice": w.choice_source(sum(m)), **rule_knobs()},
+                  keepalive=(w, packed, offsets, gs, c))
 
 
 def fastest_runner(prepare_config, candidates, device, *, iters: int = 10, rounds: int = 2) -> Runner:

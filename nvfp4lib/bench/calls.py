@@ -171,8 +171,9 @@ def bench_calls(problems: list[GroupedProblem], *, backend: str = "cute-hopper",
     knobs = {}
     if backend == "cute-hopper":  # the kernel knobs a call form's times depend on
         from ..kernels.hopper_varlen import kernel
+        from ..tuning import rule_knobs
 
-        knobs = kernel.call_knobs()
+        knobs = {**kernel.call_knobs(), **rule_knobs()}  # (and the shape rule's: which config auto runs)
     probe = host_probe()  # the host's state in this run: its speed decides the host-bound forms' verdicts
     setups = []
     for prob in problems:
@@ -193,7 +194,8 @@ def bench_calls(problems: list[GroupedProblem], *, backend: str = "cute-hopper",
         for prob, base, w, inputs, acts, refs, ref_w, floor in setups:
             nbytes = sum(prob.m) * prob.n[0] * 2
             for call in calls:
-                row = {**base, "round": rnd, "call": call, "config": w.config_for(sum(prob.m))}
+                row = {**base, "round": rnd, "call": call, "config": w.config_for(sum(prob.m)),
+                       "choice": w.choice_source(sum(prob.m))}
                 try:
                     row.update(_one(call, prob, w, inputs, acts, refs, ref_w, nbytes, iters, flush, api, compat))
                 except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:

@@ -20,6 +20,7 @@ import statistics
 from pathlib import Path
 
 from ..bench.roofline import H100_SXM_DATASHEET, add_floors
+from .serving_report import rule_as_shipped
 
 __all__ = ["PROBLEMS", "DEFAULT", "PREDEQUANT", "MIN_RUNS", "qualifying_runs", "headline", "markdown", "write_readme",
            "START", "END", "shapes_markdown"]
@@ -41,10 +42,12 @@ def _is_triton(label: str) -> bool:
 
 def qualifying_runs(df) -> tuple[str | None, list[str]]:
     """(commit, run ids): the runs that timed the default, the predequant peer and a Triton peer on every headline
-    problem (status ok), at the latest commit holding at least MIN_RUNS of them (else the latest commit with any)."""
+    problem (status ok), at the latest commit holding at least MIN_RUNS of them (else the latest commit with any). The
+    default's rows count where auto took the shape rule as shipped (serving_report.rule_as_shipped)."""
     if df is None or not len(df) or "label" not in df:
         return None, []
     ok = _current(df[(df["status"] == "ok") & df["problem"].isin(PROBLEMS)])
+    ok = ok[~ok["label"].isin((DEFAULT, EAGER)) | ok.index.isin(rule_as_shipped(ok, "info_").index)]
     good = []
     for rid, g in ok.groupby("run_id"):
         probs = set(PROBLEMS)

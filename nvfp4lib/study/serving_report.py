@@ -18,6 +18,7 @@ from ..bench.calls import CALLS
 from ..bench.roofline import add_floors
 from ..bench.store import HOPPER_KERNELS, dirty_state
 from ..problems import GroupedProblem
+from ..tuning import rule_knobs
 from .plots import caption
 from .plots import shown as _shown
 
@@ -25,7 +26,7 @@ __all__ = ["CALLS", "latest_calls", "missing_calls", "runs_used", "calls_table",
            "serving_against_host", "floor_target", "ISSUE41_FLOOR_X", "weight_bytes", "predictions", "targets",
            "calls_figure", "gather_table", "gather_ab", "gather_variants", "back_to_back", "verdicts_by_run",
            "full_runs", "misses_by_shape", "host_correlation", "Verdict", "verdict", "eager_host_table", "gather_now",
-           "shown", "calls_ab_runs", "TARGET_TEXT", "AUTO_NOT_SHIPPED"]
+           "shown", "calls_ab_runs", "TARGET_TEXT", "AUTO_NOT_SHIPPED", "rule_as_shipped"]
 
 # the kernel that scheduled its tiles on the host (prepare(a, b) built the tile table from each group's M): the
 # graph times the serving kernel must stay within 10% of
@@ -69,17 +70,18 @@ def latest_calls(rows: pd.DataFrame, problems=None, backend: str = "cute-hopper"
 
 def shipped_calls(rows: pd.DataFrame) -> pd.DataFrame:
     """The calls rows that ran the kernel as the package ships it now: each knob of
-    :func:`.kernels.hopper_varlen.kernel.call_knobs` equal to its default, or absent (rows from before the knob, which
-    came in on 2026-11-27). A knob's A/B (every run of a commit whose runs set the knob both
-    ways, the shipped side too: short alternating runs, :func:`knob_ab`) stays out of the headline."""
+    :func:`.kernels.hopper_varlen.kernel.call_knobs` and :func:`nvfp4lib.tuning.rule_knobs` equal to its default, or
+    absent (rows from before the knob, which came in on 2026-11-27), and no config from a tuning cache. A knob's A/B
+    (every run of a commit whose runs set the knob both ways, the shipped side too: short alternating runs,
+    :func:`knob_ab`) stays out of the headline."""
     from ..kernels.hopper_varlen import kernel
 
-    defaults = kernel.call_knobs()
+    defaults = {**kernel.call_knobs(), **rule_knobs()}
     keep = pd.Series(True, index=rows.index)
     for knob in defaults:
         if knob in rows:
             keep &= rows.groupby("git_commit")[knob].transform("nunique") <= 1
-    return _at_defaults(rows[keep], defaults)
+    return rule_as_shipped(_at_defaults(rows[keep], defaults))
 
 
 def _ok_shipped(rows: pd.DataFrame, problems, backend: str, clean_only: bool = True) -> pd.DataFrame:
@@ -90,6 +92,20 @@ def _ok_shipped(rows: pd.DataFrame, problems, backend: str, clean_only: bool = T
     if clean_only and "git_dirty" in sel:
         sel = sel[~sel["git_dirty"].fillna(False).astype(bool)]
     return sel
+
+
+def rule_as_shipped(rows: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
+    """The rows whose config="auto" took the shape rule as shipped now: not a tuning cache's choice (``choice``
+    "tuned"), each knob of :func:`nvfp4lib.tuning.rule_knobs` at its value now; rows from before those fields (absent
+    or NaN) stay. ``prefix``: the fields' prefix (bench rows carry them as ``info_*``)."""
+    keep = pd.Series(True, index=rows.index)
+    if prefix + "choice" in rows:
+        keep &= rows[prefix + "choice"].ne("tuned")
+    for knob, value in rule_knobs().items():
+        if prefix + knob in rows:
+            col = rows[prefix + knob]
+            keep &= col.isna() | (col == value)
+    return rows[keep]
 
 
 def _at_defaults(rows: pd.DataFrame, defaults: dict) -> pd.DataFrame:
@@ -660,7 +676,8 @@ def serving_against_host(bench_rows: pd.DataFrame, problems=None, gpu: str | Non
     kernel as shipped (``cute-hopper:graph=1``, its ``auto`` config) and a host-scheduled config (``rs_*``) in CUDA
     graphs in one process; each's median over that run's rows (a run may time the serving kernel before and after
     the other, to show drift), their ratio and whether the serving kernel is at most as slow (target: ratio <= 1).
-    Runs at a commit of :data:`AUTO_NOT_SHIPPED` do not count.
+    Runs at a commit of :data:`AUTO_NOT_SHIPPED`, under a tuning cache or with another shape rule
+    (:func:`rule_as_shipped`) do not count.
     ``gpu``: only runs on a card whose name contains it (None: the latest run on any card)."""
     if bench_rows is None or not len(bench_rows) or "options" not in bench_rows:
         return pd.DataFrame()
@@ -672,7 +689,7 @@ def serving_against_host(bench_rows: pd.DataFrame, problems=None, gpu: str | Non
     named = opts.loc[ok.index].apply(lambda o: o.get("config"))
     cfg = ok["config"].astype(str)
     as_shipped = ~ok["git_commit"].astype(str).str[:7].isin(AUTO_NOT_SHIPPED)
-    serving = ok[named.isna() & cfg.str.startswith("vl_") & as_shipped]
+    serving = rule_as_shipped(ok[named.isna() & cfg.str.startswith("vl_") & as_shipped], "info_")
     host = ok[cfg.str.startswith("rs_")]
     out = []
     for p in (_names(problems) if problems else dict.fromkeys(serving["problem"])):
