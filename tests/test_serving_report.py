@@ -4,6 +4,7 @@ import pytest
 
 from nvfp4lib import BENCHMARK, DUAL
 from nvfp4lib.bench import roofline as rl
+from nvfp4lib.study import gather_report as gr
 from nvfp4lib.study import serving_report as sr
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -104,11 +105,11 @@ def test_gather_ab_pairs_two_commits_by_median_over_runs():
                          row("aaaaaaa1", "r3", "weights", 154.0), row("bbbbbbb2", "r4", "weights", 124.0),
                          row("bbbbbbb2", "r4", "weights", 60.0, kcu=4),  # another knob: not compared
                          row("ccccccc3", "r5", "weights", 10.0)])  # a third commit: ignored
-    ab = sr.gather_ab(rows, "aaaaaaa", "bbbbbbb", [BENCHMARK[0]])
+    ab = gr.gather_ab(rows, "aaaaaaa", "bbbbbbb", [BENCHMARK[0]])
     got = ab.loc[("S1", "weights")]
     assert got["aaaaaaa us"] == 152.0 and got["bbbbbbb us"] == 122.0
     assert got["after / before"] == pytest.approx(122.0 / 152.0) and got["runs"] == 2 and bool(got["identical"])
-    assert sr.gather_ab(rows, "aaaaaaa", "ddddddd").empty  # no rows of one side: nothing to compare
+    assert gr.gather_ab(rows, "aaaaaaa", "ddddddd").empty  # no rows of one side: nothing to compare
 
 
 def test_gather_rows_of_other_knob_settings_are_kept_apart():
@@ -126,15 +127,15 @@ def test_gather_rows_of_other_knob_settings_are_kept_apart():
                          row("bbbbbbb2", "r1", 115.0, "2026-11-26T21:19:00", prefetch=PREFETCH),
                          row("bbbbbbb2", "r1", 99.0, "2026-11-26T21:19:00", prefetch=PREFETCH, prmt=1),
                          row("bbbbbbb2", "r2", 116.0, "2026-11-26T21:40:00", prefetch=PREFETCH)])
-    ab = sr.gather_ab(rows, "aaaaaaa", "bbbbbbb", [BENCHMARK[0]])
+    ab = gr.gather_ab(rows, "aaaaaaa", "bbbbbbb", [BENCHMARK[0]])
     assert ab.loc[("S1", "weights"), "bbbbbbb us"] == 115.5  # r1's and r2's shipped rows only
-    assert sr.gather_table(rows, [BENCHMARK[0]]).loc["S1", "weights kcu=8 us"] == 116.0  # the latest run, shipped
-    v = sr.gather_variants(rows, ["aaaaaaa", "bbbbbbb"], [BENCHMARK[0]])
+    assert gr.gather_table(rows, [BENCHMARK[0]]).loc["S1", "weights kcu=8 us"] == 116.0  # the latest run, shipped
+    v = gr.gather_variants(rows, ["aaaaaaa", "bbbbbbb"], [BENCHMARK[0]])
     assert v.loc["S1", ("21:19 aaaaaaa", "as shipped")] == 122.0
     assert v.loc["S1", ("21:19 bbbbbbb", f"prefetch={PREFETCH} prmt=1")] == 99.0
     assert v.loc["S1", ("21:19 bbbbbbb", f"prefetch={1 - PREFETCH}")] == 117.0
     assert v.loc["S1", ("21:40 bbbbbbb", f"prefetch={PREFETCH}")] == 116.0
-    assert sr.gather_variants(rows, ["ddddddd"]).empty
+    assert gr.gather_variants(rows, ["ddddddd"]).empty
 
 
 def test_calls_ab_pairs_runs_of_one_form_by_commit():

@@ -14,81 +14,28 @@ from typing import Callable
 
 import pandas as pd
 
-from ..bench.moe_bench import LABELS
+from .moe_reader import (
+    KEY,
+    NO_PREDICTION,
+    NOT_RECORDED,
+    PEER,
+    SHORT,
+    W4A4,
+    W4A16,
+    Reader,
+    ab_at,
+    arms_in_order,
+    generic,
+    not_probe,
+    per_label,
+    span,
+    speedups,
+    split_ab,
+    timed_in_order,
+)
 from .moe_report import DECODE_MAX_T, PREFILL_MIN_T, predicted_floors
 
 __all__ = ["Round", "ROUNDS", "Reader", "rounds_table", "NOT_RECORDED", "NO_PREDICTION"]
-
-NOT_RECORDED = "not recorded in data/"
-NO_PREDICTION = "none written down"
-W4A4, W4A16, PEER = LABELS["nvfp4"], LABELS["bf16"], LABELS["peer"]
-SHORT = {W4A4: "W4A4", W4A16: "W4A16", PEER: "bf16"}
-KEY = ["layer", "tokens", "routing", "label"]
-
-
-class Reader:
-    """The ok rows of ``data/moe.jsonl``, read by commit; the runs each read used are kept in ``used``."""
-
-    def __init__(self, rows: pd.DataFrame):
-        ok = rows[rows["status"] == "ok"] if len(rows) and "status" in rows else pd.DataFrame(columns=[*KEY, "run_id"])
-        self.all = rows  # (every row, whatever its status: a round may count the cases that went wrong)
-        self.rows = ok.assign(commit=ok["git_commit"].astype(str).str[:7]) if len(ok) else ok
-        self.used: dict[str, list[str]] = {}
-
-    def at(self, commit: str, *, layers=None, tokens=None, routing: str | None = "uniform") -> pd.DataFrame:
-        """The latest ok row of each case measured at ``commit`` (several runs at one commit count together),
-        narrowed to ``layers``, ``tokens`` (a collection or a predicate) and ``routing`` (None: both)."""
-        if not len(self.rows):
-            return self.rows
-        sel = self.rows[self.rows["commit"] == commit[:7]]
-        if layers is not None:
-            sel = sel[sel["layer"].isin(layers)]
-        if tokens is not None:
-            sel = sel[sel["tokens"].map(tokens).astype(bool) if callable(tokens) else sel["tokens"].isin(tokens)]
-        if routing is not None:
-            sel = sel[sel["routing"] == routing]
-        sel = sel.sort_values("run_id").groupby(KEY, sort=False).tail(1)
-        for run in sorted(set(sel["run_id"])):
-            self.used.setdefault(commit[:7], [])
-            if run not in self.used[commit[:7]]:
-                self.used[commit[:7]].append(run)
-        return sel
-
-    def pair(self, before: str, after: str, col: str = "median_us", **narrow) -> pd.DataFrame:
-        """The cases measured at both commits: ``before`` and ``after`` values of ``col``; empty if either lacks
-        them."""
-        a, b = self.at(before, **narrow), self.at(after, **narrow)
-        if not len(a) or not len(b) or col not in a or col not in b:
-            return pd.DataFrame(columns=[*KEY, "before", "after"])
-        m = a[[*KEY, col]].merge(b[[*KEY, col]], on=KEY, suffixes=("_a", "_b"))
-        return m.rename(columns={f"{col}_a": "before", f"{col}_b": "after"}).dropna(subset=["before", "after"])
-
-
-def _span(values, fmt: str = "{:.2f}") -> str:
-    v = sorted(float(x) for x in values if pd.notna(x))
-    if not v:
-        return "—"
-    lo, hi = fmt.format(v[0]), fmt.format(v[-1])
-    return lo if lo == hi else f"{lo} to {hi}"
-
-
-def _per_label(df: pd.DataFrame, value: Callable[[pd.DataFrame], pd.Series], fmt: str, labels=(W4A4, W4A16, PEER),
-               names: dict | None = None) -> str:
-    names = names or {}
-    parts = [f"{names.get(lab, SHORT[lab])} {_span(value(df[df['label'] == lab]), fmt)}" for lab in labels
-             if (df["label"] == lab).any()]
-    return ", ".join(parts)
-
-
-def _speedups(df: pd.DataFrame, labels=(W4A4, W4A16)) -> str:
-    """bf16 layer time over each mode's, per case of ``df``, as ranges."""
-    p = df[df["label"] == PEER].set_index(["layer", "tokens", "routing"])["median_us"]
-    parts = []
-    for lab in labels:
-        m = df[df["label"] == lab].set_index(["layer", "tokens", "routing"])["median_us"]
-        if len(m):
-            parts.append(f"bf16 / {SHORT[lab]} {_span((p / m).dropna())}x")
-    return ", ".join(parts) if parts else "—"
 
 
 @dataclass(frozen=True)
@@ -113,7 +60,7 @@ def _floors_prediction() -> str:
     mem = int(((dec["NVFP4 floor bound"] == "memory") & (dec["bf16 floor bound"] == "memory")).sum())
     top = p[p.index.get_level_values("T") == p.index.get_level_values("T").max()]
     comp = int((top["NVFP4 floor bound"] == "compute").sum())
-    ratio = _span(dec["bf16 floor / NVFP4 floor"])
+    ratio = span(dec["bf16 floor / NVFP4 floor"])
     return (f"From the H100 datasheet floors alone (no run): at T <= {DECODE_MAX_T} both floors are memory-bound in "
             f"{mem} of {len(dec)} (layer, T) cases and bf16 floor / NVFP4 floor is {ratio}x: an NVFP4 layer at its "
             "floor beats a bf16 layer at its own by that much (the decode target asks 2.5x). "
@@ -126,8 +73,8 @@ def _first_run(r: Reader) -> str | None:
     if not len(d):
         return None
     dec, pre = d[d["tokens"] <= DECODE_MAX_T], d[d["tokens"] == d["tokens"].max()]
-    return (f"both routings, T <= {DECODE_MAX_T}: {_speedups(dec, (W4A4,))}; T = {int(pre['tokens'].max())}: "
-            f"{_speedups(pre, (W4A4,))}")
+    return (f"both routings, T <= {DECODE_MAX_T}: {speedups(dec, (W4A4,))}; T = {int(pre['tokens'].max())}: "
+            f"{speedups(pre, (W4A4,))}")
 
 
 def _w4a16_built(r: Reader) -> str | None:
@@ -136,7 +83,7 @@ def _w4a16_built(r: Reader) -> str | None:
         return None
     dec, pre = d[d["tokens"] <= DECODE_MAX_T], d[d["tokens"] >= PREFILL_MIN_T]
     n16 = int((d["label"] == W4A16).sum())
-    return (f"W4A16 ok in {n16} cases; T <= {DECODE_MAX_T}: {_speedups(dec)}; T >= {PREFILL_MIN_T}: {_speedups(pre)} "
+    return (f"W4A16 ok in {n16} cases; T <= {DECODE_MAX_T}: {speedups(dec)}; T >= {PREFILL_MIN_T}: {speedups(pre)} "
             "(both routings)")
 
 
@@ -150,8 +97,8 @@ def _quantizer(r: Reader) -> str | None:
     before, after = gap("a29692e"), gap("5467d03")
     if not len(after):
         return None
-    return (f"W4A4 - W4A16 at T <= {DECODE_MAX_T}, uniform: {_span(after, '{:+,.1f}')} us at 5467d03 "
-            f"(at a29692e: {_span(before, '{:+,.1f}')} us)")
+    return (f"W4A4 - W4A16 at T <= {DECODE_MAX_T}, uniform: {span(after, '{:+,.1f}')} us at 5467d03 "
+            f"(at a29692e: {span(before, '{:+,.1f}')} us)")
 
 
 def _speedup_between(before: str, after: str, **narrow):
@@ -160,7 +107,7 @@ def _speedup_between(before: str, after: str, **narrow):
         if not len(p):
             return None
         return (f"{before} -> {after}, time before / after: "
-                + _per_label(p, lambda g: g["before"] / g["after"], "{:.2f}x", names={PEER: "bf16 (untouched)"}))
+                + per_label(p, lambda g: g["before"] / g["after"], "{:.2f}x", names={PEER: "bf16 (untouched)"}))
     return outcome
 
 
@@ -178,14 +125,14 @@ def _routing_launch(r: Reader) -> str | None:
     if not len(small):
         return None
     out = ("5467d03 -> e48509f, uniform, T <= 8, time after - before: "
-           + _per_label(small, lambda g: g["after"] - g["before"], "{:+,.1f}") + " us")
+           + per_label(small, lambda g: g["after"] - g["before"], "{:+,.1f}") + " us")
     mid = r.pair("5467d03", "e48509f", layers=["deepseek-v3", "qwen3-moe"], tokens=[64])
     if len(mid):
-        out += "; T = 64 at k = 8 (512 copies): " + _per_label(mid, lambda g: g["after"] - g["before"], "{:+,.1f}") \
+        out += "; T = 64 at k = 8 (512 copies): " + per_label(mid, lambda g: g["after"] - g["before"], "{:+,.1f}") \
             + " us"
     big = r.pair("5467d03", "e48509f", layers=["mixtral"], tokens=[512])
     if len(big):
-        out += "; mixtral T = 512 (1024 copies): " + _per_label(big, lambda g: g["after"] - g["before"], "{:+,.1f}") \
+        out += "; mixtral T = 512 (1024 copies): " + per_label(big, lambda g: g["after"] - g["before"], "{:+,.1f}") \
             + " us"
     return out
 
@@ -211,7 +158,7 @@ def _eager_added(r: Reader) -> str | None:
     if not len(d) or "eager_per_call_us" not in d:
         return None
     return ("T = 1, uniform, eager call / graph replay over the three layers: "
-            + _per_label(d, lambda g: g["eager_per_call_us"] / g["median_us"], "{:.2f}x"))
+            + per_label(d, lambda g: g["eager_per_call_us"] / g["median_us"], "{:.2f}x"))
 
 
 def _eager_between(before: str, after: str):
@@ -221,8 +168,8 @@ def _eager_between(before: str, after: str):
         if not len(e):
             return None
         return (f"{before} -> {after}, T = 1, uniform, eager call after - before: "
-                + _per_label(e, lambda x: x["after"] - x["before"], "{:+,.1f}") + " us; graph replays (untouched): "
-                + _per_label(g, lambda x: x["after"] / x["before"] - 1, "{:+.1%}"))
+                + per_label(e, lambda x: x["after"] - x["before"], "{:+,.1f}") + " us; graph replays (untouched): "
+                + per_label(g, lambda x: x["after"] / x["before"] - 1, "{:+.1%}"))
     return outcome
 
 
@@ -233,8 +180,8 @@ def _loop_back(r: Reader) -> str | None:
     big, small = p[p["tokens"] >= PREFILL_MIN_T], p[p["tokens"] <= DECODE_MAX_T]
     pct = lambda x: x["after"] / x["before"] - 1  # noqa: E731
     return ("mixtral, uniform, graph replay, 49b6b84 -> c81fa1a (another card and day), time change: "
-            f"T >= {PREFILL_MIN_T}: " + _per_label(big, pct, "{:+.1%}", names={PEER: "bf16 (untouched)"})
-            + f"; T <= {DECODE_MAX_T}: " + _per_label(small, pct, "{:+.1%}", names={PEER: "bf16 (untouched)"}))
+            f"T >= {PREFILL_MIN_T}: " + per_label(big, pct, "{:+.1%}", names={PEER: "bf16 (untouched)"})
+            + f"; T <= {DECODE_MAX_T}: " + per_label(small, pct, "{:+.1%}", names={PEER: "bf16 (untouched)"}))
 
 
 
@@ -244,26 +191,13 @@ def _fused_gather(r: Reader) -> str | None:
         return None
     t1 = p[p["tokens"] == 1]
     return (f"2c539d9 (GEMM path rows) -> 6fc5c7f, uniform, graph replay, {len(p)} cases, time after - before: "
-            + _per_label(p, lambda g: g["after"] - g["before"], "{:+.1f} us", labels=(W4A4, W4A16))
-            + "; T = 1: " + _per_label(t1, lambda g: g["after"] - g["before"], "{:+.1f} us", labels=(W4A4, W4A16)))
-
-
-def _ab_at(r: Reader, commit: str, column: str, keep=None, values=(False, True)):
-    """An A/B in one run at ``commit``, uniform routing: (its rows, those with ``column`` equal to ``values[0]``, those
-    with it equal to ``values[1]``: the latest per case, indexed by case), ``keep`` narrowing the rows first; None
-    where the data hold no such rows."""
-    d = r.rows[(r.rows["commit"] == commit[:7]) & (r.rows["routing"] == "uniform")] if len(r.rows) else r.rows
-    if not len(d) or column not in d:
-        return None
-    d = d[keep(d)] if keep is not None else d
-    d = d.sort_values("run_id")
-    off, on = (d[d[column].eq(v)].groupby(KEY).tail(1).set_index(KEY) for v in values)
-    return d[d[column].isin(values)], off, on
+            + per_label(p, lambda g: g["after"] - g["before"], "{:+.1f} us", labels=(W4A4, W4A16))
+            + "; T = 1: " + per_label(t1, lambda g: g["after"] - g["before"], "{:+.1f} us", labels=(W4A4, W4A16)))
 
 
 def _gemv_ab(r: Reader) -> str | None:
     """The decode path's rows (``gemv`` true) against the GEMM path's (``gemv_max_tokens`` 0) at one commit."""
-    ab = _ab_at(r, "2c539d9", "gemv")
+    ab = ab_at(r, "2c539d9", "gemv")
     if ab is None:
         return None
     d, off, on = ab[0], ab[1]["median_us"], ab[2]["median_us"]
@@ -273,56 +207,10 @@ def _gemv_ab(r: Reader) -> str | None:
     r.used["2c539d9"] = sorted(set(d["run_id"]))
     q16 = [f"{on[k]:.1f} us against {off[k]:.1f}" for k in ratio.index if k[0] == "qwen3-moe" and k[1] == 1
            and k[3] == W4A16]
-    return (f"GEMV over GEMM graph time {_span(ratio)}x over {len(ratio)} cases (above one: slower)"
+    return (f"GEMV over GEMM graph time {span(ratio)}x over {len(ratio)} cases (above one: slower)"
             + (f"; Qwen3-like T = 1 W4A16 {q16[0]}" if q16 else "")
             + ". The GEMVs' CUDA-core decode and reductions cost more per weight byte than the tensor-core "
             "GEMM's, and re-read weights per token copy: the path stays off (GEMV_MAX_TOKENS = 0)")
-
-
-def _gemm_us(profile) -> list[float]:
-    """The serving kernel's GEMM times in a row's graph-replay profile (CuTe DSL kernels, not the prologue), in
-    launch order."""
-    if not isinstance(profile, dict):
-        return []
-    return [k["median_us"] for k in profile.get("kernels", []) if str(k.get("name", "")).startswith("kernel_cutlass")
-            and "tensorptrf16" not in str(k.get("name", ""))]
-
-
-def _shipped_rule(d: pd.DataFrame) -> pd.Series:
-    """The rows of the shipped split rule, and the rows with split-K off (rows from before the rule knob: all)."""
-    if "split_rule" not in d:
-        return pd.Series(True, index=d.index)
-    return d["split_rule"].isna() | d["split_rule"].eq("idle") | d["split_k"].eq(False)
-
-
-def _split_ab(commit: str, column: str = "split_k", values=(False, True), keep=_shipped_rule,
-              names=("split-K off", "on")):
-    """The split-K A/B at one commit: rows with ``split_k`` on against off (moe-bench --split-k off on), per case;
-    or, with ``column="split_rule"``, one rule against another (--split-k idle balance)."""
-    def outcome(r: Reader) -> str | None:
-        ab = _ab_at(r, commit, column, keep=keep, values=values)
-        if ab is None:
-            return None
-        d, off, on = ab
-        both = pd.concat({"off": off["median_us"], "on": on["median_us"]}, axis=1).dropna()
-        if not len(both):
-            return None
-        r.used[commit[:7]] = sorted(set(d["run_id"]))
-        moved = both[(both["on"] - both["off"]).abs() > 0.05 * both["off"]]
-        cases = "; ".join(f"{k[0]} T = {k[1]} {SHORT.get(k[3], k[3])} {v['off']:.1f} -> {v['on']:.1f} us"
-                          for k, v in moved.iterrows())
-        gemms = []
-        if "profile" in d:
-            for k in both.index:
-                a, b = (_gemm_us(x.at[k, "profile"]) for x in (off, on))
-                if a and b:
-                    gemms.append(f"{k[0]} T = {k[1]} {SHORT.get(k[3], k[3])} "
-                                 + ", ".join(f"{x:.1f} -> {y:.1f}" for x, y in zip(a, b)))
-        return (f"{names[0]} -> {names[1]}, one run at {commit[:7]}, uniform, graph replay, {len(both)} cases; "
-                f"moved by more than 5%: {cases or 'none'}; the rest within 5%"
-                + (f". The serving kernel's GEMMs (gate/up, down; us, each row's profile): {'; '.join(gemms)}"
-                   if gemms else ""))
-    return outcome
 
 
 ONCE_WAIT_COMMIT = "819396d"  # moe-bench --once-wait off on (the single GEMM's study tiers)
@@ -334,7 +222,7 @@ DEEP_COMMIT = "178dc1f"  # the deep decode form's A/B (likewise)
 def _wide_ab(r: Reader) -> str | None:
     """The wide decode form's A/B at :data:`WIDE_COMMIT`: off against the shipped rule (where a call's grid fits one
     CTA per SM), and how the other arm (every call wide) fared, wrong cases counted from every row."""
-    base = _split_ab(WIDE_COMMIT, "wide_decode", ("off", "idle"), keep=None,
+    base = split_ab(WIDE_COMMIT, "wide_decode", ("off", "idle"), keep=None,
                      names=("wide form off", "wide where the grid fits one CTA per SM"))(r)
     if base is None:
         return None
@@ -346,7 +234,7 @@ def _wide_ab(r: Reader) -> str | None:
     ratio = (ok / off.reindex(ok.index)).dropna()
     return (base + f". Every call wide (the A/B's third arm): {len(bad)} of {len(d)} cases wrong ("
             + ", ".join(f"{x.layer} T = {x.tokens} {SHORT.get(x.label, x.label)}" for x in bad.itertuples())
-            + f"), the others {_span(ratio)}x the narrow form's time. The form left the package: slower where it was "
+            + f"), the others {span(ratio)}x the narrow form's time. The form left the package: slower where it was "
             "meant to help, and wrong in cases not debugged")
 
 
@@ -358,9 +246,9 @@ def _chain_ab(r: Reader) -> str | None:
     """The second chained-launch A/B (three arms in one run): unchained against chained without any GEMM trigger,
     then that against every GEMM letting the next kernel launch."""
     commit = CHAIN_COMMITS[1]
-    first = _split_ab(commit, "chain_pdl", (False, True), keep=lambda d: d["chain_gemm"].eq(False),
+    first = split_ab(commit, "chain_pdl", (False, True), keep=lambda d: d["chain_gemm"].eq(False),
                       names=("unchained", "chained, no GEMM trigger"))(r)
-    second = _split_ab(commit, "chain_gemm", (False, True), keep=lambda d: d["chain_pdl"].eq(True),
+    second = split_ab(commit, "chain_gemm", (False, True), keep=lambda d: d["chain_pdl"].eq(True),
                        names=("chained, no GEMM trigger", "every GEMM letting the next kernel launch"))(r)
     if first is None or second is None:
         return None
@@ -370,7 +258,7 @@ def _chain_ab(r: Reader) -> str | None:
 def _chain_shipped(r: Reader) -> str | None:
     """The shipped form's run (chained; the NVFP4-activation GEMMs letting the next kernel launch) against the second
     A/B's unchained arm, the same cases, graph replay."""
-    ab = _ab_at(r, CHAIN_COMMITS[1], "chain_pdl", keep=lambda d: d["chain_gemm"].eq(False))
+    ab = ab_at(r, CHAIN_COMMITS[1], "chain_pdl", keep=lambda d: d["chain_gemm"].eq(False))
     now = r.at(CHAIN_COMMITS[2], tokens=(1, 8, 64))
     if ab is None or not len(now):
         return None
@@ -383,7 +271,7 @@ def _chain_shipped(r: Reader) -> str | None:
          if k[0] == "qwen3-moe" and k[1] == 1]
     return (f"the shipped form (one run at {CHAIN_COMMITS[2]}) against the unchained arm of the run before "
             f"({CHAIN_COMMITS[1]}), {len(both)} cases, uniform, graph replay: faster in {faster}; the ratio "
-            f"shipped / unchained {_span(both['now'] / both['off'])}. Qwen3-like T = 1: {', '.join(q)}")
+            f"shipped / unchained {span(both['now'] / both['off'])}. Qwen3-like T = 1: {', '.join(q)}")
 
 
 
@@ -413,7 +301,7 @@ def _timeline(r: Reader) -> str | None:
 
 def _operand_ab(commit: str):
     """A QUANT_TO_OPERAND A/B in one run (moe-bench --quant-operand off on)."""
-    return _split_ab(commit, "quant_operand", (False, True), keep=None,
+    return split_ab(commit, "quant_operand", (False, True), keep=None,
                      names=("codes and prologue", "quantized into the operand"))
 
 
@@ -440,39 +328,6 @@ PREWAIT_COMMITS = ("488aabc", "a7f6fab", "0df7533")  # kernel.PREWAIT_STAGES: fi
 PREWAIT_EAGER_COMMIT = "14b59e8"  # PREWAIT_STAGES 0 2 2 0 in one run, each row with the host's speed after it
 
 
-def _not_probe(d: pd.DataFrame) -> pd.Series:
-    """The rows of a timed run, not of a timeline probe (whose GEMMs stamp)."""
-    if "timeline" not in d:
-        return pd.Series(True, index=d.index)
-    return d["timeline"].map(lambda v: not isinstance(v, dict))
-
-
-def _timed_in_order(r: Reader, commit: str, columns) -> pd.DataFrame | None:
-    """The timed rows (no timeline probe) at ``commit`` in the order they ran (the runs marked used), or None where
-    there are none or they lack one of ``columns``."""
-    d = r.rows[r.rows["commit"] == commit[:7]] if len(r.rows) else r.rows
-    if not len(d) or not set(columns) <= set(d.columns):
-        return None
-    d = d[_not_probe(d)].sort_values("run_id", kind="stable")
-    r.used[commit[:7]] = sorted(set(d["run_id"]))
-    return d
-
-
-def _arms_in_order(commit: str, column: str, labels: dict):
-    """An A/B whose arms ran several times in one process (moe-bench --knob off on off on): per case (both
-    routings), each arm's times in the order they ran, and the kernel that moved most in the graph-replay profile."""
-    def outcome(r: Reader) -> str | None:
-        d = _timed_in_order(r, commit, (column,))
-        if d is None:
-            return None
-        parts = []
-        for key, g in d.groupby(["layer", "tokens", "routing", "label"], sort=False):
-            arms = " then ".join(f"{labels.get(v, v)} {x:.1f}" for v, x in zip(g[column], g["median_us"]))
-            parts.append(f"{key[0]} T = {key[1]} {key[2]} {SHORT.get(key[3], key[3])}: {arms} us")
-        return "graph replay, in the order the arms ran: " + "; ".join(parts)
-    return outcome
-
-
 def _profile_kernels(row) -> str:
     """A row's graph-replay kernels as name: duration (us), in launch order."""
     prof = row.get("profile") if isinstance(row, dict) else row["profile"]
@@ -488,7 +343,7 @@ def _profile_kernels(row) -> str:
 
 def _prefetch_ab(r: Reader) -> str | None:
     """The L2 prefetch's A/B: the arms in the order they ran, and one pair's kernels (Qwen3-like T = 1 uniform)."""
-    base = _arms_in_order(PREFETCH_COMMIT, "prefetch_l2", {False: "off", True: "on"})(r)
+    base = arms_in_order(PREFETCH_COMMIT, "prefetch_l2", {False: "off", True: "on"})(r)
     if base is None:
         return None
     d = r.rows[(r.rows["commit"] == PREFETCH_COMMIT) & (r.rows["routing"] == "uniform")
@@ -520,12 +375,12 @@ def _phases(row) -> str:
 
 def _prewait_first(r: Reader) -> str | None:
     """The first PREWAIT_STAGES A/B (timed rows), then its timeline probe (Qwen3-like T = 1, per value)."""
-    base = _split_ab(PREWAIT_COMMITS[0], "prewait_stages", (0, 2), keep=_not_probe,
+    base = split_ab(PREWAIT_COMMITS[0], "prewait_stages", (0, 2), keep=not_probe,
                      names=("all first stages before the wait", "2"))(r)
     if base is None:
         return None
     d = r.rows[r.rows["commit"] == PREWAIT_COMMITS[0]]
-    probe = d[~_not_probe(d)].sort_values("run_id") if "timeline" in d else d.iloc[0:0]
+    probe = d[~not_probe(d)].sort_values("run_id") if "timeline" in d else d.iloc[0:0]
     lines = [f"{int(x['prewait_stages']) or 'all first'} stages before the wait, {SHORT.get(x['label'], x['label'])}: "
              f"{_phases(x)}"
              for _, x in probe.iterrows()]
@@ -537,7 +392,7 @@ def _prewait_eager(r: Reader) -> str | None:
     """The eager re-measure: per case, each arm's graph time and eager time per call with the host probe read after
     it, in the order the arms ran; then each arm's eager host time per call in units of the host probe (the host's
     speed at the time), and how many cases the PREWAIT arm's graph replays were faster in."""
-    d = _timed_in_order(r, PREWAIT_EAGER_COMMIT,
+    d = timed_in_order(r, PREWAIT_EAGER_COMMIT,
                         ("prewait_stages", "eager_per_call_us", "eager_host_us", "host_probe_idle_us"))
     if d is None:
         return None
@@ -547,7 +402,7 @@ def _prewait_eager(r: Reader) -> str | None:
                          f"(probe {x['host_probe_idle_us']:.0f})" for _, x in g.iterrows())
         parts.append(f"{key[0]} T = {key[1]} {SHORT.get(key[2], key[2])}: {arms}")
     units = d["eager_host_us"] / d["host_probe_idle_us"]  # an eager call's host time in units of the probe
-    arms = "; ".join(f"PREWAIT {int(v)}: mean {g.mean():.2f}, {_span(g)} over {len(g)} rows"
+    arms = "; ".join(f"PREWAIT {int(v)}: mean {g.mean():.2f}, {span(g)} over {len(g)} rows"
                      for v, g in units.groupby(d["prewait_stages"]))
     graph = d.groupby(["layer", "tokens", "label", "prewait_stages"])["median_us"].mean().unstack()
     faster = int((graph[2] < graph[0]).sum()) if {0, 2} <= set(graph.columns) else 0
@@ -567,24 +422,11 @@ def _prewait_shipped(r: Reader) -> str | None:
         g = p[p["label"] == lab]
         if len(g):
             faster = int((g["after"] < g["before"]).sum())
-            parts.append(f"{SHORT[lab]} after / before {_span(g['after'] / g['before'])} ({faster} of {len(g)} faster)")
+            parts.append(f"{SHORT[lab]} after / before {span(g['after'] / g['before'])} ({faster} of {len(g)} faster)")
     q = [f"{SHORT.get(x['label'], x['label'])} {x['routing']} {x['after']:.1f} us (was {x['before']:.1f})"
          for _, x in p.iterrows() if x["layer"] == "qwen3-moe" and x["tokens"] == 1]
     return (f"the shipped run ({PREWAIT_COMMITS[2]}) against the run before ({OPERAND_COMMITS[2]}), {len(p)} cases, "
             f"both routings, graph replay: " + ", ".join(parts) + ". Qwen3-like T = 1: " + ", ".join(q))
-
-
-def _generic(before: str | None, after: str):
-    """A commit no round names: its rows against the previous commit's, the same cases (both routings)."""
-    def outcome(r: Reader) -> str | None:
-        if before is None:
-            return None
-        p = r.pair(before, after, routing=None)
-        if not len(p):
-            return None
-        return (f"{before} -> {after}, {len(p)} cases, graph time before / after: "
-                + _per_label(p, lambda g: g["before"] / g["after"], "{:.2f}x"))
-    return outcome
 
 
 ROUNDS = (
@@ -628,29 +470,29 @@ ROUNDS = (
           "CTAs; the tile's last CTA adds the fp32 slices in slice order and runs the epilogue (one launch). First "
           "rule: up to two CTAs per SM, slices of at least 2 K tiles. An A/B in one run (moe-bench --split-k off on)",
           "Qwen3-like T = 1: gate/up 15 -> 8-10 us, down 8 -> 5-6 us, the layer 32.5 -> ~25 us (W4A16) and 43 -> "
-          "~35 us (W4A4); Mixtral-like T = 1's down GEMM about 2x faster.", ("e599182",), _split_ab("e599182")),
+          "~35 us (W4A4); Mixtral-like T = 1's down GEMM about 2x faster.", ("e599182",), split_ab("e599182")),
     Round("Split-K rule: one CTA per SM (sms // CTAs slices), slices of at least 4 K tiles: a second CTA on an SM "
           "shares its decode throughput, so only idle SMs gain",
           "Qwen3-like T = 1 unsplit (as with split-K off); Mixtral-like T = 1's down GEMM in 2 slices about as fast "
-          "as in 4.", ("75912ef",), _split_ab("75912ef")),
+          "as in 4.", ("75912ef",), split_ab("75912ef")),
     Round("Split-K rule 'balance' (a knob, SPLIT_RULE): the fewest slices that minimise the busiest SM's K tiles, "
           "so a 96-tile GEMM on 132 SMs splits too. An A/B in one run against the shipped 'idle' rule "
           "(moe-bench --split-k idle balance)",
           "Qwen3-like T = 1's gate/up GEMM in 4 slices about 25% faster (W4A4 12.1 -> ~9-10 us), the layer 2-3 us "
           "faster; every other case unchanged.", ("d8f8ad5",),
-          _split_ab("d8f8ad5", "split_rule", ("idle", "balance"), keep=None, names=("rule idle", "balance"))),
+          split_ab("d8f8ad5", "split_rule", ("idle", "balance"), keep=None, names=("rule idle", "balance"))),
     Round("The W4A4 quantizer's one-program form (a knob, nn.quant_triton.ONE_PROGRAM): where the padded tile holds "
           "at most 16384 elements, x's amax, the global scale and the rows in one launch instead of a memset, the "
           "amax launch and the quantize launch. An A/B in one run (moe-bench --quant-one-program off on)",
           "Qwen3-like W4A4 T = 1 about 5-6 us faster (its two quantizations ~3 us each instead of ~5.5 and ~7 us); "
           "T = 8 unchanged (past the knob's size).", ("57ed0a0",),
-          _split_ab("57ed0a0", "quant_one_program", (False, True), keep=None, names=("one program off", "on"))),
+          split_ab("57ed0a0", "quant_one_program", (False, True), keep=None, names=("one program off", "on"))),
     Round("The one-launch routing as one tl.sort of (expert, copy) keys with tl.histogram's offsets (made for the EP "
           "layer), which lets it take up to 1024 token copies (nn.routing_triton.ROUTE_MAX_COPIES; torch's form "
           "above 128 before). An A/B in one run on an H200 (moe-bench --route-max-copies 128 1024) at T = 64 and 128",
           "None written for the single layer before the run (the EP change's: the sort takes ~5-10 us at 1024 "
           "copies, where torch's form is ~7 kernels).", ("c42370e",),
-          _split_ab("c42370e", "route_max_copies", (128, 1024), keep=None, names=("torch form above 128 copies",
+          split_ab("c42370e", "route_max_copies", (128, 1024), keep=None, names=("torch form above 128 copies",
                                                                                   "the sort up to 1024"))),
     Round("The wide decode form (a knob then, hopper_varlen.config.WIDE_DECODE): four warpgroups per CTA, the second "
           "pair taking each stage's odd 64-K sub-block into its own accumulators and handing them over through shared "
@@ -667,7 +509,7 @@ ROUNDS = (
           "twice the stages at once. An A/B in one run on an H200 (moe-bench --deep-decode off on, T = 1, 8, uniform)",
           "Qwen3-like T = 1: gate/up GEMM 11.5-13 -> ~7-8 us (its down GEMM, all 6 K tiles in flight already, "
           "unchanged), the layer ~4-5 us faster in both modes; Mixtral-like T = 1's down GEMM ~1.5x faster.",
-          (DEEP_COMMIT,), _split_ab(DEEP_COMMIT, "deep_decode", (False, True), keep=None,
+          (DEEP_COMMIT,), split_ab(DEEP_COMMIT, "deep_decode", (False, True), keep=None,
                                     names=("8 stages", "16 stages where the grid fits one CTA per SM")),
           "the ncu source counters that led to it: the top stall of that GEMM is the wait for a stage's TMA data "
           "(development, in hopper_varlen/config.py)"),
@@ -676,7 +518,7 @@ ROUNDS = (
           "(moe-bench --fuse-max-rows 0 64, W4A4, T = 1, 8, uniform)",
           "Qwen3-like T = 1 W4A4 ~2-3 us faster (two prologue launches of 1.3-1.4 us gone, each GEMM a little "
           "longer); DeepSeek- and Mixtral-like decode likewise in absolute terms.", (FUSE_COMMIT,),
-          _split_ab(FUSE_COMMIT, "fuse_max_rows", (0, 64), keep=None,
+          split_ab(FUSE_COMMIT, "fuse_max_rows", (0, 64), keep=None,
                     names=("prologue kernel", "fused at up to 64 rows"))),
     Round("Chained launches (kernels.common.pdl.CHAIN): the layer's Triton kernels and the activation prologue "
           "launched by programmatic dependent launch, each waiting for the kernel before it, then letting the next "
@@ -685,7 +527,7 @@ ROUNDS = (
           "T = 1, 8, 64, uniform)",
           "Each link hides ~0.5 us of a small kernel's launch and start: the W4A16 layer ~2 us faster, the W4A4 "
           "layer ~4-6 us faster; prefill unchanged.", (CHAIN_COMMITS[0],),
-          _split_ab(CHAIN_COMMITS[0], "chain_pdl", (False, True), keep=None,
+          split_ab(CHAIN_COMMITS[0], "chain_pdl", (False, True), keep=None,
                     names=("unchained", "chained, every GEMM letting the next launch"))),
     Round("The GEMM's trigger as its own knob (pdl.CHAIN_GEMM). A second A/B in one run on an H200 (moe-bench "
           "--chain-pdl off on gemm: unchained; chained without any GEMM trigger; chained with every GEMM's)",
@@ -701,7 +543,7 @@ ROUNDS = (
           "direct calls of the routing and quantizer launch unchained, as before the chain. One run on an H200 "
           "(Qwen3-like T = 1, both modes and routings)",
           "None written down before the run: the layer's own chain is unchanged, so its times should hold.",
-          ("e13c986",), _generic(CHAIN_COMMITS[2], "e13c986")),
+          ("e13c986",), generic(CHAIN_COMMITS[2], "e13c986")),
     Round("A probe, not shipped: moe-bench --timeline, the GEMMs built with per-CTA stamps (clock64 at entry, tile "
           "found, after the wait, first stage landed, mainloop end, epilogue end), read from one graph replay. One run "
           "on an H200 (T = 1 and 8, both modes, uniform)",
@@ -725,7 +567,7 @@ ROUNDS = (
           "launches. An A/B in one run on an H200 (moe-bench --input-scales dynamic static, W4A4, T = 1, 8, 64, "
           "uniform); static rows are reported apart from the issue's per-call targets",
           "Qwen3-like T = 1 W4A4 ~4-5 us faster (~29 -> ~25 us: two amax launches of ~2-3 us each in the chain).",
-          (STATIC_COMMIT,), _split_ab(STATIC_COMMIT, "input_scales", ("dynamic", "static"), keep=None,
+          (STATIC_COMMIT,), split_ab(STATIC_COMMIT, "input_scales", ("dynamic", "static"), keep=None,
                                       names=("per-call scales", "static scales"))),
     Round("The routing launch asking L2 for the packed weights of every expert the step touches (a knob then, "
           "nn.moe.PREFETCH_L2: 64 more programs of bulk L2 prefetches, where the touched experts' bytes fit half the "
@@ -743,7 +585,7 @@ ROUNDS = (
           _prewait_first),
     Round("The A/B again in the other order (2 then 0), T = 1, 8, 64, both modes, uniform, one run on an H200",
           "As the first A/B: W4A16 faster, W4A4 within noise.", (PREWAIT_COMMITS[1],),
-          _split_ab(PREWAIT_COMMITS[1], "prewait_stages", (0, 2), keep=None,
+          split_ab(PREWAIT_COMMITS[1], "prewait_stages", (0, 2), keep=None,
                     names=("all first stages before the wait", "2"))),
     Round("Shipped: PREWAIT_STAGES = 2 for the W4A16 decode GEMMs only (tilings of at most 32 tokens; the W4A4 "
           "GEMMs, whose wait for their quantization already hides the first stage, and the study tilings as before). "
@@ -759,14 +601,14 @@ ROUNDS = (
           "from 819396d; notebook 10's rounds). One run on an H200 (moe-bench --once-wait off on, W4A4, Qwen3- and "
           "DeepSeek-like T = 512 and 4096, uniform)",
           "None written down before the run; the serving rounds' shapes gained 0.9-2.7 us each.",
-          (ONCE_WAIT_COMMIT,), _arms_in_order(ONCE_WAIT_COMMIT, "once_wait", {False: "off", True: "on"})),
+          (ONCE_WAIT_COMMIT,), arms_in_order(ONCE_WAIT_COMMIT, "once_wait", {False: "off", True: "on"})),
     Round("A rule by K: at 65-128 rows per expert a GEMM of K <= 4096 takes the 96-token tiles (tuning.SHORT_K, "
           "shipped in aca63ef from S2 and S2-dual's A/B; notebook 10's rounds). One run on an H200 (moe-bench "
           "--short-k 0 4096, W4A4, Mixtral-like T = 512 and DeepSeek-like T = 4096, uniform and Zipf); switched off "
           "in c2ab5a1",
           "Mixtral-like T = 512 ~3% faster (its gate/up GEMM, K = 4096, is S2-dual's tiling case), DeepSeek-like "
           "T = 4096 ~1% (its down GEMM is S2's N and K over 256 experts).",
-          (SHORT_K_COMMIT,), _arms_in_order(SHORT_K_COMMIT, "short_k", {0: "off", 4096: "K <= 4096"})),
+          (SHORT_K_COMMIT,), arms_in_order(SHORT_K_COMMIT, "short_k", {0: "off", 4096: "K <= 4096"})),
 )
 
 
@@ -806,7 +648,7 @@ def rounds_table(rows: pd.DataFrame, rounds=ROUNDS) -> pd.DataFrame:
             if c in named:
                 continue
             r.used = {}
-            text = _generic(order[j - 1] if j else None, c)(r)
+            text = generic(order[j - 1] if j else None, c)(r)
             out.append({"round": len(out) + 1, "change": "no round written for this commit yet",
                         "prediction": NO_PREDICTION, "outcome (from data/moe.jsonl)": text or NOT_RECORDED,
                         "commit": c, "runs": ", ".join(r.used.get(c, [])) or NOT_RECORDED})

@@ -24,9 +24,9 @@ from .plots import shown as _shown
 
 __all__ = ["CALLS", "latest_calls", "missing_calls", "runs_used", "calls_table", "host_scheduled_reference",
            "serving_against_host", "floor_target", "ISSUE41_FLOOR_X", "weight_bytes", "predictions", "targets",
-           "calls_figure", "gather_table", "gather_ab", "gather_variants", "back_to_back", "verdicts_by_run",
-           "full_runs", "misses_by_shape", "host_correlation", "Verdict", "verdict", "eager_host_table", "gather_now",
-           "shown", "calls_ab_runs", "TARGET_TEXT", "AUTO_NOT_SHIPPED", "rule_as_shipped"]
+           "calls_figure", "back_to_back", "verdicts_by_run", "full_runs", "misses_by_shape", "host_correlation",
+           "Verdict", "verdict", "eager_host_table", "shown", "calls_ab_runs", "TARGET_TEXT", "AUTO_NOT_SHIPPED",
+           "rule_as_shipped", "at_defaults", "problem_names"]
 
 # the kernel that scheduled its tiles on the host (prepare(a, b) built the tile table from each group's M): the
 # graph times the serving kernel must stay within 10% of
@@ -34,7 +34,7 @@ HOST_SCHEDULED_KERNEL = HOPPER_KERNELS[2]
 HOST_SCHEDULED_LABEL = "cute-hopper[graph=True]"
 
 
-def _names(problems) -> list[str]:
+def problem_names(problems) -> list[str]:
     return [p.name if isinstance(p, GroupedProblem) else str(p) for p in problems]
 
 
@@ -49,7 +49,7 @@ def latest_calls(rows: pd.DataFrame, problems=None, backend: str = "cute-hopper"
         return pd.DataFrame()
     mine = shipped_calls(rows[rows["backend"] == backend])
     if problems is not None:
-        mine = mine[mine["problem"].isin(_names(problems))]
+        mine = mine[mine["problem"].isin(problem_names(problems))]
     sel = mine[mine["status"] == "ok"]
     if not len(sel):
         return pd.DataFrame()
@@ -62,7 +62,7 @@ def latest_calls(rows: pd.DataFrame, problems=None, backend: str = "cute-hopper"
     # add_floors divides the GPU time; a host-bound call costs its host time: the targets are on per_call_us
     out["x_floor_measured"] = out["per_call_us"] / out["floor_measured_us"]
     out["x_floor_datasheet"] = out["per_call_us"] / out["floor_datasheet_us"]
-    order = _names(problems) if problems is not None else list(dict.fromkeys(rows["problem"]))
+    order = problem_names(problems) if problems is not None else list(dict.fromkeys(rows["problem"]))
     out["_p"] = out["problem"].map({p: i for i, p in enumerate(order)})
     out["_c"] = out["call"].map({c: i for i, c in enumerate(CALLS)}).fillna(len(CALLS))
     return out.sort_values(["_p", "_c"]).drop(columns=["_p", "_c"]).reset_index(drop=True)
@@ -81,14 +81,14 @@ def shipped_calls(rows: pd.DataFrame) -> pd.DataFrame:
     for knob in defaults:
         if knob in rows:
             keep &= rows.groupby("git_commit")[knob].transform("nunique") <= 1
-    return rule_as_shipped(_at_defaults(rows[keep], defaults))
+    return rule_as_shipped(at_defaults(rows[keep], defaults))
 
 
 def _ok_shipped(rows: pd.DataFrame, problems, backend: str, clean_only: bool = True) -> pd.DataFrame:
     """The ok rows of ``backend`` on ``problems`` that ran the kernel as shipped (:func:`shipped_calls`), without the
     runs of a dirty tree (``clean_only``)."""
     sel = shipped_calls(rows[(rows["status"] == "ok") & (rows["backend"] == backend)
-                             & rows["problem"].isin(_names(problems))])
+                             & rows["problem"].isin(problem_names(problems))])
     if clean_only and "git_dirty" in sel:
         sel = sel[~sel["git_dirty"].fillna(False).astype(bool)]
     return sel
@@ -108,7 +108,7 @@ def rule_as_shipped(rows: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
     return rows[keep]
 
 
-def _at_defaults(rows: pd.DataFrame, defaults: dict) -> pd.DataFrame:
+def at_defaults(rows: pd.DataFrame, defaults: dict) -> pd.DataFrame:
     """The rows whose knobs (the keys of ``defaults``, where ``rows`` has them) equal the default value or are
     absent (rows recorded before the knob existed)."""
     keep = pd.Series(True, index=rows.index)
@@ -126,7 +126,7 @@ def knob_ab(rows: pd.DataFrame, knob: str = "fused_prologue", problems=None, bac
         return pd.DataFrame()
     sel = rows[(rows["status"] == "ok") & (rows["backend"] == backend) & rows[knob].notna()]
     if problems is not None:
-        sel = sel[sel["problem"].isin(_names(problems))]
+        sel = sel[sel["problem"].isin(problem_names(problems))]
     both = sel.groupby("git_commit")[knob].nunique()
     both = both[both == 2]
     if not len(both):
@@ -139,7 +139,7 @@ def knob_ab(rows: pd.DataFrame, knob: str = "fused_prologue", problems=None, bac
     for col, name in (("per_call_us", "per call"), ("median_us", "GPU"), ("host_us", "host")):
         out[f"{name} off"], out[f"{name} on"] = t[(col, 0)], t[(col, 1)]
         out[f"{name} on - off"] = t[(col, 1)] - t[(col, 0)]
-    order = [(p, c) for p in (_names(problems) if problems is not None else dict.fromkeys(sel["problem"]))
+    order = [(p, c) for p in (problem_names(problems) if problems is not None else dict.fromkeys(sel["problem"]))
              for c in CALLS if (p, c) in out.index]
     return out.reindex(order)
 
@@ -162,7 +162,7 @@ def missing_calls(rows: pd.DataFrame, problems, calls=CALLS, backend: str = "cut
     done = set(zip(have["problem"], have["call"])) if len(have) else set()
     sel = rows[rows["backend"] == backend] if rows is not None and len(rows) else pd.DataFrame()
     out = []
-    for p in _names(problems):
+    for p in problem_names(problems):
         for c in calls:
             if (p, c) in done:
                 continue
@@ -210,7 +210,7 @@ def history(rows: pd.DataFrame, problems, backend: str = "cute-hopper", clean_on
     sel = sel.assign(run=sel["git_commit"].astype(str).str[:7] + " " + sel["date"].astype(str).str[:10])
     t = sel.sort_values("run_id").pivot_table(index=["problem", "call"], columns="run", values="per_call_us",
                                               aggfunc="last", sort=False)
-    order = [(p, c) for p in _names(problems) for c in CALLS if (p, c) in t.index]
+    order = [(p, c) for p in problem_names(problems) for c in CALLS if (p, c) in t.index]
     return t.reindex(order)[list(dict.fromkeys(sel.sort_values("run_id")["run"]))]
 
 
@@ -248,91 +248,6 @@ def back_to_back(latest: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def gather_table(rows: pd.DataFrame, problems=None, commit: str | None = None) -> pd.DataFrame:
-    """The latest run of ``data/gather.jsonl`` (the one-shot gather alone, :mod:`nvfp4lib.bench.gather_bench`; the
-    latest at ``commit`` if given) as one row per problem: GPU time and ratio to the copy floor per (part, kcu), and
-    whether every output was byte-identical to the torch prepack. Empty without rows."""
-    if rows is None or not len(rows):
-        return pd.DataFrame()
-    sel = _shipped(rows[rows["status"] == "ok"])
-    if commit is not None:
-        sel = sel[sel["git_commit"].astype(str).str.startswith(commit)]
-    if not len(sel):
-        return pd.DataFrame()
-    sel = sel[sel["run_id"] == sel["run_id"].max()]
-    t = sel.pivot_table(index="problem", columns=["part", "kcu"], values=["median_us", "ratio_to_floor"],
-                        aggfunc="last", sort=False)
-    t = t[sorted(t.columns, key=lambda c: (c[1], c[2], c[0] != "median_us"))]  # part, kcu, time before ratio
-    t.columns = [f"{part} kcu={kcu} {'us' if v == 'median_us' else 'x floor'}" for v, part, kcu in t.columns]
-    t["identical"] = sel.groupby("problem")["identical"].all()
-    t["commit"] = sel.groupby("problem")["git_commit"].last().str[:7]
-    order = _names(problems) if problems is not None else list(dict.fromkeys(sel["problem"]))
-    return t.reindex([p for p in order if p in t.index])
-
-
-def _gather_knobs() -> dict:
-    """The gather-bench knobs that rows carry, at the package's defaults now:
-    :func:`.kernels.hopper_varlen.gather.knobs` (in rows since db7e1a9, a963b7f, 404e20a and 674dc09: absent before,
-    that commit's code) and ``prmt``, a knob of one development commit, shipped off."""
-    from ..kernels.hopper_varlen import gather
-
-    now = gather.knobs()
-    return {"prefetch": now["prefetch"], "prmt": 0, **now}  # (the labels' order: prmt after prefetch)
-
-
-def _shipped(rows: pd.DataFrame) -> pd.DataFrame:
-    """The rows that ran the gather as its commit shipped it: knob values equal to the package's defaults now, or
-    absent (rows from before the knob)."""
-    return _at_defaults(rows, _gather_knobs())
-
-
-def gather_variants(rows: pd.DataFrame, commits, problems=None, part: str = "weights", kcu: int = 8,
-                    warps: int = 4) -> pd.DataFrame:
-    """The gather's GPU time (``part``, ``kcu``, ``warps``) in every run of ``data/gather.jsonl`` at any of
-    ``commits``, one column per (run, commit, knob setting): a knob A/B within one run compares on one machine,
-    columns of different runs compare across machines. Empty without such rows."""
-    if rows is None or not len(rows):
-        return pd.DataFrame()
-    sel = rows[(rows["status"] == "ok") & (rows["part"] == part) & (rows["kcu"] == kcu) & (rows["warps"] == warps)]
-    sel = sel[sel["git_commit"].astype(str).str[:7].isin([c[:7] for c in commits])]
-    if not len(sel):
-        return pd.DataFrame()
-    knobs = [k for k in _gather_knobs() if k in sel]
-    label = sel["date"].astype(str).str[11:16] + " " + sel["git_commit"].astype(str).str[:7]
-    setting = pd.Series("", index=sel.index)
-    for knob in knobs:
-        setting = setting + np.where(sel[knob].notna(), f" {knob}=" + sel[knob].fillna(-1).astype(int).astype(str), "")
-    sel = sel.assign(run=label, setting=setting.str.strip().replace("", "as shipped"))
-    t = sel.pivot_table(index="problem", columns=["run_id", "run", "setting"], values="median_us", aggfunc="median")
-    t.columns = t.columns.droplevel(0)
-    order = _names(problems) if problems is not None else list(dict.fromkeys(sel["problem"]))
-    return t.reindex([p for p in order if p in t.index])
-
-
-def gather_ab(rows: pd.DataFrame, before: str, after: str, problems=None, kcu: int = 8, warps: int = 4) -> pd.DataFrame:
-    """The gather at two commits measured on one machine (``data/gather.jsonl``, rows of both commits sharing a
-    host and date): per problem and part, the median over runs of each commit's GPU time at (``kcu``, ``warps``),
-    after / before, the ratio to the copy floor after, and whether every output of both was byte-identical."""
-    if rows is None or not len(rows):
-        return pd.DataFrame()
-    sel = _shipped(rows[(rows["status"] == "ok") & (rows["kcu"] == kcu) & (rows["warps"] == warps)])
-    com = sel["git_commit"].astype(str)
-    sel = sel.assign(side=np.where(com.str.startswith(before), "before", np.where(com.str.startswith(after), "after",
-                                                                                    "")))
-    sel = sel[sel["side"] != ""]
-    if not len(sel) or set(sel["side"]) != {"before", "after"}:
-        return pd.DataFrame()
-    g = sel.groupby(["problem", "part", "side"])
-    t = g["median_us"].median().unstack("side")
-    out = pd.DataFrame({f"{before} us": t["before"], f"{after} us": t["after"],
-                        "after / before": t["after"] / t["before"],
-                        "after x floor": g["ratio_to_floor"].median().unstack("side")["after"],
-                        "runs": g["run_id"].nunique().unstack("side").min(axis=1),
-                        "identical": g["identical"].all().unstack("side").all(axis=1)})
-    order = _names(problems) if problems is not None else list(dict.fromkeys(sel["problem"]))
-    return out.reindex([(p, part) for p in order for part in ("weights", "weights+rows") if (p, part) in out.index])
-
-
 def calls_ab_runs(rows: pd.DataFrame, before: str, after: str, call: str = "oneshot") -> pd.Series:
     """The runs :func:`calls_ab` compares (index: run id, oldest first; value: 'before' or 'after'), empty if none."""
     if rows is None or not len(rows):
@@ -367,7 +282,7 @@ def calls_ab(rows: pd.DataFrame, before: str, after: str, call: str = "oneshot",
     out = pd.DataFrame(cols)
     out["per call after / before"] = out[f"per call {after}"] / out[f"per call {before}"]
     out["runs"] = g["run_id"].nunique().unstack("side").min(axis=1)
-    order = _names(problems) if problems is not None else list(dict.fromkeys(sel["problem"]))
+    order = problem_names(problems) if problems is not None else list(dict.fromkeys(sel["problem"]))
     return out.reindex([p for p in order if p in out.index])
 
 
@@ -377,7 +292,7 @@ def host_scheduled_reference(bench_rows: pd.DataFrame, problems) -> pd.DataFrame
     run, commit and config. Empty if no run qualifies."""
     if bench_rows is None or not len(bench_rows):
         return pd.DataFrame()
-    want = _names(problems)
+    want = problem_names(problems)
     sel = bench_rows[(bench_rows["label"] == HOST_SCHEDULED_LABEL) & (bench_rows["status"] == "ok")
                      & (bench_rows["kernel"] == HOST_SCHEDULED_KERNEL) & bench_rows["problem"].isin(want)]
     runs = [r for r, g in sel.groupby("run_id") if set(want) <= set(g["problem"])]
@@ -452,7 +367,7 @@ def full_runs(rows: pd.DataFrame, problems, backend: str = "cute-hopper") -> lis
     the kernel as shipped, on a clean tree: the runs a verdict on all of issue 18's targets can come from."""
     if rows is None or not len(rows):
         return []
-    names = set(_names(problems))
+    names = set(problem_names(problems))
     sel = _ok_shipped(rows, problems, backend)
     return [run for run, g in sel.groupby("run_id", sort=True)
             if set(g["problem"]) == names and all(names <= set(g.loc[g["call"] == c, "problem"])
@@ -510,7 +425,7 @@ def misses_by_shape(rows: pd.DataFrame, problems, reference: pd.DataFrame | None
         out[problem][f"{form} last missed at"] = last.iloc[-1] if len(last) else "—"
     t = pd.DataFrame.from_dict(out, orient="index")
     cols = [f"{c} {w}" for c in CALLS for w in ("missed", "last missed at") if f"{c} {w}" in t]
-    return t.reindex(index=[p for p in _names(problems) if p in t.index], columns=cols).fillna("—")
+    return t.reindex(index=[p for p in problem_names(problems) if p in t.index], columns=cols).fillna("—")
 
 
 def host_correlation(verdicts: pd.DataFrame) -> pd.DataFrame:
@@ -692,7 +607,7 @@ def serving_against_host(bench_rows: pd.DataFrame, problems=None, gpu: str | Non
     serving = rule_as_shipped(ok[named.isna() & cfg.str.startswith("vl_") & as_shipped], "info_")
     host = ok[cfg.str.startswith("rs_")]
     out = []
-    for p in (_names(problems) if problems else dict.fromkeys(serving["problem"])):
+    for p in (problem_names(problems) if problems else dict.fromkeys(serving["problem"])):
         s, h = serving[serving["problem"] == p], host[host["problem"] == p]
         runs = sorted(set(s["run_id"]) & set(h["run_id"]))
         if not runs:
@@ -724,37 +639,6 @@ def eager_host_table(latest: pd.DataFrame) -> pd.DataFrame:
     return out.reindex([p for p in dict.fromkeys(latest["problem"]) if p in out.index])
 
 
-def gather_now(gather_rows: pd.DataFrame, problems, latest: pd.DataFrame | None = None):
-    """The one-shot gather as shipped (knobs at the package's defaults, ``KCU`` units and ``WARPS`` warps per program):
-    the latest run of ``data/gather.jsonl`` that timed it, per problem its GPU time and ratio to the copy floor for the
-    weights alone and with the activation rows, whether every output was byte-identical to the torch prepack, and,
-    from ``latest`` (a calls run, another machine and time), what a one-shot call costs over an eager one. Returns
-    (table, run id, commit); (empty, None, None) without rows."""
-    from ..kernels.hopper_varlen import gather
-
-    if gather_rows is None or not len(gather_rows):
-        return pd.DataFrame(), None, None
-    sel = _shipped(gather_rows[(gather_rows["status"] == "ok") & (gather_rows["kcu"] == gather.KCU)
-                               & (gather_rows["warps"] == gather.WARPS)])
-    if not len(sel):
-        return pd.DataFrame(), None, None
-    run = sel["run_id"].max()
-    sel = sel[sel["run_id"] == run]
-    t = sel.pivot_table(index="problem", columns="part", values=["median_us", "ratio_to_floor"], aggfunc="last")
-    out = pd.DataFrame({f"{part} {'us' if v == 'median_us' else 'x copy floor'}": t[(v, part)]
-                        for part in ("weights", "weights+rows") for v in ("median_us", "ratio_to_floor")
-                        if (v, part) in t})
-    out["identical"] = sel.groupby("problem")["identical"].all()
-    if latest is not None and len(latest):
-        pc = latest.set_index(["problem", "call"])["per_call_us"]
-        out["oneshot - eager us (calls run)"] = [pc.get((p, "oneshot"), np.nan) - pc.get((p, "eager"), np.nan)
-                                                 for p in out.index]
-        if "weights+rows us" in out:
-            out["gather / (oneshot - eager)"] = out["weights+rows us"] / out["oneshot - eager us (calls run)"]
-    out = out.reindex([p for p in _names(problems) if p in out.index])
-    return out, run, str(sel["git_commit"].iloc[0])[:7]
-
-
 def shown(df: pd.DataFrame, digits: int = 1) -> pd.DataFrame:
     """``df`` for display (:func:`.plots.shown`): floats rounded to ``digits``, a missing value as '—'."""
     return _shown(df, digits)
@@ -768,7 +652,7 @@ def calls_figure(latest: pd.DataFrame, problems, reference: pd.DataFrame | None 
     """Per problem, log-scale bars of the four call forms' per-call times (a dot: the host time of the call), the
     measured floor (solid) and the datasheet floor (dashed) across the group, and the host-scheduled kernel's graph
     time (red tick) where ``reference`` has it. A form without an ok row is marked 'n/a'."""
-    names = _names(problems)
+    names = problem_names(problems)
     width = 0.8 / len(CALLS)
     fig, ax = plt.subplots(figsize=(max(7.0, 1.45 * len(names) + 2.5), 4.8))
     x = np.arange(len(names))

@@ -13,6 +13,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import pandas as pd
 
+from . import gather_report as gr
 from . import serving_report as sr
 
 __all__ = ["Sources", "Round", "ROUNDS", "NOT_RECORDED", "rounds_table", "PREDICTED_LAUNCHES", "PREDICTED_LAUNCH_US",
@@ -63,9 +64,9 @@ def _gather_runs(rows: pd.DataFrame, commits, kcu: int = 8, warps: int = 4) -> l
 
 
 def gather_pair(before: str, after: str, shapes=("S1", "S2", "S4", "S1-dual"), part: str = "weights") -> Outcome:
-    """The gather's GPU time at two commits (:func:`serving_report.gather_ab`, knobs as shipped)."""
+    """The gather's GPU time at two commits (:func:`gather_report.gather_ab`, knobs as shipped)."""
     def measure(src: Sources):
-        ab = sr.gather_ab(src.gather, before, after, src.problems)
+        ab = gr.gather_ab(src.gather, before, after, src.problems)
         if not len(ab):
             return None
         t = ab.xs(part, level="part")
@@ -85,8 +86,8 @@ def gather_knob(commit: str, knob: str, shapes=("S1", "S2", "S4", "S1-dual"), pa
         g = src.gather
         if knob not in g:
             return None
-        defaults = {k: v for k, v in sr._gather_knobs().items() if k != knob}
-        sel = sr._at_defaults(g[(g["status"] == "ok") & (g["kcu"] == 8) & (g["warps"] == 4) & (g["part"] == part)
+        defaults = {k: v for k, v in gr.gather_knobs().items() if k != knob}
+        sel = sr.at_defaults(g[(g["status"] == "ok") & (g["kcu"] == 8) & (g["warps"] == 4) & (g["part"] == part)
                                 & g["git_commit"].astype(str).str.startswith(commit) & g[knob].notna()], defaults)
         both = sel.groupby("run_id")[knob].nunique()
         sel = sel[sel["run_id"].isin(both[both == 2].index)]
@@ -223,7 +224,7 @@ def gather_first(commit: str = "6ce62ac", development=None) -> Outcome:
     """The first recorded gather run (``commit``): the weights at kcu 8 against the development run's times, and
     kcu 1 against kcu 8."""
     def measure(src: Sources):
-        t = sr.gather_table(src.gather, src.problems, commit=commit)
+        t = gr.gather_table(src.gather, src.problems, commit=commit)
         if not len(t) or "weights kcu=1 us" not in t:
             return None
         r = t["weights kcu=1 us"] / t["weights kcu=8 us"]

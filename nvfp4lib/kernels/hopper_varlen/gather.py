@@ -73,7 +73,7 @@ _KERNEL = None
 
 def knobs() -> dict:
     """The gather's form knobs as set now: what ``gather-bench`` sweeps and what its report keeps rows at
-    (:func:`nvfp4lib.study.serving_report.gather_variants`)."""
+    (:func:`nvfp4lib.study.gather_report.gather_variants`)."""
     return {"prefetch": PREFETCH, "once": ONCE, "rows_first": ROWS_FIRST, "whole": WHOLE}
 
 

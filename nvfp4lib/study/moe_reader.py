@@ -1,0 +1,190 @@
+"""Reading ``data/moe.jsonl`` by commit for notebook 11's rounds (:mod:`.moe_rounds`): the :class:`Reader`, which
+remembers the runs it read, and the readers of a knob's A/B that several rounds share (one run at a commit with the
+knob set both ways; the arms in the order they ran; a commit against the one before)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import pandas as pd
+
+from ..bench.moe_bench import LABELS
+
+__all__ = ["NOT_RECORDED", "NO_PREDICTION", "W4A4", "W4A16", "PEER", "SHORT", "KEY", "Reader", "span", "per_label",
+           "speedups", "ab_at", "gemm_us", "shipped_rule", "split_ab", "not_probe", "timed_in_order", "arms_in_order",
+           "generic"]
+
+NOT_RECORDED = "not recorded in data/"
+NO_PREDICTION = "none written down"
+W4A4, W4A16, PEER = LABELS["nvfp4"], LABELS["bf16"], LABELS["peer"]
+SHORT = {W4A4: "W4A4", W4A16: "W4A16", PEER: "bf16"}
+KEY = ["layer", "tokens", "routing", "label"]
+
+
+class Reader:
+    """The ok rows of ``data/moe.jsonl``, read by commit; the runs each read used are kept in ``used``."""
+
+    def __init__(self, rows: pd.DataFrame):
+        ok = rows[rows["status"] == "ok"] if len(rows) and "status" in rows else pd.DataFrame(columns=[*KEY, "run_id"])
+        self.all = rows  # (every row, whatever its status: a round may count the cases that went wrong)
+        self.rows = ok.assign(commit=ok["git_commit"].astype(str).str[:7]) if len(ok) else ok
+        self.used: dict[str, list[str]] = {}
+
+    def at(self, commit: str, *, layers=None, tokens=None, routing: str | None = "uniform") -> pd.DataFrame:
+        """The latest ok row of each case measured at ``commit`` (several runs at one commit count together),
+        narrowed to ``layers``, ``tokens`` (a collection or a predicate) and ``routing`` (None: both)."""
+        if not len(self.rows):
+            return self.rows
+        sel = self.rows[self.rows["commit"] == commit[:7]]
+        if layers is not None:
+            sel = sel[sel["layer"].isin(layers)]
+        if tokens is not None:
+            sel = sel[sel["tokens"].map(tokens).astype(bool) if callable(tokens) else sel["tokens"].isin(tokens)]
+        if routing is not None:
+            sel = sel[sel["routing"] == routing]
+        sel = sel.sort_values("run_id").groupby(KEY, sort=False).tail(1)
+        for run in sorted(set(sel["run_id"])):
+            self.used.setdefault(commit[:7], [])
+            if run not in self.used[commit[:7]]:
+                self.used[commit[:7]].append(run)
+        return sel
+
+    def pair(self, before: str, after: str, col: str = "median_us", **narrow) -> pd.DataFrame:
+        """The cases measured at both commits: ``before`` and ``after`` values of ``col``; empty if either lacks
+        them."""
+        a, b = self.at(before, **narrow), self.at(after, **narrow)
+        if not len(a) or not len(b) or col not in a or col not in b:
+            return pd.DataFrame(columns=[*KEY, "before", "after"])
+        m = a[[*KEY, col]].merge(b[[*KEY, col]], on=KEY, suffixes=("_a", "_b"))
+        return m.rename(columns={f"{col}_a": "before", f"{col}_b": "after"}).dropna(subset=["before", "after"])
+
+
+def span(values, fmt: str = "{:.2f}") -> str:
+    v = sorted(float(x) for x in values if pd.notna(x))
+    if not v:
+        return "—"
+    lo, hi = fmt.format(v[0]), fmt.format(v[-1])
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def per_label(df: pd.DataFrame, value: Callable[[pd.DataFrame], pd.Series], fmt: str, labels=(W4A4, W4A16, PEER),
+               names: dict | None = None) -> str:
+    names = names or {}
+    parts = [f"{names.get(lab, SHORT[lab])} {span(value(df[df['label'] == lab]), fmt)}" for lab in labels
+             if (df["label"] == lab).any()]
+    return ", ".join(parts)
+
+
+def speedups(df: pd.DataFrame, labels=(W4A4, W4A16)) -> str:
+    """bf16 layer time over each mode's, per case of ``df``, as ranges."""
+    p = df[df["label"] == PEER].set_index(["layer", "tokens", "routing"])["median_us"]
+    parts = []
+    for lab in labels:
+        m = df[df["label"] == lab].set_index(["layer", "tokens", "routing"])["median_us"]
+        if len(m):
+            parts.append(f"bf16 / {SHORT[lab]} {span((p / m).dropna())}x")
+    return ", ".join(parts) if parts else "—"
+
+
+def ab_at(r: Reader, commit: str, column: str, keep=None, values=(False, True)):
+    """An A/B in one run at ``commit``, uniform routing: (its rows, those with ``column`` equal to ``values[0]``, those
+    with it equal to ``values[1]``: the latest per case, indexed by case), ``keep`` narrowing the rows first; None
+    where the data hold no such rows."""
+    d = r.rows[(r.rows["commit"] == commit[:7]) & (r.rows["routing"] == "uniform")] if len(r.rows) else r.rows
+    if not len(d) or column not in d:
+        return None
+    d = d[keep(d)] if keep is not None else d
+    d = d.sort_values("run_id")
+    off, on = (d[d[column].eq(v)].groupby(KEY).tail(1).set_index(KEY) for v in values)
+    return d[d[column].isin(values)], off, on
+
+
+def gemm_us(profile) -> list[float]:
+    """The serving kernel's GEMM times in a row's graph-replay profile (CuTe DSL kernels, not the prologue), in
+    launch order."""
+    if not isinstance(profile, dict):
+        return []
+    return [k["median_us"] for k in profile.get("kernels", []) if str(k.get("name", "")).startswith("kernel_cutlass")
+            and "tensorptrf16" not in str(k.get("name", ""))]
+
+
+def shipped_rule(d: pd.DataFrame) -> pd.Series:
+    """The rows of the shipped split rule, and the rows with split-K off (rows from before the rule knob: all)."""
+    if "split_rule" not in d:
+        return pd.Series(True, index=d.index)
+    return d["split_rule"].isna() | d["split_rule"].eq("idle") | d["split_k"].eq(False)
+
+
+def split_ab(commit: str, column: str = "split_k", values=(False, True), keep=shipped_rule,
+              names=("split-K off", "on")):
+    """The split-K A/B at one commit: rows with ``split_k`` on against off (moe-bench --split-k off on), per case;
+    or, with ``column="split_rule"``, one rule against another (--split-k idle balance)."""
+    def outcome(r: Reader) -> str | None:
+        ab = ab_at(r, commit, column, keep=keep, values=values)
+        if ab is None:
+            return None
+        d, off, on = ab
+        both = pd.concat({"off": off["median_us"], "on": on["median_us"]}, axis=1).dropna()
+        if not len(both):
+            return None
+        r.used[commit[:7]] = sorted(set(d["run_id"]))
+        moved = both[(both["on"] - both["off"]).abs() > 0.05 * both["off"]]
+        cases = "; ".join(f"{k[0]} T = {k[1]} {SHORT.get(k[3], k[3])} {v['off']:.1f} -> {v['on']:.1f} us"
+                          for k, v in moved.iterrows())
+        gemms = []
+        if "profile" in d:
+            for k in both.index:
+                a, b = (gemm_us(x.at[k, "profile"]) for x in (off, on))
+                if a and b:
+                    gemms.append(f"{k[0]} T = {k[1]} {SHORT.get(k[3], k[3])} "
+                                 + ", ".join(f"{x:.1f} -> {y:.1f}" for x, y in zip(a, b)))
+        return (f"{names[0]} -> {names[1]}, one run at {commit[:7]}, uniform, graph replay, {len(both)} cases; "
+                f"moved by more than 5%: {cases or 'none'}; the rest within 5%"
+                + (f". The serving kernel's GEMMs (gate/up, down; us, each row's profile): {'; '.join(gemms)}"
+                   if gemms else ""))
+    return outcome
+
+
+def not_probe(d: pd.DataFrame) -> pd.Series:
+    """The rows of a timed run, not of a timeline probe (whose GEMMs stamp)."""
+    if "timeline" not in d:
+        return pd.Series(True, index=d.index)
+    return d["timeline"].map(lambda v: not isinstance(v, dict))
+
+
+def timed_in_order(r: Reader, commit: str, columns) -> pd.DataFrame | None:
+    """The timed rows (no timeline probe) at ``commit`` in the order they ran (the runs marked used), or None where
+    there are none or they lack one of ``columns``."""
+    d = r.rows[r.rows["commit"] == commit[:7]] if len(r.rows) else r.rows
+    if not len(d) or not set(columns) <= set(d.columns):
+        return None
+    d = d[not_probe(d)].sort_values("run_id", kind="stable")
+    r.used[commit[:7]] = sorted(set(d["run_id"]))
+    return d
+
+
+def arms_in_order(commit: str, column: str, labels: dict):
+    """An A/B whose arms ran several times in one process (moe-bench --knob off on off on): per case (both
+    routings), each arm's times in the order they ran, and the kernel that moved most in the graph-replay profile."""
+    def outcome(r: Reader) -> str | None:
+        d = timed_in_order(r, commit, (column,))
+        if d is None:
+            return None
+        parts = []
+        for key, g in d.groupby(["layer", "tokens", "routing", "label"], sort=False):
+            arms = " then ".join(f"{labels.get(v, v)} {x:.1f}" for v, x in zip(g[column], g["median_us"]))
+            parts.append(f"{key[0]} T = {key[1]} {key[2]} {SHORT.get(key[3], key[3])}: {arms} us")
+        return "graph replay, in the order the arms ran: " + "; ".join(parts)
+    return outcome
+
+
+def generic(before: str | None, after: str):
+    """A commit no round names: its rows against the previous commit's, the same cases (both routings)."""
+    def outcome(r: Reader) -> str | None:
+        if before is None:
+            return None
+        p = r.pair(before, after, routing=None)
+        if not len(p):
+            return None
+        return (f"{before} -> {after}, {len(p)} cases, graph time before / after: "
+                + per_label(p, lambda g: g["before"] / g["after"], "{:.2f}x"))
+    return outcome
