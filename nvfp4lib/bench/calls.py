@@ -186,6 +186,7 @@ def bench_calls(problems: list[GroupedProblem], *, backend: str = "cute-hopper",
                 "input_mode": mode, "floor_us": floor, "kernel_family": "hopper_varlen" if backend == "cute-hopper"
                 else backend, "rounds": rounds, **knobs}
         w = prepare_weights(inputs[0].b, inputs[0].b2, backend=backend)
+        base["choice"] = w.choice_source(sum(prob.m))  # (rule, tuned or named: once per problem, not per row)
         acts = [pack_rows(x.a) for x in inputs]  # the same weights with each set's activations
         ref_w = [reference_grouped_gemm(x.a, inputs[0].b, inputs[0].b2) for x in inputs]  # (set 0's weights)
         setups.append((prob, base, w, inputs, acts, refs, ref_w, floor))
@@ -194,8 +195,7 @@ def bench_calls(problems: list[GroupedProblem], *, backend: str = "cute-hopper",
         for prob, base, w, inputs, acts, refs, ref_w, floor in setups:
             nbytes = sum(prob.m) * prob.n[0] * 2
             for call in calls:
-                row = {**base, "round": rnd, "call": call, "config": w.config_for(sum(prob.m)),
-                       "choice": w.choice_source(sum(prob.m))}
+                row = {**base, "round": rnd, "call": call, "config": w.config_for(sum(prob.m))}
                 try:
                     row.update(_one(call, prob, w, inputs, acts, refs, ref_w, nbytes, iters, flush, api, compat))
                 except (RuntimeError, ValueError, TypeError, NotImplementedError) as e:
