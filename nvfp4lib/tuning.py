@@ -165,8 +165,12 @@ PREFERENCE = (
 # call ran S2 in 65.4, 66.4 us and S2-dual in 128.2, 129.6 (host-scheduled 65.2 and 125.1). `nvfp4lib tune` with it
 # off (H200, data/tuned.jsonl): S2 kept the 256-token tile (eager 67.9 us against 68.3), S2-dual took the 96-token one
 # (134.7 against 139.0), then ran 126.5, 128.2 in graph replay (host-scheduled 124.0).
+# The tier the rule would take was then changed to the same tiles in 32-token steps (the next A/B, its prediction
+# beside the configs in hopper_varlen/config.py); moe rows carry it as short_k_tier.
 SHORT_K = 0
-SHORT_K_TIER = (128, ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o"))
+SHORT_K_TIER = (128, ("vl_m128_t96_k128_s3_v32_e_o", "vl_dual_m64_t96_k128_s3_v32_e_o"))
+# Configs no rule takes that stay tuning candidates (`nvfp4lib tune`): the 96-token tiles of the first A/B above.
+TUNING_ARMS = ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o")
 
 
 def rule_knobs() -> dict:
@@ -176,8 +180,9 @@ def rule_knobs() -> dict:
 
 
 def shipped() -> set[str]:
-    """Every config a rule of this module can choose (:data:`PREFERENCE` and :data:`SHORT_K_TIER`)."""
-    return {name for _, names in PREFERENCE + (SHORT_K_TIER,) for name in names}
+    """Every config a rule of this module can choose (:data:`PREFERENCE` and :data:`SHORT_K_TIER`), and the
+    :data:`TUNING_ARMS`: the candidates of tuning."""
+    return {name for _, names in PREFERENCE + (SHORT_K_TIER,) for name in names} | set(TUNING_ARMS)
 
 
 def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = None) -> str:

@@ -109,7 +109,7 @@ def test_tuning_candidates_leave_out_the_spin_wait():
 
     preferred = tuning.shipped()
     assert {c for _, names in tuning.PREFERENCE for c in names} <= preferred
-    assert set(tuning.SHORT_K_TIER[1]) <= preferred
+    assert set(tuning.SHORT_K_TIER[1]) | set(tuning.TUNING_ARMS) <= preferred
     for dual, groups, n in ((False, 8, 4096), (True, 8, 4096), (True, 128, 768)):
         for act in ("nvfp4", "bf16"):
             layout, cands = auto_layout(dual, groups, n, act)
@@ -145,8 +145,8 @@ def test_heuristic_takes_the_once_wait_where_shipped():
 def test_short_k_rule_is_off_and_takes_96_token_tiles_when_on(monkeypatch):
     """The rule by K (tuning.SHORT_K) is shipped off (the MoE layers ran slower with it): every K takes the tier's
     256-token tiles. Switched on, at 65-128 rows per group (bucket 128) a K of at most SHORT_K takes the 96-token
-    once-wait tiles (S2, S2-dual), a longer K the tier's (S1, S1-dual); other buckets and the bf16 configs are
-    unchanged."""
+    once-wait tiles in 32-token steps (S2, S2-dual), a longer K the tier's (S1, S1-dual); other buckets and the bf16
+    configs are unchanged."""
     from nvfp4lib.serving import _CuteHopperImpl, auto_layout
 
     _, single = auto_layout(False, 8, 7168)
@@ -156,9 +156,9 @@ def test_short_k_rule_is_off_and_takes_96_token_tiles_when_on(monkeypatch):
     assert tuning.heuristic(True, 128, dual, k=2048) == "vl_dual_m64_t256_k128_s3_v32_e"
     assert set(tuning.SHORT_K_TIER[1]) <= set(single + dual)  # (tuning candidates: `nvfp4lib tune` takes them)
     monkeypatch.setattr(tuning, "SHORT_K", 4096)
-    assert tuning.heuristic(False, 128, single, k=2048) == "vl_m128_t96_k128_s3_e_o"
-    assert tuning.heuristic(True, 128, dual, k=2048) == "vl_dual_m64_t96_k128_s3_e_o"
-    assert tuning.heuristic(False, 128, single, k=4096) == "vl_m128_t96_k128_s3_e_o"
+    assert tuning.heuristic(False, 128, single, k=2048) == "vl_m128_t96_k128_s3_v32_e_o"
+    assert tuning.heuristic(True, 128, dual, k=2048) == "vl_dual_m64_t96_k128_s3_v32_e_o"
+    assert tuning.heuristic(False, 128, single, k=4096) == "vl_m128_t96_k128_s3_v32_e_o"
     assert tuning.heuristic(False, 128, single, k=7168) == "vl_m128_t256_k128_s3_v32_e_o"
     assert tuning.heuristic(True, 128, dual, k=7168) == "vl_dual_m64_t256_k128_s3_v32_e"
     assert tuning.heuristic(False, 64, single, k=2048) == "vl_m128_t256_k128_s3_v32_e_o"

@@ -355,7 +355,8 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         to_operand = bool(getattr(importlib.import_module(OPERAND_KNOB[0]), OPERAND_KNOB[1]))
         prewait = getattr(importlib.import_module(PREWAIT_KNOB[0]), PREWAIT_KNOB[1])  # GEMMs' weights before the wait
         once_wait = getattr(importlib.import_module(ONCE_WAIT_KNOB[0]), ONCE_WAIT_KNOB[1])  # the study tiers' wait
-        short_k = getattr(importlib.import_module(SHORT_K_KNOB[0]), SHORT_K_KNOB[1])  # 96-token tiles up to this K
+        rule = importlib.import_module(SHORT_K_KNOB[0])
+        short_k = getattr(rule, SHORT_K_KNOB[1])  # SHORT_K_TIER's tiles up to this K
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
         rows = []
         for li, layer in enumerate(layers):
@@ -432,6 +433,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                             row["route_max_copies"] = route_max
                             row["once_wait"] = bool(once_wait)
                             row["short_k"] = int(short_k)
+                            row["short_k_tier"] = ",".join(rule.SHORT_K_TIER[1])  # (the tiles that rule takes)
                             row["chain_pdl"] = chain
                             # (the W4A16 GEMMs never trigger early: pdl.CHAIN_GEMM's note)
                             row["chain_gemm"] = chain_gemm and kind == "nvfp4"
@@ -547,8 +549,9 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             "e.g. 0 2", "prewait_stages", type=int, metavar="S")
     _ab_arg(p, "--once-wait", "the single GEMM's study tiers (over 16 rows per expert) run their once-wait configs, "
             "*_o (tuning.ONCE_WAIT; default: as shipped)", "off on", "once_wait", choices=["off", "on"])
-    _ab_arg(p, "--short-k", "at 65-128 rows per expert, GEMMs of K up to this run 96-token tiles (tuning.SHORT_K; 0: "
-            "off; default: as shipped)", "0 4096", "short_k", type=int, metavar="K")
+    _ab_arg(p, "--short-k", "at 65-128 rows per expert, GEMMs of K up to this run the tiles of "
+            "tuning.SHORT_K_TIER (tuning.SHORT_K; 0: off; default: as shipped)", "0 4096", "short_k", type=int,
+            metavar="K")
     _ab_arg(p, "--input-scales", "W4A4's activation global scales: computed per call (dynamic, the default) or "
             "static, as checkpoints give them (calibrated once per layer on a seeded batch)", "dynamic static",
             "input_scales (W4A4 rows)", choices=["dynamic", "static"])

@@ -36,6 +36,7 @@ GATHER = DATA_DIR / "gather.jsonl"  # the one-shot gather alone per shape and kn
 # bench rows of runs under a tuning cache that `nvfp4lib tune` filled (config="auto" ran its tuned choice, not the
 # shipped rule's): kept apart from bench.jsonl, whose auto rows are the shipped rule's
 TUNED = DATA_DIR / "tuned.jsonl"
+PROFILES = DATA_DIR / "profiles.jsonl"  # what bounds a kernel: Nsight Compute's metrics per kernel (bench.ncu_profile)
 # Where commands write their rows unless asked to record them: git-ignored, so running a command never
 # dirties the checkout; data/ grows only by an explicit --record (or `record`).
 SCRATCH_DIR = DATA_DIR.parent / "build"

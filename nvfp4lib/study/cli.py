@@ -323,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     from ..bench.generate_bench import add_command as add_generate_bench  # generate-bench: NVFP4 model vs bf16 (GPU)
     add_generate_bench(sub, _add_record_args, _write)
 
+    from ..bench.ncu_profile import add_command as add_ncu  # ncu: a command's kernels under Nsight Compute (GPU)
+    add_ncu(sub, _add_record_args, _write)
+
     from ..bench.gather_bench import add_command as add_gather_bench  # gather-bench: the one-shot gather alone (GPU)
     add_gather_bench(sub, add_problems, _problems, _add_record_args, _write)
 

@@ -202,6 +202,16 @@ CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     # choice per shape (nvfp4lib tune) could.
     *_wait_arms("once", ((128, 3, 0), (256, 3, 32), (96, 3, 0)),
                 ((128, 128, 3, 0, "simt"), (64, 256, 3, 32, "staged"), (64, 96, 3, 0, "staged"))),
+    # The 96-token tilings in 32-token steps (vl_m128_t96_k128_s3_v32_e_o, vl_dual_m64_t96_k128_s3_v32_e_o), A/B arms.
+    # Why: the rule by K (tuning.SHORT_K) lost on uniform routing, read as 128-row groups padded to two 96-token
+    # tiles (192 columns of MMA) and their weights decoded twice; 32-token steps split 128 rows into two tiles of 64
+    # (128 columns), so the A/B separates the padding from the second decode. Prediction (2026-11-29, before any run;
+    # tile arithmetic: the steps cut the MMA columns by 12% on S2 and 13% on S1, by a third at 128 rows per group):
+    # graph replay S2 65.7 -> ~65 us, S2-dual 128.4 -> ~126.5, S1 131.7 -> ~128 (still behind the shipped 120.7);
+    # with the rule on these tiles, W4A4 Mixtral-like T = 512 uniform ~735 us (698 off, 800 with the 96-token tiles)
+    # and DeepSeek-like T = 4096 uniform ~7000 (6790, 7276): the padding about two thirds of the loss, the second
+    # decode the rest, so the rule stays off.
+    *_wait_arms("once", ((96, 3, 32),), ((64, 96, 3, 32, "staged"),)),
 )}
 
 

@@ -1,0 +1,76 @@
+"""Nsight Compute's pages read into rows (nvfp4lib.bench.ncu_profile), on pages an H200 profile exported (trimmed:
+the details' headline metrics, the first 40 SASS lines of each kernel), and the command's checks of its input."""
+import argparse
+from pathlib import Path
+
+import pytest
+
+from nvfp4lib.bench import ncu_profile as nc
+
+DATA = Path(__file__).parent / "data"
+
+
+def _pages():
+    return (DATA / "ncu_details.csv").read_text(), (DATA / "ncu_source.csv").read_text()
+
+
+def test_details_are_read_per_kernel_in_one_unit_each():
+    rows = nc.parse_details(_pages()[0])
+    assert [r["kernel_id"] for r in rows] == [0, 1]
+    first = rows[0]
+    assert first["kernel"] == "GroupedVarlenGemmSm90"  # (the class, out of CuTe DSL's mangled name)
+    assert first["duration_us"] == pytest.approx(12.99)  # (shown in us)
+    assert first["sm_mhz"] == pytest.approx(1820.0)  # (shown as 1.82 Ghz)
+    assert first["mem_gbps"] == pytest.approx(1090.0)  # (Memory Throughput in Tbyte/s ...)
+    assert first["mem_pct"] == pytest.approx(22.83)  # (... and in %: two fields)
+    assert first["smem_kb"] == pytest.approx(107.52)
+    assert (first["grid"], first["block"], first["registers"]) == (96, 256, 68)
+    assert rows[1]["grid"] == 128
+
+
+def test_units_convert_and_unknown_metrics_are_left_out():
+    head = '"ID","Kernel Name","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+    text = head + "\n".join([
+        '"0","kernel_x_FooSm90_y","S","Duration","ns","2,500"',
+        '"0","kernel_x_FooSm90_y","S","SM Frequency","Mhz","1,755"',
+        '"0","kernel_x_FooSm90_y","S","Something Else","","3"',
+        '"0","kernel_x_FooSm90_y","S","Grid Size","","n/a"',
+    ])
+    (row,) = nc.parse_details(text)
+    assert row == {"kernel_id": 0, "kernel": "FooSm90", "duration_us": 2.5, "sm_mhz": 1755.0}
+
+
+def test_source_page_gives_opcode_and_stall_shares():
+    parsed = nc.parse_source(_pages()[1])
+    assert len(parsed) == 2
+    for p in parsed:
+        assert p["sass_instructions"] > 0 and p["stall_samples"] > 0
+        assert 0 < sum(p["opcodes"].values()) <= 1 + 1e-6 and len(p["opcodes"]) <= nc.TOP_OPCODES
+        assert sum(p["stalls"].values()) == pytest.approx(1, abs=1e-3)
+        assert all(k.isupper() for k in p["opcodes"]) and not any("Not Issued" in k for k in p["stalls"])
+
+
+def test_rows_merge_both_pages_with_labels_and_refuse_a_mismatch():
+    details, source = _pages()
+    rows = nc.profile_rows(details, source, case="qwen3-t1", gemm="gate/up")
+    assert len(rows) == 2 and rows[0]["case"] == "qwen3-t1" and "stalls" in rows[0] and "duration_us" in rows[0]
+    assert "stalls" not in nc.profile_rows(details)[0]  # (the details page alone)
+    one_kernel = source[:source.index('"Kernel Name"', 10)]
+    with pytest.raises(ValueError, match="details page lists 2 kernels and the source page 1"):
+        nc.profile_rows(details, one_kernel)
+
+
+def _args(**kw):
+    base = dict(command=[], label=None, kernel="Gemm", count=1, skip=0, report=None, out=None, record=None,
+                no_record=True)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_command_checks_its_input(monkeypatch):
+    with pytest.raises(SystemExit, match="give the profiled command"):
+        nc.cmd_ncu(_args(command=["--"]), write=None)
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        nc.cmd_ncu(_args(command=["bench"], label=["case"]), write=None)
+    monkeypatch.setattr(nc.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="not on the PATH"):
+        nc.cmd_ncu(_args(command=["--", "bench", "--problem", "S4"], label=["case=s4"]), write=None)
