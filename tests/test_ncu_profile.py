@@ -74,3 +74,23 @@ def test_command_checks_its_input(monkeypatch):
     monkeypatch.setattr(nc.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="not on the PATH"):
         nc.cmd_ncu(_args(command=["--", "bench", "--problem", "S4"], label=["case=s4"]), write=None)
+
+
+def test_profile_table_takes_each_case_latest_run_and_names_the_moe_gemms():
+    import pandas as pd
+
+    from nvfp4lib.study.profile_report import profile_table
+
+    details, source = _pages()
+    base = {"gpu": "NVIDIA H200", "git_commit": "0123456789"}
+    rows = [dict(r, run_id=run, **base) for run in ("20261129T000000Z-a", "20261129T010000Z-b")
+            for r in nc.profile_rows(details, source, case="qwen3-moe-T1-bf16")]
+    rows += [dict(r, run_id="20261129T000000Z-a", **base) for r in nc.profile_rows(details, source, case="S2-x")]
+    rows[2]["duration_us"] = 99.0  # (the later run of the MoE case)
+    t = profile_table(pd.DataFrame(rows), "qwen3-moe")
+    assert list(t["kernel"]) == ["gate/up", "down"] and list(t["us (ncu)"]) == [99.0, 8.2]
+    assert t["top stalls"][0].split()[0] == next(iter(rows[2]["stalls"]))
+    assert t["gpu"][0] == "H200" and t["commit"][0] == "0123456"
+    s2 = profile_table(pd.DataFrame(rows), "S2")
+    assert list(s2["kernel"]) == ["GroupedVarlenGemmSm90 #0", "GroupedVarlenGemmSm90 #1"]
+    assert profile_table(pd.DataFrame(rows), "nothing").empty and profile_table(pd.DataFrame()).empty

@@ -1,0 +1,60 @@
+"""What bounds a kernel (``data/profiles.jsonl``, :mod:`nvfp4lib.bench.ncu_profile`) for notebooks 10 and 11: one line
+per profiled kernel of the latest run of each case, with the few numbers that say where its time goes."""
+from __future__ import annotations
+
+import pandas as pd
+
+__all__ = ["load_profiles", "profile_table", "GEMM_ROLE"]
+
+# The kernels a case profiles, in launch order, where the order names them: a MoE layer's call runs the gate/up GEMM
+# and then the down GEMM
+GEMM_ROLE = {"qwen3-moe": ("gate/up", "down")}
+
+
+def load_profiles(path=None) -> pd.DataFrame:
+    from ..bench import store
+
+    return pd.DataFrame(store.read_rows(path or store.PROFILES))
+
+
+def _role(case: str, kernel: str, i: int) -> str:
+    """The profiled kernel's name in the table: its role where :data:`GEMM_ROLE` names it, else class and index."""
+    for prefix, roles in GEMM_ROLE.items():
+        if case.startswith(prefix) and i < len(roles):
+            return roles[i]
+    return f"{kernel} #{i}"
+
+
+def _top(d, n: int) -> str:
+    if not isinstance(d, dict):
+        return ""
+    return ", ".join(f"{k} {v:.0%}" for k, v in list(d.items())[:n])
+
+
+def profile_table(rows: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
+    """Of the cases starting with ``prefix``, the latest run's rows of each: the kernel's time under ncu (alone, caches
+    flushed), its grid and registers, how busy its issue slots were and with how many warps, its DRAM throughput,
+    its top stall reasons and opcodes; the GPU and commit last. Empty without rows."""
+    if rows is None or not len(rows) or "case" not in rows:
+        return pd.DataFrame()
+    sel = rows[rows["case"].astype(str).str.startswith(prefix)]
+    if not len(sel):
+        return pd.DataFrame()
+    sel = sel[sel["run_id"] == sel.groupby("case")["run_id"].transform("max")]
+    out = pd.DataFrame({
+        "case": sel["case"],
+        "kernel": [_role(c, k, int(i)) for c, k, i in zip(sel["case"], sel["kernel"], sel["kernel_id"])],
+        "us (ncu)": sel["duration_us"].round(1),
+        "CTAs": sel["grid"].astype(int),
+        "regs": sel["registers"].astype(int),
+        "issue busy %": sel["issue_busy_pct"].round(1),
+        "IPC": sel["ipc_active"].round(2),
+        "warps/sched": sel["warps_active"].round(2),
+        "eligible": sel["warps_eligible"].round(2),
+        "DRAM %": sel["dram_pct"].round(1),
+        "top stalls": sel["stalls"].map(lambda d: _top(d, 3)),
+        "top opcodes": sel["opcodes"].map(lambda d: _top(d, 4)),
+        "gpu": sel["gpu"].str.replace("NVIDIA ", ""),
+        "commit": sel["git_commit"].astype(str).str[:7],
+    })
+    return out.reset_index(drop=True)
