@@ -293,6 +293,7 @@ OPERAND_KNOB = ("nvfp4lib.nn.moe", "QUANT_TO_OPERAND")  # moe-bench --quant-oper
 PREWAIT_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "PREWAIT_STAGES")  # moe-bench --prewait-stages
 ONCE_WAIT_KNOB = ("nvfp4lib.tuning", "ONCE_WAIT")  # moe-bench --once-wait
 SHORT_K_KNOB = ("nvfp4lib.tuning", "SHORT_K")  # moe-bench --short-k
+DUAL_96_KNOB = ("nvfp4lib.tuning", "DUAL_96")  # moe-bench --dual-96
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -357,6 +358,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         once_wait = getattr(importlib.import_module(ONCE_WAIT_KNOB[0]), ONCE_WAIT_KNOB[1])  # the study tiers' wait
         rule = importlib.import_module(SHORT_K_KNOB[0])
         short_k = getattr(rule, SHORT_K_KNOB[1])  # SHORT_K_TIER's tiles up to this K
+        dual_96 = bool(getattr(rule, DUAL_96_KNOB[1]))  # the dual tier's 96-token tiles
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
         rows = []
         for li, layer in enumerate(layers):
@@ -434,6 +436,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                             row["once_wait"] = bool(once_wait)
                             row["short_k"] = int(short_k)
                             row["short_k_tier"] = ",".join(rule.SHORT_K_TIER[1])  # (the tiles that rule takes)
+                            row["dual_96"] = dual_96
                             row["chain_pdl"] = chain
                             # (the W4A16 GEMMs never trigger early: pdl.CHAIN_GEMM's note)
                             row["chain_gemm"] = chain_gemm and kind == "nvfp4"
@@ -552,6 +555,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     _ab_arg(p, "--short-k", "at 65-128 rows per expert, GEMMs of K up to this run the tiles of "
             "tuning.SHORT_K_TIER (tuning.SHORT_K; 0: off; default: as shipped)", "0 4096", "short_k", type=int,
             metavar="K")
+    _ab_arg(p, "--dual-96", "the dual GEMM's tier of 65-128 rows per expert takes the 96-token tiles in 32-token steps "
+            "(tuning.DUAL_96; default: as shipped)", "off on", "dual_96", choices=["off", "on"])
     _ab_arg(p, "--input-scales", "W4A4's activation global scales: computed per call (dynamic, the default) or "
             "static, as checkpoints give them (calibrated once per layer on a seeded batch)", "dynamic static",
             "input_scales (W4A4 rows)", choices=["dynamic", "static"])
@@ -590,11 +595,11 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split, one, route_max, fuse, chain, operand, static, prewait, once, short in itertools.product(
+        for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96 in itertools.product(
                 args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
                 args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None],
                 args.input_scales or ["dynamic"], args.prewait_stages or [None], args.once_wait or [None],
-                args.short_k or [None]):
+                args.short_k or [None], args.dual_96 or [None]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
                     knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
                     knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
@@ -602,7 +607,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                     knob_setting(*OPERAND_KNOB, None if operand is None else operand == "on"), \
                     knob_setting(*PREWAIT_KNOB, prewait), \
                     knob_setting(*ONCE_WAIT_KNOB, None if once is None else once == "on"), \
-                    knob_setting(*SHORT_K_KNOB, short):
+                    knob_setting(*SHORT_K_KNOB, short), \
+                    knob_setting(*DUAL_96_KNOB, None if d96 is None else d96 == "on"):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

@@ -272,6 +272,8 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
         sel = sel[~_switched_off(sel["quant_operand"])]
     if "once_wait" in sel:  # (tuning.ONCE_WAIT, shipped on; rows before the knob have no field)
         sel = sel[~_switched_off(sel["once_wait"])]
+    if "dual_96" in sel:  # (tuning.DUAL_96, shipped on; rows before the knob have no field)
+        sel = sel[~_switched_off(sel["dual_96"])]
     if "short_k" in sel:  # (tuning.SHORT_K, shipped off; rows before the knob have no field)
         sel = sel[~(pd.to_numeric(sel["short_k"], errors="coerce") > 0)]
     if "prewait_stages" in sel:  # (hopper_varlen.kernel.PREWAIT_STAGES, shipped for the W4A16 decode GEMMs only)

@@ -28,7 +28,7 @@ def _role(case: str, kernel: str, i: int) -> str:
 def _top(d, n: int) -> str:
     if not isinstance(d, dict):
         return ""
-    return ", ".join(f"{k} {v:.0%}" for k, v in list(d.items())[:n])
+    return ", ".join(f"{k} {v:.0%}" for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:n])  # (stored sorted by key)
 
 
 def profile_table(rows: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
