@@ -169,20 +169,30 @@ PREFERENCE = (
 # beside the configs in hopper_varlen/config.py); moe rows carry it as short_k_tier.
 SHORT_K = 0
 SHORT_K_TIER = (128, ("vl_m128_t96_k128_s3_v32_e_o", "vl_dual_m64_t96_k128_s3_v32_e_o"))
-# The dual GEMM's tier of 65-128 rows per group takes the 96-token tiles in 32-token steps with the once-wait
-# (vl_dual_m64_t96_k128_s3_v32_e_o: two CTAs per SM; their prediction beside the configs in hopper_varlen/config.py).
+# The dual GEMMs of up to DUAL_96 rows per group (the bucket) take the 96-token tiles in 32-token steps with the
+# once-wait (vl_dual_m64_t96_k128_s3_v32_e_o: two CTAs per SM; their prediction beside the configs in
+# hopper_varlen/config.py), first tried on the whole tier of 65-128 rows.
 # A/B on an H200 (2026-11-29, one process per shape, the shipped config first and last, the arms and the
 # host-scheduled kernel between, graph replay; notebook 10's rounds): S2-dual 134.6, 135.8 -> 125.0 us (the 96-token
 # tiles without the steps 129.1, host-scheduled 125.6), S1-dual 218.9, 220.1 -> 215.0 (227.1, 221.5); eager S2-dual
 # 138.9 -> 130.4, S1-dual 221.6 -> 222.8. The single GEMM's form gained nothing (S2 66.3, 67.2 -> 66.4; S1 120.8,
 # 121.7 -> 130.6): the single tiers keep the 256-token tile. ncu (data/profiles.jsonl) shows the two-CTA form's issue
-# slots ~46% busy against ~26% for the 256-token dual (194 registers, one CTA per SM). DUAL_96 off: the tier as before
-# (moe-bench --dual-96 off on, the A/B on the MoE layers). Prediction for them (2026-11-29, before their run; 65-128
-# rows per expert reach the tier, 17-64 too): W4A4 Mixtral-like T = 512 and DeepSeek-like T = 4096 (128 rows per
-# expert: two 64-token tiles each, the weights decoded twice as on S1-dual, which still gained 2%) 1-3% faster,
-# Qwen3-like T = 512 (32 rows per expert, one tile either way, two CTAs per SM) 3-8% faster; W4A16 unchanged (its
-# bf16 configs have no such form).
-DUAL_96 = True
+# slots ~46% busy against ~26% for the 256-token dual (194 registers, one CTA per SM). Prediction for the MoE layers
+# (2026-11-29, before their run; 65-128 rows per expert reach the tier, 17-64 too): W4A4 Mixtral-like T = 512 and
+# DeepSeek-like T = 4096 (128 rows per expert: two 64-token tiles each, the weights decoded twice as on S1-dual, which
+# still gained 2%) 1-3% faster, Qwen3-like T = 512 (32 rows per expert, one tile either way, two CTAs per SM) 3-8%
+# faster; W4A16 unchanged (its bf16 configs have no such form). Outcome (H200, moe-bench --dual-96 off on, one run per
+# layer, W4A4, graph replay): Qwen3-like T = 512 346.4 -> 309.2 us uniform, 368.9 -> 334.5 Zipf (held, -10%);
+# Mixtral-like T = 512 694.7 -> 719.1 uniform (+3.5%, missed), 769.0 -> 740.4 Zipf; DeepSeek-like T = 4096 6632 ->
+# 7161 uniform (+8.0%, missed), 7290 -> 7294 Zipf. A reading: where every expert has ~128 rows (uniform routing) the
+# 96-token tiles double the tiles and the weights' decode, and two CTAs per SM do not pay for that; where the rows
+# spread (S1-dual, S2-dual, Zipf) the tiles grow 1.6-1.75x and they do; at up to 64 rows one tile covers a group
+# either way. The call knows only the bucket (no read-back), so the tiles are taken up to 64 rows per group, where
+# the tile count cannot grow: DUAL_96 = 64 (0: off; moe-bench --dual-96 0 64, the A/B), and S1-dual and S2-dual keep
+# the 256-token tile unless tuned (`nvfp4lib tune` has the 96-token form as a candidate). Prediction for the bucket of
+# 33-64 rows (2026-11-29, before its run): W4A4 Mixtral-like T = 256 and DeepSeek-like T = 2048 (64 rows per expert)
+# 3-8% faster.
+DUAL_96 = 64
 DUAL_96_CONFIG = "vl_dual_m64_t96_k128_s3_v32_e_o"
 # Configs no rule takes that stay tuning candidates (`nvfp4lib tune`): the 96-token tiles of the first A/B above.
 TUNING_ARMS = ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o")
@@ -191,7 +201,7 @@ TUNING_ARMS = ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o")
 def rule_knobs() -> dict:
     """The knobs of the shape rule as set now: what bench and calls rows of config="auto" carry, and what the reports
     keep the serving kernel's rows at (``study.serving_report``)."""
-    return {"once_wait": bool(ONCE_WAIT), "short_k": int(SHORT_K), "dual_96": bool(DUAL_96)}
+    return {"once_wait": bool(ONCE_WAIT), "short_k": int(SHORT_K), "dual_96": int(DUAL_96)}
 
 
 def shipped() -> set[str]:
@@ -204,16 +214,17 @@ def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = No
     """A shape rule for a cache miss: the first of :data:`PREFERENCE`'s configs for the bucket that is a candidate
     (the candidates share the prepared weights' layout), else the first candidate; in the bucket of
     :data:`SHORT_K_TIER` with ``k`` at most :data:`SHORT_K`, its configs first. With :data:`ONCE_WAIT` off the
-    once-wait configs (named ``*_o`` by ``hopper_varlen.config.make``) are passed over, and with :data:`DUAL_96`
-    off its config."""
+    once-wait configs (named ``*_o`` by ``hopper_varlen.config.make``) are passed over, and :data:`DUAL_96_CONFIG`
+    in :data:`PREFERENCE`'s tiers over the bucket :data:`DUAL_96`."""
     tiers = list(PREFERENCE)
     if k is not None and k <= SHORT_K and bucket == SHORT_K_TIER[0]:
         tiers.insert(0, SHORT_K_TIER)
-    for limit, names in tiers:
+    for tier in tiers:
+        limit, names = tier
         if bucket <= limit:
             for name in names:
                 if name in candidates and (ONCE_WAIT or not name.endswith("_o")) \
-                        and (DUAL_96 or name != DUAL_96_CONFIG):
+                        and (name != DUAL_96_CONFIG or bucket <= DUAL_96 or tier is SHORT_K_TIER):
                     return name
     return candidates[0]
 

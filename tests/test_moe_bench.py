@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
+from nvfp4lib import tuning
 from nvfp4lib.bench import moe_bench as mb
 from nvfp4lib.bench.peers.bf16_moe import BF16GroupedMoE
 from nvfp4lib.nn import NVFP4MoE, reference_moe
@@ -511,11 +512,13 @@ def test_shipped_rows_leave_out_the_prewait_and_prefetch_arms_not_shipped():
 
 
 def test_shipped_rows_leave_out_the_once_wait_off_and_short_k_on_arms():
-    """tuning.ONCE_WAIT and tuning.DUAL_96 shipped on, tuning.SHORT_K shipped off (0): the other arms of their A/Bs
-    are left out; rows from before the knobs (no field) stay."""
+    """tuning.ONCE_WAIT shipped on, tuning.SHORT_K shipped off (0), tuning.DUAL_96 at its bucket: the other arms of
+    their A/Bs are left out (of DUAL_96 also its first A/B's on/off rows); rows from before the knobs (no field)
+    stay."""
     c = "1234567synthetic"
     rows = [dict(_row("mixtral", 512, "uniform", "nvfp4", us, commit=c), once_wait=ow, short_k=sk, dual_96=d)
-            for us, ow, sk, d in ((1.0, True, 0, True), (2.0, True, 4096, True), (3.0, False, 0, True),
-                                  (4.0, None, None, None), (5.0, True, 0, False))]
+            for us, ow, sk, d in ((1.0, True, 0, tuning.DUAL_96), (2.0, True, 4096, tuning.DUAL_96),
+                                  (3.0, False, 0, tuning.DUAL_96), (4.0, None, None, None), (5.0, True, 0, 0),
+                                  (6.0, True, 0, True), (7.0, True, 0, False))]
     kept = mr.shipped_rows(pd.DataFrame(rows))
     assert sorted(kept["median_us"]) == [1.0, 4.0]

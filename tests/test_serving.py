@@ -124,8 +124,8 @@ def test_tuning_candidates_leave_out_the_spin_wait():
 
 def test_heuristic_takes_the_once_wait_where_shipped():
     """The single GEMM's study tiers take their _o config when it is a candidate (ONCE_WAIT), the hinted one with the
-    knob off or where there is none (the bf16 configs); the decode tiers are unchanged, and of the duals the tier of
-    65-128 rows per group takes its 96-token once-wait tiles (DUAL_96; the 256-token tiles with either knob off)."""
+    knob off or where there is none (the bf16 configs); the decode tiers are unchanged, and the duals of 17-64 rows per
+    group take the 96-token once-wait tiles (DUAL_96; the 256-token tiles above, with DUAL_96 = 0 or the knob off)."""
     from nvfp4lib.serving import auto_layout
 
     _, single = auto_layout(False, 8, 4096)
@@ -133,19 +133,23 @@ def test_heuristic_takes_the_once_wait_where_shipped():
     assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e_o"
     assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s3_e_o"
     assert tuning.heuristic(False, 4, single) == "vl_m128_t16_k128_s8_e_x"
-    assert tuning.heuristic(True, 128, dual) == "vl_dual_m64_t96_k128_s3_v32_e_o" == tuning.DUAL_96_CONFIG
+    assert tuning.DUAL_96 == 64
+    assert tuning.heuristic(True, 64, dual) == "vl_dual_m64_t96_k128_s3_v32_e_o" == tuning.DUAL_96_CONFIG
+    assert tuning.heuristic(True, 32, dual) == tuning.DUAL_96_CONFIG
+    assert tuning.heuristic(True, 128, dual) == "vl_dual_m64_t256_k128_s3_v32_e"
     assert tuning.heuristic(True, 256, dual) == "vl_dual_m64_t96_k128_s3_e"  # (the tier above: unchanged)
     old = tuning.ONCE_WAIT
     try:
-        tuning.DUAL_96 = False
-        assert tuning.heuristic(True, 128, dual) == "vl_dual_m64_t256_k128_s3_v32_e"
-        tuning.DUAL_96 = True
+        tuning.DUAL_96 = 0
+        assert tuning.heuristic(True, 64, dual) == "vl_dual_m64_t256_k128_s3_v32_e"
+        tuning.DUAL_96 = 128
+        assert tuning.heuristic(True, 128, dual) == tuning.DUAL_96_CONFIG
         tuning.ONCE_WAIT = False
-        assert tuning.heuristic(True, 128, dual) == "vl_dual_m64_t256_k128_s3_v32_e"
+        assert tuning.heuristic(True, 64, dual) == "vl_dual_m64_t256_k128_s3_v32_e"
         assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e"
         assert tuning.heuristic(False, 256, single) == "vl_m128_t128_k128_s3_e"
     finally:
-        tuning.ONCE_WAIT, tuning.DUAL_96 = old, True
+        tuning.ONCE_WAIT, tuning.DUAL_96 = old, 64
 
 
 def test_short_k_rule_is_off_and_takes_96_token_tiles_when_on(monkeypatch):
@@ -159,14 +163,14 @@ def test_short_k_rule_is_off_and_takes_96_token_tiles_when_on(monkeypatch):
     _, dual = auto_layout(True, 8, 7168)
     assert tuning.SHORT_K == 0
     assert tuning.heuristic(False, 128, single, k=2048) == "vl_m128_t256_k128_s3_v32_e_o"
-    assert tuning.heuristic(True, 128, dual, k=2048) == tuning.DUAL_96_CONFIG
+    assert tuning.heuristic(True, 128, dual, k=2048) == "vl_dual_m64_t256_k128_s3_v32_e"
     assert set(tuning.SHORT_K_TIER[1]) <= set(single + dual)  # (tuning candidates: `nvfp4lib tune` takes them)
     monkeypatch.setattr(tuning, "SHORT_K", 4096)
     assert tuning.heuristic(False, 128, single, k=2048) == "vl_m128_t96_k128_s3_v32_e_o"
     assert tuning.heuristic(True, 128, dual, k=2048) == "vl_dual_m64_t96_k128_s3_v32_e_o"
     assert tuning.heuristic(False, 128, single, k=4096) == "vl_m128_t96_k128_s3_v32_e_o"
     assert tuning.heuristic(False, 128, single, k=7168) == "vl_m128_t256_k128_s3_v32_e_o"
-    assert tuning.heuristic(True, 128, dual, k=7168) == tuning.DUAL_96_CONFIG
+    assert tuning.heuristic(True, 128, dual, k=7168) == "vl_dual_m64_t256_k128_s3_v32_e"
     assert tuning.heuristic(False, 64, single, k=2048) == "vl_m128_t256_k128_s3_v32_e_o"
     assert tuning.heuristic(False, 256, single, k=2048) == "vl_m128_t128_k128_s3_e_o"
     assert tuning.heuristic(False, 128, single) == "vl_m128_t256_k128_s3_v32_e_o"  # (K not given)

@@ -358,7 +358,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         once_wait = getattr(importlib.import_module(ONCE_WAIT_KNOB[0]), ONCE_WAIT_KNOB[1])  # the study tiers' wait
         rule = importlib.import_module(SHORT_K_KNOB[0])
         short_k = getattr(rule, SHORT_K_KNOB[1])  # SHORT_K_TIER's tiles up to this K
-        dual_96 = bool(getattr(rule, DUAL_96_KNOB[1]))  # the dual tier's 96-token tiles
+        dual_96 = int(getattr(rule, DUAL_96_KNOB[1]))  # the dual GEMMs' 96-token tiles up to this bucket
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
         rows = []
         for li, layer in enumerate(layers):
@@ -555,8 +555,9 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     _ab_arg(p, "--short-k", "at 65-128 rows per expert, GEMMs of K up to this run the tiles of "
             "tuning.SHORT_K_TIER (tuning.SHORT_K; 0: off; default: as shipped)", "0 4096", "short_k", type=int,
             metavar="K")
-    _ab_arg(p, "--dual-96", "the dual GEMM's tier of 65-128 rows per expert takes the 96-token tiles in 32-token steps "
-            "(tuning.DUAL_96; default: as shipped)", "off on", "dual_96", choices=["off", "on"])
+    _ab_arg(p, "--dual-96", "dual GEMMs of up to this many rows per expert (the bucket) take the 96-token tiles in "
+            "32-token steps (tuning.DUAL_96; 0: none; default: as shipped)", "0 64", "dual_96", type=int,
+            metavar="ROWS")
     _ab_arg(p, "--input-scales", "W4A4's activation global scales: computed per call (dynamic, the default) or "
             "static, as checkpoints give them (calibrated once per layer on a seeded batch)", "dynamic static",
             "input_scales (W4A4 rows)", choices=["dynamic", "static"])
@@ -608,7 +609,7 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                     knob_setting(*PREWAIT_KNOB, prewait), \
                     knob_setting(*ONCE_WAIT_KNOB, None if once is None else once == "on"), \
                     knob_setting(*SHORT_K_KNOB, short), \
-                    knob_setting(*DUAL_96_KNOB, None if d96 is None else d96 == "on"):
+                    knob_setting(*DUAL_96_KNOB, d96):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

@@ -22,6 +22,7 @@ from matplotlib.ticker import NullLocator
 from ..bench.moe_bench import LABELS, LAYERS, ROUTINGS, TOKENS, floor_bound, moe_floor_us
 from ..bench.roofline import H100_SXM_DATASHEET
 from ..bench.store import dirty_state
+from ..tuning import DUAL_96
 from .plots import caption
 from .plots import shown as _shown
 
@@ -272,8 +273,9 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
         sel = sel[~_switched_off(sel["quant_operand"])]
     if "once_wait" in sel:  # (tuning.ONCE_WAIT, shipped on; rows before the knob have no field)
         sel = sel[~_switched_off(sel["once_wait"])]
-    if "dual_96" in sel:  # (tuning.DUAL_96, shipped on; rows before the knob have no field)
-        sel = sel[~_switched_off(sel["dual_96"])]
+    if "dual_96" in sel:  # (tuning.DUAL_96, a bucket: the rows at another; rows before the knob have no field)
+        d96 = sel["dual_96"]
+        sel = sel[d96.isna() | d96.apply(lambda v: v is not True and v is not False and v == DUAL_96)]
     if "short_k" in sel:  # (tuning.SHORT_K, shipped off; rows before the knob have no field)
         sel = sel[~(pd.to_numeric(sel["short_k"], errors="coerce") > 0)]
     if "prewait_stages" in sel:  # (hopper_varlen.kernel.PREWAIT_STAGES, shipped for the W4A16 decode GEMMs only)
