@@ -215,6 +215,7 @@ def _gemv_ab(r: Reader) -> str | None:
 
 ONCE_WAIT_COMMIT = "819396d"  # moe-bench --once-wait off on (the single GEMM's study tiers)
 SHORT_K_COMMIT = "aca63ef"  # moe-bench --short-k 0 4096 (the rule by K, switched off after it)
+DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 WIDE_COMMIT = "051a36f"  # the wide decode form's A/B (its code left the package after it; git keeps it there)
 DEEP_COMMIT = "178dc1f"  # the deep decode form's A/B (likewise)
 
@@ -609,6 +610,14 @@ ROUNDS = (
           "Mixtral-like T = 512 ~3% faster (its gate/up GEMM, K = 4096, is S2-dual's tiling case), DeepSeek-like "
           "T = 4096 ~1% (its down GEMM is S2's N and K over 256 experts).",
           (SHORT_K_COMMIT,), arms_in_order(SHORT_K_COMMIT, "short_k", {0: "off", 4096: "K <= 4096"})),
+    Round("The dual GEMM's tier of 17-128 rows per expert in the 96-token tiles with 32-token steps (tuning.DUAL_96, "
+          "from S1-dual and S2-dual's A/B; notebook 10's rounds). One run per layer on an H200 (moe-bench --dual-96 "
+          "off on, W4A4, Qwen3- and Mixtral-like T = 512, DeepSeek-like T = 4096, uniform and Zipf); narrowed to "
+          "up to 64 rows per expert in 8dda376",
+          "Mixtral-like T = 512 and DeepSeek-like T = 4096 1-3% faster (128 rows per expert: two 64-token tiles, the "
+          "weights decoded twice, as on S1-dual, which gained 2%), Qwen3-like T = 512 3-8% faster (32 rows per "
+          "expert: one tile either way, two CTAs per SM).",
+          (DUAL_96_COMMIT,), arms_in_order(DUAL_96_COMMIT, "dual_96", {False: "off", True: "on"})),
 )
 
 

@@ -471,6 +471,21 @@ ROUNDS = (
           "auto call under that cache beside the host-scheduled kernel (data/tuned.jsonl)", "c2ab5a1",
           "tuning takes the 96-token arm on S2-dual (S2: either, they were within 1 us)",
           auto_at("c1ecaa4", ("S2", "S2-dual"), table="tuned")),
+    Round("the 96-token tilings in 32-token steps (`vl_m128_t96_k128_s3_v32_e_o`, `vl_dual_m64_t96_k128_s3_v32_e_o`: "
+          "128 rows split into two 64-token tiles instead of 96 + 32 padded to 96 each) against the shipped config, "
+          "the 96-token once-wait arm and the host-scheduled kernel: per shape one process, the shipped config first "
+          "and last, graph replay (and eager calls of the shipped config and the new arm)", "b8fb3ad",
+          "graph replay S2 65.7 → ~65 us, S2-dual 128.4 → ~126.5, S1 131.7 → ~128 (still behind the shipped 120.7)",
+          bench_ab("b8fb3ad", (("S1", "vl_m128_t256_k128_s3_v32_e_o", "vl_m128_t96_k128_s3_v32_e_o"),
+                               ("S2", "vl_m128_t256_k128_s3_v32_e_o", "vl_m128_t96_k128_s3_v32_e_o"),
+                               ("S1-dual", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m64_t96_k128_s3_v32_e_o"),
+                               ("S2-dual", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m64_t96_k128_s3_v32_e_o")),
+                   modes=("graph", "eager"))),
+    Round("the dual tier of 65-128 rows per group takes the 96-token tiles in 32-token steps (tuning.DUAL_96); "
+          "narrowed to up to 64 rows per group in 8dda376 after the MoE layers with 128 rows per expert ran slower "
+          "with it (notebook 11's rounds), so S1-dual and S2-dual keep the 256-token tile unless tuned", "93846e4",
+          "S1-dual and S2-dual as their arms in the A/B before (~215 and ~125 us in graph replay)",
+          auto_at("93846e4", ("S1-dual", "S2-dual"))),
 )
 
 
