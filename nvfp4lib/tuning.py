@@ -191,7 +191,10 @@ SHORT_K_TIER = (128, ("vl_m128_t96_k128_s3_v32_e_o", "vl_dual_m64_t96_k128_s3_v3
 # the tile count cannot grow: DUAL_96 = 64 (0: off; moe-bench --dual-96 0 64, the A/B), and S1-dual and S2-dual keep
 # the 256-token tile unless tuned (`nvfp4lib tune` has the 96-token form as a candidate). Prediction for the bucket of
 # 33-64 rows (2026-11-29, before its run): W4A4 Mixtral-like T = 256 and DeepSeek-like T = 2048 (64 rows per expert)
-# 3-8% faster.
+# 3-8% faster. Outcome (H200, moe-bench --dual-96 0 64, graph replay): Mixtral-like T = 256 496.9 -> 435.4 us uniform
+# (-12.4%), 533.3 -> 483.4 Zipf; DeepSeek-like T = 2048 4722.5 -> 4403.1 uniform (-6.8%), 5130.1 -> 5062.9 Zipf: faster
+# in all four, two past the prediction. Tuned (`nvfp4lib tune`, H200, data/tuned.jsonl): S2-dual takes the 96-token
+# form and replays in 124.5, 125.0 us (host-scheduled 124.4); S1-dual keeps the 256-token tile (218.3, 218.1; 221.0).
 DUAL_96 = 64
 DUAL_96_CONFIG = "vl_dual_m64_t96_k128_s3_v32_e_o"
 # Configs no rule takes that stay tuning candidates (`nvfp4lib tune`): the 96-token tiles of the first A/B above.

@@ -486,6 +486,11 @@ ROUNDS = (
           "with it (notebook 11's rounds), so S1-dual and S2-dual keep the 256-token tile unless tuned", "93846e4",
           "S1-dual and S2-dual as their arms in the A/B before (~215 and ~125 us in graph replay)",
           auto_at("93846e4", ("S1-dual", "S2-dual"))),
+    Round("`nvfp4lib tune` on S1-dual and S2-dual with the dual tier narrowed (the 96-token forms are candidates), "
+          "then the auto call under that cache beside the host-scheduled kernel (data/tuned.jsonl)", "a3a7d06",
+          "tuning takes the 96-token form in 32-token steps on S2-dual (~125 us, level with the host-scheduled "
+          "kernel) and the 256-token tile on S1-dual (their eager times in the A/B: 130.4 against 138.9, and 222.8 "
+          "against 221.6)", auto_at("a3a7d06", ("S1-dual", "S2-dual"), table="tuned")),
 )
 
 
