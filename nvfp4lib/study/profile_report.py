@@ -33,7 +33,7 @@ def _top(d, n: int) -> str:
 
 def profile_table(rows: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
     """Of the cases starting with ``prefix``, the latest run's rows of each: the kernel's time under ncu (alone, caches
-    flushed), its grid and registers, how busy its issue slots were and with how many warps, its DRAM throughput,
+    flushed), its grid, registers and warp instructions executed, how busy its issue slots were and with how many warps, its DRAM throughput,
     its top stall reasons and opcodes; the GPU and commit last. Empty without rows."""
     if rows is None or not len(rows) or "case" not in rows:
         return pd.DataFrame()
@@ -47,6 +47,7 @@ def profile_table(rows: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
         "us (ncu)": sel["duration_us"].round(1),
         "CTAs": sel["grid"].astype(int),
         "regs": sel["registers"].astype(int),
+        "instructions (M)": (sel["instructions"] / 1e6).round(2),
         "issue busy %": sel["issue_busy_pct"].round(1),
         "IPC": sel["ipc_active"].round(2),
         "warps/sched": sel["warps_active"].round(2),
