@@ -33,8 +33,8 @@ def _top(d, n: int) -> str:
 
 def profile_table(rows: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
     """Of the cases starting with ``prefix``, the latest run's rows of each: the kernel's time under ncu (alone, caches
-    flushed), its grid, registers and warp instructions executed, how busy its issue slots were and with how many warps, its DRAM throughput,
-    its top stall reasons and opcodes; the GPU and commit last. Empty without rows."""
+    flushed), its grid, registers and warp instructions executed, how busy its issue slots were and with how many
+    warps, its DRAM throughput, its top stall reasons and opcodes; the GPU and commit last. Empty without rows."""
     if rows is None or not len(rows) or "case" not in rows:
         return pd.DataFrame()
     sel = rows[rows["case"].astype(str).str.startswith(prefix)]
