@@ -94,3 +94,19 @@ def test_profile_table_takes_each_case_latest_run_and_names_the_moe_gemms():
     s2 = profile_table(pd.DataFrame(rows), "S2")
     assert list(s2["kernel"]) == ["GroupedVarlenGemmSm90 #0", "GroupedVarlenGemmSm90 #1"]
     assert profile_table(pd.DataFrame(rows), "nothing").empty and profile_table(pd.DataFrame()).empty
+
+
+def test_opcode_difference_keeps_the_opcodes_both_rows_list():
+    import pandas as pd
+
+    from nvfp4lib.study.profile_report import opcode_difference
+
+    base = {"kernel_id": 0, "run_id": "r1"}
+    rows = pd.DataFrame([
+        {**base, "case": "a", "sass_instructions": 10e6, "opcodes": {"LOP3": 0.5, "USEL": 0.15, "UISETP": 0.35}},
+        {**base, "case": "b", "sass_instructions": 8e6, "opcodes": {"LOP3": 0.5, "LDS": 0.25, "UISETP": 0.25}},
+    ])
+    d = opcode_difference(rows, "a", "b")
+    assert list(d.index) == ["UISETP", "LOP3"]  # (USEL and LDS are each in one list only: unknown in the other)
+    assert d.loc["UISETP", "difference"] == 1.5 and d.loc["LOP3", "difference"] == 1.0
+    assert opcode_difference(rows, "a", "missing").empty

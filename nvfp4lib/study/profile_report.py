@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-__all__ = ["load_profiles", "profile_table", "GEMM_ROLE"]
+__all__ = ["load_profiles", "profile_table", "opcode_difference", "GEMM_ROLE"]
 
 # The kernels a case profiles, in launch order, where the order names them: a MoE layer's call runs the gate/up GEMM
 # and then the down GEMM
@@ -59,3 +59,24 @@ def profile_table(rows: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
         "commit": sel["git_commit"].astype(str).str[:7],
     })
     return out.reset_index(drop=True)
+
+
+def opcode_difference(rows: pd.DataFrame, case: str, other: str) -> pd.DataFrame:
+    """Warp instructions (millions) by opcode of the latest row of ``case`` and of ``other`` (the first kernel of
+    each), and case - other, most added first. Only opcodes in both rows' recorded top lists: an opcode below one
+    row's list has an unknown count there. Empty where either case has no row."""
+    if rows is None or not len(rows) or "case" not in rows:
+        return pd.DataFrame()
+    picked = []
+    for c in (case, other):
+        sel = rows[(rows["case"] == c) & (rows["kernel_id"] == 0)]
+        if not len(sel):
+            return pd.DataFrame()
+        r = sel.loc[sel["run_id"].idxmax()]
+        picked.append({op: share * r["sass_instructions"] / 1e6 for op, share in r["opcodes"].items()})
+    a, b = picked
+    both = [op for op in a if op in b]
+    out = pd.DataFrame({case: [a[op] for op in both], other: [b[op] for op in both]},
+                       index=pd.Index(both, name="opcode"))
+    out["difference"] = out[case] - out[other]
+    return out.sort_values("difference", ascending=False).round(2)
