@@ -377,3 +377,16 @@ def test_rule_as_shipped_drops_tuned_rows_and_other_rules(monkeypatch):
     assert sr.rule_as_shipped(rows, "info_")["id"].tolist() == [1, 5]
     assert sr.rule_as_shipped(rows.rename(columns=lambda c: c.replace("info_", "")))["id"].tolist() == [1, 5]
     assert sr.rule_as_shipped(rows)["id"].tolist() == [1, 2, 3, 4, 5]  # (no such columns without the prefix)
+
+
+def test_rule_as_shipped_tells_a_switch_from_a_number(monkeypatch):
+    """dual_96 was an on/off switch in its first A/B and is a bucket now: True is not the bucket 1."""
+    from nvfp4lib import tuning
+
+    monkeypatch.setattr(tuning, "DUAL_96", 1)
+    rows = pd.DataFrame([{"id": 1, "dual_96": 1}, {"id": 2, "dual_96": True}, {"id": 3, "dual_96": 64},
+                         {"id": 4, "dual_96": None}])
+    assert sr.rule_as_shipped(rows)["id"].tolist() == [1, 4]
+    monkeypatch.setattr(tuning, "ONCE_WAIT", True)
+    assert sr.rule_as_shipped(pd.DataFrame([{"id": 1, "once_wait": 1}, {"id": 2, "once_wait": True}]))["id"].tolist() \
+        == [2]

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .. import tuning
 from .calls import host_probe
 from .roofline import measure_ceilings
 from .store import new_run_id, provenance
@@ -355,10 +356,8 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         chain, chain_gemm = bool(pdl.CHAIN), pdl.gemm_chained()  # chained launches, the GEMMs' trigger
         to_operand = bool(getattr(importlib.import_module(OPERAND_KNOB[0]), OPERAND_KNOB[1]))
         prewait = getattr(importlib.import_module(PREWAIT_KNOB[0]), PREWAIT_KNOB[1])  # GEMMs' weights before the wait
-        once_wait = getattr(importlib.import_module(ONCE_WAIT_KNOB[0]), ONCE_WAIT_KNOB[1])  # the study tiers' wait
-        rule = importlib.import_module(SHORT_K_KNOB[0])
-        short_k = getattr(rule, SHORT_K_KNOB[1])  # SHORT_K_TIER's tiles up to this K
-        dual_96 = int(getattr(rule, DUAL_96_KNOB[1]))  # the dual GEMMs' 96-token tiles up to this bucket
+        rule = tuning.rule_knobs()  # the shape rule's knobs as set now (once_wait, short_k, dual_96)
+        short_k_tier = ",".join(tuning.SHORT_K_TIER[1])  # (the tiles the rule by K takes)
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
         rows = []
         for li, layer in enumerate(layers):
@@ -433,10 +432,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["gemv"] = bool(mod._gemv_step(x))
                                 row["prewait_stages"] = prewait
                             row["route_max_copies"] = route_max
-                            row["once_wait"] = bool(once_wait)
-                            row["short_k"] = int(short_k)
-                            row["short_k_tier"] = ",".join(rule.SHORT_K_TIER[1])  # (the tiles that rule takes)
-                            row["dual_96"] = dual_96
+                            row.update(rule, short_k_tier=short_k_tier)
                             row["chain_pdl"] = chain
                             # (the W4A16 GEMMs never trigger early: pdl.CHAIN_GEMM's note)
                             row["chain_gemm"] = chain_gemm and kind == "nvfp4"

@@ -22,9 +22,9 @@ from matplotlib.ticker import NullLocator
 from ..bench.moe_bench import LABELS, LAYERS, ROUTINGS, TOKENS, floor_bound, moe_floor_us
 from ..bench.roofline import H100_SXM_DATASHEET
 from ..bench.store import dirty_state
-from ..tuning import DUAL_96
 from .plots import caption
 from .plots import shown as _shown
+from .serving_report import rule_as_shipped
 
 __all__ = ["NO_DATA", "shipped_rows", "targets_41", "RECORD_COMMAND", "expected_touched", "predicted_floors",
            "latest_moe", "not_ok", "runs_used", "time_table", "eager_table", "memory_table", "targets",
@@ -271,13 +271,7 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
         sel = sel[~_chain_unshipped(sel)]
     if "quant_operand" in sel:  # (the A/B's arm through codes and prologues; rows before the knob had no field)
         sel = sel[~_switched_off(sel["quant_operand"])]
-    if "once_wait" in sel:  # (tuning.ONCE_WAIT, shipped on; rows before the knob have no field)
-        sel = sel[~_switched_off(sel["once_wait"])]
-    if "dual_96" in sel:  # (tuning.DUAL_96, a bucket: the rows at another; rows before the knob have no field)
-        d96 = sel["dual_96"]
-        sel = sel[d96.isna() | d96.apply(lambda v: v is not True and v is not False and v == DUAL_96)]
-    if "short_k" in sel:  # (tuning.SHORT_K, shipped off; rows before the knob have no field)
-        sel = sel[~(pd.to_numeric(sel["short_k"], errors="coerce") > 0)]
+    sel = rule_as_shipped(sel)  # (the shape rule's knobs: tuning.ONCE_WAIT, SHORT_K, DUAL_96 at their values now)
     if "prewait_stages" in sel:  # (hopper_varlen.kernel.PREWAIT_STAGES, shipped for the W4A16 decode GEMMs only)
         pw = pd.to_numeric(sel["prewait_stages"], errors="coerce")
         w4a16 = _in_mode(sel, "bf16")

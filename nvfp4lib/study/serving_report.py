@@ -96,15 +96,18 @@ def _ok_shipped(rows: pd.DataFrame, problems, backend: str, clean_only: bool = T
 
 def rule_as_shipped(rows: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
     """The rows whose config="auto" took the shape rule as shipped now: not a tuning cache's choice (``choice``
-    "tuned"), each knob of :func:`nvfp4lib.tuning.rule_knobs` at its value now; rows from before those fields (absent
-    or NaN) stay. ``prefix``: the fields' prefix (bench rows carry them as ``info_*``)."""
+    "tuned"), each knob of :func:`nvfp4lib.tuning.rule_knobs` at its value now, and of its kind (a knob that was an
+    on/off switch before it took a number, as ``dual_96``: True is not the number 1); rows from before those fields
+    (absent or NaN) stay. ``prefix``: the fields' prefix (bench rows carry them as ``info_*``)."""
     keep = pd.Series(True, index=rows.index)
     if prefix + "choice" in rows:
         keep &= rows[prefix + "choice"].ne("tuned")
     for knob, value in rule_knobs().items():
         if prefix + knob in rows:
             col = rows[prefix + knob]
-            keep &= col.isna() | (col == value)
+            is_bool = isinstance(value, bool)
+            same_kind = col.map(lambda v, b=is_bool: isinstance(v, (bool, np.bool_)) == b)
+            keep &= col.isna() | ((col == value) & same_kind)
     return rows[keep]
 
 
