@@ -109,10 +109,19 @@ def prepare_cute_hopper(a, b, b2, *, out_dtype=torch.float16, config: str | None
     return hopper_smem.prepare(a, b, b2, out_dtype=out_dtype, config=config, **options)
 
 
-def prepare_serving(a, b, b2, *, out_dtype=torch.float16, config: str = "auto") -> Runner:
+def prepare_serving(a, b, b2, *, out_dtype=torch.float16, config: str = "auto", **build) -> Runner:
     """The call users make: weights prepared once (:func:`nvfp4lib.prepare_weights`), activations packed once into
     one ``NVFP4Tensor [T, K]`` with int32 group offsets on the device; each call is ``w(a_packed, offsets, out=...)``
-    with the output and offsets kept between calls (as a serving loop keeps them)."""
+    with the output and offsets kept between calls (as a serving loop keeps them). ``build``: kernel build knobs by
+    recipe field (:func:`~nvfp4lib.kernels.hopper_varlen.runner.build_setting`, e.g. ``handoff=0``) for the kernels
+    this runner compiles (an A/B arm); rows carry every build knob as ``info_<field>``."""
+    from ..kernels.hopper_varlen.runner import build_knobs, build_setting
+
+    with build_setting(**build):  # (every kernel the timed calls run is compiled by the first call below)
+        return _prepare_serving(a, b, b2, out_dtype, config, build_knobs())
+
+
+def _prepare_serving(a, b, b2, out_dtype, config: str, knobs: dict) -> Runner:
     from ..formats import NVFP4Tensor
     from ..serving import prepare_weights
     from ..tuning import rule_knobs
@@ -139,7 +148,7 @@ def prepare_serving(a, b, b2, *, out_dtype=torch.float16, config: str = "auto") 
     cfg = w.config_for(sum(m))
     return Runner(run, outputs, prepare_s=time.perf_counter() - t0, held_bytes=w.held_bytes,
                   notes=f"prepared weights (serving kernel), config {cfg}; w(a_packed, offsets) per call",
-                  info={"config": cfg, "serving": True, "choice": w.choice_source(sum(m)), **rule_knobs()},
+                  info={"config": cfg, "serving": True, "choice": w.choice_source(sum(m)), **rule_knobs(), **knobs},
                   keepalive=(w, packed, offsets, gs, c))
 
 

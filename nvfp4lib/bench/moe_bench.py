@@ -295,6 +295,7 @@ PREWAIT_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "PREWAIT_STAGES")  # mo
 ONCE_WAIT_KNOB = ("nvfp4lib.tuning", "ONCE_WAIT")  # moe-bench --once-wait
 SHORT_K_KNOB = ("nvfp4lib.tuning", "SHORT_K")  # moe-bench --short-k
 DUAL_96_KNOB = ("nvfp4lib.tuning", "DUAL_96")  # moe-bench --dual-96
+HANDOFF_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "TILE_HANDOFF")  # moe-bench --tile-handoff
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -356,6 +357,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         chain, chain_gemm = bool(pdl.CHAIN), pdl.gemm_chained()  # chained launches, the GEMMs' trigger
         to_operand = bool(getattr(importlib.import_module(OPERAND_KNOB[0]), OPERAND_KNOB[1]))
         prewait = getattr(importlib.import_module(PREWAIT_KNOB[0]), PREWAIT_KNOB[1])  # GEMMs' weights before the wait
+        handoff = int(getattr(importlib.import_module(HANDOFF_KNOB[0]), HANDOFF_KNOB[1]))  # warp 0 finds the tile
         rule = tuning.rule_knobs()  # the shape rule's knobs as set now (once_wait, short_k, dual_96)
         short_k_tier = ",".join(tuning.SHORT_K_TIER[1])  # (the tiles the rule by K takes)
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
@@ -431,6 +433,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                     else None
                                 row["gemv"] = bool(mod._gemv_step(x))
                                 row["prewait_stages"] = prewait
+                                row["tile_handoff"] = handoff
                             row["route_max_copies"] = route_max
                             row.update(rule, short_k_tier=short_k_tier)
                             row["chain_pdl"] = chain
@@ -554,6 +557,9 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     _ab_arg(p, "--dual-96", "dual GEMMs of up to this many rows per expert (the bucket) take the 96-token tiles in "
             "32-token steps (tuning.DUAL_96; 0: none; default: as shipped)", "0 64", "dual_96", type=int,
             metavar="ROWS")
+    _ab_arg(p, "--tile-handoff", "the serving GEMM's warp 0 alone finds the CTA's tile and hands it to the other warps "
+            "(hopper_varlen.kernel.TILE_HANDOFF; 0: every warp finds it; default: as shipped)", "0 1",
+            "tile_handoff", type=int, choices=[0, 1])
     _ab_arg(p, "--input-scales", "W4A4's activation global scales: computed per call (dynamic, the default) or "
             "static, as checkpoints give them (calibrated once per layer on a seeded batch)", "dynamic static",
             "input_scales (W4A4 rows)", choices=["dynamic", "static"])
@@ -592,11 +598,12 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96 in itertools.product(
+        for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff in \
+                itertools.product(
                 args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
                 args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None],
                 args.input_scales or ["dynamic"], args.prewait_stages or [None], args.once_wait or [None],
-                args.short_k or [None], args.dual_96 or [None]):
+                args.short_k or [None], args.dual_96 or [None], args.tile_handoff or [None]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
                     knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
                     knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
@@ -605,7 +612,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                     knob_setting(*PREWAIT_KNOB, prewait), \
                     knob_setting(*ONCE_WAIT_KNOB, None if once is None else once == "on"), \
                     knob_setting(*SHORT_K_KNOB, short), \
-                    knob_setting(*DUAL_96_KNOB, d96):
+                    knob_setting(*DUAL_96_KNOB, d96), \
+                    knob_setting(*HANDOFF_KNOB, None if handoff is None else bool(handoff)):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

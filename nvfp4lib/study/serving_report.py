@@ -608,6 +608,9 @@ def serving_against_host(bench_rows: pd.DataFrame, problems=None, gpu: str | Non
     cfg = ok["config"].astype(str)
     as_shipped = ~ok["git_commit"].astype(str).str[:7].isin(AUTO_NOT_SHIPPED)
     serving = rule_as_shipped(ok[named.isna() & cfg.str.startswith("vl_") & as_shipped], "info_")
+    from ..kernels.hopper_varlen.runner import build_knobs
+
+    serving = at_defaults(serving, {f"info_{k}": v for k, v in build_knobs().items()})  # (its build knobs' A/B arms)
     host = ok[cfg.str.startswith("rs_")]
     out = []
     for p in (problem_names(problems) if problems else dict.fromkeys(serving["problem"])):

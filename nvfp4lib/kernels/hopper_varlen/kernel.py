@@ -115,6 +115,17 @@ TIMELINE_CTAS = 4096
 # 144 and 128 us with 0, 246 and 140 with 2, the 246 at a probe of 48 us against 26-30 for the others); graph replay
 # faster with 2 in 4 of 4 cases. PREWAIT stays.
 PREWAIT_STAGES = 2
+# Warp 0 alone finds the CTA's tile and hands it to the other warps in shared memory (_found_tile; False: every warp
+# finds it, as before); read when a GEMM is built, a runner's compile key holds it. Why (issue 41): at the same tiling
+# the serving GEMM ran 8.6-8.8% more warp instructions than the host-scheduled one on S2 and S2-dual (H200 ncu rows,
+# data/profiles.jsonl), uniform-datapath UISETP/UIADD3/USEL; the SASS of both (cuobjdump of the offline compiles, S2's
+# t96 tiling) places them before the mainloop, not in it: 325 instructions per warp before the first barrier against
+# the host-scheduled kernel's 72, the tile search each of the 8 warps ran (the mainloops are 299 and 279, the extra 20
+# the once-wait's inline retry). Measured 4.18 M more warp instructions on S2-dual is ~259 per warp of its 2016 CTAs.
+# The search was shortened too (unsigned divisions and compare, four selects per group: 325 -> 237). Prediction
+# (2026-11-29, before any run): the GEMM's instructions within ~2% of the host-scheduled kernel's; S2 ~1 us faster
+# in graph replay (66.4 -> ~65.4, the host-scheduled 65.0), S3 and S4 ~0.5 us, the duals alike.
+TILE_HANDOFF = True
 PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens per tile (the decode tilings), W4A16
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
 # test_serving_gpu.py's S4 case, eager W4A4 calls): the fused kernel reports shared-memory hazards (1 error on the
@@ -129,7 +140,8 @@ def call_knobs() -> dict:
     """The knobs an NVFP4 call's times depend on, as set now: what calls rows carry
     (:func:`nvfp4lib.bench.calls.bench_calls`) and what the report keeps rows at
     (:func:`nvfp4lib.study.serving_report.shipped_calls`)."""
-    return {"fused_prologue": int(FUSED_PROLOGUE), "eager_fused": int(EAGER_FUSED), "fuse_max_rows": FUSE_MAX_ROWS}
+    return {"fused_prologue": int(FUSED_PROLOGUE), "eager_fused": int(EAGER_FUSED), "fuse_max_rows": FUSE_MAX_ROWS,
+            "tile_handoff": int(TILE_HANDOFF)}
 
 
 # CTAs of the fused call that decode a slice of the activations: one per SM of an H100 SXM (fewer SMs only delays
@@ -234,6 +246,7 @@ def _build():
                 raise ValueError(f"PREWAIT_STAGES={PREWAIT_STAGES}: the stages asked for before the wait, 0 (all the "
                                  "first stages) or more")
             self.prewait = PREWAIT_STAGES if self.a16 and cfg.tile_n <= PREWAIT_MAX_TILE_N else 0  # (its note)
+            self.handoff = TILE_HANDOFF  # (read when the kernel is built: a runner's compile key holds it)
             self._split = None  # (set while a kernel is traced: partials, counters, slices, this slice, the tile)
 
         @cute.jit
@@ -272,6 +285,25 @@ def _build():
             return cutlass.min(rows, (rows + self.groups * (self.bt - 1)) // self.bt) * self.n_blocks
 
         @cute.jit
+        def _found_tile(self, storage, mOffsets, rows, tile):
+            """This CTA's tile (:meth:`_schedule`). With :data:`TILE_HANDOFF` warp 0 finds it, lane 0 stores it in
+            shared memory and warp 0 arrives at barrier 4 without waiting (its loads go out at once); the other warps
+            wait there and read it. Without, every warp finds it."""
+            if cutlass.const_expr(not self.handoff):
+                return self._schedule(mOffsets, rows, tile)
+            found = storage.tile.get_tensor(cute.make_layout(4))
+            group, tok_row0, tokens, n0 = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)
+            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+                group, tok_row0, tokens, n0 = self._schedule(mOffsets, rows, tile)
+                if cute.arch.lane_idx() == 0:
+                    found[0], found[1], found[2], found[3] = group, tok_row0, tokens, n0
+                cute.arch.barrier_arrive(barrier_id=4, number_of_threads=self.threads)
+            else:
+                cute.arch.barrier(barrier_id=4, number_of_threads=self.threads)
+                group, tok_row0, tokens, n0 = found[0], found[1], found[2], found[3]
+            return group, tok_row0, tokens, n0
+
+        @cute.jit
         def _schedule(self, mOffsets, rows, tile):
             """This CTA's tile: (group, first token row, tokens, first weight row of the group's N) or tokens <= 0
             when the split has fewer tiles than the grid.
@@ -284,9 +316,12 @@ def _build():
                 group, lo_sel, m_sel, ntt_sel, local = self._find_by_loop(mOffsets, rows, tile)
             else:
                 group, lo_sel, m_sel, ntt_sel, local = self._find_by_warp(mOffsets, rows, tile)
-            nblk = local // cutlass.max(ntt_sel, 1)
+            # (every operand is >= 0: unsigned divisions, shorter than signed ones)
+            ntt1 = cutlass.Uint32(cutlass.max(ntt_sel, 1))
+            nblk = cutlass.Int32(cutlass.Uint32(local) // ntt1)
             tt = local - nblk * ntt_sel
-            size = ((m_sel + ntt_sel - 1) // cutlass.max(ntt_sel, 1) + self.step - 1) // self.step * self.step
+            size = cutlass.Int32(cutlass.Uint32(m_sel + ntt_sel - 1) // ntt1)
+            size = (size + self.step - 1) // self.step * self.step
             m0 = tt * size
             tokens = cutlass.min(size, m_sel - m0)
             if ntt_sel == 0:
@@ -299,19 +334,23 @@ def _build():
             one thread walks the groups, ~G dependent steps before the first weight load. ``bidx``: the tile
             index (the CTA's block index, or its ticket in the fused call)."""
             acc = cutlass.Int32(0)
-            group, lo_sel, m_sel, ntt_sel, local = (cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0),
-                                                    cutlass.Int32(0), cutlass.Int32(0))
+            group, lo_sel, hi_sel, local = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)
             lo = cutlass.min(cutlass.max(cutlass.Int32(mOffsets[0]), 0), rows)
             for g in cutlass.range(self.groups, unroll=min(self.groups, 16)):
                 hi = cutlass.min(cutlass.max(cutlass.Int32(mOffsets[g + 1]), lo), rows)
-                m = hi - lo
-                ntt = (m + self.bt - 1) // self.bt
-                cnt = ntt * self.n_blocks
-                if bidx >= acc and bidx < acc + cnt:
-                    group, lo_sel, m_sel, ntt_sel, local = g, lo, m, ntt, bidx - acc
+                cnt = self._token_tiles(hi - lo) * self.n_blocks
+                here = bidx - acc
+                if cutlass.Uint32(here) < cutlass.Uint32(cnt):  # acc <= bidx < acc + cnt, one unsigned compare
+                    group, lo_sel, hi_sel, local = g, lo, hi, here
                 acc = acc + cnt
                 lo = hi
-            return group, lo_sel, m_sel, ntt_sel, local
+            m_sel = hi_sel - lo_sel
+            return group, lo_sel, m_sel, self._token_tiles(m_sel), local
+
+        @cute.jit
+        def _token_tiles(self, m):
+            """The token tiles of a group of ``m >= 0`` rows, ceil(m / tile_n) (an unsigned division)."""
+            return cutlass.Int32(cutlass.Uint32(m + self.bt - 1) // self.bt)
 
         @cute.jit
         def _find_by_warp(self, mOffsets, rows, bidx):
@@ -382,10 +421,10 @@ def _build():
             self._stamp(6, "globaltimer")
             bidx, _, _ = cute.arch.block_idx()
             tile = self._tile_of(bidx, mPart, mSplits)
-            group, tok_row0, tokens, n0 = self._schedule(mOffsets, cute.size(mC, mode=[0]), tile)
+            storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+            group, tok_row0, tokens, n0 = self._found_tile(storage, mOffsets, cute.size(mC, mode=[0]), tile)
             self._stamp(1)
             if tokens > 0:
-                storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
                 self._run_tile(storage, tma_w, tW, tma_x, tX, mC, mGsA, mGsB, group, tok_row0, tokens, n0,
                                sw_layout, sx_layout)
 
@@ -433,7 +472,7 @@ def _build():
             self._fused = (storage.ticket.data_ptr().toint(), n_pro, mCodes, mScales, mX, mCount.iterator.toint())
             bidx, _, _ = cute.arch.block_idx()
             tile = self._tile_of(bidx, mPart, mSplits)
-            group, tok_row0, tokens, n0 = self._schedule(mOffsets, cute.size(mC, mode=[0]), tile)
+            group, tok_row0, tokens, n0 = self._found_tile(storage, mOffsets, cute.size(mC, mode=[0]), tile)
             if tokens > 0:
                 self._run_tile(storage, tma_w, tW, tma_x, tX, mC, mGsA, mGsB, group, tok_row0, tokens, n0,
                                sw_layout, sx_layout)

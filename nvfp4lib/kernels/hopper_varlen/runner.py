@@ -8,6 +8,8 @@ replayed for another split of the rows.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ...formats import NVFP4Tensor
@@ -58,12 +60,32 @@ def _compile(key, make, args, recipe: dict | None = None):
 
 # The module knobs a kernel's build reads besides its config and shape: (recipe field, module, attribute). They are
 # part of its compile key and its AOT recipe, and set from a recipe to build it elsewhere (aot_compile).
-BUILD_KNOBS = (("chain", pdl, "CHAIN"), ("chain_gemm", pdl, "CHAIN_GEMM"), ("prewait", kernel, "PREWAIT_STAGES"))
+BUILD_KNOBS = (("chain", pdl, "CHAIN"), ("chain_gemm", pdl, "CHAIN_GEMM"), ("prewait", kernel, "PREWAIT_STAGES"),
+               ("handoff", kernel, "TILE_HANDOFF"))
 
 
 def build_knobs() -> dict:
     """:data:`BUILD_KNOBS` as they are now, by recipe field."""
     return {field: getattr(mod, name) for field, mod, name in BUILD_KNOBS}
+
+
+@contextlib.contextmanager
+def build_setting(**fields):
+    """The build knobs named by their recipe fields (:data:`BUILD_KNOBS`) set to these values inside the block, as
+    they were after it (also after an error): the kernels compiled inside keep them (a runner's compile key holds
+    them). An A/B arm of a kernel's build in one process (``bench --backend cute-hopper:handoff=0``)."""
+    known = {field: (mod, name) for field, mod, name in BUILD_KNOBS}
+    unknown = sorted(set(fields) - set(known))
+    if unknown:
+        raise ValueError(f"unknown build knob(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    old = build_knobs()
+    try:
+        for field, value in fields.items():
+            setattr(*known[field], value)
+        yield
+    finally:
+        for field, (mod, name) in known.items():
+            setattr(mod, name, old[field])
 
 
 def _recipe(kind: str, cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, **more) -> dict | None:
