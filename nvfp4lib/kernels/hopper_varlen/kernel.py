@@ -122,7 +122,7 @@ PREWAIT_STAGES = 2
 # t96 tiling) places them before the mainloop, not in it: 325 instructions per warp before the first barrier against
 # the host-scheduled kernel's 72, the tile search each of the 8 warps ran (the mainloops are 299 and 279, the extra 20
 # the once-wait's inline retry). Measured 4.18 M more warp instructions on S2-dual is ~259 per warp of its 2016 CTAs.
-# The search was shortened too (unsigned divisions and compare, four selects per group: 325 -> 237). Prediction
+# The search was shortened too (unsigned divisions, four selects per group: 325 -> 237). Prediction
 # (2026-11-29, before any run): the GEMM's instructions within ~2% of the host-scheduled kernel's; S2 ~1 us faster
 # in graph replay (66.4 -> ~65.4, the host-scheduled 65.0), S3 and S4 ~0.5 us, the duals alike.
 TILE_HANDOFF = True
@@ -340,7 +340,10 @@ def _build():
                 hi = cutlass.min(cutlass.max(cutlass.Int32(mOffsets[g + 1]), lo), rows)
                 cnt = self._token_tiles(hi - lo) * self.n_blocks
                 here = bidx - acc
-                if cutlass.Uint32(here) < cutlass.Uint32(cnt):  # acc <= bidx < acc + cnt, one unsigned compare
+                # acc <= bidx < acc + cnt. (Two signed compares: a compare of Uint32 casts came out signed where the
+                # tile is a split-K CTA's, bidx // slices, selecting every later group: the decode GEMMs' outputs
+                # unwritten, seen on the GPU)
+                if here >= 0 and here < cnt:
                     group, lo_sel, hi_sel, local = g, lo, hi, here
                 acc = acc + cnt
                 lo = hi
