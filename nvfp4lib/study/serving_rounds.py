@@ -312,6 +312,30 @@ def auto_at(commit: str, shapes, modes=("graph", "eager"), table: str = "bench")
     return _per_mode({mode: (lambda src, graph=(mode == "graph"): part(src, graph)) for mode in modes})
 
 
+def build_knob_ab(commit: str, knob: str, shapes, values=(False, True)) -> Outcome:
+    """In the runs at ``commit``: per shape the ``auto`` call's graph replays with a build knob (bench rows'
+    ``info_<knob>``, set by ``--backend cute-hopper:<knob>=...``) at each of ``values``, each the median of its rows,
+    beside the host-scheduled kernel's config timed in the same run."""
+    def measure(src: Sources):
+        r = _cute_rows(src, commit)
+        col = f"info_{knob}"
+        if not len(r) or col not in r or "options" not in r:
+            return None
+        named = r["options"].apply(lambda o: isinstance(o, dict) and bool(o.get("config")))
+        auto, host = r[~named & r[col].notna()], r[r["config"].astype(str).str.startswith("rs_")]
+        parts = []
+        for shape in shapes:
+            a, h = auto[auto["problem"] == shape], host[host["problem"] == shape]
+            med = [a[a[col] == v]["median_us"].median() for v in values]
+            if any(np.isnan(m) for m in med):
+                continue
+            parts.append(f"{shape} " + " → ".join(_f(m) for m in med)
+                         + (f" (host-scheduled {_f(h['median_us'].median())})" if len(h) else ""))
+        return (f"{knob} {' → '.join(map(str, values))}: " + ", ".join(parts), sorted(set(r["run_id"]))) if parts \
+            else None
+    return measure
+
+
 def _ab_parts(commit: str, pairs, reference_prefix: str, graph: bool):
     def measure(src: Sources):
         r = _cute_rows(src, commit, graph)
@@ -491,6 +515,14 @@ ROUNDS = (
           "tuning takes the 96-token form in 32-token steps on S2-dual (~125 us, level with the host-scheduled "
           "kernel) and the 256-token tile on S1-dual (their eager times in the A/B: 130.4 against 138.9, and 222.8 "
           "against 221.6)", auto_at("a3a7d06", ("S1-dual", "S2-dual"), table="tuned")),
+    Round("the tile search by warp 0 alone, handed to the other warps in shared memory (`TILE_HANDOFF`; the search "
+          "shortened too): ncu counted more warp instructions in the serving GEMM than in the host-scheduled one at "
+          "the same tiling (the profiles above), and the SASS of both puts the added ones before the mainloop, in the "
+          "tile search every warp ran. A/B in one process per shape: the auto call with the handoff, without it "
+          "(`cute-hopper:handoff=0`), the host-scheduled kernel, then both again", "8ea0fce",
+          "the GEMM's instructions within ~2% of the host-scheduled kernel's; graph replay S2 ~1 us faster (66.4 → "
+          "~65.4, host-scheduled 65.0), S3 and S4 ~0.5 us, the duals alike",
+          build_knob_ab("8ea0fce", "handoff", ("S1", "S2", "S3", "S4", "S1-dual", "S2-dual", "S3-dual", "S4-dual"))),
 )
 
 
