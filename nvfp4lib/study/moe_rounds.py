@@ -215,6 +215,10 @@ def _gemv_ab(r: Reader) -> str | None:
 
 ONCE_WAIT_COMMIT = "819396d"  # moe-bench --once-wait off on (the single GEMM's study tiers)
 SHORT_K_COMMIT = "aca63ef"  # moe-bench --short-k 0 4096 (the rule by K, switched off after it)
+# moe-bench --tile-handoff 0 1 0 at 9967963 (8ea0fce's kernels, the handoff's first form: its loop search selected
+# wrong tiles for split-K CTAs; rows recorded, the Mixtral-like ones wrong in both arms), then 1 0 1 at b667d96 (fixed
+# in 52cddbf)
+HANDOFF_COMMITS = ("9967963", "b667d96")
 DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
 WIDE_COMMIT = "051a36f"  # the wide decode form's A/B (its code left the package after it; git keeps it there)
@@ -625,6 +629,12 @@ ROUNDS = (
           "uniform and Zipf)",
           "Both layers 3-8% faster (two CTAs per SM on the gate/up GEMM, as Qwen3-like T = 512 in the round before).",
           (DUAL_64_COMMIT,), arms_in_order(DUAL_64_COMMIT, "dual_96", {0: "none", 64: "up to 64 rows"})),
+    Round("The serving GEMM's tile found by warp 0 alone and handed to the other warps in shared memory "
+          "(hopper_varlen.kernel.TILE_HANDOFF, from the study shapes' profiles and A/B; notebook 10's rounds). One run "
+          "on an H200 (moe-bench --tile-handoff 1 0 1, Qwen3- and Mixtral-like T = 1 and 8, both modes, uniform)",
+          "None written down before the run; at decode warp 0's search is as long as before (the warp search above "
+          "32 groups), so the layers should move little.",
+          HANDOFF_COMMITS, arms_in_order(HANDOFF_COMMITS[1], "tile_handoff", {0: "off", 1: "on"})),
 )
 
 

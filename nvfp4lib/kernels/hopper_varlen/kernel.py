@@ -124,7 +124,16 @@ PREWAIT_STAGES = 2
 # the once-wait's inline retry). Measured 4.18 M more warp instructions on S2-dual is ~259 per warp of its 2016 CTAs.
 # The search was shortened too (unsigned divisions, four selects per group: 325 -> 237). Prediction
 # (2026-11-29, before any run): the GEMM's instructions within ~2% of the host-scheduled kernel's; S2 ~1 us faster
-# in graph replay (66.4 -> ~65.4, the host-scheduled 65.0), S3 and S4 ~0.5 us, the duals alike.
+# in graph replay (66.4 -> ~65.4, the host-scheduled 65.0), S3 and S4 ~0.5 us, the duals alike. Outcome (H200, one
+# process per shape, bench --backend cute-hopper:handoff=0 beside the default and the host-scheduled kernel, graph
+# replay, medians of two rows each; notebook 10's rounds): S2 66.7 -> 65.7 us (host-scheduled 65.3), S3 31.9 -> 30.3
+# (30.9), S4 17.7 -> 16.8 (16.8), S1 122.0 -> 121.5, S1-dual 219.0 -> 217.7, S2-dual 134.4 -> 133.0, S3-dual and
+# S4-dual within 0.1 us: S2 held, S3 and S4 past it. ncu of S2's 96-token GEMM: 25.60 -> 24.25 M warp instructions
+# (host-scheduled 23.54 M: +3.0%, the ~2% missed). MoE decode (moe-bench --tile-handoff 1 0 1, notebook 11): Qwen3-like
+# T = 1 0.1-1.5 us faster, the rest within 1%. The first form compared Uint32 casts, which came out signed for
+# split-K CTAs: the GPU tests and Mixtral-like decode found it (rows recorded as wrong); two signed compares since.
+# Exact in the serving, split-K, W4A16 and MoE GPU tests (84 passed); memcheck clean on the split-K tests; racecheck's
+# reports on the fused kernel stay at the staged epilogue's site (notes below), none at barrier 4.
 TILE_HANDOFF = True
 PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens per tile (the decode tilings), W4A16
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
