@@ -197,6 +197,15 @@ SHORT_K_TIER = (128, ("vl_m128_t96_k128_s3_v32_e_o", "vl_dual_m64_t96_k128_s3_v3
 # form and replays in 124.5, 125.0 us (host-scheduled 124.4); S1-dual keeps the 256-token tile (218.3, 218.1; 221.0).
 DUAL_96 = 64
 DUAL_96_CONFIG = "vl_dual_m64_t96_k128_s3_v32_e_o"
+# Dual GEMMs of K at most DUAL_96_K take DUAL_96_CONFIG in the whole tier of 65-128 rows per group too (0: off). Why:
+# with the tile handoff (hopper_varlen.kernel.TILE_HANDOFF) S2-dual (K = 2048) is the one study shape still behind the
+# host-scheduled kernel by default (the 256-token tile: one CTA per SM, whose pipeline fill and epilogue are not
+# hidden over 16 K steps), while its tuned choice is this config; the losses of the tier's first A/B were at K = 4096
+# (Mixtral-like) and 7168 (DeepSeek-like). Of the MoE layers only Qwen3-like (K = 2048) reaches it, at T = 1024-2048.
+# Prediction (2026-11-29, before the run): S2-dual's auto call ~124 us in graph replay (133.0 with the 256-token tile,
+# host-scheduled 125.6); W4A4 Qwen3-like T = 1024 (64 rows per expert: DUAL_96 already) unchanged, T = 2048 (128 rows
+# per expert: two 64-token tiles, the weights decoded twice, as in the losses) within +-3%, not known which way.
+DUAL_96_K = 0
 # Configs no rule takes that stay tuning candidates (`nvfp4lib tune`): the 96-token tiles of the first A/B above.
 TUNING_ARMS = ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o")
 
@@ -204,7 +213,7 @@ TUNING_ARMS = ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o")
 def rule_knobs() -> dict:
     """The knobs of the shape rule as set now: what bench and calls rows of config="auto" carry, and what the reports
     keep the serving kernel's rows at (``study.serving_report``)."""
-    return {"once_wait": bool(ONCE_WAIT), "short_k": int(SHORT_K), "dual_96": int(DUAL_96)}
+    return {"once_wait": bool(ONCE_WAIT), "short_k": int(SHORT_K), "dual_96": int(DUAL_96), "dual_96_k": int(DUAL_96_K)}
 
 
 def shipped() -> set[str]:
@@ -218,7 +227,7 @@ def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = No
     (the candidates share the prepared weights' layout), else the first candidate; in the bucket of
     :data:`SHORT_K_TIER` with ``k`` at most :data:`SHORT_K`, its configs first. With :data:`ONCE_WAIT` off the
     once-wait configs (named ``*_o`` by ``hopper_varlen.config.make``) are passed over, and :data:`DUAL_96_CONFIG`
-    in :data:`PREFERENCE`'s tiers over the bucket :data:`DUAL_96`."""
+    in :data:`PREFERENCE`'s tiers over the bucket :data:`DUAL_96` unless ``k`` is at most :data:`DUAL_96_K`."""
     tiers = list(PREFERENCE)
     if k is not None and k <= SHORT_K and bucket == SHORT_K_TIER[0]:
         tiers.insert(0, SHORT_K_TIER)
@@ -227,7 +236,8 @@ def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = No
         if bucket <= limit:
             for name in names:
                 if name in candidates and (ONCE_WAIT or not name.endswith("_o")) \
-                        and (name != DUAL_96_CONFIG or bucket <= DUAL_96 or tier is SHORT_K_TIER):
+                        and (name != DUAL_96_CONFIG or bucket <= DUAL_96 or tier is SHORT_K_TIER
+                             or (k is not None and k <= DUAL_96_K)):
                     return name
     return candidates[0]
 

@@ -152,6 +152,25 @@ def test_heuristic_takes_the_once_wait_where_shipped():
         tuning.ONCE_WAIT, tuning.DUAL_96 = old, 64
 
 
+def test_dual_96_k_takes_the_dual_96_token_tiles_at_65_128_rows_for_short_k(monkeypatch):
+    """With tuning.DUAL_96_K set, dual GEMMs of K at most it take DUAL_96_CONFIG in the whole tier of 65-128 rows per
+    group (S2-dual's K = 2048); longer K, the single GEMM, the tier above and unknown K are unchanged."""
+    from nvfp4lib.serving import auto_layout
+
+    _, single = auto_layout(False, 8, 7168)
+    _, dual = auto_layout(True, 8, 7168)
+    monkeypatch.setattr(tuning, "DUAL_96_K", 0)
+    assert tuning.heuristic(True, 128, dual, k=2048) == "vl_dual_m64_t256_k128_s3_v32_e"
+    monkeypatch.setattr(tuning, "DUAL_96_K", 2048)
+    assert tuning.heuristic(True, 128, dual, k=2048) == tuning.DUAL_96_CONFIG
+    assert tuning.heuristic(True, 128, dual, k=1536) == tuning.DUAL_96_CONFIG
+    assert tuning.heuristic(True, 128, dual, k=4096) == "vl_dual_m64_t256_k128_s3_v32_e"
+    assert tuning.heuristic(True, 128, dual) == "vl_dual_m64_t256_k128_s3_v32_e"
+    assert tuning.heuristic(True, 256, dual, k=2048) == "vl_dual_m64_t96_k128_s3_e"
+    assert tuning.heuristic(False, 128, single, k=2048) == "vl_m128_t256_k128_s3_v32_e_o"
+    assert tuning.rule_knobs()["dual_96_k"] == 2048
+
+
 def test_short_k_rule_is_off_and_takes_96_token_tiles_when_on(monkeypatch):
     """The rule by K (tuning.SHORT_K) is shipped off (the MoE layers ran slower with it): every K takes the tier's
     256-token tiles. Switched on, at 65-128 rows per group (bucket 128) a K of at most SHORT_K takes the 96-token
@@ -600,4 +619,4 @@ def test_choice_source_says_where_auto_took_its_config(tmp_path, monkeypatch):
     plain = types.SimpleNamespace(impl=types.SimpleNamespace())  # (a backend without a choice: the reference)
     assert PreparedWeights.choice_source(plain, 8) == "named"
     assert tuning.rule_knobs() == {"once_wait": tuning.ONCE_WAIT, "short_k": tuning.SHORT_K,
-                                   "dual_96": tuning.DUAL_96}
+                                   "dual_96": tuning.DUAL_96, "dual_96_k": tuning.DUAL_96_K}

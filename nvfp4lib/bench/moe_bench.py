@@ -295,6 +295,7 @@ PREWAIT_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "PREWAIT_STAGES")  # mo
 ONCE_WAIT_KNOB = ("nvfp4lib.tuning", "ONCE_WAIT")  # moe-bench --once-wait
 SHORT_K_KNOB = ("nvfp4lib.tuning", "SHORT_K")  # moe-bench --short-k
 DUAL_96_KNOB = ("nvfp4lib.tuning", "DUAL_96")  # moe-bench --dual-96
+DUAL_96_K_KNOB = ("nvfp4lib.tuning", "DUAL_96_K")  # moe-bench --dual-96-k
 HANDOFF_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "TILE_HANDOFF")  # moe-bench --tile-handoff
 
 
@@ -557,6 +558,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     _ab_arg(p, "--dual-96", "dual GEMMs of up to this many rows per expert (the bucket) take the 96-token tiles in "
             "32-token steps (tuning.DUAL_96; 0: none; default: as shipped)", "0 64", "dual_96", type=int,
             metavar="ROWS")
+    _ab_arg(p, "--dual-96-k", "dual GEMMs of K up to this take those tiles at 65-128 rows per expert too "
+            "(tuning.DUAL_96_K; 0: off; default: as shipped)", "0 2048", "dual_96_k", type=int, metavar="K")
     _ab_arg(p, "--tile-handoff", "the serving GEMM's warp 0 alone finds the CTA's tile and hands it to the other warps "
             "(hopper_varlen.kernel.TILE_HANDOFF; 0: every warp finds it; default: as shipped)", "0 1",
             "tile_handoff", type=int, choices=[0, 1])
@@ -598,12 +601,12 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff in \
+        for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff, d96k in \
                 itertools.product(
                 args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
                 args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None],
                 args.input_scales or ["dynamic"], args.prewait_stages or [None], args.once_wait or [None],
-                args.short_k or [None], args.dual_96 or [None], args.tile_handoff or [None]):
+                args.short_k or [None], args.dual_96 or [None], args.tile_handoff or [None], args.dual_96_k or [None]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
                     knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
                     knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
@@ -613,7 +616,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                     knob_setting(*ONCE_WAIT_KNOB, None if once is None else once == "on"), \
                     knob_setting(*SHORT_K_KNOB, short), \
                     knob_setting(*DUAL_96_KNOB, d96), \
-                    knob_setting(*HANDOFF_KNOB, None if handoff is None else bool(handoff)):
+                    knob_setting(*HANDOFF_KNOB, None if handoff is None else bool(handoff)), \
+                    knob_setting(*DUAL_96_K_KNOB, d96k):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,
