@@ -205,7 +205,12 @@ DUAL_96_CONFIG = "vl_dual_m64_t96_k128_s3_v32_e_o"
 # Prediction (2026-11-29, before the run): S2-dual's auto call ~124 us in graph replay (133.0 with the 256-token tile,
 # host-scheduled 125.6); W4A4 Qwen3-like T = 1024 (64 rows per expert: DUAL_96 already) unchanged, T = 2048 (128 rows
 # per expert: two 64-token tiles, the weights decoded twice, as in the losses) within +-3%, not known which way.
-DUAL_96_K = 0
+# Outcome (H200, one run, graph replay; notebooks 10 and 11): S2-dual 131.7, 133.3 us with the 256-token tile, 126.0,
+# 125.8 with this config (host-scheduled 125.7; eager 136.6 -> 130.6): level with the host-scheduled kernel, not the
+# ~124 predicted. Qwen3-like W4A4 (moe-bench --dual-96-k 0 2048): T = 2048 uniform 633.9 -> 646.8 us (+2.0%), Zipf
+# 714.3 -> 670.5 (-6.1%); T = 1024, which the knob does not reach, 424.8 -> 432.5 and 456.3 -> 465.6 (+1.8-2.0%: the
+# run's drift). Held within +-3% on uniform routing, past it on Zipf. Shipped: DUAL_96_K = 2048.
+DUAL_96_K = 2048
 # Configs no rule takes that stay tuning candidates (`nvfp4lib tune`): the 96-token tiles of the first A/B above.
 TUNING_ARMS = ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o")
 

@@ -154,11 +154,12 @@ def test_heuristic_takes_the_once_wait_where_shipped():
 
 def test_dual_96_k_takes_the_dual_96_token_tiles_at_65_128_rows_for_short_k(monkeypatch):
     """With tuning.DUAL_96_K set, dual GEMMs of K at most it take DUAL_96_CONFIG in the whole tier of 65-128 rows per
-    group (S2-dual's K = 2048); longer K, the single GEMM, the tier above and unknown K are unchanged."""
+    group (S2-dual's K = 2048, shipped); longer K, the single GEMM, the tier above and unknown K are unchanged."""
     from nvfp4lib.serving import auto_layout
 
     _, single = auto_layout(False, 8, 7168)
     _, dual = auto_layout(True, 8, 7168)
+    assert tuning.DUAL_96_K == 2048
     monkeypatch.setattr(tuning, "DUAL_96_K", 0)
     assert tuning.heuristic(True, 128, dual, k=2048) == "vl_dual_m64_t256_k128_s3_v32_e"
     monkeypatch.setattr(tuning, "DUAL_96_K", 2048)
@@ -180,6 +181,7 @@ def test_short_k_rule_is_off_and_takes_96_token_tiles_when_on(monkeypatch):
 
     _, single = auto_layout(False, 8, 7168)
     _, dual = auto_layout(True, 8, 7168)
+    monkeypatch.setattr(tuning, "DUAL_96_K", 0)  # (the dual rule by K: its own test)
     assert tuning.SHORT_K == 0
     assert tuning.heuristic(False, 128, single, k=2048) == "vl_m128_t256_k128_s3_v32_e_o"
     assert tuning.heuristic(True, 128, dual, k=2048) == "vl_dual_m64_t256_k128_s3_v32_e"

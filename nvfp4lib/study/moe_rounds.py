@@ -219,6 +219,7 @@ SHORT_K_COMMIT = "aca63ef"  # moe-bench --short-k 0 4096 (the rule by K, switche
 # wrong tiles for split-K CTAs; rows recorded, the Mixtral-like ones wrong in both arms), then 1 0 1 at b667d96 (fixed
 # in 52cddbf)
 HANDOFF_COMMITS = ("9967963", "b667d96")
+DUAL_96_K_COMMIT = "aa522f9"  # moe-bench --dual-96-k 0 2048 (Qwen3-like T = 1024, 2048; shipped at 2048 after it)
 DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
 WIDE_COMMIT = "051a36f"  # the wide decode form's A/B (its code left the package after it; git keeps it there)
@@ -635,6 +636,12 @@ ROUNDS = (
           "None written down before the run; at decode warp 0's search is as long as before (the warp search above "
           "32 groups), so the layers should move little.",
           HANDOFF_COMMITS, arms_in_order(HANDOFF_COMMITS[1], "tile_handoff", {0: "off", 1: "on"})),
+    Round("Dual GEMMs of K <= 2048 in the 96-token tiles with 32-token steps over the whole tier of 65-128 rows per "
+          "expert (tuning.DUAL_96_K, from S2-dual; notebook 10's rounds). One run on an H200 (moe-bench --dual-96-k "
+          "0 2048, W4A4, Qwen3-like T = 1024 and 2048, uniform and Zipf); shipped at 2048 after it",
+          "T = 1024 (64 rows per expert: the tiles already) unchanged; T = 2048 (128 rows per expert: two 64-token "
+          "tiles, the weights decoded twice) within +-3%, not known which way.",
+          (DUAL_96_K_COMMIT,), arms_in_order(DUAL_96_K_COMMIT, "dual_96_k", {0: "off", 2048: "K <= 2048"})),
 )
 
 

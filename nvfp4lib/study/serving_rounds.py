@@ -523,6 +523,13 @@ ROUNDS = (
           "the GEMM's instructions within ~2% of the host-scheduled kernel's; graph replay S2 ~1 us faster (66.4 → "
           "~65.4, host-scheduled 65.0), S3 and S4 ~0.5 us, the duals alike",
           build_knob_ab("8ea0fce", "handoff", ("S1", "S2", "S3", "S4", "S1-dual", "S2-dual", "S3-dual", "S4-dual"))),
+    Round("with the handoff, S2-dual the one shape still behind by default: dual GEMMs of K <= 2048 take the 96-token "
+          "tiles in 32-token steps over the whole tier of 65-128 rows (`tuning.DUAL_96_K`; the tier's losses were at "
+          "K = 4096 and 7168). A/B in one process: the auto call (the 256-token tile), the 96-token form, the "
+          "host-scheduled kernel; shipped at 2048 after it and the MoE layers' A/B (notebook 11)", "aa522f9",
+          "S2-dual ~124 us in graph replay (133.0 with the 256-token tile, host-scheduled 125.6)",
+          bench_ab("aa522f9", (("S2-dual", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m64_t96_k128_s3_v32_e_o"),),
+                   modes=("graph", "eager"))),
 )
 
 
