@@ -8,6 +8,7 @@ issuing calls back to back gets), the column issue 18's targets are stated on; b
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import matplotlib.pyplot as plt
@@ -589,6 +590,25 @@ AUTO_NOT_SHIPPED = {"aca63ef": "tuning.SHORT_K on (96-token tiles for K <= 4096 
                                "from c2ab5a1"}
 
 
+@functools.cache
+def rule_config(problem: str) -> str | None:
+    """The config the shape rule as set now picks for a study problem's call on a cache miss
+    (:func:`nvfp4lib.tuning.heuristic` over :func:`nvfp4lib.serving.auto_layout`'s candidates); None for a problem
+    that is not one group shape (N and K shared) or not known."""
+    from ..problems import get_problem
+    from ..serving import auto_layout
+    from ..tuning import heuristic, m_bucket
+
+    try:
+        p = get_problem(problem)
+    except (KeyError, ValueError):
+        return None
+    if len(set(p.n)) != 1 or len(set(p.k)) != 1:
+        return None
+    _, cands = auto_layout(p.dual, len(p.m), p.n[0])
+    return heuristic(p.dual, m_bucket(sum(p.m), len(p.m)), cands, p.k[0])
+
+
 def serving_against_host(bench_rows: pd.DataFrame, problems=None, gpu: str | None = None) -> pd.DataFrame:
     """Issue 41's first target, from ``data/bench.jsonl``: per problem, the latest run that replayed both the serving
     kernel as shipped (``cute-hopper:graph=1``, its ``auto`` config) and a host-scheduled config (``rs_*``) in CUDA
@@ -607,7 +627,13 @@ def serving_against_host(bench_rows: pd.DataFrame, problems=None, gpu: str | Non
     named = opts.loc[ok.index].apply(lambda o: o.get("config"))
     cfg = ok["config"].astype(str)
     as_shipped = ~ok["git_commit"].astype(str).str[:7].isin(AUTO_NOT_SHIPPED)
-    serving = rule_as_shipped(ok[named.isna() & cfg.str.startswith("vl_") & as_shipped], "info_")
+    auto = ok[named.isna() & cfg.str.startswith("vl_") & as_shipped]
+    if "info_choice" in auto:
+        auto = auto[auto["info_choice"].ne("tuned")]
+    # the rule as shipped: its knobs at their values now, or a knob set otherwise that did not change this problem's
+    # config (a row whose config is the one the rule picks now, e.g. a dual rule by K on a single GEMM)
+    same = auto["config"].astype(str) == auto["problem"].map(rule_config)
+    serving = auto[auto.index.isin(rule_as_shipped(auto, "info_").index) | same]
     from ..kernels.hopper_varlen.runner import build_knobs
 
     serving = at_defaults(serving, {f"info_{k}": v for k, v in build_knobs().items()})  # (its build knobs' A/B arms)
