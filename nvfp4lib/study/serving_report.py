@@ -82,7 +82,7 @@ def shipped_calls(rows: pd.DataFrame) -> pd.DataFrame:
     for knob in defaults:
         if knob in rows:
             keep &= rows.groupby("git_commit")[knob].transform("nunique") <= 1
-    return rule_as_shipped(at_defaults(rows[keep], defaults))
+    return rule_as_shipped(at_defaults(rows[keep], kernel.call_knobs()))  # (the rule's knobs: rule_as_shipped)
 
 
 def _ok_shipped(rows: pd.DataFrame, problems, backend: str, clean_only: bool = True) -> pd.DataFrame:
@@ -99,17 +99,23 @@ def rule_as_shipped(rows: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
     """The rows whose config="auto" took the shape rule as shipped now: not a tuning cache's choice (``choice``
     "tuned"), each knob of :func:`nvfp4lib.tuning.rule_knobs` at its value now, and of its kind (a knob that was an
     on/off switch before it took a number, as ``dual_96``: True is not the number 1); rows from before those fields
-    (absent or NaN) stay. ``prefix``: the fields' prefix (bench rows carry them as ``info_*``)."""
+    (absent or NaN) stay. A row with a knob set otherwise stays too where that did not change its problem's config:
+    its ``config`` is the one the rule picks now (:func:`rule_config`; e.g. a dual rule by K on a single GEMM).
+    ``prefix``: the knobs' prefix (bench rows carry them as ``info_*``)."""
     keep = pd.Series(True, index=rows.index)
     if prefix + "choice" in rows:
         keep &= rows[prefix + "choice"].ne("tuned")
+    knobs = pd.Series(True, index=rows.index)
     for knob, value in rule_knobs().items():
         if prefix + knob in rows:
             col = rows[prefix + knob]
             is_bool = isinstance(value, bool)
             same_kind = col.map(lambda v, b=is_bool: isinstance(v, (bool, np.bool_)) == b)
-            keep &= col.isna() | ((col == value) & same_kind)
-    return rows[keep]
+            knobs &= col.isna() | ((col == value) & same_kind)
+    if "config" in rows and "problem" in rows:
+        knobs |= rows["config"].astype(str) == rows["problem"].map(lambda p: rule_config(p) if isinstance(p, str)
+                                                                     else None)
+    return rows[keep & knobs]
 
 
 def at_defaults(rows: pd.DataFrame, defaults: dict) -> pd.DataFrame:
@@ -627,13 +633,7 @@ def serving_against_host(bench_rows: pd.DataFrame, problems=None, gpu: str | Non
     named = opts.loc[ok.index].apply(lambda o: o.get("config"))
     cfg = ok["config"].astype(str)
     as_shipped = ~ok["git_commit"].astype(str).str[:7].isin(AUTO_NOT_SHIPPED)
-    auto = ok[named.isna() & cfg.str.startswith("vl_") & as_shipped]
-    if "info_choice" in auto:
-        auto = auto[auto["info_choice"].ne("tuned")]
-    # the rule as shipped: its knobs at their values now, or a knob set otherwise that did not change this problem's
-    # config (a row whose config is the one the rule picks now, e.g. a dual rule by K on a single GEMM)
-    same = auto["config"].astype(str) == auto["problem"].map(rule_config)
-    serving = auto[auto.index.isin(rule_as_shipped(auto, "info_").index) | same]
+    serving = rule_as_shipped(ok[named.isna() & cfg.str.startswith("vl_") & as_shipped], "info_")
     from ..kernels.hopper_varlen.runner import build_knobs
 
     serving = at_defaults(serving, {f"info_{k}": v for k, v in build_knobs().items()})  # (its build knobs' A/B arms)
