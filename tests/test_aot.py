@@ -24,10 +24,11 @@ def _recipe(**change):
 def test_a_recipe_names_the_kernel_and_the_knobs_its_build_reads(monkeypatch):
     r = _recipe()
     assert r == {"kind": "varlen-gemm", "config": GEMM.name, "groups": 16, "n": 256, "k_pad": 256, "out": "BFloat16",
-                 "k": 256, "chain": True, "chain_gemm": True, "prewait": kernel.PREWAIT_STAGES}
+                 "k": 256, "chain": True, "chain_gemm": True, "prewait": kernel.PREWAIT_STAGES,
+                 "handoff": kernel.TILE_HANDOFF}
     assert aot.digest(r) == aot.digest(dict(reversed(list(r.items()))))  # key order does not matter
     assert len({aot.digest(r), aot.digest(_recipe(n=512)), aot.digest(_recipe(prewait=0)),
-                aot.digest(_recipe(chain=False))}) == 4
+                aot.digest(_recipe(chain=False)), aot.digest(_recipe(handoff=not kernel.TILE_HANDOFF))}) == 5
     assert runner._recipe("varlen-gemm", GEMM.with_(ab_stages=7), 16, 256, 256, "BFloat16") is None  # not in CONFIGS
     monkeypatch.setattr(kernel, "TIMELINE", 1 << 40)  # an address baked into the kernel: never built ahead
     assert runner._recipe("varlen-gemm", GEMM, 16, 256, 256, "BFloat16") is None
@@ -135,3 +136,19 @@ def test_the_build_knobs_are_read_once_for_the_key_and_the_recipe(monkeypatch):
     assert set(knobs) == {f for f, _, _ in runner.BUILD_KNOBS} and {f: _recipe()[f] for f in knobs} == knobs
     monkeypatch.setattr(kernel, "PREWAIT_STAGES", 0)
     assert runner.build_knobs()["prewait"] == 0 and _recipe()["prewait"] == 0
+
+
+def test_build_setting_sets_build_knobs_by_recipe_field_and_restores_them():
+    """``runner.build_setting`` (bench's ``--backend cute-hopper:handoff=0``): the knobs by their recipe fields inside
+    the block, as they were after it (after an error too); an unknown field is refused before anything is set."""
+    before = runner.build_knobs()
+    with runner.build_setting(handoff=not kernel.TILE_HANDOFF, prewait=0):
+        assert kernel.TILE_HANDOFF is (not before["handoff"]) and kernel.PREWAIT_STAGES == 0
+        assert _recipe()["handoff"] is (not before["handoff"])  # (the recipe and the compile key follow)
+    assert runner.build_knobs() == before
+    with pytest.raises(RuntimeError), runner.build_setting(chain=False):
+        raise RuntimeError("inside")
+    assert runner.build_knobs() == before
+    with pytest.raises(ValueError, match="unknown build knob"), runner.build_setting(handof=False):
+        pass
+    assert runner.build_knobs() == before
