@@ -24,7 +24,7 @@ from ..bench.roofline import H100_SXM_DATASHEET
 from ..bench.store import dirty_state
 from .plots import caption
 from .plots import shown as _shown
-from .serving_report import rule_as_shipped
+from .serving_report import at_defaults, rule_as_shipped
 
 __all__ = ["NO_DATA", "shipped_rows", "targets_41", "RECORD_COMMAND", "expected_touched", "predicted_floors",
            "latest_moe", "not_ok", "runs_used", "time_table", "eager_table", "memory_table", "targets",
@@ -272,11 +272,10 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     if "quant_operand" in sel:  # (the A/B's arm through codes and prologues; rows before the knob had no field)
         sel = sel[~_switched_off(sel["quant_operand"])]
     sel = rule_as_shipped(sel)  # (the shape rule's knobs: tuning.ONCE_WAIT, SHORT_K, DUAL_96 at their values now)
-    if "tile_handoff" in sel:  # (hopper_varlen.kernel.TILE_HANDOFF's A/B arms; rows before the knob had no field)
-        from ..kernels.hopper_varlen import kernel
+    from ..kernels.hopper_varlen import kernel
 
-        ho = pd.to_numeric(sel["tile_handoff"], errors="coerce")
-        sel = sel[ho.isna() | (ho == int(kernel.TILE_HANDOFF))]
+    # (hopper_varlen.kernel.TILE_HANDOFF's A/B arms; rows before the knob had no field)
+    sel = at_defaults(sel, {"tile_handoff": int(kernel.TILE_HANDOFF)})
     if "prewait_stages" in sel:  # (hopper_varlen.kernel.PREWAIT_STAGES, shipped for the W4A16 decode GEMMs only)
         pw = pd.to_numeric(sel["prewait_stages"], errors="coerce")
         w4a16 = _in_mode(sel, "bf16")
