@@ -456,7 +456,7 @@ class _CuteHopperImpl:
         else:
             cfg = get_config(config, dual, activations)
             layout, self.candidates, self.fixed = layout_of(cfg), [cfg.name], cfg.name
-        self.weights = PackedWeights(b, b2, layout[1], layout[2], check_scales=check_scales)
+        self.weights = PackedWeights(b, b2, layout[1], layout[2], check_scales=check_scales, activations=activations)
         self.tune, self.out_dtype, self.n, self.k = tune, out_dtype, n, k
         self.gpu = torch.cuda.get_device_name(b[0].data.device)
         self.activations = activations

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from nvfp4lib.formats import NVFP4Tensor, dequantize, quantize
-from nvfp4lib.kernels.hopper_rs.layout import UNIT_BYTES, _byte, prepack_units
-from nvfp4lib.kernels.hopper_rs.ops import A16_DECODE_PTX, A16_OPERAND_EXPONENT, A16_SHIFTS, emulate_a16_decode
+from nvfp4lib.kernels.hopper_rs.layout import UNIT_BYTES, _byte, canonical_units, emulate_unit, prepack_units
+from nvfp4lib.kernels.hopper_rs.ops import (A16_INT_SCALE, A16_OPERAND_EXPONENT, A16_SCALE_BIAS, A16_SCALE_MASK,
+                                            A16_SHIFTS, a16_decode_ptx, emulate_a16_decode)
 from nvfp4lib.kernels.hopper_varlen.config import CONFIGS, get_config
 from nvfp4lib.serving import prepare_weights
 
@@ -23,17 +24,29 @@ def _value(code: torch.Tensor) -> torch.Tensor:
 
 
 # -- the decode ------------------------------------------------------------------------------------------------------
-def test_bf16_decode_is_exact_for_every_code_and_finite_scale():
-    """All 16 codes as x and as y of every byte (256 words) × all 254 finite E4M3 scales in both rows of the pair
-    (±0 and the subnormals included): each bf16 operand is exactly value × scale × 2^-14."""
+ROUTES = [pytest.param(False, id="f32-scale"), pytest.param(True, id="int-scale")]
+
+
+def _all_words():
     xs, ys = (t.reshape(-1) for t in torch.meshgrid(torch.arange(16), torch.arange(16), indexing="ij"))
     b = _byte(xs, ys)
-    words = b | b << 8 | b << 16 | b << 24
+    return xs, ys, b | b << 8 | b << 16 | b << 24
+
+
+@pytest.mark.parametrize("int_scale", ROUTES)
+def test_bf16_decode_is_exact_for_every_code_and_finite_scale(int_scale):
+    """All 16 codes as x and as y of every byte (256 words) × the finite E4M3 scales in both rows of the pair: each
+    bf16 operand is exactly value × scale × 2^-14. The f32 route: all 254 (±0 and the subnormals included); the
+    integer route (ops.A16_INT_SCALE): the 126 canonical non-zero ones, the subnormals included (canonical_units
+    leaves no other scale beside non-zero codes)."""
+    xs, ys, words = _all_words()
     sc = torch.arange(256)
     sc = sc[(sc & 0x7F) != 0x7F]  # E4M3's NaNs: S.1111.111
+    if int_scale:
+        sc = sc[(sc > 0) & (sc < 0x80)]
     pairs = sc | sc.flip(0) << 8
-    got = emulate_a16_decode(words[:, None].expand(-1, len(sc)), pairs[None, :].expand(len(words), -1))
-    assert got.dtype == torch.bfloat16 and got.shape == (256, 254, 8)
+    got = emulate_a16_decode(words[:, None].expand(-1, len(sc)), pairs[None, :].expand(len(words), -1), int_scale)
+    assert got.dtype == torch.bfloat16 and got.shape == (256, len(sc), 8) and len(sc) == (126 if int_scale else 254)
     s = torch.stack([sc, sc.flip(0)], -1).to(torch.uint8).view(torch.float8_e4m3fn).double()  # (row g, row g+8)
     vx, vy = _value(xs)[:, None], _value(ys)[:, None]
     lo, hi = s[None, :, 0], s[None, :, 1]
@@ -44,7 +57,28 @@ def test_bf16_decode_is_exact_for_every_code_and_finite_scale():
     assert torch.equal(got.double().signbit(), want.signbit())  # -0 where the value or the scale is negative
 
 
-def _emulate_unit_a16(unit: torch.Tensor) -> torch.Tensor:
+@pytest.mark.parametrize("int_scale", ROUTES)
+def test_bf16_decode_of_a_nan_scale_is_nan_in_its_row_only(int_scale):
+    """A NaN scale (either sign) decodes its row's operands to NaN and leaves the other row of the pair exact: the
+    integer route's mask keeps a NaN's low bits from spilling into the other half. A zero scale beside zero codes
+    (canonical) decodes to zeros on both routes."""
+    xs, ys, words = _all_words()
+    ones = torch.tensor([0x38, 0x41, 0x01])  # 1.0, 2.25, the smallest subnormal
+    for nan in (0x7F, 0xFF):
+        for other in ones:
+            for pair, row in ((nan | int(other) << 8, 0), (int(other) | nan << 8, 1)):
+                got = emulate_a16_decode(words, torch.full_like(words, pair), int_scale).double()
+                nan_slots = [q * 2 + h for q in range(4) for h in (0, 1) if q % 2 == row]
+                ok_slots = [i for i in range(8) if i not in nan_slots]
+                assert got[:, nan_slots].isnan().all()
+                s = float(torch.tensor([int(other)], dtype=torch.uint8).view(torch.float8_e4m3fn).double())
+                v = torch.stack([_value(xs), _value(xs), _value(ys), _value(ys)], -1)[:, [q // 2 for q in ok_slots]]
+                assert torch.equal(got[:, ok_slots], v * s * 2.0**A16_OPERAND_EXPONENT)
+    zero = emulate_a16_decode(torch.zeros(4, dtype=torch.int64), torch.zeros(4, dtype=torch.int64), int_scale)
+    assert torch.equal(zero.double(), torch.zeros(4, 8, dtype=torch.float64))
+
+
+def _emulate_unit_a16(unit: torch.Tensor, int_scale: bool | None = None) -> torch.Tensor:
     """One prepacked 64×64 unit decoded as the 128 threads of a warpgroup would: [64, 64] float64 × 2^14."""
     u = unit.to(torch.int64)
     t = torch.arange(128)
@@ -54,7 +88,7 @@ def _emulate_unit_a16(unit: torch.Tensor) -> torch.Tensor:
     for j in range(4):
         word = sum(u[16 * t + 4 * j + b] << (8 * b) for b in range(4))
         pair = u[e + 2 * j] | u[e + 2 * j + 1] << 8
-        vals = emulate_a16_decode(word, pair).double()  # [128, 8]
+        vals = emulate_a16_decode(word, pair, int_scale).double()  # [128, 8]
         r, k = 16 * w + g, 16 * j + 2 * c
         for q in range(4):
             rr, kk = r + 8 * (q % 2), k + 8 * (q // 2)
@@ -64,30 +98,51 @@ def _emulate_unit_a16(unit: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_prepacked_unit_decodes_to_the_dequantized_tile_in_bf16(seed):
-    """The same prepacked bytes as the fp16 path: each thread's bf16 registers are its wgmma A fragment."""
+    """The same prepacked bytes as the fp16 path: each thread's bf16 registers are its wgmma A fragment. Made
+    canonical (``canonical_units``: negative and zero scales among the random ones, a third of them), the units
+    decode to the same tile on both routes and on the fp16 path; the integer route needs it (not canonical, it
+    differs), and canonical units stay as they are."""
     gen = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 256, (128, 64), generator=gen, dtype=torch.uint8)
     finite = torch.arange(256)[(torch.arange(256) & 0x7F) != 0x7F].to(torch.uint8)
     scales = finite[torch.randint(0, len(finite), (128, 8), generator=gen)]
+    scales[torch.randint(0, 3, scales.shape, generator=gen) == 0] = 0x80  # -0 (0x00 is among the finite ones)
     ref = dequantize(NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), 1.0)).double()
     units = prepack_units(codes, scales)
     assert units.shape == (2, 2, UNIT_BYTES)
+    canon = canonical_units(units.clone())
+    assert torch.equal(canonical_units(canon.clone()), canon)
+    assert not (canon[..., 2048:] & 0x80).any()
     for rb in range(2):
         for kc in range(2):
-            assert torch.equal(_emulate_unit_a16(units[rb, kc]), ref[64 * rb: 64 * rb + 64, 64 * kc: 64 * kc + 64])
+            tile = ref[64 * rb: 64 * rb + 64, 64 * kc: 64 * kc + 64]
+            assert torch.equal(_emulate_unit_a16(units[rb, kc], False), tile)
+            for int_scale in (False, True):
+                assert torch.equal(_emulate_unit_a16(canon[rb, kc], int_scale), tile)
+            assert torch.equal(emulate_unit(canon[rb, kc]).double(), tile)
+    assert not all(torch.equal(_emulate_unit_a16(units[rb, kc], True), ref[64 * rb: 64 * rb + 64, 64 * kc: 64 * kc + 64])
+                   for rb in range(2) for kc in range(2))
 
 
-def test_decode_ptx_is_the_emulated_arithmetic():
-    """The PTX the kernel inlines does, per k16 word, what emulate_a16_decode computes: 4 scale conversions (e4m3x2
-    -> f16x2 -> f32 × 2^112 -> bf16x2), the A16_SHIFTS shifts, a lop3 select and a mask per register, one bf16x2
-    multiply per register; per thread and unit: 4 words."""
-    ptx = A16_DECODE_PTX
+@pytest.mark.parametrize("int_scale", ROUTES)
+def test_decode_ptx_is_the_emulated_arithmetic(int_scale):
+    """The PTX the kernel inlines does, per k16 word, what emulate_a16_decode computes: the pair's scales (e4m3x2 ->
+    f16x2, then each -> f32 × 2^112 -> bf16x2; or the integer route: a mask and one mad.hi by 2^29 adding the
+    exponent bias), the A16_SHIFTS shifts, a lop3 select and a mask per register, one bf16x2 multiply per register;
+    per thread and unit: 4 words. Without an argument it builds the knob's route."""
+    ptx = a16_decode_ptx(int_scale)
+    assert a16_decode_ptx() == a16_decode_ptx(A16_INT_SCALE)
     count = {i: len(re.findall(re.escape(i), ptx)) for i in (
-        "cvt.rn.f16x2.e4m3x2", "cvt.f32.f16", "mul.rn.f32", "cvt.rn.bf16x2.f32", "lop3.b32", "and.b32",
+        "cvt.rn.f16x2.e4m3x2", "cvt.f32.f16", "mul.rn.f32", "cvt.rn.bf16x2.f32", "mad.hi.u32", "lop3.b32", "and.b32",
         "mul.rn.bf16x2", "mul.rn.f16x2")}
-    assert count == {"cvt.rn.f16x2.e4m3x2": 4, "cvt.f32.f16": 8, "mul.rn.f32": 8, "cvt.rn.bf16x2.f32": 8,
-                     "lop3.b32": 16, "and.b32": 16, "mul.rn.bf16x2": 16, "mul.rn.f16x2": 0}
-    assert "0f77800000" in ptx  # 2^112
+    route = ({"cvt.f32.f16": 0, "mul.rn.f32": 0, "cvt.rn.bf16x2.f32": 0, "mad.hi.u32": 4, "and.b32": 20} if int_scale
+             else {"cvt.f32.f16": 8, "mul.rn.f32": 8, "cvt.rn.bf16x2.f32": 8, "mad.hi.u32": 0, "and.b32": 16})
+    assert count == {"cvt.rn.f16x2.e4m3x2": 4, "lop3.b32": 16, "mul.rn.bf16x2": 16, "mul.rn.f16x2": 0, **route}
+    if int_scale:
+        assert f"and.b32 f, f, {A16_SCALE_MASK:#010x};" in ptx
+        assert f"mad.hi.u32 f, f, 0x20000000, {A16_SCALE_BIAS:#010x};" in ptx
+    else:
+        assert "0f77800000" in ptx  # 2^112
     for sign, mag in A16_SHIFTS:
         if sign:
             assert f"shl.b32 a, $16, {sign};" in ptx

@@ -297,6 +297,7 @@ SHORT_K_KNOB = ("nvfp4lib.tuning", "SHORT_K")  # moe-bench --short-k
 DUAL_96_KNOB = ("nvfp4lib.tuning", "DUAL_96")  # moe-bench --dual-96
 DUAL_96_K_KNOB = ("nvfp4lib.tuning", "DUAL_96_K")  # moe-bench --dual-96-k
 HANDOFF_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "TILE_HANDOFF")  # moe-bench --tile-handoff
+A16_SCALE_KNOB = ("nvfp4lib.kernels.hopper_rs.ops", "A16_INT_SCALE")  # moe-bench --a16-int-scale
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -359,6 +360,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         to_operand = bool(getattr(importlib.import_module(OPERAND_KNOB[0]), OPERAND_KNOB[1]))
         prewait = getattr(importlib.import_module(PREWAIT_KNOB[0]), PREWAIT_KNOB[1])  # GEMMs' weights before the wait
         handoff = int(getattr(importlib.import_module(HANDOFF_KNOB[0]), HANDOFF_KNOB[1]))  # warp 0 finds the tile
+        a16_int = int(getattr(importlib.import_module(A16_SCALE_KNOB[0]), A16_SCALE_KNOB[1]))  # W4A16's scale route
         rule = tuning.rule_knobs()  # the shape rule's knobs as set now (once_wait, short_k, dual_96)
         short_k_tier = ",".join(tuning.SHORT_K_TIER[1])  # (the tiles the rule by K takes)
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
@@ -435,6 +437,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["gemv"] = bool(mod._gemv_step(x))
                                 row["prewait_stages"] = prewait
                                 row["tile_handoff"] = handoff
+                                row["a16_int_scale"] = a16_int if kind == "bf16" else None
                             row["route_max_copies"] = route_max
                             row.update(rule, short_k_tier=short_k_tier)
                             row["chain_pdl"] = chain
@@ -563,6 +566,9 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     _ab_arg(p, "--tile-handoff", "the serving GEMM's warp 0 alone finds the CTA's tile and hands it to the other warps "
             "(hopper_varlen.kernel.TILE_HANDOFF; 0: every warp finds it; default: as shipped)", "0 1",
             "tile_handoff", type=int, choices=[0, 1])
+    _ab_arg(p, "--a16-int-scale", "W4A16's weight decode converts the block scales in integer arithmetic "
+            "(hopper_rs.ops.A16_INT_SCALE; 0: through f32; default: as shipped)", "0 1", "a16_int_scale (W4A16 rows)",
+            type=int, choices=[0, 1])
     _ab_arg(p, "--input-scales", "W4A4's activation global scales: computed per call (dynamic, the default) or "
             "static, as checkpoints give them (calibrated once per layer on a seeded batch)", "dynamic static",
             "input_scales (W4A4 rows)", choices=["dynamic", "static"])
@@ -601,12 +607,13 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff, d96k in \
+        for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff, d96k, a16 in \
                 itertools.product(
                 args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
                 args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None],
                 args.input_scales or ["dynamic"], args.prewait_stages or [None], args.once_wait or [None],
-                args.short_k or [None], args.dual_96 or [None], args.tile_handoff or [None], args.dual_96_k or [None]):
+                args.short_k or [None], args.dual_96 or [None], args.tile_handoff or [None], args.dual_96_k or [None],
+                args.a16_int_scale or [None]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
                     knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
                     knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
@@ -617,7 +624,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                     knob_setting(*SHORT_K_KNOB, short), \
                     knob_setting(*DUAL_96_KNOB, d96), \
                     knob_setting(*HANDOFF_KNOB, None if handoff is None else bool(handoff)), \
-                    knob_setting(*DUAL_96_K_KNOB, d96k):
+                    knob_setting(*DUAL_96_K_KNOB, d96k), \
+                    knob_setting(*A16_SCALE_KNOB, None if a16 is None else bool(a16)):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

@@ -128,6 +128,27 @@ def rs_decode_ptx() -> str:
 RS_DECODE_PTX = rs_decode_ptx()
 
 
+CANONICAL_UNITS = 1 << 16  # units per step of canonical_units (~150 MB of packed bytes: bounded temporaries)
+
+
+def canonical_units(packed: torch.Tensor) -> torch.Tensor:
+    """Prepacked units (``[..., 2304]`` uint8, any leading dims, contiguous) made canonical in place and returned: each
+    16-code block with a negative E4M3 scale takes the scale's magnitude and its codes' signs flipped; each block with
+    a zero scale (either sign) has its codes zeroed. Every value ``e2m1 × scale`` stays the same (a NaN scale stays a
+    NaN); the bf16 decode's integer scale route (``ops.A16_INT_SCALE``) needs it: it drops the scale's sign and maps a
+    zero scale to a finite one."""
+    u = packed.view(-1, UNIT_BYTES)
+    for part in u.split(CANONICAL_UNITS):
+        # codes: thread t = 32w + 4g + c, word j, byte 2e + h' (h' = 1 - h: row g + 8h); scales: (w, g, j, h)
+        codes = part[:, :UNIT_CODE_BYTES].view(-1, 4, 8, 4, 4, 2, 2)  # [unit, w, g, c, j, e, h']
+        scales = part[:, UNIT_CODE_BYTES:].view(-1, 4, 8, 4, 2)  # [unit, w, g, j, h]
+        s = scales.flip(-1)[:, :, :, None, :, None, :]  # each code byte's row scale
+        flip = (s >> 7) * 0x81  # both codes' sign bits (x at bit 7, y at bit 0) where the scale is negative
+        codes.copy_((codes ^ flip) * ((s & 0x7F) != 0).to(torch.uint8))
+        scales.bitwise_and_(0x7F)
+    return packed
+
+
 def emulate_rs_decode(word: int, scale_pair: int) -> list[float]:
     """The decode of one k16 word on the CPU: 8 fp16 values in fragment order
     (reg0 lo/hi, reg1 lo/hi, reg2 lo/hi, reg3 lo/hi), each e2m1 × scale × 2^-7."""

@@ -58,6 +58,20 @@ A16_SIGN = 0x80008000
 A16_FIELDS = 0x81C081C0  # sign and magnitude bits of both bf16 halves
 A16_SCALE_FACTOR = 0x77800000  # f32 2^112
 A16_OPERAND_EXPONENT = -14  # each decoded weight is value × scale × 2^-14
+# The row scales' conversion in integer arithmetic (:data:`A16_INT_SCALE`, a build knob, on): the pair's f16x2 from
+# cvt.rn.f16x2.e4m3x2 (each half a normal f16, 2^-9 .. 448: its mantissa's low 7 bits zero), its signs and the low 3
+# bits of each half cleared (:data:`A16_SCALE_MASK`: only a NaN has them set; without the mask a NaN's would spill into
+# the other half), then one mad.hi.u32 by 2^29 adding :data:`A16_SCALE_BIAS`: (f >> 3) + 0x7000 per half moves each
+# f16's exponent and mantissa to bf16's places and adds 224 to the exponent (disjoint bits: no carry), the bf16 of
+# scale × 2^112 (a NaN stays a NaN) — 3 instructions where the f32 route takes 7. It drops the scale's sign and maps a
+# zero scale to 2^97, so the weights are packed canonical for it (:func:`canonical_units`, at prepare: a negative
+# scale's sign moved into its block's codes, a zero scale's block of codes zeroed; the values are the same). Why
+# (issue 41): at decode the W4A16 GEMMs run 4.8 thread instructions per weight against W4A4's 4.0 (H100 ncu, in
+# hopper_varlen/config.py), its mainloop ~0.48 us per K tile against 0.39, and the bf16 decode's PTX spends 8 of its
+# 27 instructions per 8 weights on the two scales.
+A16_INT_SCALE = True
+A16_SCALE_MASK = 0x7FF87FF8
+A16_SCALE_BIAS = 0x70007000
 
 
 def _shift_ptx(dst: str, src: str, n: int) -> list[str]:
@@ -66,11 +80,17 @@ def _shift_ptx(dst: str, src: str, n: int) -> list[str]:
     return [f"shl.b32 {dst}, {src}, {n};" if n > 0 else f"shr.u32 {dst}, {src}, {-n};"]
 
 
-def _a16_word_ptx(w: str, s: str, outs: tuple[str, str, str, str]) -> str:
-    """One k16 step: word ``w``, the 16-bit scale pair ``s`` (row g low, row g+8 high) -> 4 bf16x2 in fragment order."""
-    lines = [f"cvt.rn.f16x2.e4m3x2 f, {s};", "mov.b32 {lo, hi}, f;", "cvt.f32.f16 x, lo;", "cvt.f32.f16 y, hi;",
-             f"mul.rn.f32 x, x, 0f{A16_SCALE_FACTOR:08X};", f"mul.rn.f32 y, y, 0f{A16_SCALE_FACTOR:08X};",
-             "cvt.rn.bf16x2.f32 sg, x, x;", "cvt.rn.bf16x2.f32 sh, y, y;"]
+def _a16_word_ptx(w: str, s: str, outs: tuple[str, str, str, str], int_scale: bool) -> str:
+    """One k16 step: word ``w``, the 16-bit scale pair ``s`` (row g low, row g+8 high) -> 4 bf16x2 in fragment order;
+    the scales by ``int_scale``'s route (:data:`A16_INT_SCALE`)."""
+    if int_scale:
+        lines = [f"cvt.rn.f16x2.e4m3x2 f, {s};", f"and.b32 f, f, {A16_SCALE_MASK:#010x};",
+                 f"mad.hi.u32 f, f, 0x20000000, {A16_SCALE_BIAS:#010x};", "mov.b32 {lo, hi}, f;",
+                 "mov.b32 sg, {lo, lo};", "mov.b32 sh, {hi, hi};"]
+    else:
+        lines = [f"cvt.rn.f16x2.e4m3x2 f, {s};", "mov.b32 {lo, hi}, f;", "cvt.f32.f16 x, lo;", "cvt.f32.f16 y, hi;",
+                 f"mul.rn.f32 x, x, 0f{A16_SCALE_FACTOR:08X};", f"mul.rn.f32 y, y, 0f{A16_SCALE_FACTOR:08X};",
+                 "cvt.rn.bf16x2.f32 sg, x, x;", "cvt.rn.bf16x2.f32 sh, y, y;"]
     for q, (sign, mag) in enumerate(A16_SHIFTS):
         src = w if sign == 0 else "a"
         if sign:
@@ -81,24 +101,26 @@ def _a16_word_ptx(w: str, s: str, outs: tuple[str, str, str, str]) -> str:
     return "\n".join(lines)
 
 
-def a16_decode_ptx() -> str:
-    """As ``rs_layout.rs_decode_ptx`` for bf16: $0..$15 out, $16..$19 the code words, $20..$21 the scale words."""
+def a16_decode_ptx(int_scale: bool | None = None) -> str:
+    """As ``rs_layout.rs_decode_ptx`` for bf16: $0..$15 out, $16..$19 the code words, $20..$21 the scale words;
+    ``int_scale``: the scales' route (None: :data:`A16_INT_SCALE` as it is now)."""
+    int_scale = A16_INT_SCALE if int_scale is None else int_scale
     lines = ["{", ".reg .b32 f, a, b, t, sm, mf, sg, sh;", ".reg .f32 x, y;", ".reg .b16 lo, hi, s0, s1, s2, s3;",
              f"mov.b32 sm, {A16_SIGN:#010x};", f"mov.b32 mf, {A16_FIELDS:#010x};",
              "mov.b32 {s0, s1}, $20;", "mov.b32 {s2, s3}, $21;"]
     for j in range(4):
-        lines.append(_a16_word_ptx(f"${16 + j}", f"s{j}", tuple(f"${4 * j + q}" for q in range(4))))
+        lines.append(_a16_word_ptx(f"${16 + j}", f"s{j}", tuple(f"${4 * j + q}" for q in range(4)), int_scale))
     lines.append("}")
     return "\n".join(lines)
 
 
-A16_DECODE_PTX = a16_decode_ptx()
+A16_DECODE_PTX = a16_decode_ptx()  # (the shipped route; a build reads a16_decode_ptx() as the knob is then)
 
 
-def emulate_a16_decode(words, scale_pairs):
+def emulate_a16_decode(words, scale_pairs, int_scale: bool | None = None):
     """The bf16 decode's arithmetic on the CPU, vectorised: ``words`` and ``scale_pairs`` int64 tensors of one shape
     (a 32-bit code word, a 16-bit scale pair each) -> bf16 ``[..., 8]`` in fragment order (reg0 lo/hi .. reg3 lo/hi),
-    each as the PTX of :func:`a16_decode_ptx` computes it."""
+    each as the PTX of :func:`a16_decode_ptx` computes it (``int_scale``: the scales' route, None: the knob's)."""
     import torch
 
     m32 = 0xFFFFFFFF
@@ -112,9 +134,15 @@ def emulate_a16_decode(words, scale_pairs):
         return (bits16 - ((bits16 & 0x8000) << 1)).to(torch.int16).view(torch.bfloat16)
 
     e4m3 = torch.stack([sp & 0xFF, (sp >> 8) & 0xFF], -1).to(torch.uint8).view(torch.float8_e4m3fn)
-    f32 = e4m3.to(torch.float16).to(torch.float32) * torch.tensor(A16_SCALE_FACTOR, dtype=torch.int32).view(
-        torch.float32)  # cvt e4m3x2 -> f16x2 -> f32, mul.rn.f32
-    sc = f32.to(torch.bfloat16)  # cvt.rn.bf16x2.f32 (row g, row g+8)
+    if A16_INT_SCALE if int_scale is None else int_scale:
+        h = e4m3.to(torch.float16).view(torch.int16).to(torch.int64) & 0xFFFF  # cvt e4m3x2 -> f16x2
+        f = (h[..., 0] | h[..., 1] << 16) & A16_SCALE_MASK  # and.b32
+        f = (((f << 29) >> 32) + A16_SCALE_BIAS) & m32  # mad.hi.u32 f, f, 2^29, bias
+        sc = torch.stack([as_bf16(f & 0xFFFF), as_bf16(f >> 16)], -1)  # (row g, row g+8)
+    else:
+        f32 = e4m3.to(torch.float16).to(torch.float32) * torch.tensor(A16_SCALE_FACTOR, dtype=torch.int32).view(
+            torch.float32)  # cvt e4m3x2 -> f16x2 -> f32, mul.rn.f32
+        sc = f32.to(torch.bfloat16)  # cvt.rn.bf16x2.f32 (row g, row g+8)
     out = []
     for q, (sign, mag) in enumerate(A16_SHIFTS):
         t = ((shift(w, sign) & A16_SIGN) | (shift(w, mag) & ~A16_SIGN)) & A16_FIELDS
@@ -247,8 +275,8 @@ def _build() -> SimpleNamespace:
 
     @dsl_user_op
     def decode_unit_a16(loaded, *, loc=None, ip=None):
-        """:func:`decode_unit` to bf16 (:data:`A16_DECODE_PTX`)."""
-        return [cutlass.Uint32(v) for v in _asm(A16_DECODE_PTX, 16, loaded, ",".join(["=r"] * 16 + ["r"] * 6),
+        """:func:`decode_unit` to bf16 (:func:`a16_decode_ptx`, the scales' route as :data:`A16_INT_SCALE` is)."""
+        return [cutlass.Uint32(v) for v in _asm(a16_decode_ptx(), 16, loaded, ",".join(["=r"] * 16 + ["r"] * 6),
                                                 False)]
 
     @dsl_user_op

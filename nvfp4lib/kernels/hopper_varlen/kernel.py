@@ -387,7 +387,7 @@ def _build():
                 lo = cutlass.min(run, rows)
                 run = cutlass.max(run, ends[j])
                 m = cutlass.min(run, rows) - lo
-                ntt = (m + self.bt - 1) // self.bt
+                ntt = self._token_tiles(m)
                 bounds.append((lo, m, ntt))
                 counts.append(ntt * self.n_blocks)
                 lane_tiles = lane_tiles + counts[j]

@@ -17,7 +17,8 @@ from ..common import aot, pdl
 from ..common.packing import check_scales_finite
 from ..common.sm90 import POST_SCALE
 from ..common.sm90 import _require_hopper as require_hopper
-from ..hopper_rs.layout import prepack_weights
+from ..hopper_rs import ops as rs_ops
+from ..hopper_rs.layout import canonical_units, prepack_weights
 from . import kernel
 from .config import (
     CONFIGS,
@@ -61,7 +62,7 @@ def _compile(key, make, args, recipe: dict | None = None):
 # The module knobs a kernel's build reads besides its config and shape: (recipe field, module, attribute). They are
 # part of its compile key and its AOT recipe, and set from a recipe to build it elsewhere (aot_compile).
 BUILD_KNOBS = (("chain", pdl, "CHAIN"), ("chain_gemm", pdl, "CHAIN_GEMM"), ("prewait", kernel, "PREWAIT_STAGES"),
-               ("handoff", kernel, "TILE_HANDOFF"))
+               ("handoff", kernel, "TILE_HANDOFF"), ("a16_int_scale", rs_ops, "A16_INT_SCALE"))
 
 
 def build_knobs() -> dict:
@@ -148,10 +149,12 @@ def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
 class PackedWeights:
     """The weights in the kernel's layout for one (dual, tile_m, tile_k), every group's matrices packed once in one
     Triton pass read in place from the groups' own tensors (:mod:`.gather`; the torch form where Triton is missing).
-    Every config with that layout (:func:`layout_of`) runs on the same packed tensor."""
+    Every config with that layout (:func:`layout_of`) runs on the same packed tensor. For ``activations="bf16"`` the
+    units are made canonical (:func:`~..hopper_rs.layout.canonical_units`: the bf16 decode's integer scale route
+    needs it; the values are the same)."""
 
     def __init__(self, b: list[NVFP4Tensor], b2: list[NVFP4Tensor] | None, tile_m: int, tile_k: int,
-                 check_scales: bool = True):
+                 check_scales: bool = True, activations: str = "nvfp4"):
         device = b[0].data.device
         require_hopper(device)
         self.device, self.groups, self.dual, self.tile_m, self.tile_k = device, len(b), b2 is not None, tile_m, tile_k
@@ -169,6 +172,8 @@ class PackedWeights:
         if check_scales and bool(((packed[..., 2048:] & 0x7F) == 0x7F).any()):  # one read-back (NaN: S.1111.111)
             check_scales_finite(b, "b")  # names the group
             check_scales_finite(b2 or [], "b2")
+        if activations == "bf16":
+            canonical_units(packed)
         self.packed = packed.view(-1, ROW_BYTES)
         self.x16 = Scratch(self.k_pad, device)
 
