@@ -68,7 +68,13 @@ A16_OPERAND_EXPONENT = -14  # each decoded weight is value × scale × 2^-14
 # scale's sign moved into its block's codes, a zero scale's block of codes zeroed; the values are the same). Why
 # (issue 41): at decode the W4A16 GEMMs run 4.8 thread instructions per weight against W4A4's 4.0 (H100 ncu, in
 # hopper_varlen/config.py), its mainloop ~0.48 us per K tile against 0.39, and the bf16 decode's PTX spends 8 of its
-# 27 instructions per 8 weights on the two scales.
+# 27 instructions per 8 weights on the two scales. In the SASS of the offline compile (sm_90a, the Qwen3-like layer's
+# decode GEMMs vl_a16_dual_m64_t16_k128_s8_e_x and vl_a16_m128_t16_k128_s8_e_x) the f32 route is 7 instructions per
+# k16 word (F2FP, 2 HADD2, 2 FMUL, 2 F2FP), this one 3 (F2FP, LOP3, LEA.HI; the broadcasts fold into HMUL2's .H0_H0 and
+# .H1_H1 operands): the mainloop's body per K tile 359 -> 327 and 360 -> 328 instructions (-8.9%). Prediction
+# (2026-11-29, before any GPU run), the decode mainloop being issue-bound: W4A16 GEMM mainloops ~8% shorter; Qwen3-like
+# T = 1 W4A16 ~25.1 -> ~24.2 us (its mainloops ~10.6 us of the layer); Mixtral-like T = 1 and 8 W4A16 5-8% faster
+# (101.9 -> ~95 us, 278 -> ~260); T = 64 alike; W4A4 unchanged (its kernels do not hold this decode).
 A16_INT_SCALE = True
 A16_SCALE_MASK = 0x7FF87FF8
 A16_SCALE_BIAS = 0x70007000
