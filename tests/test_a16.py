@@ -10,8 +10,15 @@ import torch
 
 from nvfp4lib.formats import NVFP4Tensor, dequantize, quantize
 from nvfp4lib.kernels.hopper_rs.layout import UNIT_BYTES, _byte, canonical_units, emulate_unit, prepack_units
-from nvfp4lib.kernels.hopper_rs.ops import (A16_INT_SCALE, A16_OPERAND_EXPONENT, A16_SCALE_BIAS, A16_SCALE_MASK,
-                                            A16_SHIFTS, a16_decode_ptx, emulate_a16_decode)
+from nvfp4lib.kernels.hopper_rs.ops import (
+    A16_INT_SCALE,
+    A16_OPERAND_EXPONENT,
+    A16_SCALE_BIAS,
+    A16_SCALE_MASK,
+    A16_SHIFTS,
+    a16_decode_ptx,
+    emulate_a16_decode,
+)
 from nvfp4lib.kernels.hopper_varlen.config import CONFIGS, get_config
 from nvfp4lib.serving import prepare_weights
 
@@ -120,8 +127,8 @@ def test_prepacked_unit_decodes_to_the_dequantized_tile_in_bf16(seed):
             for int_scale in (False, True):
                 assert torch.equal(_emulate_unit_a16(canon[rb, kc], int_scale), tile)
             assert torch.equal(emulate_unit(canon[rb, kc]).double(), tile)
-    assert not all(torch.equal(_emulate_unit_a16(units[rb, kc], True), ref[64 * rb: 64 * rb + 64, 64 * kc: 64 * kc + 64])
-                   for rb in range(2) for kc in range(2))
+    tiles = [(rb, kc, ref[64 * rb: 64 * rb + 64, 64 * kc: 64 * kc + 64]) for rb in range(2) for kc in range(2)]
+    assert not all(torch.equal(_emulate_unit_a16(units[rb, kc], True), tile) for rb, kc, tile in tiles)
 
 
 @pytest.mark.parametrize("int_scale", ROUTES)

@@ -74,7 +74,13 @@ A16_OPERAND_EXPONENT = -14  # each decoded weight is value × scale × 2^-14
 # .H1_H1 operands): the mainloop's body per K tile 359 -> 327 and 360 -> 328 instructions (-8.9%). Prediction
 # (2026-11-29, before any GPU run), the decode mainloop being issue-bound: W4A16 GEMM mainloops ~8% shorter; Qwen3-like
 # T = 1 W4A16 ~25.1 -> ~24.2 us (its mainloops ~10.6 us of the layer); Mixtral-like T = 1 and 8 W4A16 5-8% faster
-# (101.9 -> ~95 us, 278 -> ~260); T = 64 alike; W4A4 unchanged (its kernels do not hold this decode).
+# (101.9 -> ~95 us, 278 -> ~260); T = 64 alike; W4A4 unchanged (its kernels do not hold this decode). Outcome (H200,
+# moe-bench --a16-int-scale 0 1 0 1, graph replay, each arm's mean of its two runs; notebook 11's rounds): Mixtral-like
+# T = 1 101.4 -> 97.1 us, T = 8 277.8 -> 262.5 (Zipf 304.0 -> 286.1), T = 64 326.1 -> 311.5 (-4 to -6%: held at the
+# prediction's low end); Qwen3-like T = 64 -3%, T = 8 -1 to -2%, T = 1 25.7 -> 25.7 (missed: no change, so its decode
+# GEMMs at T = 1 are not bound by their mainloops' issue). The same bits (rel_err equal in both arms); the W4A16 GPU
+# tests (every code x every finite scale, signed, subnormal and zero, through the canonical pack) exact, memcheck 0
+# errors. On.
 A16_INT_SCALE = True
 A16_SCALE_MASK = 0x7FF87FF8
 A16_SCALE_BIAS = 0x70007000
