@@ -222,7 +222,7 @@ HANDOFF_COMMITS = ("9967963", "b667d96")
 DUAL_96_K_COMMIT = "aa522f9"  # moe-bench --dual-96-k 0 2048 (Qwen3-like T = 1024, 2048; shipped at 2048 after it)
 A16_SCALE_COMMIT = "1395acd"  # moe-bench --a16-int-scale 0 1 0 1 (W4A16, Qwen3- and Mixtral-like T = 1, 8, 64)
 # the second run of that A/B: DeepSeek-like at decode, and prefill (T = 4096) beside the bf16 peer
-A16_SCALE_MORE_COMMIT = "PENDING"
+A16_SCALE_MORE_COMMIT = "8ee1e22"
 DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
 WIDE_COMMIT = "051a36f"  # the wide decode form's A/B (its code left the package after it; git keeps it there)
