@@ -26,6 +26,34 @@ def one_program(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(autouse=True, params=[True, False], ids=["small-tiles", "default-tiles"])
+def small_tiles(request, monkeypatch):
+    """Every test with quant_triton.SMALL_TILES as shipped (on) and off: the same bits either way."""
+    from nvfp4lib.nn import quant_triton
+
+    monkeypatch.setattr(quant_triton, "SMALL_TILES", request.param)
+    return request.param
+
+
+def test_small_inputs_take_smaller_tiles(small_tiles):
+    """SMALL_TILES: the Qwen3-like inputs at T = 1 (8 rows x 128 blocks, and the intermediate's 8 x 48) get at least
+    SMALL_PROGRAMS programs (2 x 4 and 1 x 4 blocks per program) instead of 8 and 4; a large input keeps the default
+    tile and 4 warps; off, every input keeps it."""
+    from nvfp4lib.nn import quant_triton as q
+
+    default = ({"R": q.ROWS_PER_PROGRAM, "CB": q.BLOCKS_PER_PROGRAM}, 4)
+    assert q._tiling(4096, 448) == default
+    for rows, nblk, tile, warps in ((8, 128, {"R": 2, "CB": 4}, 2), (8, 48, {"R": 1, "CB": 4}, 1)):
+        got = q._tiling(rows, nblk)
+        if not small_tiles:
+            assert got == default
+            continue
+        assert got == (tile, warps)
+        g = q._grid(rows, nblk, got[0])
+        assert g[0] * g[1] >= min(q.SMALL_PROGRAMS, rows * nblk // 4) and g[0] * tile["R"] >= rows
+        assert g[1] * tile["CB"] >= nblk
+
+
 def test_the_one_program_form_is_taken_where_it_fits(one_program, monkeypatch):
     from nvfp4lib.nn import quant_triton
 

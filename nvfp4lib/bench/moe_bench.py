@@ -298,6 +298,7 @@ DUAL_96_KNOB = ("nvfp4lib.tuning", "DUAL_96")  # moe-bench --dual-96
 DUAL_96_K_KNOB = ("nvfp4lib.tuning", "DUAL_96_K")  # moe-bench --dual-96-k
 HANDOFF_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "TILE_HANDOFF")  # moe-bench --tile-handoff
 A16_SCALE_KNOB = ("nvfp4lib.kernels.hopper_rs.ops", "A16_INT_SCALE")  # moe-bench --a16-int-scale
+SMALL_TILES_KNOB = ("nvfp4lib.nn.quant_triton", "SMALL_TILES")  # moe-bench --quant-small-tiles
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -354,6 +355,8 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         # the W4A4 quantizer's one-program knob, as set for the run (the Triton quantizer's only)
         one_program = getattr(importlib.import_module(QUANT_KNOB[0]), QUANT_KNOB[1]) if quantizer == "triton" \
             else None
+        small_tiles = int(getattr(importlib.import_module(SMALL_TILES_KNOB[0]), SMALL_TILES_KNOB[1])) \
+            if quantizer == "triton" else None  # (small inputs in smaller tiles)
         route_max = getattr(importlib.import_module(ROUTE_KNOB[0]), ROUTE_KNOB[1])  # the one-launch routing's limit
         fuse_max = getattr(importlib.import_module(FUSE_KNOB[0]), FUSE_KNOB[1])  # captured small calls fused
         chain, chain_gemm = bool(pdl.CHAIN), pdl.gemm_chained()  # chained launches, the GEMMs' trigger
@@ -429,6 +432,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["split_rule"] = vl_config.SPLIT_RULE
                                 row["fuse_max_rows"] = fuse_max
                                 row["quant_one_program"] = one_program if kind == "nvfp4" else None
+                                row["quant_small_tiles"] = small_tiles if kind == "nvfp4" else None
                                 row["input_scales"] = ("static" if scales is not None else "dynamic") \
                                     if kind == "nvfp4" else None
                                 # W4A4 quantizing straight into the GEMMs' operands (no prologues; Triton only)
@@ -569,6 +573,9 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     _ab_arg(p, "--a16-int-scale", "W4A16's weight decode converts the block scales in integer arithmetic "
             "(hopper_rs.ops.A16_INT_SCALE; 0: through f32; default: as shipped)", "0 1", "a16_int_scale (W4A16 rows)",
             type=int, choices=[0, 1])
+    _ab_arg(p, "--quant-small-tiles", "W4A4's quantizer launches small inputs in smaller tiles, at least "
+            "nn.quant_triton.SMALL_PROGRAMS programs (nn.quant_triton.SMALL_TILES; 0: the default tiles; default: as "
+            "shipped)", "0 1", "quant_small_tiles (W4A4 rows)", type=int, choices=[0, 1])
     _ab_arg(p, "--input-scales", "W4A4's activation global scales: computed per call (dynamic, the default) or "
             "static, as checkpoints give them (calibrated once per layer on a seeded batch)", "dynamic static",
             "input_scales (W4A4 rows)", choices=["dynamic", "static"])
@@ -607,13 +614,13 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff, d96k, a16 in \
-                itertools.product(
+        for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff, d96k, a16, small \
+                in itertools.product(
                 args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
                 args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None],
                 args.input_scales or ["dynamic"], args.prewait_stages or [None], args.once_wait or [None],
                 args.short_k or [None], args.dual_96 or [None], args.tile_handoff or [None], args.dual_96_k or [None],
-                args.a16_int_scale or [None]):
+                args.a16_int_scale or [None], args.quant_small_tiles or [None]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
                     knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
                     knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
@@ -625,7 +632,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                     knob_setting(*DUAL_96_KNOB, d96), \
                     knob_setting(*HANDOFF_KNOB, None if handoff is None else bool(handoff)), \
                     knob_setting(*DUAL_96_K_KNOB, d96k), \
-                    knob_setting(*A16_SCALE_KNOB, None if a16 is None else bool(a16)):
+                    knob_setting(*A16_SCALE_KNOB, None if a16 is None else bool(a16)), \
+                    knob_setting(*SMALL_TILES_KNOB, None if small is None else bool(small)):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

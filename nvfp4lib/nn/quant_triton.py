@@ -24,6 +24,15 @@ __all__ = ["quantize_rows_triton", "quantize_to_operand"]
 
 BLOCKS_PER_PROGRAM = 32  # 16-element blocks of a row per program
 ROWS_PER_PROGRAM = 4
+# Small inputs in smaller tiles (the knob, on): where the tiles above give fewer than SMALL_PROGRAMS programs, the amax
+# and quantize launches halve the blocks per program (down to 4), then the rows (down to 1), until they have that
+# many, with a warp per 32 of a tile's element pairs (1-4 warps); each element's arithmetic is the same, so the bits
+# are too. Why (issue 41): in the Qwen3-like W4A4 layer at T = 1 (H200, moe-bench --profile, graph replay) the two
+# quantize launches end 6.1 and 5.7 us after the kernel before them, ~4.5 us of it their own work: 8 programs
+# (8 rows x 128 blocks, and 8 x 48 for the intermediate) each walk 1024 element pairs through two IEEE divisions
+# and the E2M1 comparisons, on 8 of 132 SMs.
+SMALL_TILES = True
+SMALL_PROGRAMS = 128
 # The knob: a computed global scale on an input of at most ONE_PROGRAM_ELEMENTS (the padded tile: rows and blocks
 # rounded up to powers of two) in one program and one launch (_quant_one_kernel) instead of a memset, the amax launch
 # and the quantize launch. Prediction (2026-11-27, before any GPU run): ~5-6 us off a Qwen3-like W4A4 layer at T = 1
@@ -187,8 +196,24 @@ def _quant_one_kernel(x, x_stride, codes, scales, g_out, index, x_rows, rows, nb
     _quant_tile(x, x_stride, g, codes, scales, index, rows, nblk, R, CB, HAS_INDEX)
 
 
-def _grid(rows: int, nblk: int) -> tuple[int, int]:
-    return max(1, -(-rows // ROWS_PER_PROGRAM)), -(-nblk // BLOCKS_PER_PROGRAM)
+def _grid(rows: int, nblk: int, tile: dict) -> tuple[int, int]:
+    return max(1, -(-rows // tile["R"])), -(-nblk // tile["CB"])
+
+
+def _tiling(rows: int, nblk: int) -> tuple[dict, int]:
+    """(the amax and quantize launches' tile {R, CB}, their warps) for ``rows`` rows of ``nblk`` blocks: the default
+    tile, or with :data:`SMALL_TILES` a smaller one where the default gives fewer than :data:`SMALL_PROGRAMS`
+    programs."""
+    r, cb = ROWS_PER_PROGRAM, BLOCKS_PER_PROGRAM
+    if SMALL_TILES:
+        def programs(r, cb):
+            return max(1, -(-rows // r)) * -(-nblk // cb)
+
+        while cb > 4 and programs(r, cb) < SMALL_PROGRAMS:
+            cb //= 2
+        while r > 1 and programs(r, cb) < SMALL_PROGRAMS:
+            r //= 2
+    return {"R": r, "CB": cb}, max(1, min(4, r * cb * 8 // 32))
 
 
 def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = None, index: torch.Tensor | None = None,
@@ -261,20 +286,22 @@ def _quantize(x, global_scale, index, amax_reduce, valid, amax_word, k_pad: int 
                                                out_rows, nblk),
                    {**tile, "HAS_INDEX": index is not None, **pdl.flag(x.device)}, num_warps=8)
             return codes, scales.view(torch.float8_e4m3fn), g
-    tile = {"R": ROWS_PER_PROGRAM, "CB": BLOCKS_PER_PROGRAM}
     if not have_g:
-        launch(_amax_kernel, _grid(rows, nblk), (x, stride, amax_bits, rows, nblk, x if valid is None else valid),
-               {**tile, "HAS_VALID": valid is not None, **pdl.flag(x.device)})
+        tile, warps = _tiling(rows, nblk)
+        launch(_amax_kernel, _grid(rows, nblk, tile), (x, stride, amax_bits, rows, nblk,
+                                                       x if valid is None else valid),
+               {**tile, "HAS_VALID": valid is not None, **pdl.flag(x.device)}, num_warps=warps)
         if amax_reduce is not None:  # (|x| >= 0: its float32 bits order as int32 bits, which the kernel maxes)
             amax_reduce(amax_bits.view(torch.float32))
     g_in = global_scale.to(torch.float32).reshape(1) if have_g else g
     op_blocks = k_pad // BLOCK_SIZE if operand else nblk
+    tile, warps = _tiling(out_rows, op_blocks)
     # (at least one program, also for no rows: program 0 writes the global scale)
-    launch(_quant_kernel, _grid(out_rows, op_blocks),
+    launch(_quant_kernel, _grid(out_rows, op_blocks, tile),
            (x, stride, g_in, amax_bits, codes, scales, g, x if index is None else index, out_rows, nblk,
             x if valid is None else valid, k_pad or 0, op_blocks),
            {"HAVE_G": have_g, **tile, "HAS_INDEX": index is not None, "HAS_VALID": valid is not None,
-            "OPERAND": operand, **pdl.flag(x.device)})
+            "OPERAND": operand, **pdl.flag(x.device)}, num_warps=warps)
     if operand:
         return codes, g
     return codes, scales.view(torch.float8_e4m3fn), g

@@ -223,33 +223,40 @@ DUAL_96_K_COMMIT = "aa522f9"  # moe-bench --dual-96-k 0 2048 (Qwen3-like T = 102
 A16_SCALE_COMMIT = "1395acd"  # moe-bench --a16-int-scale 0 1 0 1 (W4A16, Qwen3- and Mixtral-like T = 1, 8, 64)
 # the second run of that A/B: DeepSeek-like at decode, and prefill (T = 4096) beside the bf16 peer
 A16_SCALE_MORE_COMMIT = "8ee1e22"
+SMALL_TILES_COMMIT = "PENDING"  # moe-bench --quant-small-tiles 0 1 0 1 (W4A4, T = 1, 8, 64)
+CHAIN_PROFILE_COMMIT = "fbe952b"  # moe-bench --profile, Qwen3-like T = 1 and 8, both modes (the chain kernel by kernel)
 DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
 WIDE_COMMIT = "051a36f"  # the wide decode form's A/B (its code left the package after it; git keeps it there)
 DEEP_COMMIT = "178dc1f"  # the deep decode form's A/B (likewise)
 
 
-def _a16_scale_ab_at(commit: str):
-    """The W4A16 scale route's A/B at ``commit`` (moe-bench --a16-int-scale): per case, each arm's mean graph time
-    over its runs and the ratio integer / f32, and the bf16 peer's time where the run has it."""
+def _arm_means_at(commit: str, column: str, names: tuple[str, str], mode: str):
+    """An on/off knob's A/B at ``commit`` (moe-bench --knob 0 1 ...) in ``mode``'s rows (the column set): per case,
+    each arm's mean graph time over its runs, the ratio on / off, and the bf16 peer's time where the run has it."""
     def outcome(r: Reader) -> str | None:
-        d = timed_in_order(r, commit, ("a16_int_scale",))
+        d = timed_in_order(r, commit, (column,))
         if d is None:
             return None
         peer = d[d["mode"] == "bf16-weights"].groupby(["layer", "tokens", "routing"])["median_us"].mean()
-        d = d[d["a16_int_scale"].notna()]  # (a W4A4 run at the same commit is not the A/B's)
+        d = d[d[column].notna()]  # (another mode's run at the same commit is not the A/B's)
         if not len(d):
             return None
         r.used[commit] = sorted(set(d["run_id"]))  # (the peer's rows are in the same runs)
-        arms = d.groupby(["layer", "tokens", "routing", "a16_int_scale"], sort=False)["median_us"].mean().unstack()
+        arms = d.groupby(["layer", "tokens", "routing", column], sort=False)["median_us"].mean().unstack()
         if not {0, 1} <= set(arms.columns):
             return None
         ratio = arms[1] / arms[0]
         cases = "; ".join(f"{k[0]} T = {k[1]} {k[2]} {v[0]:.1f} -> {v[1]:.1f} us"
                           + (f" (bf16 peer {peer[k]:.1f})" if k in peer.index else "") for k, v in arms.iterrows())
-        return (f"f32 route -> integer route, W4A16, graph replay, each arm's mean over its runs ({len(arms)} cases, "
+        return (f"{names[0]} -> {names[1]}, {mode}, graph replay, each arm's mean over its runs ({len(arms)} cases, "
                 f"ratio {span(ratio)}): {cases}")
     return outcome
+
+
+def _a16_scale_ab_at(commit: str):
+    """The W4A16 scale route's A/B at ``commit`` (moe-bench --a16-int-scale)."""
+    return _arm_means_at(commit, "a16_int_scale", ("f32 route", "integer route"), "W4A16")
 
 
 def _wide_ab(r: Reader) -> str | None:
@@ -684,6 +691,17 @@ ROUNDS = (
           "Mixtral-like); prefill T = 4096 3-6% faster on both layers (the decode shares the issue slots with the "
           "MMAs), Qwen3-like still slower than the bf16 peer.",
           (A16_SCALE_MORE_COMMIT,), _a16_scale_ab_at(A16_SCALE_MORE_COMMIT)),
+    Round("W4A4's quantizer launches small inputs in smaller tiles (nn.quant_triton.SMALL_TILES: at least 128 "
+          "programs, e.g. 2 rows x 4 blocks each for the Qwen3-like input at T = 1 instead of 4 x 32 on 8 programs; "
+          "the same bits). From the Qwen3-like T = 1 profile (moe-bench --profile, one graph replay, H200): each "
+          "quantization ended ~6 us after the kernel before it, ~4.5 us of it its own work on 8 of 132 SMs. One run "
+          "on an H200 (moe-bench --quant-small-tiles 0 1 0 1, W4A4, the three layers at T = 1, 8, 64, uniform)",
+          "Each quantize launch's own work ~4.5 -> ~1.5 us at Qwen3-like T = 1; the layer ~29.6 -> ~25-26 us (the "
+          "gate/up GEMM's weights then have a shorter head start, so not the whole ~6 us); T = 8 and the other "
+          "layers' T = 1 and 8 2-4 us faster; T = 64 1-3 us; W4A16 unchanged.",
+          (CHAIN_PROFILE_COMMIT, SMALL_TILES_COMMIT),
+          _arm_means_at(SMALL_TILES_COMMIT, "quant_small_tiles", ("default tiles",
+                                                                                         "small tiles"), "W4A4")),
 )
 
 
