@@ -28,7 +28,7 @@ def one_program(request, monkeypatch):
 
 @pytest.fixture(autouse=True, params=[True, False], ids=["small-tiles", "default-tiles"])
 def small_tiles(request, monkeypatch):
-    """Every test with quant_triton.SMALL_TILES as shipped (on) and off: the same bits either way."""
+    """Every test with quant_triton.SMALL_TILES on and as shipped (off): the same bits either way."""
     from nvfp4lib.nn import quant_triton
 
     monkeypatch.setattr(quant_triton, "SMALL_TILES", request.param)

@@ -24,14 +24,20 @@ __all__ = ["quantize_rows_triton", "quantize_to_operand"]
 
 BLOCKS_PER_PROGRAM = 32  # 16-element blocks of a row per program
 ROWS_PER_PROGRAM = 4
-# Small inputs in smaller tiles (the knob, on): where the tiles above give fewer than SMALL_PROGRAMS programs, the amax
+# Small inputs in smaller tiles (the knob, off): where the tiles above give fewer than SMALL_PROGRAMS programs, the amax
 # and quantize launches halve the blocks per program (down to 4), then the rows (down to 1), until they have that
 # many, with a warp per 32 of a tile's element pairs (1-4 warps); each element's arithmetic is the same, so the bits
 # are too. Why (issue 41): in the Qwen3-like W4A4 layer at T = 1 (H200, moe-bench --profile, graph replay) the two
 # quantize launches end 6.1 and 5.7 us after the kernel before them, ~4.5 us of it their own work: 8 programs
 # (8 rows x 128 blocks, and 8 x 48 for the intermediate) each walk 1024 element pairs through two IEEE divisions
-# and the E2M1 comparisons, on 8 of 132 SMs.
-SMALL_TILES = True
+# and the E2M1 comparisons, on 8 of 132 SMs. Prediction (2026-11-29, before the run): each quantize launch's own work
+# ~4.5 -> ~1.5 us, the Qwen3-like W4A4 layer at T = 1 ~29.6 -> ~25-26 us, the other decode cases 1-4 us faster.
+# Outcome (H200, moe-bench --quant-small-tiles 0 1 0 1, W4A4, uniform, graph replay; notebook 11's rounds): slower
+# where it was meant to help, Qwen3-like T = 1 29.7 -> 34.3 us, T = 8 75.6 -> 78.5; the other seven cases within 1%.
+# The same bits (the Triton quantizer's tests, 88 passed on the GPU in both forms; memcheck 0 errors). So the time
+# after the kernel before is not the programs' own work on few SMs, as read from the profile: what it is stays to be
+# measured (the launch's wait for its predecessor, by PDL, is the candidate). Off.
+SMALL_TILES = False
 SMALL_PROGRAMS = 128
 # The knob: a computed global scale on an input of at most ONE_PROGRAM_ELEMENTS (the padded tile: rows and blocks
 # rounded up to powers of two) in one program and one launch (_quant_one_kernel) instead of a memset, the amax launch

@@ -254,14 +254,14 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     the quantizer wrote the operands, W4A4 with static activation scales, reported apart from the scales computed per
     call, the routing's L2 prefetch that left the package, the W4A16 GEMMs asking for all their first stages' weights
     before their wait, and the W4A4 GEMMs asking for only some while the knob also took them, the GEMMs' tile search
-    in the other form than shipped, W4A16's scales through the route not shipped, W4A4's quantizer in its default
-    tiles on small inputs) and the timeline probes' rows are left out."""
+    in the other form than shipped, W4A16's scales through the route not shipped, W4A4's quantizer in small tiles on
+    small inputs) and the timeline probes' rows are left out."""
     if rows is None or not len(rows) or "status" not in rows:
         return pd.DataFrame()
     sel = rows[(rows["status"] == "ok") & rows["gpu"].astype(str).str.contains(gpu)]
     for col, other in (("split_k", False), ("split_rule", "balance"), ("quant_one_program", True), ("gemv", True),
                        ("wide_decode", "idle"), ("wide_decode", "all"), ("deep_decode", True), ("chain_pdl", False),
-                       ("input_scales", "static"), ("prefetch_l2", True), ("quant_small_tiles", 0)):
+                       ("input_scales", "static"), ("prefetch_l2", True), ("quant_small_tiles", 1)):
         if col in sel:
             sel = sel[~sel[col].apply(lambda v, o=other: v is o or v == o)]
     if "timeline" in sel:  # (development probes: GEMMs built with per-CTA stamps)

@@ -223,7 +223,7 @@ DUAL_96_K_COMMIT = "aa522f9"  # moe-bench --dual-96-k 0 2048 (Qwen3-like T = 102
 A16_SCALE_COMMIT = "1395acd"  # moe-bench --a16-int-scale 0 1 0 1 (W4A16, Qwen3- and Mixtral-like T = 1, 8, 64)
 # the second run of that A/B: DeepSeek-like at decode, and prefill (T = 4096) beside the bf16 peer
 A16_SCALE_MORE_COMMIT = "8ee1e22"
-SMALL_TILES_COMMIT = "PENDING"  # moe-bench --quant-small-tiles 0 1 0 1 (W4A4, T = 1, 8, 64)
+SMALL_TILES_COMMIT = "7d08f53"  # moe-bench --quant-small-tiles 0 1 0 1 (W4A4, T = 1, 8, 64); off after it
 CHAIN_PROFILE_COMMIT = "fbe952b"  # moe-bench --profile, Qwen3-like T = 1 and 8, both modes (the chain kernel by kernel)
 DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
@@ -695,7 +695,8 @@ ROUNDS = (
           "programs, e.g. 2 rows x 4 blocks each for the Qwen3-like input at T = 1 instead of 4 x 32 on 8 programs; "
           "the same bits). From the Qwen3-like T = 1 profile (moe-bench --profile, one graph replay, H200): each "
           "quantization ended ~6 us after the kernel before it, ~4.5 us of it its own work on 8 of 132 SMs. One run "
-          "on an H200 (moe-bench --quant-small-tiles 0 1 0 1, W4A4, the three layers at T = 1, 8, 64, uniform)",
+          "on an H200 (moe-bench --quant-small-tiles 0 1 0 1, W4A4, the three layers at T = 1, 8, 64, uniform); off "
+          "after it",
           "Each quantize launch's own work ~4.5 -> ~1.5 us at Qwen3-like T = 1; the layer ~29.6 -> ~25-26 us (the "
           "gate/up GEMM's weights then have a shorter head start, so not the whole ~6 us); T = 8 and the other "
           "layers' T = 1 and 8 2-4 us faster; T = 64 1-3 us; W4A16 unchanged.",
