@@ -436,6 +436,22 @@ def auto_layout(dual: bool, groups: int, n: int, activations: str = "nvfp4"):
                     and (cfg.wait == "suspend" or (cfg.wait == "once" and c in ships))]
 
 
+def _rule_pick(dual: bool, bucket: int, candidates: list[str], k: int, activations: str = "nvfp4") -> str:
+    """:func:`nvfp4lib.tuning.heuristic` over a layout's candidates; the bf16 configs (``vl_a16_`` names) mirror the
+    NVFP4 ones and take their ranking, until they are timed apart."""
+    if activations == "nvfp4":
+        return heuristic(dual, bucket, candidates, k)
+    as_nvfp4 = [c.replace("vl_a16_", "vl_", 1) for c in candidates]
+    return candidates[as_nvfp4.index(heuristic(dual, bucket, as_nvfp4, k))]
+
+
+def rule_choice(dual: bool, groups: int, n: int, k: int, rows: int, activations: str = "nvfp4") -> str:
+    """The config ``config="auto"`` runs for a call of ``rows`` rows over ``groups`` groups where the tuning cache has
+    no entry: the shape rule as set now, computed without a GPU."""
+    _, candidates = auto_layout(dual, groups, n, activations)
+    return _rule_pick(dual, m_bucket(rows, groups), candidates, k, activations)
+
+
 class _CuteHopperImpl:
     """The device-scheduled swap-AB kernel (:mod:`nvfp4lib.kernels.hopper_varlen`): weights packed once for one
     layout; one compiled runner per config used, chosen per rows-per-group bucket (:mod:`nvfp4lib.tuning`)."""
@@ -492,11 +508,7 @@ class _CuteHopperImpl:
         return "tuned" if lookup(self._key(m_bucket(rows, self.weights.groups))) else "rule"
 
     def _heuristic(self, bucket: int) -> str:
-        if self.activations == "nvfp4":
-            return heuristic(self.weights.dual, bucket, self.candidates, self.k)
-        # the bf16 configs mirror the NVFP4 ones under vl_a16_ names: the same ranking, until they are timed apart
-        as_nvfp4 = [c.replace("vl_a16_", "vl_", 1) for c in self.candidates]
-        return self.candidates[as_nvfp4.index(heuristic(self.weights.dual, bucket, as_nvfp4, self.k))]
+        return _rule_pick(self.weights.dual, bucket, self.candidates, self.k, self.activations)
 
     def tune_bucket(self, codes, scales, gs_a, offsets) -> dict:
         """Time every candidate on these inputs; cache the fastest for their bucket. Returns {config: us}."""
@@ -563,7 +575,7 @@ def _oneshot_config(device, dual: bool, out_dtype, groups: int, n: int, k: int, 
             gpu = _GPU_NAMES[device] = torch.cuda.get_device_name(device)
         layout, cands = auto_layout(dual, groups, n)
         name = lookup(problem_key(gpu, "cute-hopper", dual, out_dtype, groups, n, k, bucket,
-                                  tuning_layout(layout[1], layout[2]))) or heuristic(dual, bucket, cands, k)
+                                  tuning_layout(layout[1], layout[2]))) or _rule_pick(dual, bucket, cands, k)
         cfg = _ONESHOT_CHOICE[key] = CONFIGS[name]
     return cfg
 

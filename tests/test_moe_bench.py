@@ -387,6 +387,22 @@ def test_the_quantizer_knob_is_set_for_the_run_only():
         assert quant_triton.ONE_PROGRAM is shipped
 
 
+def test_the_build_knob_arms_are_set_as_the_modules_hold_them():
+    """moe-bench --prewait-stages / --tile-handoff / --a16-int-scale: an arm sets those given through
+    runner.build_setting, the on/off ones as bools (the recipes of kernels built ahead of time hold bools), and the
+    build knobs are as before after it."""
+    from nvfp4lib.kernels.hopper_varlen import runner
+
+    assert mb._build_arms(None, None, None) == {}
+    arms = mb._build_arms(0, 1, 0)
+    assert arms == {"prewait": 0, "handoff": True, "a16_int_scale": False}
+    assert all(type(arms[f]) is bool for f in ("handoff", "a16_int_scale"))
+    before = runner.build_knobs()
+    with runner.build_setting(**arms):
+        assert {f: runner.build_knobs()[f] for f in arms} == arms
+    assert runner.build_knobs() == before
+
+
 def test_issue_41_targets_on_the_latest_shipped_rows():
     rows = [_row("qwen3-moe", 1, "uniform", "peer", 60.0), _row("qwen3-moe", 1, "uniform", "nvfp4", 41.0),
             _row("qwen3-moe", 1, "uniform", "bf16", 19.0),

@@ -172,6 +172,21 @@ def test_dual_96_k_takes_the_dual_96_token_tiles_at_65_128_rows_for_short_k(monk
     assert tuning.rule_knobs()["dual_96_k"] == 2048
 
 
+def test_rule_choice_is_the_auto_call_s_choice_on_a_cache_miss():
+    """serving.rule_choice (the prepared call's rule, the one-shot call's and the reports' rule_config share it): the
+    bucket of the rows per group over the layout's candidates, the bf16 configs ranked as their NVFP4 mirrors; the
+    study's S2-dual (8 groups, 1024 rows, K = 2048) takes DUAL_96_CONFIG, S1-dual (K = 7168) the 256-token tile."""
+    from nvfp4lib.serving import rule_choice
+    from nvfp4lib.study.serving_report import rule_config
+
+    assert rule_choice(True, 8, 7168, 2048, 1024) == tuning.DUAL_96_CONFIG == rule_config("S2-dual")
+    assert rule_choice(True, 8, 4096, 7168, 1024) == "vl_dual_m64_t256_k128_s3_v32_e" == rule_config("S1-dual")
+    assert rule_choice(False, 8, 7168, 2048, 1024) == "vl_m128_t256_k128_s3_v32_e_o" == rule_config("S2")
+    assert rule_choice(False, 128, 2048, 768, 8) == "vl_m128_t16_k128_s8_e_x"  # (decode: a row per group or less)
+    assert rule_choice(False, 128, 2048, 768, 8, "bf16") == "vl_a16_m128_t16_k128_s8_e_x"
+    assert rule_config("no-such-problem") is None
+
+
 def test_short_k_rule_is_off_and_takes_96_token_tiles_when_on(monkeypatch):
     """The rule by K (tuning.SHORT_K) is shipped off (the MoE layers ran slower with it): every K takes the tier's
     256-token tiles. Switched on, at 65-128 rows per group (bucket 128) a K of at most SHORT_K takes the 96-token

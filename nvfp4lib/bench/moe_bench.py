@@ -291,14 +291,21 @@ FUSE_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "FUSE_MAX_ROWS")  # moe-be
 CHAIN_KNOB = ("nvfp4lib.kernels.common.pdl", "CHAIN")  # moe-bench --chain-pdl (on, gemm)
 CHAIN_GEMM_KNOB = ("nvfp4lib.kernels.common.pdl", "CHAIN_GEMM")  # moe-bench --chain-pdl gemm
 OPERAND_KNOB = ("nvfp4lib.nn.moe", "QUANT_TO_OPERAND")  # moe-bench --quant-operand
-PREWAIT_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "PREWAIT_STAGES")  # moe-bench --prewait-stages
 ONCE_WAIT_KNOB = ("nvfp4lib.tuning", "ONCE_WAIT")  # moe-bench --once-wait
 SHORT_K_KNOB = ("nvfp4lib.tuning", "SHORT_K")  # moe-bench --short-k
 DUAL_96_KNOB = ("nvfp4lib.tuning", "DUAL_96")  # moe-bench --dual-96
 DUAL_96_K_KNOB = ("nvfp4lib.tuning", "DUAL_96_K")  # moe-bench --dual-96-k
-HANDOFF_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "TILE_HANDOFF")  # moe-bench --tile-handoff
-A16_SCALE_KNOB = ("nvfp4lib.kernels.hopper_rs.ops", "A16_INT_SCALE")  # moe-bench --a16-int-scale
+# (--prewait-stages, --tile-handoff and --a16-int-scale set the serving kernel's build knobs by their recipe fields:
+# kernels.hopper_varlen.runner.build_setting)
 SMALL_TILES_KNOB = ("nvfp4lib.nn.quant_triton", "SMALL_TILES")  # moe-bench --quant-small-tiles
+
+
+def _build_arms(prewait, handoff, a16_int_scale) -> dict:
+    """The build knobs one arm of --prewait-stages, --tile-handoff and --a16-int-scale sets (their recipe fields; the
+    on/off ones as the bools the modules hold, so the recipes match those built ahead of time); None: as it is."""
+    arms = {"prewait": prewait, "handoff": None if handoff is None else bool(handoff),
+            "a16_int_scale": None if a16_int_scale is None else bool(a16_int_scale)}
+    return {field: value for field, value in arms.items() if value is not None}
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -361,9 +368,11 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         fuse_max = getattr(importlib.import_module(FUSE_KNOB[0]), FUSE_KNOB[1])  # captured small calls fused
         chain, chain_gemm = bool(pdl.CHAIN), pdl.gemm_chained()  # chained launches, the GEMMs' trigger
         to_operand = bool(getattr(importlib.import_module(OPERAND_KNOB[0]), OPERAND_KNOB[1]))
-        prewait = getattr(importlib.import_module(PREWAIT_KNOB[0]), PREWAIT_KNOB[1])  # GEMMs' weights before the wait
-        handoff = int(getattr(importlib.import_module(HANDOFF_KNOB[0]), HANDOFF_KNOB[1]))  # warp 0 finds the tile
-        a16_int = int(getattr(importlib.import_module(A16_SCALE_KNOB[0]), A16_SCALE_KNOB[1]))  # W4A16's scale route
+        from ..kernels.hopper_varlen.runner import build_knobs
+
+        build = build_knobs()  # the serving kernel's build knobs as set for the run (by their recipe fields)
+        # (the GEMMs' weights asked for before their wait, warp 0 finding the tile, W4A16's scale route)
+        prewait, handoff, a16_int = build["prewait"], int(build["handoff"]), int(build["a16_int_scale"])
         rule = tuning.rule_knobs()  # the shape rule's knobs as set now (once_wait, short_k, dual_96)
         short_k_tier = ",".join(tuning.SHORT_K_TIER[1])  # (the tiles the rule by K takes)
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
@@ -614,6 +623,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
+        from ..kernels.hopper_varlen.runner import build_setting
+
         for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff, d96k, a16, small \
                 in itertools.product(
                 args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
@@ -626,14 +637,12 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                     knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
                     knob_setting(*CHAIN_GEMM_KNOB, None if chain is None else chain == "gemm"), \
                     knob_setting(*OPERAND_KNOB, None if operand is None else operand == "on"), \
-                    knob_setting(*PREWAIT_KNOB, prewait), \
                     knob_setting(*ONCE_WAIT_KNOB, None if once is None else once == "on"), \
                     knob_setting(*SHORT_K_KNOB, short), \
                     knob_setting(*DUAL_96_KNOB, d96), \
-                    knob_setting(*HANDOFF_KNOB, None if handoff is None else bool(handoff)), \
                     knob_setting(*DUAL_96_K_KNOB, d96k), \
-                    knob_setting(*A16_SCALE_KNOB, None if a16 is None else bool(a16)), \
-                    knob_setting(*SMALL_TILES_KNOB, None if small is None else bool(small)):
+                    knob_setting(*SMALL_TILES_KNOB, None if small is None else bool(small)), \
+                    build_setting(**_build_arms(prewait, handoff, a16)):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

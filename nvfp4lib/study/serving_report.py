@@ -599,11 +599,10 @@ AUTO_NOT_SHIPPED = {"aca63ef": "tuning.SHORT_K on (96-token tiles for K <= 4096 
 @functools.cache
 def rule_config(problem: str) -> str | None:
     """The config the shape rule as set now picks for a study problem's call on a cache miss
-    (:func:`nvfp4lib.tuning.heuristic` over :func:`nvfp4lib.serving.auto_layout`'s candidates); None for a problem
-    that is not one group shape (N and K shared) or not known."""
+    (:func:`nvfp4lib.serving.rule_choice`); None for a problem that is not one group shape (N and K shared) or not
+    known."""
     from ..problems import get_problem
-    from ..serving import auto_layout
-    from ..tuning import heuristic, m_bucket
+    from ..serving import rule_choice
 
     try:
         p = get_problem(problem)
@@ -611,8 +610,7 @@ def rule_config(problem: str) -> str | None:
         return None
     if len(set(p.n)) != 1 or len(set(p.k)) != 1:
         return None
-    _, cands = auto_layout(p.dual, len(p.m), p.n[0])
-    return heuristic(p.dual, m_bucket(sum(p.m), len(p.m)), cands, p.k[0])
+    return rule_choice(p.dual, len(p.m), p.n[0], p.k[0], sum(p.m))
 
 
 def serving_against_host(bench_rows: pd.DataFrame, problems=None, gpu: str | None = None) -> pd.DataFrame:
