@@ -128,7 +128,7 @@ def rs_decode_ptx() -> str:
 RS_DECODE_PTX = rs_decode_ptx()
 
 
-CANONICAL_UNITS = 1 << 16  # units per step of canonical_units (~150 MB of packed bytes: bounded temporaries)
+CANONICAL_UNITS = 1 << 14  # units per step of canonical_units (~38 MB of packed bytes: temporaries of ~0.1 GB)
 
 
 def canonical_units(packed: torch.Tensor) -> torch.Tensor:
