@@ -224,6 +224,7 @@ A16_SCALE_COMMIT = "1395acd"  # moe-bench --a16-int-scale 0 1 0 1 (W4A16, Qwen3-
 # the second run of that A/B: DeepSeek-like at decode, and prefill (T = 4096) beside the bf16 peer
 A16_SCALE_MORE_COMMIT = "8ee1e22"
 SMALL_TILES_COMMIT = "7d08f53"  # moe-bench --quant-small-tiles 0 1 0 1 (W4A4, T = 1, 8, 64); off after it
+HANDOFF_DECODE_COMMIT = "PENDING"  # moe-bench --tile-handoff 0 1 0 1 (Qwen3- and DeepSeek-like, T = 1 and 8)
 CHAIN_PROFILE_COMMIT = "fbe952b"  # moe-bench --profile, Qwen3-like T = 1 and 8, both modes (the chain kernel by kernel)
 DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
@@ -703,6 +704,15 @@ ROUNDS = (
           (CHAIN_PROFILE_COMMIT, SMALL_TILES_COMMIT),
           _arm_means_at(SMALL_TILES_COMMIT, "quant_small_tiles", ("default tiles",
                                                                                          "small tiles"), "W4A4")),
+    Round("The tile handoff again at decode, where the GEMMs have more than 32 groups (the warp search): a sanity run "
+          "of moe-bench after a refactor (10 replays per timing, not recorded) had the Qwen3-like W4A16 layer at T = 1 "
+          "1.4 us faster with the handoff off (24.6 against 26.0 us, two arms each). One run on an H200 "
+          "(moe-bench --tile-handoff 0 1 0 1, Qwen3- and DeepSeek-like, T = 1 and 8, both modes, uniform)",
+          "No difference beyond ~0.5 us (the first A/B's Qwen3-like T = 1 rows were 25.1, 26.6, 26.5 us on, off, on: "
+          "not one way); if the handoff off is faster by 1 us or more in every pair, it should be limited to the "
+          "GEMMs that find their tile in a loop (at most 32 groups).",
+          (HANDOFF_DECODE_COMMIT,), _arm_means_at(HANDOFF_DECODE_COMMIT, "tile_handoff", ("handoff off", "on"),
+                                                  "both modes")),
 )
 
 
