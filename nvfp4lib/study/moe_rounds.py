@@ -244,12 +244,13 @@ def _arm_means_at(commit: str, column: str, names: tuple[str, str], mode: str):
         if not len(d):
             return None
         r.used[commit] = sorted(set(d["run_id"]))  # (the peer's rows are in the same runs)
-        arms = d.groupby(["layer", "tokens", "routing", column], sort=False)["median_us"].mean().unstack()
+        arms = d.groupby(["layer", "tokens", "routing", "label", column], sort=False)["median_us"].mean().unstack()
         if not {0, 1} <= set(arms.columns):
             return None
         ratio = arms[1] / arms[0]
-        cases = "; ".join(f"{k[0]} T = {k[1]} {k[2]} {v[0]:.1f} -> {v[1]:.1f} us"
-                          + (f" (bf16 peer {peer[k]:.1f})" if k in peer.index else "") for k, v in arms.iterrows())
+        cases = "; ".join(f"{k[0]} T = {k[1]} {k[2]} {SHORT.get(k[3], k[3])} {v[0]:.1f} -> {v[1]:.1f} us"
+                          + (f" (bf16 peer {peer[k[:3]]:.1f})" if k[:3] in peer.index else "")
+                          for k, v in arms.iterrows())
         return (f"{names[0]} -> {names[1]}, {mode}, graph replay, each arm's mean over its runs ({len(arms)} cases, "
                 f"ratio {span(ratio)}): {cases}")
     return outcome
