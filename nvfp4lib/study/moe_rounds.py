@@ -224,7 +224,7 @@ A16_SCALE_COMMIT = "1395acd"  # moe-bench --a16-int-scale 0 1 0 1 (W4A16, Qwen3-
 # the second run of that A/B: DeepSeek-like at decode, and prefill (T = 4096) beside the bf16 peer
 A16_SCALE_MORE_COMMIT = "8ee1e22"
 SMALL_TILES_COMMIT = "7d08f53"  # moe-bench --quant-small-tiles 0 1 0 1 (W4A4, T = 1, 8, 64); off after it
-HANDOFF_DECODE_COMMIT = "PENDING"  # moe-bench --tile-handoff 0 1 0 1 (Qwen3- and DeepSeek-like, T = 1 and 8)
+HANDOFF_DECODE_COMMIT = "2c902ae"  # moe-bench --tile-handoff 0 1 0 1 (Qwen3- and DeepSeek-like, T = 1 and 8)
 CHAIN_PROFILE_COMMIT = "fbe952b"  # moe-bench --profile, Qwen3-like T = 1 and 8, both modes (the chain kernel by kernel)
 DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)

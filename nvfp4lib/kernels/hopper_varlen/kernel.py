@@ -133,7 +133,11 @@ PREWAIT_STAGES = 2
 # T = 1 0.1-1.5 us faster, the rest within 1%. The first form compared Uint32 casts, which came out signed for
 # split-K CTAs: the GPU tests and Mixtral-like decode found it (rows recorded as wrong); two signed compares since.
 # Exact in the serving, split-K, W4A16 and MoE GPU tests (84 passed); memcheck clean on the split-K tests; racecheck's
-# reports on the fused kernel stay at the staged epilogue's site (notes below), none at barrier 4.
+# reports on the fused kernel stay at the staged epilogue's site (notes below), none at barrier 4. Again at decode with
+# more than 32 groups (the warp search; moe-bench --tile-handoff 0 1 0 1, H200, notebook 11), after a 10-replay sanity
+# run had Qwen3-like W4A16 T = 1 1.4 us faster without it: off -> on within -2% to +3% in the 8 cases (Qwen3-like
+# T = 1 W4A16 25.1 -> 25.9 us, its first off arm 24.3 and second 25.8: the run's drift), DeepSeek-like T = 8 1-2%
+# faster with it. Kept on everywhere.
 TILE_HANDOFF = True
 PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens per tile (the decode tilings), W4A16
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
