@@ -314,12 +314,14 @@ def _chain_unshipped(sel: pd.DataFrame) -> pd.Series:
     return chained & ((w4a4 & ~unknown & ~gemm_on) | (~w4a4 & (unknown | gemm_on)))
 
 
-def targets_41(rows: pd.DataFrame) -> pd.DataFrame:
+def targets_41(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     """Issue 41's layer targets (the ISSUE41_* constants) on the latest row of each case among
-    :func:`shipped_rows` (:func:`_judge`): per (layer, T, routing, mode, target) the measured time, the limit, their
-    ratio, the verdict and the commit and run of the row (the cases' latest rows may come from different runs: the
-    commit column says which; the issue is done on one run at one commit)."""
-    latest = latest_moe(shipped_rows(rows))
+    :func:`shipped_rows` measured on ``gpu`` (:func:`_judge`): per (layer, T, routing, mode, target) the measured time,
+    the limit, their ratio, the verdict and the commit and run of the row (the cases' latest rows may come from
+    different runs: the commit column says which; the issue is done on one run at one commit). The issue's card is
+    :data:`ISSUE41_GPU`; another card's rows judged the same way show where the layer stands there (each row's floors
+    from that run's measured ceilings)."""
+    latest = latest_moe(shipped_rows(rows, gpu))
 
     def checks(layer, t, lab, peer, floor):
         out = []
