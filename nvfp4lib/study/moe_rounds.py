@@ -225,6 +225,7 @@ A16_SCALE_COMMIT = "1395acd"  # moe-bench --a16-int-scale 0 1 0 1 (W4A16, Qwen3-
 A16_SCALE_MORE_COMMIT = "8ee1e22"
 SMALL_TILES_COMMIT = "7d08f53"  # moe-bench --quant-small-tiles 0 1 0 1 (W4A4, T = 1, 8, 64); off after it
 HANDOFF_DECODE_COMMIT = "2c902ae"  # moe-bench --tile-handoff 0 1 0 1 (Qwen3- and DeepSeek-like, T = 1 and 8)
+PREFILL_H200_COMMIT = "2cddeb5"  # moe-bench at T = 4096, the three layers as shipped, beside the bf16 peer
 CHAIN_PROFILE_COMMIT = "fbe952b"  # moe-bench --profile, Qwen3-like T = 1 and 8, both modes (the chain kernel by kernel)
 DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
@@ -254,6 +255,22 @@ def _arm_means_at(commit: str, column: str, names: tuple[str, str], mode: str):
         return (f"{names[0]} -> {names[1]}, {mode}, graph replay, each arm's mean over its runs ({len(arms)} cases, "
                 f"ratio {span(ratio)}): {cases}")
     return outcome
+
+
+def _prefill_vs_peer(r: Reader) -> str | None:
+    """The prefill run at :data:`PREFILL_H200_COMMIT`: per layer and routing, each mode's graph time and the bf16
+    peer's, and the mode over the peer (above one: slower than bf16)."""
+    d = r.at(PREFILL_H200_COMMIT, routing=None)
+    if not len(d):
+        return None
+    r.used[PREFILL_H200_COMMIT] = sorted(set(d["run_id"]))
+    t = d.pivot_table(index=["layer", "routing"], columns="label", values="median_us", aggfunc="first")
+    if PEER not in t:
+        return None
+    parts = [f"{k[0]} {k[1]}: " + ", ".join(f"{SHORT.get(lab, lab)} {v[lab]:.0f} us ({v[lab] / v[PEER]:.2f}x)"
+                                            for lab in (W4A4, W4A16) if lab in t and v[lab] == v[lab])
+             + f", bf16 {v[PEER]:.0f} us" for k, v in t.iterrows()]
+    return "T = 4096, graph replay, each mode over the bf16 layer: " + "; ".join(parts)
 
 
 def _a16_scale_ab_at(commit: str):
@@ -714,6 +731,10 @@ ROUNDS = (
           "GEMMs that find their tile in a loop (at most 32 groups).",
           (HANDOFF_DECODE_COMMIT,), _arm_means_at(HANDOFF_DECODE_COMMIT, "tile_handoff", ("handoff off", "on"),
                                                   "both modes")),
+    Round("No change: prefill measured as shipped, the three layers at T = 4096, both modes and routings, beside the "
+          "bf16 layer in one run on an H200 (moe-bench --tokens 4096 --routing uniform zipf --mode nvfp4 bf16), for "
+          "the H200 view of issue 41's prefill targets",
+          "", (PREFILL_H200_COMMIT,), _prefill_vs_peer),
 )
 
 
