@@ -107,6 +107,19 @@ def gemm_us(profile) -> list[float]:
             and "tensorptrf16" not in str(k.get("name", ""))]
 
 
+def chain_steps(profile) -> list[tuple[str, float]]:
+    """(kernel, us from the previous kernel's end to its own end) of a row's graph-replay profile, in launch order
+    (the first from the replay's start): what each link of a layer's launch chain adds."""
+    if not isinstance(profile, dict):
+        return []
+    out, prev = [], 0.0
+    for k in profile.get("kernels", []):
+        end = k["start_us"] + k["median_us"]
+        out.append((str(k.get("name", "")).split("(")[0], end - prev))
+        prev = end
+    return out
+
+
 def shipped_rule(d: pd.DataFrame) -> pd.Series:
     """The rows of the shipped split rule, and the rows with split-K off (rows from before the rule knob: all)."""
     if "split_rule" not in d:

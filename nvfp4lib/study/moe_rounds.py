@@ -25,6 +25,7 @@ from .moe_reader import (
     Reader,
     ab_at,
     arms_in_order,
+    chain_steps,
     generic,
     not_probe,
     per_label,
@@ -255,6 +256,17 @@ def _arm_means_at(commit: str, column: str, names: tuple[str, str], mode: str):
         return (f"{names[0]} -> {names[1]}, {mode}, graph replay, each arm's mean over its runs ({len(arms)} cases, "
                 f"ratio {span(ratio)}): {cases}")
     return outcome
+
+
+def _small_tiles(r: Reader) -> str | None:
+    """The small-tiles A/B, after what the profile it came from shows: each W4A4 quantize launch's step in the chain."""
+    ab = _arm_means_at(SMALL_TILES_COMMIT, "quant_small_tiles", ("default tiles", "small tiles"), "W4A4")(r)
+    d = r.at(CHAIN_PROFILE_COMMIT, tokens=(1,))
+    d = d[d["label"] == W4A4] if len(d) and "profile" in d else d.iloc[0:0]
+    steps = [f"{us:.1f}" for _, row in d.iterrows() for name, us in chain_steps(row["profile"]) if "quant" in name]
+    head = ("the profile (W4A4 T = 1): the quantize launches end " + " and ".join(steps) + " us after the kernel "
+            "before them") if steps else None
+    return "; ".join(x for x in (head, ab) if x) or None
 
 
 def _prefill_vs_peer(r: Reader) -> str | None:
@@ -695,14 +707,15 @@ ROUNDS = (
           "tiles, the weights decoded twice) within +-3%, not known which way.",
           (DUAL_96_K_COMMIT,), arms_in_order(DUAL_96_K_COMMIT, "dual_96_k", {0: "off", 2048: "K <= 2048"})),
     Round("W4A16's weight decode converts the E4M3 block scales in integer arithmetic (hopper_rs.ops.A16_INT_SCALE): "
-          "cvt to f16x2, a mask, one mad.hi (LEA.HI in SASS), 3 instructions per k16 word instead of 7 through f32, "
-          "on weights packed canonical (negative scales' signs moved into the codes, zero scales' codes zeroed: the "
-          "same values). The decode GEMMs' mainloop body 359 -> 327 instructions per K tile (offline SASS). One run "
-          "on an H200 (moe-bench --a16-int-scale 0 1 0 1, W4A16, Qwen3- and Mixtral-like T = 1, 8, 64, uniform and "
-          "Zipf)",
+          "cvt to f16x2, a mask, one mad.hi (LEA.HI in SASS) in place of the route through f32, on weights packed "
+          "canonical (negative scales' signs moved into the codes, zero scales' codes zeroed: the same values). One "
+          "run on an H200 (moe-bench --a16-int-scale 0 1 0 1, W4A16, Qwen3- and Mixtral-like T = 1, 8, 64, uniform "
+          "and Zipf)",
           "W4A16 GEMM mainloops ~8% shorter (issue-bound at decode); Qwen3-like T = 1 ~25.1 -> ~24.2 us; Mixtral-like "
           "T = 1 and 8 5-8% faster (101.9 -> ~95 us, 278 -> ~260); T = 64 alike; W4A4 unchanged.",
-          (A16_SCALE_COMMIT,), _a16_scale_ab_at(A16_SCALE_COMMIT)),
+          (A16_SCALE_COMMIT,), _a16_scale_ab_at(A16_SCALE_COMMIT),
+          "the offline SASS (sm_90a) of the Qwen3-like decode GEMMs, the prediction's basis: the scales' conversion 7 "
+          "-> 3 instructions per k16 word, the mainloop body 359 -> 327 instructions per K tile (hopper_rs/ops.py)"),
     Round("The same A/B on the cases the first run left out: DeepSeek-like at decode, and prefill. One run on an H200 "
           "(moe-bench --a16-int-scale 0 1, W4A16: DeepSeek-like T = 1, 8, 64; Qwen3- and Mixtral-like T = 4096 with "
           "the bf16 peer, arms 0 1 0 1)",
@@ -712,25 +725,26 @@ ROUNDS = (
           (A16_SCALE_MORE_COMMIT,), _a16_scale_ab_at(A16_SCALE_MORE_COMMIT)),
     Round("W4A4's quantizer launches small inputs in smaller tiles (nn.quant_triton.SMALL_TILES: at least 128 "
           "programs, e.g. 2 rows x 4 blocks each for the Qwen3-like input at T = 1 instead of 4 x 32 on 8 programs; "
-          "the same bits). From the Qwen3-like T = 1 profile (moe-bench --profile, one graph replay, H200): each "
-          "quantization ended ~6 us after the kernel before it, ~4.5 us of it its own work on 8 of 132 SMs. One run "
+          "the same bits). From the Qwen3-like T = 1 profile recorded at fbe952b (moe-bench --profile, kernel by "
+          "kernel): each W4A4 quantization ends several us after the kernel before it, read as its own work on 8 "
+          "programs. One run "
           "on an H200 (moe-bench --quant-small-tiles 0 1 0 1, W4A4, the three layers at T = 1, 8, 64, uniform); off "
           "after it",
           "Each quantize launch's own work ~4.5 -> ~1.5 us at Qwen3-like T = 1; the layer ~29.6 -> ~25-26 us (the "
           "gate/up GEMM's weights then have a shorter head start, so not the whole ~6 us); T = 8 and the other "
           "layers' T = 1 and 8 2-4 us faster; T = 64 1-3 us; W4A16 unchanged.",
-          (CHAIN_PROFILE_COMMIT, SMALL_TILES_COMMIT),
-          _arm_means_at(SMALL_TILES_COMMIT, "quant_small_tiles", ("default tiles",
-                                                                                         "small tiles"), "W4A4")),
+          (CHAIN_PROFILE_COMMIT, SMALL_TILES_COMMIT), _small_tiles),
     Round("The tile handoff again at decode, where the GEMMs have more than 32 groups (the warp search): a sanity run "
-          "of moe-bench after a refactor (10 replays per timing, not recorded) had the Qwen3-like W4A16 layer at T = 1 "
-          "1.4 us faster with the handoff off (24.6 against 26.0 us, two arms each). One run on an H200 "
+          "of moe-bench after a refactor had the Qwen3-like W4A16 layer at T = 1 faster with the handoff off. One run "
+          "on an H200 "
           "(moe-bench --tile-handoff 0 1 0 1, Qwen3- and DeepSeek-like, T = 1 and 8, both modes, uniform)",
           "No difference beyond ~0.5 us (the first A/B's Qwen3-like T = 1 rows were 25.1, 26.6, 26.5 us on, off, on: "
           "not one way); if the handoff off is faster by 1 us or more in every pair, it should be limited to the "
           "GEMMs that find their tile in a loop (at most 32 groups).",
           (HANDOFF_DECODE_COMMIT,), _arm_means_at(HANDOFF_DECODE_COMMIT, "tile_handoff", ("handoff off", "on"),
-                                                  "both modes")),
+                                                  "both modes"),
+          "the sanity run (10 replays per timing): Qwen3-like W4A16 T = 1 24.6 us with the handoff off against 26.0 "
+          "on, two arms each"),
     Round("No change: prefill measured as shipped, the three layers at T = 4096, both modes and routings, beside the "
           "bf16 layer in one run on an H200 (moe-bench --tokens 4096 --routing uniform zipf --mode nvfp4 bf16), for "
           "the H200 view of issue 41's prefill targets",
