@@ -31,7 +31,8 @@ ROWS_PER_PROGRAM = 4
 # quantizations (amax launch, quantize launch) end 6.1 and 5.7 us after the kernel before them, the quantize launches
 # 4.5 and 4.1 us after their amax launch, read as their own work: 8 programs (8 rows x 128 blocks, and 8 x 48 for
 # the intermediate) each walk 1024 element pairs through two IEEE divisions and the E2M1 comparisons, on 8 of 132 SMs.
-# Prediction (2026-11-29, before the run): each quantize launch's own work ~4.5 -> ~1.5 us, the Qwen3-like W4A4 layer at T = 1 ~29.6 -> ~25-26 us, the other decode cases 1-4 us faster.
+# Prediction (2026-11-29, before the run): each quantize launch's own work ~4.5 -> ~1.5 us, the Qwen3-like W4A4 layer
+# at T = 1 ~29.6 -> ~25-26 us, the other decode cases 1-4 us faster.
 # Outcome (H200, moe-bench --quant-small-tiles 0 1 0 1, W4A4, uniform, graph replay; notebook 11's rounds): slower
 # where it was meant to help, Qwen3-like T = 1 29.7 -> 34.3 us, T = 8 75.6 -> 78.5; the other seven cases within 1%.
 # The same bits (the Triton quantizer's tests, 88 passed on the GPU in both forms; memcheck 0 errors). So the time
