@@ -187,6 +187,18 @@ def test_rule_choice_is_the_auto_call_s_choice_on_a_cache_miss():
     assert rule_config("no-such-problem") is None
 
 
+def test_rule_config_follows_the_rule_knobs(monkeypatch):
+    """The reports' rule_config is remembered per problem and rule knobs: with DUAL_96_K off, S2-dual takes the
+    256-token tile, and back at the shipped value DUAL_96_CONFIG again."""
+    from nvfp4lib.study.serving_report import rule_config
+
+    assert rule_config("S2-dual") == tuning.DUAL_96_CONFIG
+    monkeypatch.setattr(tuning, "DUAL_96_K", 0)
+    assert rule_config("S2-dual") == "vl_dual_m64_t256_k128_s3_v32_e"
+    monkeypatch.setattr(tuning, "DUAL_96_K", 2048)
+    assert rule_config("S2-dual") == tuning.DUAL_96_CONFIG
+
+
 def test_short_k_rule_is_off_and_takes_96_token_tiles_when_on(monkeypatch):
     """The rule by K (tuning.SHORT_K) is shipped off (the MoE layers ran slower with it): every K takes the tier's
     256-token tiles. Switched on, at 65-128 rows per group (bucket 128) a K of at most SHORT_K takes the 96-token

@@ -596,11 +596,16 @@ AUTO_NOT_SHIPPED = {"aca63ef": "tuning.SHORT_K on (96-token tiles for K <= 4096 
                                "from c2ab5a1"}
 
 
-@functools.cache
 def rule_config(problem: str) -> str | None:
     """The config the shape rule as set now picks for a study problem's call on a cache miss
     (:func:`nvfp4lib.serving.rule_choice`); None for a problem that is not one group shape (N and K shared) or not
-    known."""
+    known. Remembered per problem and rule knobs (:func:`nvfp4lib.tuning.rule_knobs`: a knob set otherwise, as tests
+    and A/B arms do, gets its own answer)."""
+    return _rule_config(problem, tuple(sorted(rule_knobs().items())))
+
+
+@functools.cache
+def _rule_config(problem: str, knobs: tuple) -> str | None:
     from ..problems import get_problem
     from ..serving import rule_choice
 

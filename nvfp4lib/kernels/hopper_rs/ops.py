@@ -128,8 +128,6 @@ def a16_decode_ptx(int_scale: bool | None = None) -> str:
     return "\n".join(lines)
 
 
-A16_DECODE_PTX = a16_decode_ptx()  # (the shipped route; a build reads a16_decode_ptx() as the knob is then)
-
 
 def emulate_a16_decode(words, scale_pairs, int_scale: bool | None = None):
     """The bf16 decode's arithmetic on the CPU, vectorised: ``words`` and ``scale_pairs`` int64 tensors of one shape

@@ -28,7 +28,7 @@ trade beside the knob).
 
 With ``act="bf16"`` (W4A16) there is no prologue: the GEMM's B operand is the caller's bf16 activations ``[T, K]``
 (TMA-loaded as they are; columns past K and rows past T arrive as zeros), the weights decode to bf16 value × scale ×
-2^-14 (:data:`~..hopper_rs.ops.A16_DECODE_PTX`), wgmma runs bf16 × bf16 -> fp32, and the epilogue multiplies by the
+2^-14 (:func:`~..hopper_rs.ops.a16_decode_ptx`), wgmma runs bf16 × bf16 -> fp32, and the epilogue multiplies by the
 weights' ``gs_B·2^14`` alone (the ``gs_A`` argument is not read).
 
 With :data:`..common.pdl.CHAIN` on when a kernel is built, the prologue is launched chained too (it waits for the
