@@ -394,9 +394,9 @@ def test_the_build_knob_arms_are_set_as_the_modules_hold_them():
     from nvfp4lib.kernels.hopper_varlen import runner
 
     assert mb._build_arms(None, None, None) == {}
-    arms = mb._build_arms(0, 1, 0)
-    assert arms == {"prewait": 0, "handoff": True, "a16_int_scale": False}
-    assert all(type(arms[f]) is bool for f in ("handoff", "a16_int_scale"))
+    arms = mb._build_arms(0, 1, 0, 0)
+    assert arms == {"prewait": 0, "handoff": True, "a16_int_scale": False, "a16_own_words": False}
+    assert all(type(arms[f]) is bool for f in ("handoff", "a16_int_scale", "a16_own_words"))
     before = runner.build_knobs()
     with runner.build_setting(**arms):
         assert {f: runner.build_knobs()[f] for f in arms} == arms

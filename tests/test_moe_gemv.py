@@ -11,6 +11,7 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1", allow_module_level=True)
 
 from nvfp4lib.formats import quantize  # noqa: E402
+from nvfp4lib.kernels.hopper_rs.layout import a16_units  # noqa: E402
 from nvfp4lib.kernels.hopper_varlen.gemv_triton import GemvWeights, combine, finalize, gemv  # noqa: E402
 from nvfp4lib.kernels.hopper_varlen.runner import pack_torch  # noqa: E402
 from nvfp4lib.nn import reference_moe  # noqa: E402
@@ -20,12 +21,15 @@ from nvfp4lib.nn.quant import quantize_rows  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _packed(mats, tile_m, dual):
-    """GemvWeights of NVFP4Tensor lists (one, or gate and up), packed as PackedWeights packs them (torch form)."""
+def _packed(mats, tile_m, dual, own=None):
+    """GemvWeights of NVFP4Tensor lists (one, or gate and up), packed as PackedWeights packs them (torch form); with
+    ``own`` (True/False) as it packs them for bf16 activations (own word layout or not)."""
     n, k = mats[0][0].shape
     n_pad, k_pad = -(-n // tile_m) * tile_m, -(-k // 128) * 128
     packed, gs_b = pack_torch(mats[0], mats[1] if dual else None, n_pad, k_pad, tile_m * (2 if dual else 1) // 128)
-    return GemvWeights(packed.to(DEV).view(-1, 128), gs_b.to(DEV), n, k, k_pad, tile_m, dual, len(mats[0]))
+    if own is not None:
+        a16_units(packed, own)
+    return GemvWeights(packed.to(DEV).view(-1, 128), gs_b.to(DEV), n, k, k_pad, tile_m, dual, len(mats[0]), bool(own))
 
 
 def _layer(e, h, i, seed, zero_expert=None):
@@ -57,19 +61,26 @@ CASES = [
 ]
 
 
-def _case(e, k, h, i, t, gate_tile, down_tile):
+def _case(e, k, h, i, t, gate_tile, down_tile, own=None):
     ids, w = _routing(t, k, e, seed=t + i)
     gate, up, down = _layer(e, h, i, seed=e * 7 + h, zero_expert=int(ids[0, 0]))  # a used expert of zero codes
     x = torch.randn(t, h, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
-    return ids, w, x, (gate, up, down), _packed([gate, up], gate_tile, True), _packed([down], down_tile, False)
+    return (ids, w, x, (gate, up, down), _packed([gate, up], gate_tile, True, own),
+            _packed([down], down_tile, False, own))
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_w4a16_layer_matches_the_reference(case):
+    """On the weights as packed for NVFP4 activations, and as for bf16 activations (canonical, the code words in the
+    fp16 path's layout or in W4A16's own): the same sums, so the same bits."""
     ids, w, x, mats, gu, dn = _case(*case)
     ref = reference_moe(x, ids, w, *mats, activations="bf16")
     out = gemv_moe(x.to(DEV), ids.to(DEV), w.to(DEV), gu, dn, out_dtype=torch.float32).cpu()
     assert float((out - ref).norm() / ref.norm()) < 1e-2  # the bench's tolerance: bf16 rounding of the intermediate
+    for own in (False, True):
+        *_, gu, dn = _case(*case, own=own)
+        assert gu.own_words == own and dn.own_words == own
+        assert torch.equal(gemv_moe(x.to(DEV), ids.to(DEV), w.to(DEV), gu, dn, out_dtype=torch.float32).cpu(), out)
 
 
 @pytest.mark.parametrize("case", CASES)

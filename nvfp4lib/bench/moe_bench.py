@@ -295,16 +295,18 @@ ONCE_WAIT_KNOB = ("nvfp4lib.tuning", "ONCE_WAIT")  # moe-bench --once-wait
 SHORT_K_KNOB = ("nvfp4lib.tuning", "SHORT_K")  # moe-bench --short-k
 DUAL_96_KNOB = ("nvfp4lib.tuning", "DUAL_96")  # moe-bench --dual-96
 DUAL_96_K_KNOB = ("nvfp4lib.tuning", "DUAL_96_K")  # moe-bench --dual-96-k
-# (--prewait-stages, --tile-handoff and --a16-int-scale set the serving kernel's build knobs by their recipe fields:
-# kernels.hopper_varlen.runner.build_setting)
+# (--prewait-stages, --tile-handoff, --a16-int-scale and --a16-own-words set the serving kernel's build knobs by their
+# recipe fields: kernels.hopper_varlen.runner.build_setting)
 SMALL_TILES_KNOB = ("nvfp4lib.nn.quant_triton", "SMALL_TILES")  # moe-bench --quant-small-tiles
 
 
-def _build_arms(prewait, handoff, a16_int_scale) -> dict:
-    """The build knobs one arm of --prewait-stages, --tile-handoff and --a16-int-scale sets (their recipe fields; the
-    on/off ones as the bools the modules hold, so the recipes match those built ahead of time); None: as it is."""
+def _build_arms(prewait, handoff, a16_int_scale, a16_own_words=None) -> dict:
+    """The build knobs one arm of --prewait-stages, --tile-handoff, --a16-int-scale and --a16-own-words sets (their
+    recipe fields; the on/off ones as the bools the modules hold, so the recipes match those built ahead of time);
+    None: as it is. (The layers are built inside the arm, so W4A16's weights are packed in its word layout.)"""
     arms = {"prewait": prewait, "handoff": None if handoff is None else bool(handoff),
-            "a16_int_scale": None if a16_int_scale is None else bool(a16_int_scale)}
+            "a16_int_scale": None if a16_int_scale is None else bool(a16_int_scale),
+            "a16_own_words": None if a16_own_words is None else bool(a16_own_words)}
     return {field: value for field, value in arms.items() if value is not None}
 
 
@@ -373,6 +375,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         build = build_knobs()  # the serving kernel's build knobs as set for the run (by their recipe fields)
         # (the GEMMs' weights asked for before their wait, warp 0 finding the tile, W4A16's scale route)
         prewait, handoff, a16_int = build["prewait"], int(build["handoff"]), int(build["a16_int_scale"])
+        a16_own = int(build["a16_own_words"])
         rule = tuning.rule_knobs()  # the shape rule's knobs as set now (once_wait, short_k, dual_96)
         short_k_tier = ",".join(tuning.SHORT_K_TIER[1])  # (the tiles the rule by K takes)
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
@@ -451,6 +454,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["prewait_stages"] = prewait
                                 row["tile_handoff"] = handoff
                                 row["a16_int_scale"] = a16_int if kind == "bf16" else None
+                                row["a16_own_words"] = a16_own if kind == "bf16" else None
                             row["route_max_copies"] = route_max
                             row.update(rule, short_k_tier=short_k_tier)
                             row["chain_pdl"] = chain
@@ -582,6 +586,9 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     _ab_arg(p, "--a16-int-scale", "W4A16's weight decode converts the block scales in integer arithmetic "
             "(hopper_rs.ops.A16_INT_SCALE; 0: through f32; default: as shipped)", "0 1", "a16_int_scale (W4A16 rows)",
             type=int, choices=[0, 1])
+    _ab_arg(p, "--a16-own-words", "W4A16's weights packed in their own word layout, the decode of a word 4 integer "
+            "instructions shorter (hopper_rs.ops.A16_OWN_WORDS; 0: the fp16 path's bytes; default: as shipped)", "0 1",
+            "a16_own_words (W4A16 rows)", type=int, choices=[0, 1])
     _ab_arg(p, "--quant-small-tiles", "W4A4's quantizer launches small inputs in smaller tiles, at least "
             "nn.quant_triton.SMALL_PROGRAMS programs (nn.quant_triton.SMALL_TILES; 0: the default tiles; default: as "
             "shipped)", "0 1", "quant_small_tiles (W4A4 rows)", type=int, choices=[0, 1])
@@ -625,13 +632,13 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
         rows = []
         from ..kernels.hopper_varlen.runner import build_setting
 
-        for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff, d96k, a16, small \
-                in itertools.product(
+        for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff, d96k, a16, small, \
+                own in itertools.product(
                 args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
                 args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None],
                 args.input_scales or ["dynamic"], args.prewait_stages or [None], args.once_wait or [None],
                 args.short_k or [None], args.dual_96 or [None], args.tile_handoff or [None], args.dual_96_k or [None],
-                args.a16_int_scale or [None], args.quant_small_tiles or [None]):
+                args.a16_int_scale or [None], args.quant_small_tiles or [None], args.a16_own_words or [None]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
                     knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
                     knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
@@ -642,7 +649,7 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                     knob_setting(*DUAL_96_KNOB, d96), \
                     knob_setting(*DUAL_96_K_KNOB, d96k), \
                     knob_setting(*SMALL_TILES_KNOB, None if small is None else bool(small)), \
-                    build_setting(**_build_arms(prewait, handoff, a16)):
+                    build_setting(**_build_arms(prewait, handoff, a16, own)):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

@@ -11,6 +11,7 @@ from ..bench.moe_bench import LABELS
 
 __all__ = ["NOT_RECORDED", "NO_PREDICTION", "W4A4", "W4A16", "PEER", "SHORT", "KEY", "Reader", "span", "per_label",
            "speedups", "ab_at", "gemm_us", "shipped_rule", "split_ab", "not_probe", "timed_in_order", "arms_in_order",
+           "arm_means_at",
            "generic"]
 
 NOT_RECORDED = "not recorded in data/"
@@ -187,6 +188,30 @@ def arms_in_order(commit: str, column: str, labels: dict):
             arms = " then ".join(f"{labels.get(v, v)} {x:.1f}" for v, x in zip(g[column], g["median_us"]))
             parts.append(f"{key[0]} T = {key[1]} {key[2]} {SHORT.get(key[3], key[3])}: {arms} us")
         return "graph replay, in the order the arms ran: " + "; ".join(parts)
+    return outcome
+
+
+def arm_means_at(commit: str, column: str, names: tuple[str, str], mode: str):
+    """An on/off knob's A/B at ``commit`` (moe-bench --knob 0 1 ...) in ``mode``'s rows (the column set): per case,
+    each arm's mean graph time over its runs, the ratio on / off, and the bf16 peer's time where the run has it."""
+    def outcome(r: Reader) -> str | None:
+        d = timed_in_order(r, commit, (column,))
+        if d is None:
+            return None
+        peer = d[d["mode"] == "bf16-weights"].groupby(["layer", "tokens", "routing"])["median_us"].mean()
+        d = d[d[column].notna()]  # (another mode's run at the same commit is not the A/B's)
+        if not len(d):
+            return None
+        r.used[commit] = sorted(set(d["run_id"]))  # (the peer's rows are in the same runs)
+        arms = d.groupby(["layer", "tokens", "routing", "label", column], sort=False)["median_us"].mean().unstack()
+        if not {0, 1} <= set(arms.columns):
+            return None
+        ratio = arms[1] / arms[0]
+        cases = "; ".join(f"{k[0]} T = {k[1]} {k[2]} {SHORT.get(k[3], k[3])} {v[0]:.1f} -> {v[1]:.1f} us"
+                          + (f" (bf16 peer {peer[k[:3]]:.1f})" if k[:3] in peer.index else "")
+                          for k, v in arms.iterrows())
+        return (f"{names[0]} -> {names[1]}, {mode}, graph replay, each arm's mean over its runs ({len(arms)} cases, "
+                f"ratio {span(ratio)}): {cases}")
     return outcome
 
 

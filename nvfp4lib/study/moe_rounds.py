@@ -24,6 +24,7 @@ from .moe_reader import (
     W4A16,
     Reader,
     ab_at,
+    arm_means_at,
     arms_in_order,
     chain_steps,
     generic,
@@ -234,33 +235,9 @@ WIDE_COMMIT = "051a36f"  # the wide decode form's A/B (its code left the package
 DEEP_COMMIT = "178dc1f"  # the deep decode form's A/B (likewise)
 
 
-def _arm_means_at(commit: str, column: str, names: tuple[str, str], mode: str):
-    """An on/off knob's A/B at ``commit`` (moe-bench --knob 0 1 ...) in ``mode``'s rows (the column set): per case,
-    each arm's mean graph time over its runs, the ratio on / off, and the bf16 peer's time where the run has it."""
-    def outcome(r: Reader) -> str | None:
-        d = timed_in_order(r, commit, (column,))
-        if d is None:
-            return None
-        peer = d[d["mode"] == "bf16-weights"].groupby(["layer", "tokens", "routing"])["median_us"].mean()
-        d = d[d[column].notna()]  # (another mode's run at the same commit is not the A/B's)
-        if not len(d):
-            return None
-        r.used[commit] = sorted(set(d["run_id"]))  # (the peer's rows are in the same runs)
-        arms = d.groupby(["layer", "tokens", "routing", "label", column], sort=False)["median_us"].mean().unstack()
-        if not {0, 1} <= set(arms.columns):
-            return None
-        ratio = arms[1] / arms[0]
-        cases = "; ".join(f"{k[0]} T = {k[1]} {k[2]} {SHORT.get(k[3], k[3])} {v[0]:.1f} -> {v[1]:.1f} us"
-                          + (f" (bf16 peer {peer[k[:3]]:.1f})" if k[:3] in peer.index else "")
-                          for k, v in arms.iterrows())
-        return (f"{names[0]} -> {names[1]}, {mode}, graph replay, each arm's mean over its runs ({len(arms)} cases, "
-                f"ratio {span(ratio)}): {cases}")
-    return outcome
-
-
 def _small_tiles(r: Reader) -> str | None:
     """The small-tiles A/B, after what the profile it came from shows: each W4A4 quantize launch's step in the chain."""
-    ab = _arm_means_at(SMALL_TILES_COMMIT, "quant_small_tiles", ("default tiles", "small tiles"), "W4A4")(r)
+    ab = arm_means_at(SMALL_TILES_COMMIT, "quant_small_tiles", ("default tiles", "small tiles"), "W4A4")(r)
     d = r.at(CHAIN_PROFILE_COMMIT, tokens=(1,))
     d = d[d["label"] == W4A4] if len(d) and "profile" in d else d.iloc[0:0]
     steps = [f"{us:.1f}" for _, row in d.iterrows() for name, us in chain_steps(row["profile"]) if "quant" in name]
@@ -287,7 +264,7 @@ def _prefill_vs_peer(r: Reader) -> str | None:
 
 def _a16_scale_ab_at(commit: str):
     """The W4A16 scale route's A/B at ``commit`` (moe-bench --a16-int-scale)."""
-    return _arm_means_at(commit, "a16_int_scale", ("f32 route", "integer route"), "W4A16")
+    return arm_means_at(commit, "a16_int_scale", ("f32 route", "integer route"), "W4A16")
 
 
 def _wide_ab(r: Reader) -> str | None:
@@ -741,7 +718,7 @@ ROUNDS = (
           "No difference beyond ~0.5 us (the first A/B's Qwen3-like T = 1 rows were 25.1, 26.6, 26.5 us on, off, on: "
           "not one way); if the handoff off is faster by 1 us or more in every pair, it should be limited to the "
           "GEMMs that find their tile in a loop (at most 32 groups).",
-          (HANDOFF_DECODE_COMMIT,), _arm_means_at(HANDOFF_DECODE_COMMIT, "tile_handoff", ("handoff off", "on"),
+          (HANDOFF_DECODE_COMMIT,), arm_means_at(HANDOFF_DECODE_COMMIT, "tile_handoff", ("handoff off", "on"),
                                                   "both modes"),
           "the sanity run (10 replays per timing): Qwen3-like W4A16 T = 1 24.6 us with the handoff off against 26.0 "
           "on, two arms each"),

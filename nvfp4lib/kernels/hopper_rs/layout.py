@@ -149,6 +149,47 @@ def canonical_units(packed: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+# W4A16's own word layout (``ops.A16_OWN_WORDS``, a build knob). The bf16 decode makes fragment register q's two
+# bf16 fields (each half's sign at bit 15 and e2m1 magnitude at bits 8..6: ``ops.A16_FIELDS``) from the code word
+# shifted left by (sign, magnitude) = shifts[q] bits (negative: right): t = lop3(w << sign, w << magnitude, sign bits)
+# & fields, or, where the two shifts are equal, t = (w << shift) & fields. On the fp16 path's bytes (A16_RS_SHIFTS) no
+# register has equal shifts: 15 integer instructions per word (7 shifts, 4 selects, 4 masks). A16_OWN_SHIFTS places the
+# 8 codes where registers 0 and 1 take a mask and one shift (or none), registers 2 and 3 two shifts, a select and a
+# mask: 11 (5 shifts, 4 of them left ones, which ptxas issues as IMAD.SHL off the integer pipe). No placement gives
+# three registers one shift each: each register's 4 bits per half have the shape {15, 8, 7, 6} - s, and three such
+# sets never leave a sign bit and 3 adjacent magnitude bits (searched exhaustively, rotations included).
+A16_RS_SHIFTS = ((0, -3), (8, 5), (7, -6), (15, 2))
+A16_OWN_SHIFTS = ((0, 0), (3, 3), (1, -3), (2, 6))
+A16_RELAYOUT_UNITS = CANONICAL_UNITS // 4  # units per step of a16_units' relayout (int64 temporaries of ~16 MB each)
+
+
+def a16_words(words: torch.Tensor, shifts=A16_OWN_SHIFTS) -> torch.Tensor:
+    """Code words in the fp16 path's layout (int64, any shape, values 0 .. 2^32-1) -> the same 8 codes placed where
+    the bf16 decode with ``shifts`` finds each register's: register q's half h (wgmma's fragment: row g + 8(q % 2), K
+    column 2c + 8(q // 2) + h) has its sign at bit 15 + 16h - sign, its magnitude at bits 6 + 16h - magnitude and up."""
+    t = ((words << 7) & SIGN_BITS) | ((words >> 3) & ~SIGN_BITS)
+    regs = (words & FIELDS, (words << 8) & FIELDS, t & FIELDS, (t << 8) & FIELDS)  # fp16: sign 15, magnitude 11..9
+    out = torch.zeros_like(words)
+    for r, (sign, mag) in zip(regs, shifts):
+        for h in (0, 16):
+            out |= ((r >> (15 + h)) & 1) << (15 + h - sign)
+            out |= ((r >> (9 + h)) & 7) << (6 + h - mag)
+    return out
+
+
+def a16_units(packed: torch.Tensor, own: bool) -> torch.Tensor:
+    """Prepacked units (as :func:`canonical_units` takes them) made ready for the bf16 decode in place and returned:
+    canonical (:func:`canonical_units`), then, with ``own``, every code word in W4A16's own layout (:func:`a16_words`).
+    The scale bytes stay where they are."""
+    canonical_units(packed)
+    if own:
+        for part in packed.view(-1, UNIT_BYTES).split(A16_RELAYOUT_UNITS):
+            words = part[:, :UNIT_CODE_BYTES].view(torch.int32)
+            out = a16_words(words.to(torch.int64) & 0xFFFFFFFF)
+            words.copy_(out - ((out >> 31) << 32))  # (as int32: the top bit as the sign)
+    return packed
+
+
 def emulate_rs_decode(word: int, scale_pair: int) -> list[float]:
     """The decode of one k16 word on the CPU: 8 fp16 values in fragment order
     (reg0 lo/hi, reg1 lo/hi, reg2 lo/hi, reg3 lo/hi), each e2m1 × scale × 2^-7."""

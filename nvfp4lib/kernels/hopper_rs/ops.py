@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from ..common.decode_ptx import _DECODE_REGS, CONVERT16_GLOBAL_PTX, CONVERT16_PTX, _convert_store_ptx
-from .layout import RS_DECODE_PTX
+from .layout import A16_OWN_SHIFTS, A16_RS_SHIFTS, RS_DECODE_PTX
 
 # activation prologue: one thread decodes 16 codes (8 bytes + 1 scale byte) into 32 bytes of fp16 in global memory
 ACT_DECODE_PTX = "\n".join([
@@ -47,13 +47,14 @@ ZERO32_PTX = "\n".join(["{", ".reg .b32 z;", "mov.b32 z, 0;", "st.global.v4.b32 
 # Per k16 word w (rs_layout: byte b holds code x at bits 1-3 with its sign at 7, code y at bits 4-6 with its sign at 0),
 # fragment register q takes, in each 16-bit half, one code's sign to bit 15 and its magnitude bits (e1 e0 m) to bits
 # 8..6: a bf16 worth e2m1 × 2^-126 (code 1 lands on a bf16 subnormal; the multiply renormalises it). The shifts that
-# get them there, per register (left positive), are A16_SHIFTS[q] = (sign, magnitude):
-#   q0 x of the high byte (row g), q1 x of the low byte (row g+8), q2 y of the high byte, q3 y of the low byte;
-#   t = lop3(w << sign, w << magnitude, A16_SIGN) (sign bits from the first, the rest from the second) & A16_FIELDS.
+# get them there, per register (left positive), are a16_shifts()[q] = (sign, magnitude) (A16_RS_SHIFTS on the fp16
+# path's bytes: q0 x of the high byte (row g), q1 x of the low byte (row g+8), q2 y of the high byte, q3 y of the low
+# byte; A16_OWN_SHIFTS on W4A16's own word layout, :data:`A16_OWN_WORDS`);
+#   t = lop3(w << sign, w << magnitude, A16_SIGN) (sign bits from the first, the rest from the second) & A16_FIELDS,
+#   or (w << shift) & A16_FIELDS where the two shifts are equal.
 # The row's scale: cvt.rn.f16x2.e4m3x2 (exact), each half to f32, × 2^112 (exact: 2^-9·2^112 .. 448·2^112 < bf16 max),
 # to bf16 (exact: ≤ 4 significant bits) broadcast to both halves; one mul.rn.bf16x2 then gives e2m1 × scale × 2^-14,
 # exact (≤ 6 significant bits, 2^-24 .. 2688·2^-14: bf16 normals). The epilogue's gs_B·2^14 (POST_SCALE) restores it.
-A16_SHIFTS = ((0, -3), (8, 5), (7, -6), (15, 2))
 A16_SIGN = 0x80008000
 A16_FIELDS = 0x81C081C0  # sign and magnitude bits of both bf16 halves
 A16_SCALE_FACTOR = 0x77800000  # f32 2^112
@@ -86,6 +87,19 @@ A16_OPERAND_EXPONENT = -14  # each decoded weight is value × scale × 2^-14
 A16_INT_SCALE = True
 A16_SCALE_MASK = 0x7FF87FF8
 A16_SCALE_BIAS = 0x70007000
+# W4A16's weights in their own word layout (a build knob, read at prepare as well: ``PackedWeights`` records the layout
+# it packed and its runners build for it): the 8 codes of each k16 word moved (layout.a16_units, once, at prepare)
+# where the bf16 decode takes two registers with one shift (or none) and a mask each (layout.A16_OWN_SHIFTS). Why: in
+# the SASS of the W4A16 decode GEMMs (offline, sm_90a) the decode of one word is 22 instructions at the integer scale
+# route, 15 of them integer ops on the fp16 path's bytes (8 LOP3, 3 SHF, 4 IMAD.SHL); 11 with this layout. Prediction
+# and outcome: notebook 11's rounds.
+A16_OWN_WORDS = True
+
+
+def a16_shifts(own: bool | None = None) -> tuple[tuple[int, int], ...]:
+    """Each fragment register's (sign, magnitude) shifts of the bf16 decode on the weights' word layout (``own``:
+    W4A16's own, else the fp16 path's; None: :data:`A16_OWN_WORDS` as it is now)."""
+    return A16_OWN_SHIFTS if (A16_OWN_WORDS if own is None else own) else A16_RS_SHIFTS
 
 
 def _shift_ptx(dst: str, src: str, n: int) -> list[str]:
@@ -94,9 +108,9 @@ def _shift_ptx(dst: str, src: str, n: int) -> list[str]:
     return [f"shl.b32 {dst}, {src}, {n};" if n > 0 else f"shr.u32 {dst}, {src}, {-n};"]
 
 
-def _a16_word_ptx(w: str, s: str, outs: tuple[str, str, str, str], int_scale: bool) -> str:
+def _a16_word_ptx(w: str, s: str, outs: tuple[str, str, str, str], int_scale: bool, shifts) -> str:
     """One k16 step: word ``w``, the 16-bit scale pair ``s`` (row g low, row g+8 high) -> 4 bf16x2 in fragment order;
-    the scales by ``int_scale``'s route (:data:`A16_INT_SCALE`)."""
+    the scales by ``int_scale``'s route (:data:`A16_INT_SCALE`), the codes by ``shifts`` (:func:`a16_shifts`)."""
     if int_scale:
         lines = [f"cvt.rn.f16x2.e4m3x2 f, {s};", f"and.b32 f, f, {A16_SCALE_MASK:#010x};",
                  f"mad.hi.u32 f, f, 0x20000000, {A16_SCALE_BIAS:#010x};", "mov.b32 {lo, hi}, f;",
@@ -105,34 +119,42 @@ def _a16_word_ptx(w: str, s: str, outs: tuple[str, str, str, str], int_scale: bo
         lines = [f"cvt.rn.f16x2.e4m3x2 f, {s};", "mov.b32 {lo, hi}, f;", "cvt.f32.f16 x, lo;", "cvt.f32.f16 y, hi;",
                  f"mul.rn.f32 x, x, 0f{A16_SCALE_FACTOR:08X};", f"mul.rn.f32 y, y, 0f{A16_SCALE_FACTOR:08X};",
                  "cvt.rn.bf16x2.f32 sg, x, x;", "cvt.rn.bf16x2.f32 sh, y, y;"]
-    for q, (sign, mag) in enumerate(A16_SHIFTS):
-        src = w if sign == 0 else "a"
-        if sign:
-            lines += _shift_ptx("a", w, sign)
-        lines += _shift_ptx("b", w, mag)
-        lines += [f"lop3.b32 t, {src}, b, sm, 0xE4;", "and.b32 t, t, mf;",
-                  f"mul.rn.bf16x2 {outs[q]}, t, {'sg' if q % 2 == 0 else 'sh'};"]
+    for q, (sign, mag) in enumerate(shifts):
+        if sign == mag:  # one shift (or none) and the mask
+            lines += _shift_ptx("b", w, mag) if mag else []
+            lines += [f"and.b32 t, {'b' if mag else w}, mf;"]
+        else:
+            src = w if sign == 0 else "a"
+            if sign:
+                lines += _shift_ptx("a", w, sign)
+            lines += _shift_ptx("b", w, mag)
+            lines += [f"lop3.b32 t, {src}, b, sm, 0xE4;", "and.b32 t, t, mf;"]
+        lines += [f"mul.rn.bf16x2 {outs[q]}, t, {'sg' if q % 2 == 0 else 'sh'};"]
     return "\n".join(lines)
 
 
-def a16_decode_ptx(int_scale: bool | None = None) -> str:
+def a16_decode_ptx(int_scale: bool | None = None, own: bool | None = None) -> str:
     """As ``rs_layout.rs_decode_ptx`` for bf16: $0..$15 out, $16..$19 the code words, $20..$21 the scale words;
-    ``int_scale``: the scales' route (None: :data:`A16_INT_SCALE` as it is now)."""
+    ``int_scale``: the scales' route, ``own``: the words' layout (None: :data:`A16_INT_SCALE`, :data:`A16_OWN_WORDS`
+    as they are now)."""
     int_scale = A16_INT_SCALE if int_scale is None else int_scale
+    shifts = a16_shifts(own)
     lines = ["{", ".reg .b32 f, a, b, t, sm, mf, sg, sh;", ".reg .f32 x, y;", ".reg .b16 lo, hi, s0, s1, s2, s3;",
              f"mov.b32 sm, {A16_SIGN:#010x};", f"mov.b32 mf, {A16_FIELDS:#010x};",
              "mov.b32 {s0, s1}, $20;", "mov.b32 {s2, s3}, $21;"]
     for j in range(4):
-        lines.append(_a16_word_ptx(f"${16 + j}", f"s{j}", tuple(f"${4 * j + q}" for q in range(4)), int_scale))
+        lines.append(_a16_word_ptx(f"${16 + j}", f"s{j}", tuple(f"${4 * j + q}" for q in range(4)), int_scale,
+                                   shifts))
     lines.append("}")
     return "\n".join(lines)
 
 
 
-def emulate_a16_decode(words, scale_pairs, int_scale: bool | None = None):
+def emulate_a16_decode(words, scale_pairs, int_scale: bool | None = None, own: bool | None = None):
     """The bf16 decode's arithmetic on the CPU, vectorised: ``words`` and ``scale_pairs`` int64 tensors of one shape
     (a 32-bit code word, a 16-bit scale pair each) -> bf16 ``[..., 8]`` in fragment order (reg0 lo/hi .. reg3 lo/hi),
-    each as the PTX of :func:`a16_decode_ptx` computes it (``int_scale``: the scales' route, None: the knob's)."""
+    each as the PTX of :func:`a16_decode_ptx` computes it (``int_scale``: the scales' route, ``own``: the words'
+    layout; None: the knob's)."""
     import torch
 
     m32 = 0xFFFFFFFF
@@ -156,7 +178,7 @@ def emulate_a16_decode(words, scale_pairs, int_scale: bool | None = None):
             torch.float32)  # cvt e4m3x2 -> f16x2 -> f32, mul.rn.f32
         sc = f32.to(torch.bfloat16)  # cvt.rn.bf16x2.f32 (row g, row g+8)
     out = []
-    for q, (sign, mag) in enumerate(A16_SHIFTS):
+    for q, (sign, mag) in enumerate(a16_shifts(own)):
         t = ((shift(w, sign) & A16_SIGN) | (shift(w, mag) & ~A16_SIGN)) & A16_FIELDS
         s = sc[..., q % 2]
         out += [as_bf16(t & 0xFFFF) * s, as_bf16(t >> 16) * s]  # mul.rn.bf16x2

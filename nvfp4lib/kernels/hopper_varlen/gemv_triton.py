@@ -20,7 +20,9 @@ holds two codes of row ``16w + 8(1 - h') + g``: ``x`` (bits 1-3, sign 7) at K co
 a product with a bf16 activation, or with an NVFP4 activation's ``e2m1 · scale``, is exact in fp32. The sums run in
 fp32 (per row: over the 4 values ``c``, then times the block scale, then over ``j`` and ``e``, then over the units
 of K), so a result differs from the GEMM's only in the order of its fp32 sums; the weights' ``gs_b`` (the global
-scale times 2^14) and the activations' global scale multiply the total.
+scale times 2^14) and the activations' global scale multiply the total. Weights packed for bf16 activations in their
+own word layout (``PackedWeights.own_words``: :func:`~nvfp4lib.kernels.hopper_rs.layout.a16_words`) are read as words
+and their codes put back in the bytes above, in registers.
 
 Three launches per layer step, none of them routing: the copy ``r = t·k + j`` of token ``t`` goes to expert
 ``topk_ids[t, j]``, read in the kernel.
@@ -42,6 +44,7 @@ import triton
 import triton.language as tl
 
 from ..common.triton_launch import launch
+from ..hopper_rs.layout import A16_OWN_SHIFTS
 
 __all__ = ["GemvWeights", "gemv_weights", "gemv", "finalize", "combine", "ACT_BF16", "ACT_NVFP4", "ACT_PARTIALS"]
 
@@ -63,6 +66,7 @@ class GemvWeights(NamedTuple):
     tile_m: int
     dual: bool
     groups: int
+    own_words: bool = False  # the code words in W4A16's own layout (PackedWeights.own_words)
 
     @property
     def units(self) -> int:
@@ -77,7 +81,35 @@ class GemvWeights(NamedTuple):
 
 def gemv_weights(pw) -> GemvWeights:
     """The :class:`GemvWeights` of a :class:`~.runner.PackedWeights`."""
-    return GemvWeights(pw.packed, pw.gs_b, pw.n, pw.k, pw.k_pad, pw.tile_m, pw.dual, pw.groups)
+    return GemvWeights(pw.packed, pw.gs_b, pw.n, pw.k, pw.k_pad, pw.tile_m, pw.dual, pw.groups, bool(pw.own_words))
+
+
+# each fragment register's (sign, magnitude) shifts in W4A16's own word layout (layout.A16_OWN_SHIFTS)
+(_S0, _M0), (_S1, _M1), (_S2, _M2), (_S3, _M3) = [tuple(tl.constexpr(v) for v in sh) for sh in A16_OWN_SHIFTS]
+
+
+@triton.jit
+def _own_code(word, sign: tl.constexpr, mag: tl.constexpr, h: tl.constexpr):
+    """The 4-bit code (sign at bit 3) of one register half of own-layout words: sign at bit 15 + h - sign, magnitude at
+    6 + h - mag and up (layout.a16_words)."""
+    return (((word >> (15 + h - sign)) & 1) << 3) | ((word >> (6 + h - mag)) & 7)
+
+
+@triton.jit
+def _byte(x, y):
+    """As layout._byte: x at bits 1-3 (+ sign at 7), y at bits 4-6 (+ sign at 0)."""
+    return ((x & 7) << 1) | ((x >> 3) << 7) | (y >> 3) | ((y & 7) << 4)
+
+
+@triton.jit
+def _fp16_word(word):
+    """Own-layout code words -> the same codes as the fp16 path's bytes place them (byte b: x and y of row g + 8 for
+    even b, of row g for odd, K column parity b // 2; x: registers 0/1, y: 2/3)."""
+    b0 = _byte(_own_code(word, _S1, _M1, 0), _own_code(word, _S3, _M3, 0))
+    b1 = _byte(_own_code(word, _S0, _M0, 0), _own_code(word, _S2, _M2, 0))
+    b2 = _byte(_own_code(word, _S1, _M1, 16), _own_code(word, _S3, _M3, 16))
+    b3 = _byte(_own_code(word, _S0, _M0, 16), _own_code(word, _S2, _M2, 16))
+    return b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
 
 
 @triton.jit
@@ -119,7 +151,7 @@ def _act(act, act_sc, part, row, kk, K, ACT: tl.constexpr, SPLIT_IN: tl.constexp
 @triton.jit
 def _gemv_kernel(w, gs_b, ids, act, act_sc, act_gs, part, out, R, K, N, KC, BLOCKS, ROW_DIV,
                  CHUNKS: tl.constexpr, U: tl.constexpr, DUAL: tl.constexpr, ACT: tl.constexpr,
-                 SPLIT_IN: tl.constexpr, HALF_IN: tl.constexpr, HAS_GS: tl.constexpr):
+                 SPLIT_IN: tl.constexpr, HALF_IN: tl.constexpr, HAS_GS: tl.constexpr, OWN: tl.constexpr):
     r = tl.program_id(0)  # the token copy (fastest: copies of one expert's block run side by side and share L2)
     cb = tl.program_id(1)  # the CTA block of its expert
     s = tl.program_id(2)  # the slice of K
@@ -138,7 +170,12 @@ def _gemv_kernel(w, gs_b, ids, act, act_sc, act_gs, part, out, R, K, N, KC, BLOC
     for step in range(CHUNKS):  # (split divides KC; a constexpr: Triton 3.6's interpreter fails on runtime bounds)
         kc = k0 + step
         base = ((cta * KC + kc) * U) * 2304
-        b = tl.load(w + base + unit_off[:, None] + (ru % 32)[:, None] * 64 + i[None, :]).to(tl.int32)
+        if OWN:  # 16 words per row: word 4c + j
+            row0 = (w + base + unit_off[:, None] + (ru % 32)[:, None] * 64).to(tl.pointer_type(tl.int32))
+            words = _fp16_word(tl.load(row0 + tl.arange(0, 16)[None, :]))
+            b = tl.reshape((words[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 0xFF, [U * 32, 64])
+        else:
+            b = tl.load(w + base + unit_off[:, None] + (ru % 32)[:, None] * 64 + i[None, :]).to(tl.int32)
         xv = _code_f32(((b & 0x8E) << 8))
         yv = _code_f32(((b & 0x70) << 5) | ((b & 1) << 15))
         ax = _act(act, act_sc, part, arow, kc * 64 + kx, K, ACT, SPLIT_IN, R, HALF_IN)
@@ -200,7 +237,7 @@ def gemv(weights: GemvWeights, topk_ids: torch.Tensor, act: torch.Tensor, *, act
            (weights.packed, weights.gs_b, topk_ids.reshape(-1), a, sc, gs, part, out, r, weights.k, weights.n, kc,
             weights.blocks, k if weights.dual else 1),
            {"CHUNKS": chunks, "U": weights.units, "DUAL": weights.dual, "ACT": mode, "SPLIT_IN": split_in,
-            "HALF_IN": half, "HAS_GS": mode == ACT_NVFP4}, num_warps=num_warps)
+            "HALF_IN": half, "HAS_GS": mode == ACT_NVFP4, "OWN": weights.own_words}, num_warps=num_warps)
     return out.view(split, r, 2, weights.n) if weights.dual else out
 
 

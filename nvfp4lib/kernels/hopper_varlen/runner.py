@@ -18,7 +18,7 @@ from ..common.packing import check_scales_finite
 from ..common.sm90 import POST_SCALE
 from ..common.sm90 import _require_hopper as require_hopper
 from ..hopper_rs import ops as rs_ops
-from ..hopper_rs.layout import canonical_units, prepack_weights
+from ..hopper_rs.layout import a16_units, prepack_weights
 from . import kernel
 from .config import (
     CONFIGS,
@@ -62,7 +62,8 @@ def _compile(key, make, args, recipe: dict | None = None):
 # The module knobs a kernel's build reads besides its config and shape: (recipe field, module, attribute). They are
 # part of its compile key and its AOT recipe, and set from a recipe to build it elsewhere (aot_compile).
 BUILD_KNOBS = (("chain", pdl, "CHAIN"), ("chain_gemm", pdl, "CHAIN_GEMM"), ("prewait", kernel, "PREWAIT_STAGES"),
-               ("handoff", kernel, "TILE_HANDOFF"), ("a16_int_scale", rs_ops, "A16_INT_SCALE"))
+               ("handoff", kernel, "TILE_HANDOFF"), ("a16_int_scale", rs_ops, "A16_INT_SCALE"),
+               ("a16_own_words", rs_ops, "A16_OWN_WORDS"))
 
 
 def build_knobs() -> dict:
@@ -150,8 +151,10 @@ class PackedWeights:
     """The weights in the kernel's layout for one (dual, tile_m, tile_k), every group's matrices packed once in one
     Triton pass read in place from the groups' own tensors (:mod:`.gather`; the torch form where Triton is missing).
     Every config with that layout (:func:`layout_of`) runs on the same packed tensor. For ``activations="bf16"`` the
-    units are made canonical (:func:`~..hopper_rs.layout.canonical_units`: the bf16 decode's integer scale route
-    needs it; the values are the same)."""
+    units are made ready for the bf16 decode (:func:`~..hopper_rs.layout.a16_units`): canonical (its integer scale
+    route needs it; the values are the same) and, with ``hopper_rs.ops.A16_OWN_WORDS`` as it is when packed, each
+    code word in W4A16's own layout; ``own_words`` records which (None for NVFP4 activations), and the runners on
+    these weights build their decode for it."""
 
     def __init__(self, b: list[NVFP4Tensor], b2: list[NVFP4Tensor] | None, tile_m: int, tile_k: int,
                  check_scales: bool = True, activations: str = "nvfp4"):
@@ -172,8 +175,9 @@ class PackedWeights:
         if check_scales and bool(((packed[..., 2048:] & 0x7F) == 0x7F).any()):  # one read-back (NaN: S.1111.111)
             check_scales_finite(b, "b")  # names the group
             check_scales_finite(b2 or [], "b2")
+        self.own_words = bool(rs_ops.A16_OWN_WORDS) if activations == "bf16" else None
         if activations == "bf16":
-            canonical_units(packed)
+            a16_units(packed, self.own_words)
         self.packed = packed.view(-1, ROW_BYTES)
         self.x16 = Scratch(self.k_pad, device)
 
@@ -301,10 +305,17 @@ class VarlenRunner:
         self.w, self.out_dtype = w, out_dtype
         out_name = OUT_DTYPES[out_dtype]
         g, n, kp = w.groups, w.n, w.k_pad
-        if cfg.act == "bf16":  # the GEMM alone, on the caller's bf16 rows [T, K]
-            self._gemm = compile_gemm(cfg, g, n, kp, out_name, k=w.k)
+        if cfg.act == "bf16":  # the GEMM alone, on the caller's bf16 rows [T, K], its decode for the weights' words
+            if w.own_words is None:
+                raise ValueError(f"config {cfg.name} takes bf16 activations; these weights were packed for NVFP4 "
+                                 "activations (PackedWeights(..., activations='bf16'))")
+            with build_setting(a16_own_words=w.own_words):
+                self._gemm = compile_gemm(cfg, g, n, kp, out_name, k=w.k)
             self._call = None
             self._gs_unread = w.gs_b.view(-1)  # the kernel's gs_a argument, not read for bf16 activations
+        elif w.own_words is not None:
+            raise ValueError(f"config {cfg.name} takes NVFP4 activations; these weights were packed for bf16 "
+                             "activations (PackedWeights(..., activations='nvfp4'))")
         else:  # the prologue and the GEMM, from one host function
             self._gemm, self._call = None, compile_call(cfg, g, n, kp, out_name)
         # (.kernel.EAGER_FUSED: calls not being captured run the fused kernel, compiled on the first such call;
