@@ -228,6 +228,9 @@ A16_SCALE_MORE_COMMIT = "8ee1e22"
 SMALL_TILES_COMMIT = "7d08f53"  # moe-bench --quant-small-tiles 0 1 0 1 (W4A4, T = 1, 8, 64); off after it
 HANDOFF_DECODE_COMMIT = "2c902ae"  # moe-bench --tile-handoff 0 1 0 1 (Qwen3- and DeepSeek-like, T = 1 and 8)
 PREFILL_H200_COMMIT = "2cddeb5"  # moe-bench at T = 4096, the three layers as shipped, beside the bf16 peer
+# moe-bench --a16-own-words 0 1 0 1 (W4A16: Qwen3- and Mixtral-like T = 1, 8, 64, uniform and Zipf), then 0 1
+# (DeepSeek-like T = 1, 8, 64; Qwen3- and Mixtral-like T = 4096 beside the bf16 peer); None until its run is recorded
+A16_OWN_COMMIT = None
 CHAIN_PROFILE_COMMIT = "fbe952b"  # moe-bench --profile, Qwen3-like T = 1 and 8, both modes (the chain kernel by kernel)
 DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
@@ -265,6 +268,12 @@ def _prefill_vs_peer(r: Reader) -> str | None:
 def _a16_scale_ab_at(commit: str):
     """The W4A16 scale route's A/B at ``commit`` (moe-bench --a16-int-scale)."""
     return arm_means_at(commit, "a16_int_scale", ("f32 route", "integer route"), "W4A16")
+
+
+def _a16_own_ab(r: Reader) -> str | None:
+    """The W4A16 word layout's A/B at :data:`A16_OWN_COMMIT` (moe-bench --a16-own-words)."""
+    return arm_means_at(A16_OWN_COMMIT, "a16_own_words", ("fp16 path's bytes", "own words"), "W4A16")(r) \
+        if A16_OWN_COMMIT else None
 
 
 def _wide_ab(r: Reader) -> str | None:
@@ -726,6 +735,20 @@ ROUNDS = (
           "bf16 layer in one run on an H200 (moe-bench --tokens 4096 --routing uniform zipf --mode nvfp4 bf16), for "
           "the H200 view of issue 41's prefill targets",
           "", (PREFILL_H200_COMMIT,), _prefill_vs_peer),
+    Round("W4A16's weights in their own word layout (hopper_rs.ops.A16_OWN_WORDS): each k16 word's 8 codes moved "
+          "once, at prepare, where the bf16 decode takes two of its four registers with one shift and a mask (the "
+          "other two: two shifts, a select and a mask): 11 integer instructions per word instead of 15, the same "
+          "values. One run on an H200 (moe-bench --a16-own-words 0 1 0 1, W4A16, Qwen3- and Mixtral-like T = 1, 8, "
+          "64, uniform and Zipf; then 0 1: DeepSeek-like T = 1, 8, 64 and Qwen3- and Mixtral-like T = 4096 beside "
+          "the bf16 layer)",
+          "As the scale route's round (the same 32 instructions fewer per K tile), more where the integer pipe binds "
+          "(3 of the 4 per word are integer ops, issued at half rate): Mixtral-like T = 1, 8, 64 4-8% faster; "
+          "DeepSeek-like T = 1, 8, 64 3-6%; Qwen3-like T = 1 unchanged within 0.5 us (its GEMMs' chains are "
+          "latency-bound, as that round showed), T = 8 and 64 1-4%; prefill T = 4096 Mixtral-like 3-6%, Qwen3-like "
+          "1-3%; the same bits in both arms.",
+          tuple(c for c in (A16_OWN_COMMIT,) if c), _a16_own_ab,
+          "the offline SASS (sm_90a) of the Qwen3-like decode GEMMs, the prediction's basis: per k16 word 22 -> 18 "
+          "instructions (LOP3 -2, SHF -1, IMAD.SHL -1), the mainloop body 328 -> 296 per K tile (hopper_rs/layout.py)"),
 )
 
 
