@@ -586,7 +586,7 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     _ab_arg(p, "--a16-int-scale", "W4A16's weight decode converts the block scales in integer arithmetic "
             "(hopper_rs.ops.A16_INT_SCALE; 0: through f32; default: as shipped)", "0 1", "a16_int_scale (W4A16 rows)",
             type=int, choices=[0, 1])
-    _ab_arg(p, "--a16-own-words", "W4A16's weights packed in their own word layout, the decode of a word 4 integer "
+    _ab_arg(p, "--a16-own-words", "W4A16's weights packed in their own word layout, the decode of a k16 word 4 SASS "
             "instructions shorter (hopper_rs.ops.A16_OWN_WORDS; 0: the fp16 path's bytes; default: as shipped)", "0 1",
             "a16_own_words (W4A16 rows)", type=int, choices=[0, 1])
     _ab_arg(p, "--quant-small-tiles", "W4A4's quantizer launches small inputs in smaller tiles, at least "
