@@ -254,8 +254,8 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     the quantizer wrote the operands, W4A4 with static activation scales, reported apart from the scales computed per
     call, the routing's L2 prefetch that left the package, the W4A16 GEMMs asking for all their first stages' weights
     before their wait, and the W4A4 GEMMs asking for only some while the knob also took them, the GEMMs' tile search
-    in the other form than shipped, W4A16's scales through the route not shipped, W4A4's quantizer in small tiles on
-    small inputs) and the timeline probes' rows are left out."""
+    in the other form than shipped, W4A16's scales through the route not shipped and its weights in the word layout
+    not shipped, W4A4's quantizer in small tiles on small inputs) and the timeline probes' rows are left out."""
     if rows is None or not len(rows) or "status" not in rows:
         return pd.DataFrame()
     sel = rows[(rows["status"] == "ok") & rows["gpu"].astype(str).str.contains(gpu)]
@@ -276,8 +276,10 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     from ..kernels.hopper_rs import ops
     from ..kernels.hopper_varlen import kernel
 
-    # (hopper_varlen.kernel.TILE_HANDOFF's and hopper_rs.ops.A16_INT_SCALE's A/B arms; rows before a knob had no field)
-    sel = at_defaults(sel, {"tile_handoff": int(kernel.TILE_HANDOFF), "a16_int_scale": int(ops.A16_INT_SCALE)})
+    # (hopper_varlen.kernel.TILE_HANDOFF's and hopper_rs.ops.A16_INT_SCALE's and A16_OWN_WORDS' A/B arms; rows before a
+    # knob had no field)
+    sel = at_defaults(sel, {"tile_handoff": int(kernel.TILE_HANDOFF), "a16_int_scale": int(ops.A16_INT_SCALE),
+                            "a16_own_words": int(ops.A16_OWN_WORDS)})
     if "prewait_stages" in sel:  # (hopper_varlen.kernel.PREWAIT_STAGES, shipped for the W4A16 decode GEMMs only)
         pw = pd.to_numeric(sel["prewait_stages"], errors="coerce")
         w4a16 = _in_mode(sel, "bf16")
