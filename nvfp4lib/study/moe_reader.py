@@ -191,9 +191,22 @@ def arms_in_order(commit: str, column: str, labels: dict):
     return outcome
 
 
+def _gemm_means(d: pd.DataFrame, keys: list) -> dict:
+    """Per ``keys`` (a case and an arm), each GEMM's mean time in the rows' graph-replay profiles (rows without one:
+    none)."""
+    if "profile" not in d:
+        return {}
+    out = {}
+    for k, g in d[d["profile"].map(lambda p: isinstance(p, dict))].groupby(keys, sort=False):
+        times = [gemm_us(p) for p in g["profile"]]
+        out[k] = [sum(t[i] for t in times) / len(times) for i in range(min(map(len, times)))]
+    return out
+
+
 def arm_means_at(commit: str, column: str, names: tuple[str, str], mode: str):
     """An on/off knob's A/B at ``commit`` (moe-bench --knob 0 1 ...) in ``mode``'s rows (the column set): per case,
-    each arm's mean graph time over its runs, the ratio on / off, and the bf16 peer's time where the run has it."""
+    each arm's mean graph time over its runs, the ratio on / off, the bf16 peer's time where the run has it, and the
+    GEMMs' mean times where the rows hold profiles (moe-bench --profile)."""
     def outcome(r: Reader) -> str | None:
         d = timed_in_order(r, commit, (column,))
         if d is None:
@@ -207,8 +220,14 @@ def arm_means_at(commit: str, column: str, names: tuple[str, str], mode: str):
         if not {0, 1} <= set(arms.columns):
             return None
         ratio = arms[1] / arms[0]
+        gemms = _gemm_means(d, ["layer", "tokens", "routing", "label", column])
+
+        def profiled(k) -> str:
+            off, on = gemms.get((*k, 0)), gemms.get((*k, 1))
+            return (f" (its GEMMs {' + '.join(f'{x:.1f}' for x in off)} -> {' + '.join(f'{x:.1f}' for x in on)} us"
+                    " in the profile)") if off and on else ""
         cases = "; ".join(f"{k[0]} T = {k[1]} {k[2]} {SHORT.get(k[3], k[3])} {v[0]:.1f} -> {v[1]:.1f} us"
-                          + (f" (bf16 peer {peer[k[:3]]:.1f})" if k[:3] in peer.index else "")
+                          + (f" (bf16 peer {peer[k[:3]]:.1f})" if k[:3] in peer.index else "") + profiled(k)
                           for k, v in arms.iterrows())
         return (f"{names[0]} -> {names[1]}, {mode}, graph replay, each arm's mean over its runs ({len(arms)} cases, "
                 f"ratio {span(ratio)}): {cases}")

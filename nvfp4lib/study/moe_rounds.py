@@ -231,6 +231,7 @@ PREFILL_H200_COMMIT = "2cddeb5"  # moe-bench at T = 4096, the three layers as sh
 A16_OWN_COMMIT = "f9d0202"  # moe-bench --a16-own-words 0 1 0 1 (W4A16, Qwen3- and Mixtral-like T = 1, 8, 64)
 # its second run: DeepSeek-like T = 1, 8, 64 (0 1); T = 4096 beside the bf16 peer (0 1 0 1; Mixtral-like 0 1 0 1 0 1)
 A16_OWN_MORE_COMMIT = "029a1f4"
+A16_OWN_PROFILE_COMMIT = "271366c"  # its third: --profile, Qwen3- and Mixtral-like T = 1 (0 1 0 1), kernel by kernel
 CHAIN_PROFILE_COMMIT = "fbe952b"  # moe-bench --profile, Qwen3-like T = 1 and 8, both modes (the chain kernel by kernel)
 DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
@@ -273,7 +274,7 @@ def _a16_scale_ab_at(commit: str):
 def _a16_own_ab(r: Reader) -> str | None:
     """The W4A16 word layout's A/B (moe-bench --a16-own-words): both runs."""
     parts = [arm_means_at(c, "a16_own_words", ("fp16 path's bytes", "own words"), "W4A16")(r)
-             for c in (A16_OWN_COMMIT, A16_OWN_MORE_COMMIT)]
+             for c in (A16_OWN_COMMIT, A16_OWN_MORE_COMMIT, A16_OWN_PROFILE_COMMIT)]
     return "; then ".join(p for p in parts if p) or None
 
 
@@ -747,7 +748,7 @@ ROUNDS = (
           "DeepSeek-like T = 1, 8, 64 3-6%; Qwen3-like T = 1 unchanged within 0.5 us (its GEMMs' chains are "
           "latency-bound, as that round showed), T = 8 and 64 1-4%; prefill T = 4096 Mixtral-like 3-6%, Qwen3-like "
           "1-3%; the same bits in both arms.",
-          (A16_OWN_COMMIT, A16_OWN_MORE_COMMIT), _a16_own_ab,
+          (A16_OWN_COMMIT, A16_OWN_MORE_COMMIT, A16_OWN_PROFILE_COMMIT), _a16_own_ab,
           "the offline SASS (sm_90a) of the Qwen3-like decode GEMMs, the prediction's basis: per k16 word 22 -> 18 "
           "instructions (LOP3 -2, SHF -1, IMAD.SHL -1), the mainloop body 328 -> 296 per K tile (hopper_rs/layout.py)"),
 )

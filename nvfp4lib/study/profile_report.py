@@ -8,7 +8,7 @@ __all__ = ["load_profiles", "profile_table", "opcode_difference", "GEMM_ROLE"]
 
 # The kernels a case profiles, in launch order, where the order names them: a MoE layer's call runs the gate/up GEMM
 # and then the down GEMM
-GEMM_ROLE = {"qwen3-moe": ("gate/up", "down")}
+GEMM_ROLE = {"qwen3-moe": ("gate/up", "down"), "mixtral": ("gate/up", "down")}
 
 
 def load_profiles(path=None) -> pd.DataFrame:
