@@ -613,6 +613,20 @@ def test_split_rule_balance_minimises_the_busiest_sm():
         vc.choose_splits(single, 2, 8, 4096, 14336, 132, rule="fast")
 
 
+def test_split_rule_pair_takes_two_ctas_per_sm_only_for_long_slices():
+    """The "pair" rule (a knob, not the default): two CTAs per SM where each slice keeps PAIR_MIN_K_TILES K tiles (the
+    Mixtral-like down GEMM at T=1: 64 CTAs x 4 slices of 28 K tiles), else as "idle" (the Qwen3-like GEMMs at T=1)."""
+    from nvfp4lib.kernels.hopper_varlen import config as vc
+
+    dual, single = CONFIGS["vl_dual_m64_t16_k128_s8_e_x"], CONFIGS["vl_m128_t16_k128_s8_e_x"]
+    assert vc.choose_splits(single, 2, 8, 4096, 14336, 132, rule="idle") == 2
+    assert vc.choose_splits(single, 2, 8, 4096, 14336, 132, rule="pair") == 4
+    assert vc.choose_splits(dual, 8, 128, 768, 2048, 132, rule="pair") == 1  # 96 CTAs, 16 K tiles: not 2 x 8
+    assert vc.choose_splits(single, 8, 128, 2048, 768, 132, rule="pair") == 1
+    assert vc.choose_splits(single, 2, 8, 4096, 2048, 132, rule="pair") == 2  # 16 K tiles: 2 idle-filling slices
+    assert vc.choose_splits(single, 64, 128, 768, 2048, 132, rule="pair") == 1  # a full grid: never split
+
+
 def test_split_setting_sets_the_knobs_for_a_block_only():
     """moe-bench's split-K A/B sets SPLIT_K and SPLIT_RULE per run (config.split_setting), then leaves them as
     they were."""

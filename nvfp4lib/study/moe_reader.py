@@ -11,7 +11,7 @@ from ..bench.moe_bench import LABELS
 
 __all__ = ["NOT_RECORDED", "NO_PREDICTION", "W4A4", "W4A16", "PEER", "SHORT", "KEY", "Reader", "span", "per_label",
            "speedups", "ab_at", "gemm_us", "shipped_rule", "split_ab", "not_probe", "timed_in_order", "arms_in_order",
-           "arm_means_at",
+           "arm_means_at", "rounds_table_of",
            "generic"]
 
 NOT_RECORDED = "not recorded in data/"
@@ -245,3 +245,46 @@ def generic(before: str | None, after: str):
         return (f"{before} -> {after}, {len(p)} cases, graph time before / after: "
                 + per_label(p, lambda g: g["before"] / g["after"], "{:.2f}x"))
     return outcome
+
+
+def _not_ok_note(rows: pd.DataFrame, commits: tuple[str, ...]) -> str:
+    if not len(rows) or "status" not in rows:
+        return ""
+    bad = rows[(rows["git_commit"].astype(str).str[:7].isin(commits)) & (rows["status"] != "ok")]
+    if not len(bad):
+        return ""
+    parts = []
+    for lab, g in bad.groupby("label", sort=False):
+        kind = str(g["status"].iloc[0]).split(":")[:2]
+        parts.append(f"{SHORT.get(lab, lab)} not ok in {len(g)} cases ({':'.join(kind).strip()})")
+    return "; ".join(parts)
+
+
+def rounds_table_of(rows: pd.DataFrame, rounds) -> pd.DataFrame:
+    """One line per round (then per commit of the data no round names): change, prediction, outcome (computed from
+    the rows; :data:`NOT_RECORDED` where the data hold nothing for it), the commits and the runs it read."""
+    r = Reader(rows if rows is not None else pd.DataFrame())
+    out = []
+    named = {c for x in rounds for c in x.commits}
+    for i, rd in enumerate(rounds, 1):
+        r.used = {}
+        text = rd.outcome(r) if rd.outcome else None
+        note = _not_ok_note(rows, rd.commits) if rows is not None else ""
+        parts = [text or NOT_RECORDED] + ([note] if note else []) + (
+            [f"{rd.unrecorded}: {NOT_RECORDED}"] if rd.unrecorded else [])
+        pred = rd.prediction() if callable(rd.prediction) else rd.prediction
+        runs = [run for c in rd.commits for run in r.used.get(c, [])]
+        out.append({"round": i, "change": rd.change, "prediction": pred or NO_PREDICTION,
+                    "outcome (from data/moe.jsonl)": "; ".join(parts), "commit": ", ".join(rd.commits),
+                    "runs": ", ".join(runs) or NOT_RECORDED})
+    if len(r.rows):
+        order = r.rows.groupby("commit")["run_id"].max().sort_values().index.tolist()
+        for j, c in enumerate(order):
+            if c in named:
+                continue
+            r.used = {}
+            text = generic(order[j - 1] if j else None, c)(r)
+            out.append({"round": len(out) + 1, "change": "no round written for this commit yet",
+                        "prediction": NO_PREDICTION, "outcome (from data/moe.jsonl)": text or NOT_RECORDED,
+                        "commit": c, "runs": ", ".join(r.used.get(c, [])) or NOT_RECORDED})
+    return pd.DataFrame(out).set_index("round")

@@ -30,6 +30,7 @@ from .moe_reader import (
     generic,
     not_probe,
     per_label,
+    rounds_table_of,
     span,
     speedups,
     split_ab,
@@ -232,6 +233,7 @@ A16_OWN_COMMIT = "f9d0202"  # moe-bench --a16-own-words 0 1 0 1 (W4A16, Qwen3- a
 # its second run: DeepSeek-like T = 1, 8, 64 (0 1); T = 4096 beside the bf16 peer (0 1 0 1; Mixtral-like 0 1 0 1 0 1)
 A16_OWN_MORE_COMMIT = "029a1f4"
 A16_OWN_PROFILE_COMMIT = "271366c"  # its third: --profile, Qwen3- and Mixtral-like T = 1 (0 1 0 1), kernel by kernel
+PAIR_COMMIT = None  # moe-bench --split-k idle pair idle pair --profile (Mixtral- and Qwen3-like T = 1, both modes)
 CHAIN_PROFILE_COMMIT = "fbe952b"  # moe-bench --profile, Qwen3-like T = 1 and 8, both modes (the chain kernel by kernel)
 DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
@@ -751,47 +753,20 @@ ROUNDS = (
           (A16_OWN_COMMIT, A16_OWN_MORE_COMMIT, A16_OWN_PROFILE_COMMIT), _a16_own_ab,
           "the offline SASS (sm_90a) of the Qwen3-like decode GEMMs, the prediction's basis: per k16 word 22 -> 18 "
           "instructions (LOP3 -2, SHF -1, IMAD.SHL -1), the mainloop body 328 -> 296 per K tile (hopper_rs/layout.py)"),
+    Round("Split-K rule 'pair' (a knob, SPLIT_RULE): as 'idle', but two CTAs per SM where every slice keeps at least "
+          "16 K tiles: the Mixtral-like down GEMM at T = 1 in 4 slices of 28 K tiles (256 CTAs) instead of 2 of 56. "
+          "From the Nsight Compute rows of that GEMM (notebook 11's profile table: 2 warps per scheduler, issue slots "
+          "under half busy, DRAM under half its peak). One run on an H200 (moe-bench --split-k idle pair idle pair "
+          "--profile, Mixtral- and Qwen3-like T = 1, both modes, uniform)",
+          "The Mixtral-like down GEMM ~30 -> ~20-22 us in both modes (a second CTA per SM issuing while the first "
+          "waits: ~1.6-1.75x the SM's issue rate over its 56 K tiles), the layer W4A16 ~90 -> ~80-82 us and W4A4 "
+          "~106 -> ~96-98; Qwen3-like T = 1 unchanged (its splits stay as they are).",
+          tuple(c for c in (PAIR_COMMIT,) if c),
+          lambda r: split_ab(PAIR_COMMIT, "split_rule", ("idle", "pair"), keep=None,
+                             names=("rule idle", "pair"))(r) if PAIR_COMMIT else None),
 )
 
 
-def _not_ok_note(rows: pd.DataFrame, commits: tuple[str, ...]) -> str:
-    if not len(rows) or "status" not in rows:
-        return ""
-    bad = rows[(rows["git_commit"].astype(str).str[:7].isin(commits)) & (rows["status"] != "ok")]
-    if not len(bad):
-        return ""
-    parts = []
-    for lab, g in bad.groupby("label", sort=False):
-        kind = str(g["status"].iloc[0]).split(":")[:2]
-        parts.append(f"{SHORT.get(lab, lab)} not ok in {len(g)} cases ({':'.join(kind).strip()})")
-    return "; ".join(parts)
-
-
 def rounds_table(rows: pd.DataFrame, rounds=ROUNDS) -> pd.DataFrame:
-    """One line per round (then per commit of the data no round names): change, prediction, outcome (computed from
-    the rows; :data:`NOT_RECORDED` where the data hold nothing for it), the commits and the runs it read."""
-    r = Reader(rows if rows is not None else pd.DataFrame())
-    out = []
-    named = {c for x in rounds for c in x.commits}
-    for i, rd in enumerate(rounds, 1):
-        r.used = {}
-        text = rd.outcome(r) if rd.outcome else None
-        note = _not_ok_note(rows, rd.commits) if rows is not None else ""
-        parts = [text or NOT_RECORDED] + ([note] if note else []) + (
-            [f"{rd.unrecorded}: {NOT_RECORDED}"] if rd.unrecorded else [])
-        pred = rd.prediction() if callable(rd.prediction) else rd.prediction
-        runs = [run for c in rd.commits for run in r.used.get(c, [])]
-        out.append({"round": i, "change": rd.change, "prediction": pred or NO_PREDICTION,
-                    "outcome (from data/moe.jsonl)": "; ".join(parts), "commit": ", ".join(rd.commits),
-                    "runs": ", ".join(runs) or NOT_RECORDED})
-    if len(r.rows):
-        order = r.rows.groupby("commit")["run_id"].max().sort_values().index.tolist()
-        for j, c in enumerate(order):
-            if c in named:
-                continue
-            r.used = {}
-            text = generic(order[j - 1] if j else None, c)(r)
-            out.append({"round": len(out) + 1, "change": "no round written for this commit yet",
-                        "prediction": NO_PREDICTION, "outcome (from data/moe.jsonl)": text or NOT_RECORDED,
-                        "commit": c, "runs": ", ".join(r.used.get(c, [])) or NOT_RECORDED})
-    return pd.DataFrame(out).set_index("round")
+    """One line per round (then per commit of the data no round names): :func:`.moe_reader.rounds_table_of`."""
+    return rounds_table_of(rows, rounds)

@@ -308,7 +308,14 @@ SPLIT_TILES = 1024  # tiles a split call counts at most: the per-stream counters
 # quantization, W4A16 11.0 -> 11.6 after the gather; down 7.6 -> 7.5). So a decode GEMM's first stage does not wait
 # for DRAM: what it waits for after the kernel before has ended is still to be found (its activation loads, issued
 # after the wait, are the candidate). The prefetch left the package (git keeps it at the A/B's commit).
-SPLIT_RULES = ("idle", "balance")
+# A third rule, "pair" (issue 41, 2026-11-29, H200): as "idle", but two CTAs per SM where every slice still has at least
+# PAIR_MIN_K_TILES K tiles. Why: Nsight Compute (data/profiles.jsonl, notebook 11) has the Mixtral-like down GEMM at
+# T = 1 (64 tiles of 112 K tiles, 2 slices by "idle": 128 CTAs) at 2 warps per scheduler, issue slots 43% busy, DRAM
+# 45%: a second CTA per SM (107.5 KB of shared memory each: two fit) issues while the first waits. The Qwen3-like
+# GEMMs at T = 1 (16 and 6 K tiles), where two CTAs per SM lost, keep their splits. Prediction and outcome: notebook
+# 11's rounds.
+SPLIT_RULES = ("idle", "balance", "pair")
+PAIR_MIN_K_TILES = 16
 SHIPPED_SPLIT_RULE = "idle"
 SPLIT_RULE = SHIPPED_SPLIT_RULE
 
@@ -341,7 +348,8 @@ def choose_splits(cfg: VarlenConfig, rows: int, groups: int, n: int, k_pad: int,
     off), only for grids (:func:`max_token_tiles` x the weight blocks) of at most ``sms`` CTAs, at most
     :data:`MAX_SPLITS`, each slice at least :data:`MIN_SPLIT_K_TILES` K tiles; ``rule`` (default
     :data:`SPLIT_RULE`): "idle", as many as fit the idle SMs, one CTA per SM (``sms // CTAs``); "balance", the fewest
-    that minimise the busiest SM's K tiles (:data:`SPLIT_RULE`'s note).
+    that minimise the busiest SM's K tiles (:data:`SPLIT_RULE`'s note); "pair", two CTAs per SM where each slice keeps
+    :data:`PAIR_MIN_K_TILES` K tiles, else as "idle".
 
     One CTA per SM, not two: in the first A/B (H100, 2026-11-27; the rule then filled two CTAs per SM with slices of
     at least 2 K tiles) the Qwen3-like layer at T=1, whose GEMMs have 96 and 128 CTAs, split both into 2 slices (8
@@ -361,6 +369,8 @@ def choose_splits(cfg: VarlenConfig, rows: int, groups: int, n: int, k_pad: int,
     most = max(1, min(MAX_SPLITS, k_tiles // MIN_SPLIT_K_TILES))
     if rule == "idle":
         slices = min(most, sms // ctas)
+    elif rule == "pair":
+        slices = max(min(most, sms // ctas), min(most, 2 * sms // ctas, k_tiles // PAIR_MIN_K_TILES))
     else:
         slices = min(range(1, most + 1), key=lambda s: (-(-ctas * s // sms) * -(-k_tiles // s), s))
     per = -(-k_tiles // slices)  # K tiles per slice, the last one's fewer: no slice left empty
