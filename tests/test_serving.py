@@ -555,15 +555,15 @@ def test_one_shot_table_ring_never_overwrites_a_table_in_use(slots, every):
 
 
 def test_split_k_only_where_the_tiles_leave_sms_idle(monkeypatch):
-    """choose_splits: a split_k config splits K over the SMs its grid leaves idle (one CTA per SM), at most
-    MAX_SPLITS slices of at least MIN_SPLIT_K_TILES K tiles, none empty; never for other configs or with the SPLIT_K
-    knob off."""
+    """choose_splits (the shipped rule, "pair"): a split_k config splits K over the SMs its grid leaves idle (one CTA
+    per SM; two where each slice keeps PAIR_MIN_K_TILES K tiles), at most MAX_SPLITS slices of at least
+    MIN_SPLIT_K_TILES K tiles, none empty; never for other configs or with the SPLIT_K knob off."""
     from nvfp4lib.kernels.hopper_varlen import config as vc
 
     dual, single = CONFIGS["vl_dual_m64_t16_k128_s8_e_x"], CONFIGS["vl_m128_t16_k128_s8_e_x"]
     assert vc.choose_splits(dual, 8, 128, 768, 2048, 132) == 1  # Qwen3-like T=1 gate/up: 96 CTAs
     assert vc.choose_splits(single, 8, 128, 2048, 768, 132) == 1  # its down GEMM: 128 CTAs
-    assert vc.choose_splits(single, 2, 8, 4096, 14336, 132) == 2  # Mixtral-like T=1 down: 64 CTAs
+    assert vc.choose_splits(single, 2, 8, 4096, 14336, 132) == 4  # Mixtral-like T=1 down: 64 CTAs, 2 per SM
     assert vc.choose_splits(single, 2, 8, 1024, 4096, 132) == 8  # 16 CTAs, 32 K tiles: MAX_SPLITS
     assert vc.choose_splits(single, 2, 8, 1024, 1024, 132) == 2  # 8 K tiles: slices of MIN_SPLIT_K_TILES
     assert vc.choose_splits(single, 64, 128, 768, 2048, 132) == 1  # Qwen3-like T=8: 384 CTAs
@@ -603,7 +603,7 @@ def test_split_rule_balance_minimises_the_busiest_sm():
     from nvfp4lib.kernels.hopper_varlen import config as vc
 
     dual, single = CONFIGS["vl_dual_m64_t16_k128_s8_e_x"], CONFIGS["vl_m128_t16_k128_s8_e_x"]
-    assert vc.SPLIT_RULE == vc.SHIPPED_SPLIT_RULE == "idle"
+    assert vc.SPLIT_RULE == vc.SHIPPED_SPLIT_RULE == "pair"
     assert vc.choose_splits(dual, 8, 128, 768, 2048, 132, rule="balance") == 4  # 3 CTAs x 4 K tiles, not 1 x 16
     assert vc.choose_splits(dual, 8, 128, 768, 2048, 132, rule="idle") == 1
     assert vc.choose_splits(single, 8, 128, 2048, 768, 132, rule="balance") == 1  # 128 CTAs, 6 K tiles: a tie
@@ -614,7 +614,7 @@ def test_split_rule_balance_minimises_the_busiest_sm():
 
 
 def test_split_rule_pair_takes_two_ctas_per_sm_only_for_long_slices():
-    """The "pair" rule (a knob, not the default): two CTAs per SM where each slice keeps PAIR_MIN_K_TILES K tiles (the
+    """The "pair" rule (shipped): two CTAs per SM where each slice keeps PAIR_MIN_K_TILES K tiles (the
     Mixtral-like down GEMM at T=1: 64 CTAs x 4 slices of 28 K tiles), else as "idle" (the Qwen3-like GEMMs at T=1)."""
     from nvfp4lib.kernels.hopper_varlen import config as vc
 

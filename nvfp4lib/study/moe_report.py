@@ -272,6 +272,10 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
         sel = sel[~_chain_unshipped(sel)]
     if "quant_operand" in sel:  # (the A/B's arm through codes and prologues; rows before the knob had no field)
         sel = sel[~_switched_off(sel["quant_operand"])]
+    if "split_rule" in sel:  # (the 'pair' rule's A/B: its 'idle' arm, at the commits whose runs had both)
+        commit = sel["git_commit"].astype(str).str[:7]
+        paired = commit.isin(set(commit[sel["split_rule"].eq("pair")]))
+        sel = sel[~(paired & sel["split_rule"].eq("idle"))]
     sel = rule_as_shipped(sel)  # (the shape rule's knobs: tuning.ONCE_WAIT, SHORT_K, DUAL_96 at their values now)
     from ..kernels.hopper_rs import ops
     from ..kernels.hopper_varlen import kernel

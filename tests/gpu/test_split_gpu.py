@@ -17,8 +17,9 @@ pytestmark = pytest.mark.gpu
 TOL = 1e-3  # fp32 sums in another order than the reference's, one rounding to the output type
 SPLIT = [n for n, c in CONFIGS.items() if c.split_k]
 # (groups, N, K, rows): 4 rows over 64 groups (32 CTAs: 4 slices; dual 2), 2 rows over 8 groups (16 CTAs: 8
-# slices; dual 4), and K off the 128 tile (9 K tiles: 2 slices of 5 and 4)
-SHAPES = [(64, 1024, 4096, 4), (8, 1024, 4096, 2), (8, 512, 1040, 3)]
+# slices; dual 4), K off the 128 tile (9 K tiles: 2 slices of 5 and 4), and two CTAs per SM by the "pair" rule
+# (64 CTAs: 4 slices of 16 K tiles, where "idle" takes 2; dual 128 CTAs: 2 slices of 32, where "idle" takes none)
+SHAPES = [(64, 1024, 4096, 4), (8, 1024, 4096, 2), (8, 512, 1040, 3), (8, 4096, 8192, 2)]
 
 
 @pytest.fixture(autouse=True)

@@ -250,7 +250,8 @@ SPLIT_TILES = 1024  # tiles a split call counts at most: the per-stream counters
 # faster (W4A4 12.1 -> ~9-10 us). Measured (the A/B at d8f8ad5, H100, notebook 11): it got slower, 12.2 -> 18.3 us
 # (W4A4) and 13.8 -> 19.1 (W4A16), every other case within 5%. The model is wrong: a CTA costs more than its K
 # tiles. Fitting f + 16·t = 12.2 and 3·(f + 4·t) = 18.3 gives ~4 us per CTA (start, pipeline fill, partials, hand-over)
-# and ~0.5 us per K tile: a slice pays off only where it lands on an idle SM, as "idle" does. "idle" stays.
+# and ~0.5 us per K tile: a slice pays off only where it lands on an idle SM, as "idle" does. "idle" stayed (until
+# "pair", below, took a second CTA per SM for long slices only).
 # What bounds a decode GEMM (issue 41; ncu of the CUDA 13 tools on the H100, unlocked clocks, one eager layer call per
 # case, a development probe, not recorded in data/): the Qwen3-like layer at T = 1 runs its gate/up GEMM as 96 CTAs of
 # 256 threads (one per SM, 36 SMs idle) and its down GEMM as 128; per scheduler 2 warps active and 0.3-0.6 eligible,
@@ -312,11 +313,15 @@ SPLIT_TILES = 1024  # tiles a split call counts at most: the per-stream counters
 # PAIR_MIN_K_TILES K tiles. Why: Nsight Compute (data/profiles.jsonl, notebook 11) has the Mixtral-like down GEMM at
 # T = 1 (64 tiles of 112 K tiles, 2 slices by "idle": 128 CTAs) at 2 warps per scheduler, issue slots 43% busy, DRAM
 # 45%: a second CTA per SM (107.5 KB of shared memory each: two fit) issues while the first waits. The Qwen3-like
-# GEMMs at T = 1 (16 and 6 K tiles), where two CTAs per SM lost, keep their splits. Prediction and outcome: notebook
-# 11's rounds.
+# GEMMs at T = 1 (16 and 6 K tiles), where two CTAs per SM lost, keep their splits. Predicted: that down GEMM ~30 ->
+# ~20-22 us in both modes, the layer W4A16 ~90 -> ~80-82 us, W4A4 ~106 -> ~96-98; Qwen3-like unchanged. Measured
+# (moe-bench --split-k idle pair idle pair --profile, notebook 11's rounds): W4A4 106.2, 106.9 -> 93.0, 92.7 us (its
+# down GEMM 42.6 -> 28.3 us in the profile), W4A16 89.6, 91.3 -> 87.2, 87.3 (down 30.6 -> 26.8: the prediction's
+# half), Qwen3-like within its noise. Shipped. Of the bench's MoE cases it changes only the Mixtral-like down GEMM at
+# T = 1 and 2; the study shapes' grids never leave SMs idle.
 SPLIT_RULES = ("idle", "balance", "pair")
 PAIR_MIN_K_TILES = 16
-SHIPPED_SPLIT_RULE = "idle"
+SHIPPED_SPLIT_RULE = "pair"
 SPLIT_RULE = SHIPPED_SPLIT_RULE
 
 
