@@ -233,7 +233,7 @@ A16_OWN_COMMIT = "f9d0202"  # moe-bench --a16-own-words 0 1 0 1 (W4A16, Qwen3- a
 # its second run: DeepSeek-like T = 1, 8, 64 (0 1); T = 4096 beside the bf16 peer (0 1 0 1; Mixtral-like 0 1 0 1 0 1)
 A16_OWN_MORE_COMMIT = "029a1f4"
 A16_OWN_PROFILE_COMMIT = "271366c"  # its third: --profile, Qwen3- and Mixtral-like T = 1 (0 1 0 1), kernel by kernel
-PAIR_COMMIT = None  # moe-bench --split-k idle pair idle pair --profile (Mixtral- and Qwen3-like T = 1, both modes)
+PAIR_COMMIT = "e2816a3"  # moe-bench --split-k idle pair idle pair --profile (Mixtral- and Qwen3-like T = 1, both modes)
 CHAIN_PROFILE_COMMIT = "fbe952b"  # moe-bench --profile, Qwen3-like T = 1 and 8, both modes (the chain kernel by kernel)
 DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
