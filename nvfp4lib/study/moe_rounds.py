@@ -234,6 +234,7 @@ A16_OWN_COMMIT = "f9d0202"  # moe-bench --a16-own-words 0 1 0 1 (W4A16, Qwen3- a
 A16_OWN_MORE_COMMIT = "029a1f4"
 A16_OWN_PROFILE_COMMIT = "271366c"  # its third: --profile, Qwen3- and Mixtral-like T = 1 (0 1 0 1), kernel by kernel
 PAIR_COMMIT = "e2816a3"  # moe-bench --split-k idle pair idle pair --profile (Mixtral- and Qwen3-like T = 1, both modes)
+PAIR_SHIPPED_COMMIT = "d9d64ea"  # the same with 'pair' shipped, Mixtral-like T = 1, 2, 8
 CHAIN_PROFILE_COMMIT = "fbe952b"  # moe-bench --profile, Qwen3-like T = 1 and 8, both modes (the chain kernel by kernel)
 DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
@@ -757,13 +758,14 @@ ROUNDS = (
           "16 K tiles: the Mixtral-like down GEMM at T = 1 in 4 slices of 28 K tiles (256 CTAs) instead of 2 of 56. "
           "From the Nsight Compute rows of that GEMM (notebook 11's profile table: 2 warps per scheduler, issue slots "
           "under half busy, DRAM under half its peak). One run on an H200 (moe-bench --split-k idle pair idle pair "
-          "--profile, Mixtral- and Qwen3-like T = 1, both modes, uniform)",
+          "--profile, Mixtral- and Qwen3-like T = 1, both modes, uniform); shipped after it, then the same A/B at "
+          "Mixtral-like T = 1, 2, 8",
           "The Mixtral-like down GEMM ~30 -> ~20-22 us in both modes (a second CTA per SM issuing while the first "
           "waits: ~1.6-1.75x the SM's issue rate over its 56 K tiles), the layer W4A16 ~90 -> ~80-82 us and W4A4 "
           "~106 -> ~96-98; Qwen3-like T = 1 unchanged (its splits stay as they are).",
-          tuple(c for c in (PAIR_COMMIT,) if c),
-          lambda r: split_ab(PAIR_COMMIT, "split_rule", ("idle", "pair"), keep=None,
-                             names=("rule idle", "pair"))(r) if PAIR_COMMIT else None),
+          (PAIR_COMMIT, PAIR_SHIPPED_COMMIT),
+          lambda r: "; then, shipped: ".join(x for x in (split_ab(c, "split_rule", ("idle", "pair"), keep=None, names=(
+              "rule idle", "pair"))(r) for c in (PAIR_COMMIT, PAIR_SHIPPED_COMMIT)) if x) or None),
 )
 
 
