@@ -550,7 +550,7 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                         "development probe) and read them from one more replay: the row's timeline field (phases "
                         "per CTA: schedule, wait, first stage, mainloop, epilogue)")
     # the knobs' A/B options: several values run the whole set once per value in this process, in the order given
-    _ab_arg(p, "--split-k", "the serving kernel's split-K at decode (SPLIT_K; default: as shipped, on with the idle "
+    _ab_arg(p, "--split-k", "the serving kernel's split-K at decode (SPLIT_K; default: as shipped, on with the pair "
             "rule); idle, balance, pair: on with that rule (SPLIT_RULE)", "e.g. off on balance",
             "split_k and split_rule", choices=["on", "off", "idle", "balance", "pair"])
     _ab_arg(p, "--quant-one-program", "W4A4's activation quantizer on small inputs in one program "

@@ -122,7 +122,8 @@ def chain_steps(profile) -> list[tuple[str, float]]:
 
 
 def shipped_rule(d: pd.DataFrame) -> pd.Series:
-    """The rows of the shipped split rule, and the rows with split-K off (rows from before the rule knob: all)."""
+    """The rows of the split rule shipped when the split-K on/off A/Bs ran ("idle"), and the rows with split-K off
+    (rows from before the rule knob: all)."""
     if "split_rule" not in d:
         return pd.Series(True, index=d.index)
     return d["split_rule"].isna() | d["split_rule"].eq("idle") | d["split_k"].eq(False)
