@@ -235,6 +235,7 @@ A16_OWN_MORE_COMMIT = "029a1f4"
 A16_OWN_PROFILE_COMMIT = "271366c"  # its third: --profile, Qwen3- and Mixtral-like T = 1 (0 1 0 1), kernel by kernel
 PAIR_COMMIT = "e2816a3"  # moe-bench --split-k idle pair idle pair --profile (Mixtral- and Qwen3-like T = 1, both modes)
 PAIR_SHIPPED_COMMIT = "d9d64ea"  # the same with 'pair' shipped, Mixtral-like T = 1, 2, 8
+DECODE_H200_COMMIT = "45985b8"  # moe-bench at T = 1, 8, 64, the three layers as shipped, beside the bf16 peer
 CHAIN_PROFILE_COMMIT = "fbe952b"  # moe-bench --profile, Qwen3-like T = 1 and 8, both modes (the chain kernel by kernel)
 DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
 DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
@@ -253,20 +254,22 @@ def _small_tiles(r: Reader) -> str | None:
     return "; ".join(x for x in (head, ab) if x) or None
 
 
-def _prefill_vs_peer(r: Reader) -> str | None:
-    """The prefill run at :data:`PREFILL_H200_COMMIT`: per layer and routing, each mode's graph time and the bf16
-    peer's, and the mode over the peer (above one: slower than bf16)."""
-    d = r.at(PREFILL_H200_COMMIT, routing=None)
-    if not len(d):
-        return None
-    r.used[PREFILL_H200_COMMIT] = sorted(set(d["run_id"]))
-    t = d.pivot_table(index=["layer", "routing"], columns="label", values="median_us", aggfunc="first")
-    if PEER not in t:
-        return None
-    parts = [f"{k[0]} {k[1]}: " + ", ".join(f"{SHORT.get(lab, lab)} {v[lab]:.0f} us ({v[lab] / v[PEER]:.2f}x)"
-                                            for lab in (W4A4, W4A16) if lab in t and v[lab] == v[lab])
-             + f", bf16 {v[PEER]:.0f} us" for k, v in t.iterrows()]
-    return "T = 4096, graph replay, each mode over the bf16 layer: " + "; ".join(parts)
+def _vs_peer_at(commit: str):
+    """A run as shipped beside the bf16 layer at ``commit``: per layer, T and routing, each mode's graph time and the
+    bf16 peer's, and the mode over the peer (above one: slower than bf16)."""
+    def outcome(r: Reader) -> str | None:
+        d = r.at(commit, routing=None)
+        if not len(d):
+            return None
+        r.used[commit] = sorted(set(d["run_id"]))
+        t = d.pivot_table(index=["layer", "tokens", "routing"], columns="label", values="median_us", aggfunc="first")
+        if PEER not in t:
+            return None
+        parts = [f"{k[0]} T = {k[1]} {k[2]}: " + ", ".join(
+            f"{SHORT.get(lab, lab)} {v[lab]:.0f} us ({v[lab] / v[PEER]:.2f}x)" for lab in (W4A4, W4A16)
+            if lab in t and v[lab] == v[lab]) + f", bf16 {v[PEER]:.0f} us" for k, v in t.iterrows()]
+        return "graph replay, each mode over the bf16 layer: " + "; ".join(parts)
+    return outcome
 
 
 def _a16_scale_ab_at(commit: str):
@@ -739,7 +742,7 @@ ROUNDS = (
     Round("No change: prefill measured as shipped, the three layers at T = 4096, both modes and routings, beside the "
           "bf16 layer in one run on an H200 (moe-bench --tokens 4096 --routing uniform zipf --mode nvfp4 bf16), for "
           "the H200 view of issue 41's prefill targets",
-          "", (PREFILL_H200_COMMIT,), _prefill_vs_peer),
+          "", (PREFILL_H200_COMMIT,), _vs_peer_at(PREFILL_H200_COMMIT)),
     Round("W4A16's weights in their own word layout (hopper_rs.ops.A16_OWN_WORDS): each k16 word's 8 codes moved "
           "once, at prepare, where the bf16 decode takes two of its four registers with one shift and a mask (the "
           "other two: two shifts, a select and a mask): 11 integer instructions per word instead of 15, the same "
@@ -766,6 +769,10 @@ ROUNDS = (
           (PAIR_COMMIT, PAIR_SHIPPED_COMMIT),
           lambda r: "; then, shipped: ".join(x for x in (split_ab(c, "split_rule", ("idle", "pair"), keep=None, names=(
               "rule idle", "pair"))(r) for c in (PAIR_COMMIT, PAIR_SHIPPED_COMMIT)) if x) or None),
+    Round("No change: decode measured as shipped (the own word layout and the 'pair' rule in), the three layers at "
+          "T = 1, 8, 64, both modes and routings, beside the bf16 layer in one run on an H200 (moe-bench --tokens 1 8 "
+          "64 --routing uniform zipf --mode nvfp4 bf16), for the H200 view of issue 41's decode targets",
+          "", (DECODE_H200_COMMIT,), _vs_peer_at(DECODE_H200_COMMIT)),
 )
 
 
