@@ -91,7 +91,7 @@ A16_SCALE_BIAS = 0x70007000
 # it packed and its runners build for it): the 8 codes of each k16 word moved (layout.a16_units, once, at prepare)
 # where the bf16 decode takes two registers with one shift (or none) and a mask each (layout.A16_OWN_SHIFTS). Why: in
 # the SASS of the W4A16 decode GEMMs (offline, sm_90a; the Qwen3-like layer's vl_a16_m128_t16_k128_s8_e_x) a k16 word's
-# decode was 22 instructions at the integer scale route, 15 of them moving codes (8 LOP3, 3 SHF, 4 IMAD.SHL); with this
+# decode was 22 instructions at the integer scale route, 15 of them moving codes (8 LOP3, 2 SHF, 5 IMAD.SHL); with this
 # layout 18 (6 LOP3, 1 SHF, 4 IMAD.SHL), the mainloop body per K tile 328 -> 296. Prediction (before the run): as the
 # scale route's round, more where the integer pipe binds, Mixtral-like decode 4-8% faster, DeepSeek-like 3-6%,
 # Qwen3-like T = 1 unchanged. Outcome (H200, moe-bench --a16-own-words, graph replay; notebook 11's rounds):
