@@ -277,11 +277,14 @@ def _a16_scale_ab_at(commit: str):
     return arm_means_at(commit, "a16_int_scale", ("f32 route", "integer route"), "W4A16")
 
 
-def _a16_own_ab(r: Reader) -> str | None:
-    """The W4A16 word layout's A/B (moe-bench --a16-own-words): both runs."""
-    parts = [arm_means_at(c, "a16_own_words", ("fp16 path's bytes", "own words"), "W4A16")(r)
-             for c in (A16_OWN_COMMIT, A16_OWN_MORE_COMMIT, A16_OWN_PROFILE_COMMIT)]
-    return "; then ".join(p for p in parts if p) or None
+def _in_turn(outcomes, sep: str = "; then "):
+    """One round's outcome from several runs' (each a Reader -> str | None): those the data hold, in order."""
+    return lambda r: sep.join(x for x in (o(r) for o in outcomes) if x) or None
+
+
+# the W4A16 word layout's A/B (moe-bench --a16-own-words): its three runs
+_a16_own_ab = _in_turn([arm_means_at(c, "a16_own_words", ("fp16 path's bytes", "own words"), "W4A16")
+                        for c in (A16_OWN_COMMIT, A16_OWN_MORE_COMMIT, A16_OWN_PROFILE_COMMIT)])
 
 
 def _wide_ab(r: Reader) -> str | None:
@@ -767,8 +770,8 @@ ROUNDS = (
           "waits: ~1.6-1.75x the SM's issue rate over its 56 K tiles), the layer W4A16 ~90 -> ~80-82 us and W4A4 "
           "~106 -> ~96-98; Qwen3-like T = 1 unchanged (its splits stay as they are).",
           (PAIR_COMMIT, PAIR_SHIPPED_COMMIT),
-          lambda r: "; then, shipped: ".join(x for x in (split_ab(c, "split_rule", ("idle", "pair"), keep=None, names=(
-              "rule idle", "pair"))(r) for c in (PAIR_COMMIT, PAIR_SHIPPED_COMMIT)) if x) or None),
+          _in_turn([split_ab(c, "split_rule", ("idle", "pair"), keep=None, names=("rule idle", "pair"))
+                    for c in (PAIR_COMMIT, PAIR_SHIPPED_COMMIT)], "; then, shipped: ")),
     Round("No change: decode measured as shipped (the own word layout and the 'pair' rule in), the three layers at "
           "T = 1, 8, 64, both modes and routings, beside the bf16 layer in one run on an H200 (moe-bench --tokens 1 8 "
           "64 --routing uniform zipf --mode nvfp4 bf16), for the H200 view of issue 41's decode targets",

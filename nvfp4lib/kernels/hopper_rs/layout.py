@@ -163,14 +163,19 @@ A16_OWN_SHIFTS = ((0, 0), (3, 3), (1, -3), (2, 6))
 A16_RELAYOUT_UNITS = CANONICAL_UNITS // 4  # units per step of a16_units' relayout (int64 temporaries of ~16 MB each)
 
 
+def _rs_registers(word):
+    """The 4 fragment registers' fp16 fields (each half's sign at bit 15, magnitude at 11..9) that the fp16 decode's
+    integer steps (:data:`RS_DECODE_PTX`) make of code words ``word`` (an int, or an int64 tensor, below 2^32)."""
+    t = ((word << 7) & SIGN_BITS) | ((word >> 3) & ~SIGN_BITS)
+    return word & FIELDS, (word << 8) & FIELDS, t & FIELDS, (t << 8) & FIELDS
+
+
 def a16_words(words: torch.Tensor, shifts=A16_OWN_SHIFTS) -> torch.Tensor:
     """Code words in the fp16 path's layout (int64, any shape, values 0 .. 2^32-1) -> the same 8 codes placed where
     the bf16 decode with ``shifts`` finds each register's: register q's half h (wgmma's fragment: row g + 8(q % 2), K
     column 2c + 8(q // 2) + h) has its sign at bit 15 + 16h - sign, its magnitude at bits 6 + 16h - magnitude and up."""
-    t = ((words << 7) & SIGN_BITS) | ((words >> 3) & ~SIGN_BITS)
-    regs = (words & FIELDS, (words << 8) & FIELDS, t & FIELDS, (t << 8) & FIELDS)  # fp16: sign 15, magnitude 11..9
     out = torch.zeros_like(words)
-    for r, (sign, mag) in zip(regs, shifts):
+    for r, (sign, mag) in zip(_rs_registers(words), shifts):  # fp16 fields: sign 15, magnitude 11..9
         for h in (0, 16):
             out |= ((r >> (15 + h)) & 1) << (15 + h - sign)
             out |= ((r >> (9 + h)) & 7) << (6 + h - mag)
@@ -193,17 +198,13 @@ def a16_units(packed: torch.Tensor, own: bool) -> torch.Tensor:
 def emulate_rs_decode(word: int, scale_pair: int) -> list[float]:
     """The decode of one k16 word on the CPU: 8 fp16 values in fragment order
     (reg0 lo/hi, reg1 lo/hi, reg2 lo/hi, reg3 lo/hi), each e2m1 × scale × 2^-7."""
-    m32 = 0xFFFFFFFF
-
     def f16(bits):
         return torch.tensor([bits - (1 << 16) if bits & 0x8000 else bits], dtype=torch.int16).view(torch.float16)
 
     sc = torch.tensor([scale_pair & 0xFF, scale_pair >> 8], dtype=torch.uint8).view(torch.float8_e4m3fn)
     sc = sc.to(torch.float16) * f16(SCALE_FACTOR & 0xFFFF)  # two fp16 multiplies, as mul.rn.f16x2
-    t = (((word << 7) & SIGN_BITS) | ((word >> 3) & ~SIGN_BITS)) & m32
-    regs = [word & FIELDS, (word << 8) & FIELDS, t & FIELDS, (t << 8) & FIELDS]
     out = []
-    for q, r in enumerate(regs):
+    for q, r in enumerate(_rs_registers(word)):
         s = sc[q % 2]
         out += [float((f16(r & 0xFFFF) * s)[0]), float((f16((r >> 16) & 0xFFFF) * s)[0])]
     return out
