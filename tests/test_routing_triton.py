@@ -11,7 +11,7 @@ if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
     pytest.skip("Triton on the CPU needs TRITON_INTERPRET=1", allow_module_level=True)
 
 from nvfp4lib.nn.routing import Routing, route, unpermute  # noqa: E402
-from nvfp4lib.nn.routing_triton import ROUTE_MAX_COPIES, route_triton, unpermute_triton  # noqa: E402
+from nvfp4lib.nn.routing_triton import ROUTE_MAX_COPIES, route_gather_triton, route_triton, unpermute_triton  # noqa: E402,E501
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -31,6 +31,35 @@ def test_route_gives_the_torch_form(t, k, e, allowed):
         got = route_triton(ids.to(DEV, dtype), e)
         for name, a, b in zip(Routing._fields, got, want):
             assert a.dtype == b.dtype and torch.equal(a.cpu(), b), name
+
+
+@pytest.mark.parametrize("t,k,e,h,dtype", [(1, 8, 128, 2048, torch.bfloat16), (8, 8, 256, 300, torch.bfloat16),
+                                           (5, 3, 8, 7, torch.bfloat16), (16, 8, 128, 33, torch.float32)])
+def test_route_gather_gives_route_then_gather(t, k, e, h, dtype):
+    # h 7: rows of 14 bytes, not whole words (moved as elements); 300 and 2048: as words
+    ids = _ids(t, k, e, seed=t * 7 + h)
+    x = torch.randn(t, h).to(dtype)
+    want = route(ids, e)
+    token, offsets, row, rows = route_gather_triton(ids.to(DEV), e, x.to(DEV))
+    for name, a, b in zip(Routing._fields, (token, offsets, row), want):
+        assert a.dtype == b.dtype and torch.equal(a.cpu(), b), name
+    assert rows.dtype == dtype and torch.equal(rows.cpu(), x[want.token])
+
+
+def test_route_gather_skips_copies_outside_the_experts():
+    # ids past the experts (or negative) form the sink group of route_local: row -1, token -1, their rows unwritten
+    ids = torch.tensor([[0, 5], [9, 1], [-1, 0]])
+    x = torch.arange(9, dtype=torch.float32).view(3, 3)
+    token, offsets, row, rows = route_gather_triton(ids.to(DEV), 6, x.to(DEV))
+    assert offsets.cpu().tolist() == [0, 2, 3, 3, 3, 3, 4]
+    assert row.cpu().tolist() == [0, 3, -1, 2, -1, 1]
+    assert token.cpu().tolist() == [0, 2, 1, 0, -1, -1]
+    assert torch.equal(rows[:4].cpu(), x[[0, 2, 1, 0]])
+    with pytest.raises(ValueError, match=r"x must be \[T=3"):
+        route_gather_triton(ids.to(DEV), 6, x[:2].to(DEV))
+    token, offsets, row, rows = route_gather_triton(torch.zeros(0, 8, dtype=torch.int64, device=DEV), 4,
+                                                    torch.zeros(0, 16, device=DEV))
+    assert rows.shape == (0, 16) and offsets.cpu().tolist() == [0] * 5
 
 
 def test_route_limits():

@@ -298,6 +298,8 @@ DUAL_96_K_KNOB = ("nvfp4lib.tuning", "DUAL_96_K")  # moe-bench --dual-96-k
 # (--prewait-stages, --tile-handoff, --a16-int-scale and --a16-own-words set the serving kernel's build knobs by their
 # recipe fields: kernels.hopper_varlen.runner.build_setting)
 SMALL_TILES_KNOB = ("nvfp4lib.nn.quant_triton", "SMALL_TILES")  # moe-bench --quant-small-tiles
+ROUTE_GATHER_KNOB = ("nvfp4lib.nn.routing_triton", "ROUTE_GATHER")  # moe-bench --route-gather
+PAIR_KNOB = ("nvfp4lib.kernels.hopper_varlen.config", "PAIR_MIN_K_TILES")  # moe-bench --pair-min-k-tiles
 
 
 def _build_arms(prewait, handoff, a16_int_scale, a16_own_words=None) -> dict:
@@ -367,6 +369,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         small_tiles = int(getattr(importlib.import_module(SMALL_TILES_KNOB[0]), SMALL_TILES_KNOB[1])) \
             if quantizer == "triton" else None  # (small inputs in smaller tiles)
         route_max = getattr(importlib.import_module(ROUTE_KNOB[0]), ROUTE_KNOB[1])  # the one-launch routing's limit
+        route_gather = int(getattr(importlib.import_module(ROUTE_GATHER_KNOB[0]), ROUTE_GATHER_KNOB[1]))
         fuse_max = getattr(importlib.import_module(FUSE_KNOB[0]), FUSE_KNOB[1])  # captured small calls fused
         chain, chain_gemm = bool(pdl.CHAIN), pdl.gemm_chained()  # chained launches, the GEMMs' trigger
         to_operand = bool(getattr(importlib.import_module(OPERAND_KNOB[0]), OPERAND_KNOB[1]))
@@ -455,6 +458,8 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["tile_handoff"] = handoff
                                 row["a16_int_scale"] = a16_int if kind == "bf16" else None
                                 row["a16_own_words"] = a16_own if kind == "bf16" else None
+                                row["route_gather"] = route_gather if kind == "bf16" else None
+                                row["pair_min_k_tiles"] = vl_config.PAIR_MIN_K_TILES
                             row["route_max_copies"] = route_max
                             row.update(rule, short_k_tier=short_k_tier)
                             row["chain_pdl"] = chain
@@ -595,6 +600,12 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     _ab_arg(p, "--input-scales", "W4A4's activation global scales: computed per call (dynamic, the default) or "
             "static, as checkpoints give them (calibrated once per layer on a seeded batch)", "dynamic static",
             "input_scales (W4A4 rows)", choices=["dynamic", "static"])
+    _ab_arg(p, "--route-gather", "W4A16 routing and gathering x's rows in one launch (nn.routing_triton.ROUTE_GATHER; "
+            "0: the routing launch then the gather's; default: as shipped)", "0 1", "route_gather (W4A16 rows)",
+            type=int, choices=[0, 1])
+    _ab_arg(p, "--pair-min-k-tiles", "split-K's pair rule: two CTAs per SM where every slice keeps at least this many "
+            "K tiles (hopper_varlen.config.PAIR_MIN_K_TILES; default: as shipped)", "e.g. 16 8", "pair_min_k_tiles",
+            type=int, metavar="N")
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -633,12 +644,13 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
         from ..kernels.hopper_varlen.runner import build_setting
 
         for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff, d96k, a16, small, \
-                own in itertools.product(
+                own, gather, pair in itertools.product(
                 args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
                 args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None],
                 args.input_scales or ["dynamic"], args.prewait_stages or [None], args.once_wait or [None],
                 args.short_k or [None], args.dual_96 or [None], args.tile_handoff or [None], args.dual_96_k or [None],
-                args.a16_int_scale or [None], args.quant_small_tiles or [None], args.a16_own_words or [None]):
+                args.a16_int_scale or [None], args.quant_small_tiles or [None], args.a16_own_words or [None],
+                args.route_gather or [None], args.pair_min_k_tiles or [None]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
                     knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
                     knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
@@ -649,6 +661,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                     knob_setting(*DUAL_96_KNOB, d96), \
                     knob_setting(*DUAL_96_K_KNOB, d96k), \
                     knob_setting(*SMALL_TILES_KNOB, None if small is None else bool(small)), \
+                    knob_setting(*ROUTE_GATHER_KNOB, None if gather is None else bool(gather)), \
+                    knob_setting(*PAIR_KNOB, pair), \
                     build_setting(**_build_arms(prewait, handoff, a16, own)):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,

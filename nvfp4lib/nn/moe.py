@@ -32,7 +32,7 @@ from ..serving import SERVING_BACKENDS, prepare_weights
 from . import compiled
 from .moe_gemv import GEMV_MAX_TOKENS, gemv_moe
 from .quant import amax_of, global_scale_of, quantize_rows, static_scale
-from .routing import gather_rows, route, triton_importable, unpermute
+from .routing import route, route_gather, triton_importable, unpermute
 
 __all__ = ["NVFP4MoE", "ACTIVATIONS", "INTERMEDIATE_DTYPE", "QUANTIZERS", "resolve_quantizer"]
 
@@ -155,15 +155,20 @@ class NVFP4MoE(torch.nn.Module):
             return self._forward_gemm(x, topk_ids, topk_weights)
 
     def _forward_gemm(self, x, topk_ids, topk_weights) -> torch.Tensor:
+        if self.activations == "bf16":
+            # x's rows in packed order (routed and gathered in one launch where it can), the intermediate already
+            # bf16 (INTERMEDIATE_DTYPE): the down GEMM's activations as they are
+            r, rows = route_gather(topk_ids, self.experts, x.to(torch.bfloat16))
+            return unpermute(self.down(self.gate_up(rows, r.offsets), r.offsets), r, topk_weights, x.dtype)
         static = self.input_scales or (None, None)
         # chained launches (kernels.common.pdl): the amax words of the two dynamic quantizations zeroed by the
         # routing launch instead of a fill kernel each (a fill is not chained)
         words, amax = None, (None, None)
-        if self.activations == "nvfp4" and self.quantizer == "triton" and pdl.chained(x.device) and None in static:
+        if self.quantizer == "triton" and pdl.chained(x.device) and None in static:
             words = torch.empty(2, dtype=torch.int32, device=x.device)
             amax = words.split(1)
         r = route(topk_ids, self.experts, clear=words)
-        if self.activations == "nvfp4" and self._operand_path():
+        if self._operand_path():
             from .quant_triton import quantize_to_operand
 
             # the same quantizations, each writing the next GEMM's operand (QUANT_TO_OPERAND)
@@ -172,7 +177,7 @@ class NVFP4MoE(torch.nn.Module):
             h = self.gate_up.call_operand(x16, r.offsets, g)
             x16, g = quantize_to_operand(h, self.down.operand_k, static[1], amax_word=amax[1])
             y = self.down.call_operand(x16, r.offsets, g)
-        elif self.activations == "nvfp4":
+        else:
             # The T·k copies quantized in packed order with x's global scale: quantization is row-local, so these
             # are the bits of quantizing x then gathering (the Triton quantizer reads each copy's row itself, one
             # launch instead of a quantization and two gathers; the torch form gathers after quantizing)
@@ -180,9 +185,6 @@ class NVFP4MoE(torch.nn.Module):
             h = self.gate_up(_packed(codes, scales.view(torch.uint8), g), r.offsets, global_scale=g)
             codes, scales, g = self._quantize(h, static[1], amax_word=amax[1])
             y = self.down(_packed(codes, scales.view(torch.uint8), g), r.offsets, global_scale=g)
-        else:
-            # the intermediate is already bf16 (INTERMEDIATE_DTYPE): the down GEMM's activations as they are
-            y = self.down(self.gate_up(gather_rows(x.to(torch.bfloat16), r.token), r.offsets), r.offsets)
         return unpermute(y, r, topk_weights, x.dtype)
 
     def _operand_path(self) -> bool:

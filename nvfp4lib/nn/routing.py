@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Routing", "route", "route_local", "unpermute", "gather_rows", "triton_importable"]
+__all__ = ["Routing", "route", "route_local", "route_gather", "unpermute", "gather_rows", "triton_importable"]
 
 
 class Routing(NamedTuple):
@@ -83,6 +83,20 @@ def _fits_triton(topk_ids: torch.Tensor, groups: int) -> bool:
     from .routing_triton import _MAX_EXPERTS, ROUTE_MAX_COPIES
 
     return topk_ids.numel() <= ROUTE_MAX_COPIES and groups <= _MAX_EXPERTS
+
+
+def route_gather(topk_ids: torch.Tensor, experts: int, x: torch.Tensor) -> tuple[Routing, torch.Tensor]:
+    """(:func:`route`, ``x``'s rows in its packed order): :func:`route` then :func:`gather_rows`, in one launch on a
+    CUDA device where the Triton routing fits and :data:`.routing_triton.ROUTE_GATHER` is on
+    (:func:`.routing_triton.route_gather_triton`: the same outputs)."""
+    if _fits_triton(topk_ids, experts):
+        from . import routing_triton
+
+        if routing_triton.ROUTE_GATHER:
+            token, offsets, row, rows = routing_triton.route_gather_triton(topk_ids, experts, x)
+            return Routing(token, offsets, row), rows
+    r = route(topk_ids, experts)
+    return r, gather_rows(x, r.token)
 
 
 def gather_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

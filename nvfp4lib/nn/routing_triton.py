@@ -19,6 +19,10 @@ T = 1 that is ~30 µs of a layer whose GEMMs take ~30-120 µs. Here:
   W4A16; notebook 13). On the single-GPU layer against the torch form at 128 < N <= 1024 (``moe-bench
   --route-max-copies 128 1024``, an H200, notebook 11): Qwen3-like T = 64 and 128 17-18% faster, DeepSeek-like
   within 5% but T = 128 W4A4 (5% faster);
+- :func:`route_gather_triton` (:data:`ROUTE_GATHER`, W4A16's step): the routing and the gather of x's rows in packed
+  order in one launch. One program per (copy, column block) finds its copy's packed row by counting the copies before
+  it in (expert, copy) order, an O(T·k) count over the step's expert ids that every program repeats; program 0 also
+  writes the offsets. The same outputs as :func:`route_triton` then :func:`gather_rows_triton`;
 - :func:`gather_rows_triton` and :func:`pack_rows_triton`: a row copy per program (column blocks of 32-bit words),
   the gather skipping negative indices; the pack writes the all-gather transport's send rows (payload, expert ids,
   weights, then padding rows) in one launch instead of two concatenations and two casts;
@@ -39,10 +43,16 @@ from ..kernels.common import pdl
 from ..kernels.common.pdl_triton import chain
 from ..kernels.common.triton_launch import launch
 
-__all__ = ["ROUTE_MAX_COPIES", "route_triton", "unpermute_triton", "gather_rows_triton", "pack_rows_triton",
-           "put_rows_triton", "word_rows", "copy_row"]
+__all__ = ["ROUTE_MAX_COPIES", "ROUTE_GATHER", "route_triton", "route_gather_triton", "unpermute_triton",
+           "gather_rows_triton", "pack_rows_triton", "put_rows_triton", "word_rows", "copy_row"]
 
 ROUTE_MAX_COPIES = 1024
+# W4A16's step routes and gathers x's rows in one launch (route_gather_triton; False: the routing launch, then the
+# gather's). Why (issue 41): in the Qwen3-like W4A16 layer at T = 1 (H200 profile, graph replay) the gather launch
+# takes 2.1 us between the routing (1.6 us) and the gate/up GEMM, whose activations wait for it.
+# Prediction (2026-11-29, before any run): W4A16 decode ~0.5-1 us faster on every layer (one chained launch fewer),
+# T = 64 within 1 us (its programs repeat a count over 512 ids).
+ROUTE_GATHER = True
 _MAX_EXPERTS = 1023  # offsets [E+1] in one block of at most 1024
 _BN = 256  # output columns per un-permute program
 _GATHER_BN = 1024  # elements (32-bit words where rows are whole words) per gather program
@@ -70,6 +80,34 @@ def _route_kernel(ids, stride, token, row, offsets, n, experts, base, clear, CLE
     own = key // N_P2 < experts
     tl.store(row + src, tl.where(own, i, -1).to(tl.int64), mask=mi)
     tl.store(token + i, tl.where(own, src // K, -1).to(tl.int64), mask=mi)
+
+
+@triton.jit
+def _route_gather_kernel(ids, stride, token, row, offsets, x, x_stride, out, cols, n, experts, K: tl.constexpr,
+                         N_P2: tl.constexpr, E_P2: tl.constexpr, BN: tl.constexpr, GDC: tl.constexpr):
+    chain(GDC)
+    p = tl.program_id(0)
+    i = tl.arange(0, N_P2)
+    mi = i < n
+    e = tl.load(ids + (i // K).to(tl.int64) * stride + i % K, mask=mi, other=0).to(tl.int32)
+    e = tl.where((e >= 0) & (e < experts), e, experts)  # a copy outside [0, experts): the sink group
+    ep = tl.load(ids + (p // K).to(tl.int64) * stride + p % K).to(tl.int32)
+    ep = tl.where((ep >= 0) & (ep < experts), ep, experts)
+    # this copy's packed row: the copies before it in (expert, copy) order, as route_triton's stable sort places it
+    rank = tl.sum((((e < ep) | ((e == ep) & (i < p))) & mi).to(tl.int32), axis=0)
+    own = ep < experts
+    if tl.program_id(1) == 0:
+        tl.store(row + p, tl.where(own, rank, -1).to(tl.int64))
+        tl.store(token + rank, tl.where(own, p // K, -1).to(tl.int64))
+        if p == 0:
+            count = tl.histogram(e, E_P2, mask=mi)
+            g = tl.arange(0, E_P2)
+            tl.store(offsets + g, tl.cumsum(count, axis=0) - count, mask=g <= experts)
+    if own:
+        c = tl.program_id(1) * BN + tl.arange(0, BN)
+        m = c < cols
+        src = (p // K).to(tl.int64) * x_stride
+        tl.store(out + rank.to(tl.int64) * cols + c, tl.load(x + src + c, mask=m), mask=m)
 
 
 @triton.jit
@@ -196,6 +234,40 @@ def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0, clear: tor
         if clear is not None:
             clear.zero_()
     return token, offsets, row
+
+
+def route_gather_triton(topk_ids: torch.Tensor, experts: int, x: torch.Tensor):
+    """(token, offsets, row, rows): :func:`route_triton`'s outputs (``base`` 0) and ``x[token]`` (a row whose token is
+    negative left unwritten: a copy routed outside ``[0, experts)``), in one launch. ``topk_ids``: as
+    :func:`route_triton` takes it; ``x``: 2-D ``[T, H]``, any row stride (copied where its columns are not unit-
+    stride); rows move as 32-bit words where they are whole words."""
+    t, k = topk_ids.shape
+    n = t * k
+    if n > ROUTE_MAX_COPIES or experts > _MAX_EXPERTS:
+        raise ValueError(f"route_gather_triton: {n} copies over {experts} experts; at most {ROUTE_MAX_COPIES} copies "
+                         f"and {_MAX_EXPERTS} experts (use routing.route_gather, which picks the two-step form)")
+    if x.dim() != 2 or x.shape[0] != t:
+        raise ValueError(f"route_gather_triton: x must be [T={t}, H], got {tuple(x.shape)}")
+    ids = topk_ids if topk_ids.stride(-1) == 1 else topk_ids.contiguous()
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    dev = ids.device
+    token = torch.empty(n, dtype=torch.int64, device=dev)
+    row = torch.empty(n, dtype=torch.int64, device=dev)
+    offsets = torch.empty(experts + 1, dtype=torch.int32, device=dev)
+    out = torch.empty((n, x.shape[1]), dtype=x.dtype, device=dev)
+    src, dst = _words(x), _words(out)
+    if src is None or dst is None:
+        src, dst = x, out
+    if n:
+        launch(_route_gather_kernel, (n, max(1, triton.cdiv(dst.shape[1], _GATHER_BN))),
+               (ids, ids.stride(0) if t > 1 else k, token, row, offsets, src, src.stride(0), dst, dst.shape[1], n,
+                experts),
+               {"K": k, "N_P2": max(16, triton.next_power_of_2(n)), "E_P2": triton.next_power_of_2(experts + 1),
+                "BN": _GATHER_BN, **pdl.flag(dev)})
+    else:
+        offsets.zero_()
+    return token, offsets, row, out
 
 
 def unpermute_triton(y: torch.Tensor, row: torch.Tensor, topk_weights: torch.Tensor, out_dtype,

@@ -252,6 +252,14 @@ def test_quantizing_into_the_operand_gives_the_same_bits(activations, chain, mon
                {(pdl, "CHAIN"): chain, (moe, "QUANT_TO_OPERAND"): True})
 
 
+def test_routing_and_gathering_in_one_launch_give_the_same_bits(monkeypatch):
+    """nn.routing_triton.ROUTE_GATHER: W4A16's routing and gather in one launch give the bits of the two launches
+    (:func:`_same_bits`: every copy on one expert among the routings, graph replays with new routings)."""
+    from nvfp4lib.nn import routing_triton
+
+    _same_bits(monkeypatch, "bf16", {(routing_triton, "ROUTE_GATHER"): False}, {(routing_triton, "ROUTE_GATHER"): True})
+
+
 def test_prewait_stages_give_the_same_bits(monkeypatch):
     """hopper_varlen.kernel.PREWAIT_STAGES (W4A16 decode tilings): GEMMs asking for only 2 stages' weights before
     their wait (the rest with their activations after it) give the bits of GEMMs asking for all their first stages
