@@ -22,7 +22,9 @@ T = 1 that is ~30 µs of a layer whose GEMMs take ~30-120 µs. Here:
 - :func:`route_gather_triton` (:data:`ROUTE_GATHER`, W4A16's step): the routing and the gather of x's rows in packed
   order in one launch. One program per (copy, column block) finds its copy's packed row by counting the copies before
   it in (expert, copy) order, an O(T·k) count over the step's expert ids that every program repeats; program 0 also
-  writes the offsets. The same outputs as :func:`route_triton` then :func:`gather_rows_triton`;
+  writes the offsets, and, launched chained, lets the next kernel launch only after them (the serving GEMM reads the
+  offsets before its wait: :mod:`nvfp4lib.kernels.common.pdl`). The same outputs as :func:`route_triton` then
+  :func:`gather_rows_triton`;
 - :func:`gather_rows_triton` and :func:`pack_rows_triton`: a row copy per program (column blocks of 32-bit words),
   the gather skipping negative indices; the pack writes the all-gather transport's send rows (payload, expert ids,
   weights, then padding rows) in one launch instead of two concatenations and two casts;
@@ -85,12 +87,26 @@ def _route_kernel(ids, stride, token, row, offsets, n, experts, base, clear, CLE
 @triton.jit
 def _route_gather_kernel(ids, stride, token, row, offsets, x, x_stride, out, cols, n, experts, K: tl.constexpr,
                          N_P2: tl.constexpr, E_P2: tl.constexpr, BN: tl.constexpr, GDC: tl.constexpr):
-    chain(GDC)
+    # Chained (GDC), program 0 lets the next kernel launch only once the offsets are written: the GEMM after it reads
+    # them before its own wait (kernels.common.pdl); the other programs let it launch at once, as chain() does.
+    if GDC:
+        tl.extra.cuda.gdc_wait()
     p = tl.program_id(0)
     i = tl.arange(0, N_P2)
     mi = i < n
     e = tl.load(ids + (i // K).to(tl.int64) * stride + i % K, mask=mi, other=0).to(tl.int32)
     e = tl.where((e >= 0) & (e < experts), e, experts)  # a copy outside [0, experts): the sink group
+    if (p == 0) & (tl.program_id(1) == 0):
+        count = tl.histogram(e, E_P2, mask=mi)
+        g = tl.arange(0, E_P2)
+        tl.store(offsets + g, tl.cumsum(count, axis=0) - count, mask=g <= experts)
+        if GDC:
+            tl.debug_barrier()  # every thread's offsets stored, then made visible to the GPU before the launch
+            tl.inline_asm_elementwise("fence.acq_rel.gpu;\nmov.b32 $0, $1;", "=r,r", [g], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+            tl.extra.cuda.gdc_launch_dependents()
+    elif GDC:
+        tl.extra.cuda.gdc_launch_dependents()
     ep = tl.load(ids + (p // K).to(tl.int64) * stride + p % K).to(tl.int32)
     ep = tl.where((ep >= 0) & (ep < experts), ep, experts)
     # this copy's packed row: the copies before it in (expert, copy) order, as route_triton's stable sort places it
@@ -99,10 +115,6 @@ def _route_gather_kernel(ids, stride, token, row, offsets, x, x_stride, out, col
     if tl.program_id(1) == 0:
         tl.store(row + p, tl.where(own, rank, -1).to(tl.int64))
         tl.store(token + rank, tl.where(own, p // K, -1).to(tl.int64))
-        if p == 0:
-            count = tl.histogram(e, E_P2, mask=mi)
-            g = tl.arange(0, E_P2)
-            tl.store(offsets + g, tl.cumsum(count, axis=0) - count, mask=g <= experts)
     if own:
         c = tl.program_id(1) * BN + tl.arange(0, BN)
         m = c < cols
