@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 
-from nvfp4lib.kernels.common import aot
+from nvfp4lib.kernels.common import aot, pdl
 from nvfp4lib.kernels.hopper_rs import ops as rs_ops
 from nvfp4lib.kernels.hopper_varlen import config, kernel, runner
 
@@ -27,7 +27,7 @@ def test_a_recipe_names_the_kernel_and_the_knobs_its_build_reads(monkeypatch):
     assert r == {"kind": "varlen-gemm", "config": GEMM.name, "groups": 16, "n": 256, "k_pad": 256, "out": "BFloat16",
                  "k": 256, "chain": True, "chain_gemm": True, "prewait": kernel.PREWAIT_STAGES,
                  "handoff": kernel.TILE_HANDOFF, "a16_int_scale": rs_ops.A16_INT_SCALE,
-                 "a16_own_words": rs_ops.A16_OWN_WORDS}
+                 "a16_own_words": rs_ops.A16_OWN_WORDS, "chain_gemm_a16": pdl.CHAIN_GEMM_A16}
     assert aot.digest(r) == aot.digest(dict(reversed(list(r.items()))))  # key order does not matter
     assert len({aot.digest(r), aot.digest(_recipe(n=512)), aot.digest(_recipe(prewait=0)),
                 aot.digest(_recipe(chain=False)), aot.digest(_recipe(handoff=not kernel.TILE_HANDOFF)),

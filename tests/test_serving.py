@@ -383,9 +383,13 @@ def test_chained_kernels_wait_then_let_the_next_launch(monkeypatch, chain, gemm)
     if gemm:
         assert body.index("griddepcontrol.wait") < body.rindex("griddepcontrol.launch_dependents")
     assert ("griddepcontrol.launch_dependents" in body) == gemm
-    # W4A16's GEMM never lets the next kernel launch early (the layer's down GEMM follows its gate/up GEMM)
-    a16 = compile_report(CONFIGS["vl_a16_m128_t16_k128_s8_e"], groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"]
-    assert "griddepcontrol.launch_dependents" not in a16 and "griddepcontrol.wait" in a16
+    # W4A16's GEMM lets the next kernel launch early only with pdl.CHAIN_GEMM_A16 too (the layer's down GEMM follows
+    # its gate/up GEMM)
+    for a16_too in (False, True):
+        monkeypatch.setattr(pdl, "CHAIN_GEMM_A16", a16_too)
+        a16 = compile_report(CONFIGS["vl_a16_m128_t16_k128_s8_e"], groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"]
+        assert ("griddepcontrol.launch_dependents" in a16) == (chain and gemm and a16_too)
+        assert "griddepcontrol.wait" in a16
 
 
 @pytest.mark.slow

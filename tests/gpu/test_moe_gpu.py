@@ -252,6 +252,14 @@ def test_quantizing_into_the_operand_gives_the_same_bits(activations, chain, mon
                {(pdl, "CHAIN"): chain, (moe, "QUANT_TO_OPERAND"): True})
 
 
+def test_w4a16_gemms_letting_the_next_kernel_launch_give_the_same_bits(monkeypatch):
+    """kernels.common.pdl.CHAIN_GEMM_A16: W4A16's GEMMs letting the next kernel launch at their mainloop's end (the down
+    GEMM's set-up under the gate/up GEMM's epilogue) give the bits of GEMMs that do not (:func:`_same_bits`)."""
+    from nvfp4lib.kernels.common import pdl
+
+    _same_bits(monkeypatch, "bf16", {(pdl, "CHAIN_GEMM_A16"): False}, {(pdl, "CHAIN_GEMM_A16"): True})
+
+
 def test_routing_and_gathering_in_one_launch_give_the_same_bits(monkeypatch):
     """nn.routing_triton.ROUTE_GATHER: W4A16's routing and gather in one launch give the bits of the two launches
     (:func:`_same_bits`: every copy on one expert among the routings, graph replays with new routings)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-__all__ = ["CHAIN", "CHAIN_GEMM", "chained", "gemm_chained", "flag", "scope"]
+__all__ = ["CHAIN", "CHAIN_GEMM", "CHAIN_GEMM_A16", "chained", "gemm_chained", "flag", "scope"]
 
 # Prediction (issue 41, 2026-11-28, before any run): in the H200 profile of the Qwen3-like layer at T = 1 the
 # small kernels take 0.9-2.7 us each, a trivial one (the 4-byte fill) 0.9 us: mostly launch, first load and
@@ -35,6 +35,15 @@ CHAIN = True
 # T = 1 again 108.0 -> 121.9. Shipped: CHAIN with the GEMM trigger for NVFP4-activation GEMMs only, i.e. each
 # layer mode as its better arm ran (W4A4 "gemm", W4A16 "on"); notebook 11's round holds the rows.
 CHAIN_GEMM = True
+# The W4A16 GEMMs' trigger too (read when a GEMM is built, with CHAIN and CHAIN_GEMM): the gate/up GEMM lets the down
+# GEMM launch at its mainloop's end, and the down GEMM the un-permute. Why again (issue 41): since the A/Bs above, the
+# W4A16 decode GEMMs ask for only PREWAIT_STAGES stages of weights before their wait (hopper_varlen.kernel), and
+# 'pair' gives the Mixtral-like T = 1 down GEMM two CTAs per SM by design; in the Qwen3-like T = 1 profile (H200) the
+# down GEMM still starts only after the gate/up GEMM has ended (13.5 us after 13.3) and its first stage lands ~1 us
+# after its wait. Prediction (2026-11-29, before the run): the down GEMM's launch, tile search and first two stages of
+# weights under the gate/up GEMM's epilogue: Qwen3-like T = 1 W4A16 ~1-1.5 us faster, T = 8 alike; Mixtral-like T = 1
+# within +-3% (the placement that lost 14 us before was one CTA per SM filling SMs unevenly).
+CHAIN_GEMM_A16 = False
 
 
 _DEPTH = [0]  # open scope() blocks
@@ -63,7 +72,7 @@ def flag(device) -> dict:
     return {"GDC": chained(device)}
 
 
-def gemm_chained() -> bool:
-    """Whether an NVFP4-activation GEMM built now lets the next kernel launch when its mainloop ends (:data:`CHAIN` and
-    :data:`CHAIN_GEMM`)."""
-    return CHAIN and CHAIN_GEMM
+def gemm_chained(a16: bool = False) -> bool:
+    """Whether an NVFP4-activation GEMM (``a16``: a bf16-activation one) built now lets the next kernel launch when its
+    mainloop ends (:data:`CHAIN` and :data:`CHAIN_GEMM`; and :data:`CHAIN_GEMM_A16` for ``a16``)."""
+    return CHAIN and CHAIN_GEMM and (CHAIN_GEMM_A16 or not a16)

@@ -251,9 +251,9 @@ def _build():
             self.op_dtype = cutlass.BFloat16 if self.a16 else cutlass.Float16
             self.split_k = cfg.split_k
             # (read when the kernel is built: a runner's compile key holds both) the prologue launched chained; the
-            # GEMM letting the next kernel launch at its mainloop's end: NVFP4-activation GEMMs only, which the layer
-            # follows with a quantization, never straight with a GEMM (pdl.CHAIN_GEMM's note)
-            self.chain, self.chain_next = pdl.CHAIN, pdl.gemm_chained() and not self.a16
+            # GEMM letting the next kernel launch at its mainloop's end: NVFP4-activation GEMMs, which the layer
+            # follows with a quantization, and bf16-activation ones with pdl.CHAIN_GEMM_A16 (pdl.CHAIN_GEMM's note)
+            self.chain, self.chain_next = pdl.CHAIN, pdl.gemm_chained(self.a16)
             self.timeline, self.region = TIMELINE, 0 if cfg.dual else 1  # (TIMELINE's note)
             if PREWAIT_STAGES < 0:
                 raise ValueError(f"PREWAIT_STAGES={PREWAIT_STAGES}: the stages asked for before the wait, 0 (all the "
