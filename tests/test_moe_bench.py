@@ -12,7 +12,7 @@ from nvfp4lib.bench import moe_bench as mb
 from nvfp4lib.bench.peers.bf16_moe import BF16GroupedMoE
 from nvfp4lib.nn import NVFP4MoE, reference_moe
 from nvfp4lib.study import moe_report as mr
-from nvfp4lib.study import moe_rounds
+from nvfp4lib.study import moe_rounds, moe_runs
 
 CEIL = {"bf16_tflops": 750.0, "copy_gbps": 3000.0}
 
@@ -438,7 +438,7 @@ def test_issue_41_targets_on_the_latest_shipped_rows():
 def test_wide_decode_round_counts_the_wrong_cases_of_its_third_arm():
     """The wide decode form's round: off -> the shipped rule's times, and the 'all' arm's wrong cases counted from
     every row (the Reader's ok rows alone would hide them); no rows at its commit, no outcome."""
-    c, run = moe_rounds.WIDE_COMMIT + "synthetic", "20261128T090000Z-synth"
+    c, run = moe_runs.WIDE_COMMIT + "synthetic", "20261128T090000Z-synth"
     rows = [dict(_row("qwen3-moe", 1, "uniform", "bf16", us, run=run, commit=c), wide_decode=arm)
             for arm, us in (("off", 28.0), ("idle", 32.0), ("all", 31.0))]
     rows += [dict(_row("mixtral", 1, "uniform", "bf16", 100.0, run=run, commit=c), wide_decode="off"),
@@ -453,7 +453,7 @@ def test_wide_decode_round_counts_the_wrong_cases_of_its_third_arm():
 def test_operand_shipped_round_reads_the_ab_runs_apart_from_the_shipped_run():
     """The QUANT_TO_OPERAND shipped round: the Mixtral-like A/B's runs (that layer alone) give both arms per routing;
     the shipped run (every layer) gives the Qwen3-like T = 1 times; no rows at its commit, no outcome."""
-    c = moe_rounds.OPERAND_COMMITS[2] + "synthetic"
+    c = moe_runs.OPERAND_COMMITS[2] + "synthetic"
     ab = [dict(_row("mixtral", 1, routing, "nvfp4", us, run=run, commit=c), quant_operand=on)
           for routing in ("uniform", "zipf") for on, us, run in ((False, 112.0, "20261128T120000Z-a"),
                                                                   (True, 107.0, "20261128T120100Z-b"))]
@@ -468,7 +468,7 @@ def test_operand_shipped_round_reads_the_ab_runs_apart_from_the_shipped_run():
 def test_prefetch_round_lists_the_arms_in_the_order_they_ran():
     """The L2 prefetch's round (moe-bench --prefetch-l2 off on off on): per case, each arm's time in run order; no
     rows at its commit, no outcome."""
-    c = moe_rounds.PREFETCH_COMMIT + "synthetic"
+    c = moe_runs.PREFETCH_COMMIT + "synthetic"
     rows = [dict(_row("qwen3-moe", 1, "uniform", "bf16", us, run=f"20261128T14{i:02d}00Z-s", commit=c), prefetch_l2=on)
             for i, (on, us) in enumerate(((False, 26.9), (True, 30.3), (False, 28.2), (True, 30.1)))]
     text = moe_rounds._prefetch_ab(moe_rounds.Reader(pd.DataFrame(rows)))
@@ -480,7 +480,7 @@ def test_prewait_round_keeps_the_timeline_probe_apart_from_the_timed_rows():
     """The first PREWAIT_STAGES round: the A/B from the timed rows only (the probe's rows, later in the same commit,
     do not replace them), then the probe's phases per value; the shipped round compares each mode with the run
     before."""
-    c = moe_rounds.PREWAIT_COMMITS[0] + "synthetic"
+    c = moe_runs.PREWAIT_COMMITS[0] + "synthetic"
     timed = [dict(_row("qwen3-moe", 8, "uniform", "bf16", us, run=run, commit=c), prewait_stages=v)
              for v, us, run in ((0, 81.2, "20261128T140000Z-a"), (2, 75.5, "20261128T140100Z-b"))]
     phases = {"schedule": [1.0], "wait": [0.4], "first stage": [1.1], "mainloop": [7.0], "epilogue": [0.4],
@@ -490,7 +490,7 @@ def test_prewait_round_keeps_the_timeline_probe_apart_from_the_timed_rows():
     text = moe_rounds._prewait_first(moe_rounds.Reader(pd.DataFrame(timed + probe)))
     assert "qwen3-moe T = 8 W4A16 81.2 -> 75.5 us" in text
     assert "2 stages before the wait, W4A16: gate_up schedule 1.00, wait 0.40, first stage 1.10" in text
-    before, after = (moe_rounds.OPERAND_COMMITS[2] + "synthetic", moe_rounds.PREWAIT_COMMITS[2] + "synthetic")
+    before, after = (moe_runs.OPERAND_COMMITS[2] + "synthetic", moe_runs.PREWAIT_COMMITS[2] + "synthetic")
     ship = [_row("qwen3-moe", 1, "uniform", kind, us, commit=cm) for cm, kind, us in
             ((before, "bf16", 27.1), (after, "bf16", 25.7), (before, "nvfp4", 29.1), (after, "nvfp4", 28.7))]
     text = moe_rounds._prewait_shipped(moe_rounds.Reader(pd.DataFrame(ship)))
@@ -500,7 +500,7 @@ def test_prewait_round_keeps_the_timeline_probe_apart_from_the_timed_rows():
 def test_prewait_eager_round_reads_eager_host_time_in_units_of_the_host_probe():
     """The eager re-measure's round: each arm in run order with its probe; the eager host time over the probe per
     arm (here equal: the slower eager calls ran on a slower host); the graph replays compared per case."""
-    c = moe_rounds.PREWAIT_EAGER_COMMIT + "synthetic"
+    c = moe_runs.PREWAIT_EAGER_COMMIT + "synthetic"
     rows = [dict(_row("qwen3-moe", 1, "uniform", "bf16", us, run="20261128T155317Z-s", commit=c), prewait_stages=v,
                  eager_per_call_us=host, eager_host_us=host, host_probe_idle_us=probe)
             for v, us, host, probe in ((0, 27.3, 150.0, 30.0), (2, 26.4, 250.0, 50.0), (2, 26.8, 140.0, 28.0),

@@ -14,6 +14,7 @@ from typing import Callable
 
 import pandas as pd
 
+from . import moe_runs as runs
 from .moe_reader import (
     KEY,
     NO_PREDICTION,
@@ -187,7 +188,6 @@ def _loop_back(r: Reader) -> str | None:
             + f"; T <= {DECODE_MAX_T}: " + per_label(small, pct, "{:+.1%}", names={PEER: "bf16 (untouched)"}))
 
 
-
 def _fused_gather(r: Reader) -> str | None:
     p = r.pair("2c539d9", "6fc5c7f")
     if not len(p):
@@ -216,37 +216,10 @@ def _gemv_ab(r: Reader) -> str | None:
             "GEMM's, and re-read weights per token copy: the path stays off (GEMV_MAX_TOKENS = 0)")
 
 
-ONCE_WAIT_COMMIT = "819396d"  # moe-bench --once-wait off on (the single GEMM's study tiers)
-SHORT_K_COMMIT = "aca63ef"  # moe-bench --short-k 0 4096 (the rule by K, switched off after it)
-# moe-bench --tile-handoff 0 1 0 at 9967963 (8ea0fce's kernels, the handoff's first form: its loop search selected
-# wrong tiles for split-K CTAs; rows recorded, the Mixtral-like ones wrong in both arms), then 1 0 1 at b667d96 (fixed
-# in 52cddbf)
-HANDOFF_COMMITS = ("9967963", "b667d96")
-DUAL_96_K_COMMIT = "aa522f9"  # moe-bench --dual-96-k 0 2048 (Qwen3-like T = 1024, 2048; shipped at 2048 after it)
-A16_SCALE_COMMIT = "1395acd"  # moe-bench --a16-int-scale 0 1 0 1 (W4A16, Qwen3- and Mixtral-like T = 1, 8, 64)
-# the second run of that A/B: DeepSeek-like at decode, and prefill (T = 4096) beside the bf16 peer
-A16_SCALE_MORE_COMMIT = "8ee1e22"
-SMALL_TILES_COMMIT = "7d08f53"  # moe-bench --quant-small-tiles 0 1 0 1 (W4A4, T = 1, 8, 64); off after it
-HANDOFF_DECODE_COMMIT = "2c902ae"  # moe-bench --tile-handoff 0 1 0 1 (Qwen3- and DeepSeek-like, T = 1 and 8)
-PREFILL_H200_COMMIT = "2cddeb5"  # moe-bench at T = 4096, the three layers as shipped, beside the bf16 peer
-A16_OWN_COMMIT = "f9d0202"  # moe-bench --a16-own-words 0 1 0 1 (W4A16, Qwen3- and Mixtral-like T = 1, 8, 64)
-# its second run: DeepSeek-like T = 1, 8, 64 (0 1); T = 4096 beside the bf16 peer (0 1 0 1; Mixtral-like 0 1 0 1 0 1)
-A16_OWN_MORE_COMMIT = "029a1f4"
-A16_OWN_PROFILE_COMMIT = "271366c"  # its third: --profile, Qwen3- and Mixtral-like T = 1 (0 1 0 1), kernel by kernel
-PAIR_COMMIT = "e2816a3"  # moe-bench --split-k idle pair idle pair --profile (Mixtral- and Qwen3-like T = 1, both modes)
-PAIR_SHIPPED_COMMIT = "d9d64ea"  # the same with 'pair' shipped, Mixtral-like T = 1, 2, 8
-DECODE_H200_COMMIT = "45985b8"  # moe-bench at T = 1, 8, 64, the three layers as shipped, beside the bf16 peer
-CHAIN_PROFILE_COMMIT = "fbe952b"  # moe-bench --profile, Qwen3-like T = 1 and 8, both modes (the chain kernel by kernel)
-DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
-DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
-WIDE_COMMIT = "051a36f"  # the wide decode form's A/B (its code left the package after it; git keeps it there)
-DEEP_COMMIT = "178dc1f"  # the deep decode form's A/B (likewise)
-
-
 def _small_tiles(r: Reader) -> str | None:
     """The small-tiles A/B, after what the profile it came from shows: each W4A4 quantize launch's step in the chain."""
-    ab = arm_means_at(SMALL_TILES_COMMIT, "quant_small_tiles", ("default tiles", "small tiles"), "W4A4")(r)
-    d = r.at(CHAIN_PROFILE_COMMIT, tokens=(1,))
+    ab = arm_means_at(runs.SMALL_TILES_COMMIT, "quant_small_tiles", ("default tiles", "small tiles"), "W4A4")(r)
+    d = r.at(runs.CHAIN_PROFILE_COMMIT, tokens=(1,))
     d = d[d["label"] == W4A4] if len(d) and "profile" in d else d.iloc[0:0]
     steps = [f"{us:.1f}" for _, row in d.iterrows() for name, us in chain_steps(row["profile"]) if "quant" in name]
     head = ("the profile (W4A4 T = 1): the quantize launches end " + " and ".join(steps) + " us after the kernel "
@@ -284,20 +257,20 @@ def _in_turn(outcomes, sep: str = "; then "):
 
 # the W4A16 word layout's A/B (moe-bench --a16-own-words): its three runs
 _a16_own_ab = _in_turn([arm_means_at(c, "a16_own_words", ("fp16 path's bytes", "own words"), "W4A16")
-                        for c in (A16_OWN_COMMIT, A16_OWN_MORE_COMMIT, A16_OWN_PROFILE_COMMIT)])
+                        for c in (runs.A16_OWN_COMMIT, runs.A16_OWN_MORE_COMMIT, runs.A16_OWN_PROFILE_COMMIT)])
 
 
 def _wide_ab(r: Reader) -> str | None:
-    """The wide decode form's A/B at :data:`WIDE_COMMIT`: off against the shipped rule (where a call's grid fits one
-    CTA per SM), and how the other arm (every call wide) fared, wrong cases counted from every row."""
-    base = split_ab(WIDE_COMMIT, "wide_decode", ("off", "idle"), keep=None,
+    """The wide decode form's A/B at :data:`.moe_runs.WIDE_COMMIT`: off against the shipped rule (where a call's grid
+    fits one CTA per SM), and how the other arm (every call wide) fared, wrong cases counted from every row."""
+    base = split_ab(runs.WIDE_COMMIT, "wide_decode", ("off", "idle"), keep=None,
                      names=("wide form off", "wide where the grid fits one CTA per SM"))(r)
     if base is None:
         return None
-    d = r.all[r.all["git_commit"].astype(str).str[:7] == WIDE_COMMIT]
+    d = r.all[r.all["git_commit"].astype(str).str[:7] == runs.WIDE_COMMIT]
     d = d[d["wide_decode"].eq("all")]
     bad = d[d["status"] != "ok"]
-    off = r.rows[(r.rows["commit"] == WIDE_COMMIT) & r.rows["wide_decode"].eq("off")].set_index(KEY)["median_us"]
+    off = r.rows[(r.rows["commit"] == runs.WIDE_COMMIT) & r.rows["wide_decode"].eq("off")].set_index(KEY)["median_us"]
     ok = d[d["status"] == "ok"].set_index(KEY)["median_us"]
     ratio = (ok / off.reindex(ok.index)).dropna()
     return (base + f". Every call wide (the A/B's third arm): {len(bad)} of {len(d)} cases wrong ("
@@ -306,14 +279,10 @@ def _wide_ab(r: Reader) -> str | None:
             "meant to help, and wrong in cases not debugged")
 
 
-FUSE_COMMIT = "e44cfb2"  # hopper_varlen.kernel.FUSE_MAX_ROWS's A/B
-CHAIN_COMMITS = ("0797664", "c1591b1", "a97ae1f")  # kernels.common.pdl: first A/B, second A/B, the shipped form's run
-
-
 def _chain_ab(r: Reader) -> str | None:
     """The second chained-launch A/B (three arms in one run): unchained against chained without any GEMM trigger,
     then that against every GEMM letting the next kernel launch."""
-    commit = CHAIN_COMMITS[1]
+    commit = runs.CHAIN_COMMITS[1]
     first = split_ab(commit, "chain_pdl", (False, True), keep=lambda d: d["chain_gemm"].eq(False),
                       names=("unchained", "chained, no GEMM trigger"))(r)
     second = split_ab(commit, "chain_gemm", (False, True), keep=lambda d: d["chain_pdl"].eq(True),
@@ -326,8 +295,8 @@ def _chain_ab(r: Reader) -> str | None:
 def _chain_shipped(r: Reader) -> str | None:
     """The shipped form's run (chained; the NVFP4-activation GEMMs letting the next kernel launch) against the second
     A/B's unchained arm, the same cases, graph replay."""
-    ab = ab_at(r, CHAIN_COMMITS[1], "chain_pdl", keep=lambda d: d["chain_gemm"].eq(False))
-    now = r.at(CHAIN_COMMITS[2], tokens=(1, 8, 64))
+    ab = ab_at(r, runs.CHAIN_COMMITS[1], "chain_pdl", keep=lambda d: d["chain_gemm"].eq(False))
+    now = r.at(runs.CHAIN_COMMITS[2], tokens=(1, 8, 64))
     if ab is None or not len(now):
         return None
     off = ab[1]["median_us"]
@@ -337,19 +306,14 @@ def _chain_shipped(r: Reader) -> str | None:
     faster = int((both["now"] < both["off"]).sum())
     q = [f"{SHORT.get(k[3], k[3])} {v['off']:.1f} -> {v['now']:.1f} us" for k, v in both.iterrows()
          if k[0] == "qwen3-moe" and k[1] == 1]
-    return (f"the shipped form (one run at {CHAIN_COMMITS[2]}) against the unchained arm of the run before "
-            f"({CHAIN_COMMITS[1]}), {len(both)} cases, uniform, graph replay: faster in {faster}; the ratio "
+    return (f"the shipped form (one run at {runs.CHAIN_COMMITS[2]}) against the unchained arm of the run before "
+            f"({runs.CHAIN_COMMITS[1]}), {len(both)} cases, uniform, graph replay: faster in {faster}; the ratio "
             f"shipped / unchained {span(both['now'] / both['off'])}. Qwen3-like T = 1: {', '.join(q)}")
-
-
-
-TIMELINE_COMMIT = "ad6bb18"  # moe-bench --timeline's run (per-CTA stamps: a probe, its rows not shipped)
-OPERAND_COMMITS = ("0476cd6", "cb7456c", "1bf0e0a")  # nn.moe.QUANT_TO_OPERAND: first A/B, second A/B, shipped run
 
 
 def _timeline(r: Reader) -> str | None:
     """The per-CTA phases of each T = 1 row of the timeline run: median us of each phase, per GEMM."""
-    d = r.at(TIMELINE_COMMIT, tokens=(1,))
+    d = r.at(runs.TIMELINE_COMMIT, tokens=(1,))
     if not len(d) or "timeline" not in d:
         return None
     from ..bench.timeline import PHASES
@@ -375,7 +339,7 @@ def _operand_ab(commit: str):
 
 def _operand_shipped(r: Reader) -> str | None:
     """The shipped run: the Mixtral-like T = 1 A/B repeated (both routings), and the layer as shipped at T = 1."""
-    d = r.rows[r.rows["commit"] == OPERAND_COMMITS[2]] if len(r.rows) else r.rows
+    d = r.rows[r.rows["commit"] == runs.OPERAND_COMMITS[2]] if len(r.rows) else r.rows
     if not len(d) or "quant_operand" not in d:
         return None
     # (the A/B's runs hold the Mixtral-like layer alone; the shipped run every layer)
@@ -383,17 +347,12 @@ def _operand_shipped(r: Reader) -> str | None:
     ab = d[d["run_id"].isin(alone[alone].index) & (d["tokens"] == 1) & (d["label"] == W4A4)].sort_values("run_id")
     cells = [f"{g} {'on' if v else 'off'} {x:.1f} us" for (g, v), x in
              ab.groupby(["routing", "quant_operand"])["median_us"].last().items()]
-    ship = r.at(OPERAND_COMMITS[2], tokens=(1,), routing=None)
+    ship = r.at(runs.OPERAND_COMMITS[2], tokens=(1,), routing=None)
     q = [f"{SHORT.get(x['label'], x['label'])} {x['routing']} {x['median_us']:.1f} us" for _, x in ship.iterrows()
          if x["layer"] == "qwen3-moe"]
-    r.used[OPERAND_COMMITS[2]] = sorted(set(d["run_id"]))
+    r.used[runs.OPERAND_COMMITS[2]] = sorted(set(d["run_id"]))
     return ("Mixtral-like T = 1 W4A4 A/B repeated (one run): " + ", ".join(cells)
             + "; the layer as shipped, Qwen3-like T = 1: " + ", ".join(q))
-
-STATIC_COMMIT = "aaf13ca"  # moe-bench --input-scales dynamic static (W4A4)
-PREFETCH_COMMIT = "b9eb5b9"  # nn.moe.PREFETCH_L2's A/B (its code left the package after it; git keeps it there)
-PREWAIT_COMMITS = ("488aabc", "a7f6fab", "0df7533")  # kernel.PREWAIT_STAGES: first A/B (+ timeline), second, shipped
-PREWAIT_EAGER_COMMIT = "14b59e8"  # PREWAIT_STAGES 0 2 2 0 in one run, each row with the host's speed after it
 
 
 def _profile_kernels(row) -> str:
@@ -411,10 +370,10 @@ def _profile_kernels(row) -> str:
 
 def _prefetch_ab(r: Reader) -> str | None:
     """The L2 prefetch's A/B: the arms in the order they ran, and one pair's kernels (Qwen3-like T = 1 uniform)."""
-    base = arms_in_order(PREFETCH_COMMIT, "prefetch_l2", {False: "off", True: "on"})(r)
+    base = arms_in_order(runs.PREFETCH_COMMIT, "prefetch_l2", {False: "off", True: "on"})(r)
     if base is None:
         return None
-    d = r.rows[(r.rows["commit"] == PREFETCH_COMMIT) & (r.rows["routing"] == "uniform")
+    d = r.rows[(r.rows["commit"] == runs.PREFETCH_COMMIT) & (r.rows["routing"] == "uniform")
                & (r.rows["label"] == W4A4)].sort_values("run_id")
     kern = [f"{'on' if x['prefetch_l2'] else 'off'}: {_profile_kernels(x)}" for _, x in d.head(2).iterrows()
             if "profile" in x and _profile_kernels(x)]
@@ -443,16 +402,16 @@ def _phases(row) -> str:
 
 def _prewait_first(r: Reader) -> str | None:
     """The first PREWAIT_STAGES A/B (timed rows), then its timeline probe (Qwen3-like T = 1, per value)."""
-    base = split_ab(PREWAIT_COMMITS[0], "prewait_stages", (0, 2), keep=not_probe,
+    base = split_ab(runs.PREWAIT_COMMITS[0], "prewait_stages", (0, 2), keep=not_probe,
                      names=("all first stages before the wait", "2"))(r)
     if base is None:
         return None
-    d = r.rows[r.rows["commit"] == PREWAIT_COMMITS[0]]
+    d = r.rows[r.rows["commit"] == runs.PREWAIT_COMMITS[0]]
     probe = d[~not_probe(d)].sort_values("run_id") if "timeline" in d else d.iloc[0:0]
     lines = [f"{int(x['prewait_stages']) or 'all first'} stages before the wait, {SHORT.get(x['label'], x['label'])}: "
              f"{_phases(x)}"
              for _, x in probe.iterrows()]
-    r.used[PREWAIT_COMMITS[0]] = sorted(set(d["run_id"]))
+    r.used[runs.PREWAIT_COMMITS[0]] = sorted(set(d["run_id"]))
     return base + (". The timeline probe (Qwen3-like T = 1, median us per CTA): " + " | ".join(lines) if lines else "")
 
 
@@ -460,7 +419,7 @@ def _prewait_eager(r: Reader) -> str | None:
     """The eager re-measure: per case, each arm's graph time and eager time per call with the host probe read after
     it, in the order the arms ran; then each arm's eager host time per call in units of the host probe (the host's
     speed at the time), and how many cases the PREWAIT arm's graph replays were faster in."""
-    d = timed_in_order(r, PREWAIT_EAGER_COMMIT,
+    d = timed_in_order(r, runs.PREWAIT_EAGER_COMMIT,
                         ("prewait_stages", "eager_per_call_us", "eager_host_us", "host_probe_idle_us"))
     if d is None:
         return None
@@ -482,7 +441,7 @@ def _prewait_eager(r: Reader) -> str | None:
 def _prewait_shipped(r: Reader) -> str | None:
     """The shipped run with PREWAIT_STAGES for the W4A16 decode GEMMs against the run before it (QUANT_TO_OPERAND's
     shipped run), both routings, per mode."""
-    p = r.pair(OPERAND_COMMITS[2], PREWAIT_COMMITS[2], routing=None)
+    p = r.pair(runs.OPERAND_COMMITS[2], runs.PREWAIT_COMMITS[2], routing=None)
     if not len(p):
         return None
     parts = []
@@ -493,8 +452,8 @@ def _prewait_shipped(r: Reader) -> str | None:
             parts.append(f"{SHORT[lab]} after / before {span(g['after'] / g['before'])} ({faster} of {len(g)} faster)")
     q = [f"{SHORT.get(x['label'], x['label'])} {x['routing']} {x['after']:.1f} us (was {x['before']:.1f})"
          for _, x in p.iterrows() if x["layer"] == "qwen3-moe" and x["tokens"] == 1]
-    return (f"the shipped run ({PREWAIT_COMMITS[2]}) against the run before ({OPERAND_COMMITS[2]}), {len(p)} cases, "
-            f"both routings, graph replay: " + ", ".join(parts) + ". Qwen3-like T = 1: " + ", ".join(q))
+    return (f"the shipped run ({runs.PREWAIT_COMMITS[2]}) against the run before ({runs.OPERAND_COMMITS[2]}), "
+            f"{len(p)} cases, both routings, graph replay: " + ", ".join(parts) + ". Qwen3-like T = 1: " + ", ".join(q))
 
 
 ROUNDS = (
@@ -568,7 +527,7 @@ ROUNDS = (
           "(moe-bench --wide-decode off idle all, T = 1, 8, 64, uniform)",
           "Qwen3-like T = 1: gate/up GEMM 12 -> ~8 us, down 8 -> ~6.5 us, the layer ~5 us faster in both modes; "
           "Mixtral-like T = 1's down GEMM ~1.5x faster; grids past one CTA per SM unchanged (every call wide: within "
-          "5%).", (WIDE_COMMIT,), _wide_ab,
+          "5%).", (runs.WIDE_COMMIT,), _wide_ab,
           "an ncu probe of both forms (Qwen3-like T = 1): twice the warps and eligible warps per scheduler, issue "
           "slots 28 -> 32% busy, 20% more instructions, the GEMMs as long or longer (development, in "
           "hopper_varlen/config.py)"),
@@ -577,7 +536,7 @@ ROUNDS = (
           "twice the stages at once. An A/B in one run on an H200 (moe-bench --deep-decode off on, T = 1, 8, uniform)",
           "Qwen3-like T = 1: gate/up GEMM 11.5-13 -> ~7-8 us (its down GEMM, all 6 K tiles in flight already, "
           "unchanged), the layer ~4-5 us faster in both modes; Mixtral-like T = 1's down GEMM ~1.5x faster.",
-          (DEEP_COMMIT,), split_ab(DEEP_COMMIT, "deep_decode", (False, True), keep=None,
+          (runs.DEEP_COMMIT,), split_ab(runs.DEEP_COMMIT, "deep_decode", (False, True), keep=None,
                                     names=("8 stages", "16 stages where the grid fits one CTA per SM")),
           "the ncu source counters that led to it: the top stall of that GEMM is the wait for a stage's TMA data "
           "(development, in hopper_varlen/config.py)"),
@@ -585,8 +544,8 @@ ROUNDS = (
           "prologue's work inside the GEMM, one launch instead of two per GEMM. An A/B in one run on an H200 "
           "(moe-bench --fuse-max-rows 0 64, W4A4, T = 1, 8, uniform)",
           "Qwen3-like T = 1 W4A4 ~2-3 us faster (two prologue launches of 1.3-1.4 us gone, each GEMM a little "
-          "longer); DeepSeek- and Mixtral-like decode likewise in absolute terms.", (FUSE_COMMIT,),
-          split_ab(FUSE_COMMIT, "fuse_max_rows", (0, 64), keep=None,
+          "longer); DeepSeek- and Mixtral-like decode likewise in absolute terms.", (runs.FUSE_COMMIT,),
+          split_ab(runs.FUSE_COMMIT, "fuse_max_rows", (0, 64), keep=None,
                     names=("prologue kernel", "fused at up to 64 rows"))),
     Round("Chained launches (kernels.common.pdl.CHAIN): the layer's Triton kernels and the activation prologue "
           "launched by programmatic dependent launch, each waiting for the kernel before it, then letting the next "
@@ -594,89 +553,89 @@ ROUNDS = (
           "the routing launch (no fill kernels). An A/B in one run on an H200 (moe-bench --chain-pdl off on, "
           "T = 1, 8, 64, uniform)",
           "Each link hides ~0.5 us of a small kernel's launch and start: the W4A16 layer ~2 us faster, the W4A4 "
-          "layer ~4-6 us faster; prefill unchanged.", (CHAIN_COMMITS[0],),
-          split_ab(CHAIN_COMMITS[0], "chain_pdl", (False, True), keep=None,
+          "layer ~4-6 us faster; prefill unchanged.", (runs.CHAIN_COMMITS[0],),
+          split_ab(runs.CHAIN_COMMITS[0], "chain_pdl", (False, True), keep=None,
                     names=("unchained", "chained, every GEMM letting the next launch"))),
     Round("The GEMM's trigger as its own knob (pdl.CHAIN_GEMM). A second A/B in one run on an H200 (moe-bench "
           "--chain-pdl off on gemm: unchained; chained without any GEMM trigger; chained with every GEMM's)",
           "None written as numbers; the reading of the first A/B: W4A16's T = 1 losses come from the down GEMM "
           "launched early beside the gate/up GEMM, so without the GEMM trigger W4A16 keeps the gains of T = 8 and "
-          "64 and loses nothing at T = 1.", (CHAIN_COMMITS[1],), _chain_ab),
+          "64 and loses nothing at T = 1.", (runs.CHAIN_COMMITS[1],), _chain_ab),
     Round("Shipped: chained launches on, the GEMM trigger for NVFP4-activation GEMMs only (W4A4: the layer follows "
           "them with a quantization; W4A16's gate/up GEMM is followed by the down GEMM). One run on an H200 (moe-bench "
           "as shipped, T = 1, 8, 64, uniform)",
           "Each mode as its better arm of the second A/B ran: W4A4 as with every GEMM's trigger, W4A16 as without.",
-          (CHAIN_COMMITS[2],), _chain_shipped),
+          (runs.CHAIN_COMMITS[2],), _chain_shipped),
     Round("Chained launches scoped to the single-GPU layer's forward (pdl.scope): the expert-parallel steps and "
           "direct calls of the routing and quantizer launch unchained, as before the chain. One run on an H200 "
           "(Qwen3-like T = 1, both modes and routings)",
           "None written down before the run: the layer's own chain is unchanged, so its times should hold.",
-          ("e13c986",), generic(CHAIN_COMMITS[2], "e13c986")),
+          ("e13c986",), generic(runs.CHAIN_COMMITS[2], "e13c986")),
     Round("A probe, not shipped: moe-bench --timeline, the GEMMs built with per-CTA stamps (clock64 at entry, tile "
           "found, after the wait, first stage landed, mainloop end, epilogue end), read from one graph replay. One run "
           "on an H200 (T = 1 and 8, both modes, uniform)",
           "None as numbers: the split-K fit's ~4 us per CTA (start, pipeline fill, hand-over) should show as the "
-          "phases around the mainloop.", (TIMELINE_COMMIT,), _timeline),
+          "phases around the mainloop.", (runs.TIMELINE_COMMIT,), _timeline),
     Round("W4A4's two quantizations write the GEMMs' fp16 operand themselves (nn.moe.QUANT_TO_OPERAND; "
           "quant_triton.quantize_to_operand, e2m1 · block scale · 2^-7, the prologue's values) and the GEMMs run "
           "without their prologues (PreparedWeights.call_operand): two launches fewer. An A/B in one run on an H200 "
           "(moe-bench --quant-operand off on, W4A4, T = 1, 8, 64 and prefill T = 4096 Qwen3-like, uniform)",
           "Qwen3-like T = 1 W4A4 ~2-2.5 us faster (34.4 -> ~32 us), every W4A4 decode case by about that; prefill "
-          "some 20-40 us faster.", (OPERAND_COMMITS[0],), _operand_ab(OPERAND_COMMITS[0])),
+          "some 20-40 us faster.", (runs.OPERAND_COMMITS[0],), _operand_ab(runs.OPERAND_COMMITS[0])),
     Round("The operand's 16 values per block stored as one contiguous run (the first form stored even and odd "
           "elements apart, 2-byte stores 4 bytes apart). The A/B again, one run on an H200",
           "The losses of the first A/B past T = 8 gone (the quantization as fast as codes plus prologue or faster); "
-          "T = 1 as before.", (OPERAND_COMMITS[1],), _operand_ab(OPERAND_COMMITS[1])),
+          "T = 1 as before.", (runs.OPERAND_COMMITS[1],), _operand_ab(runs.OPERAND_COMMITS[1])),
     Round("Shipped: QUANT_TO_OPERAND on. One run on an H200: the Mixtral-like T = 1 A/B again (the second A/B's one "
           "loss), then the layer as shipped (T = 1, 8, 64, uniform and Zipf, both modes)",
-          "Mixtral-like T = 1 within noise of the codes arm.", (OPERAND_COMMITS[2],), _operand_shipped),
+          "Mixtral-like T = 1 within noise of the codes arm.", (runs.OPERAND_COMMITS[2],), _operand_shipped),
     Round("Static activation scales, as ModelOpt and compressed-tensors checkpoints give them (NVFP4MoE(..., "
           "input_scales=), calibrated once per layer on a seeded 64-token batch): W4A4 without its two amax "
           "launches. An A/B in one run on an H200 (moe-bench --input-scales dynamic static, W4A4, T = 1, 8, 64, "
           "uniform); static rows are reported apart from the issue's per-call targets",
           "Qwen3-like T = 1 W4A4 ~4-5 us faster (~29 -> ~25 us: two amax launches of ~2-3 us each in the chain).",
-          (STATIC_COMMIT,), split_ab(STATIC_COMMIT, "input_scales", ("dynamic", "static"), keep=None,
+          (runs.STATIC_COMMIT,), split_ab(runs.STATIC_COMMIT, "input_scales", ("dynamic", "static"), keep=None,
                                       names=("per-call scales", "static scales"))),
     Round("The routing launch asking L2 for the packed weights of every expert the step touches (a knob then, "
           "nn.moe.PREFETCH_L2: 64 more programs of bulk L2 prefetches, where the touched experts' bytes fit half the "
           "L2; of the bench's cases only the Qwen3-like layer at T = 1). An A/B in one run on an H200 (moe-bench "
           "--prefetch-l2 off on off on, Qwen3-like T = 1, both modes and routings)",
           "Qwen3-like T = 1 ~2-3.5 us faster in both modes (W4A4 ~29 -> ~26 us, W4A16 ~27 -> ~24): the down GEMM's "
-          "first stage from L2 and part of the gate/up GEMM's.", (PREFETCH_COMMIT,), _prefetch_ab),
+          "first stage from L2 and part of the gate/up GEMM's.", (runs.PREFETCH_COMMIT,), _prefetch_ab),
     Round("Only 2 stages' weights asked for before a GEMM CTA's wait for the kernel before, the other first stages' "
           "weights with their activations after it (hopper_varlen.kernel.PREWAIT_STAGES; a CTA asked for all 8 "
           "first). An A/B in one run on an H200 (moe-bench --prewait-stages 0 2, T = 1, 8, both modes, uniform), and "
           "the timeline probe at 0, 2 and 1",
           "The first stage lands ~1 us sooner after the wait (its activations no longer behind 72 KB of weights in "
           "the copy engine's queue): each decode GEMM ~1 us faster, Qwen3-like T = 1 ~2 us faster in both modes; "
-          "no change, or slower, if the copy engine does not take requests in order.", (PREWAIT_COMMITS[0],),
+          "no change, or slower, if the copy engine does not take requests in order.", (runs.PREWAIT_COMMITS[0],),
           _prewait_first),
     Round("The A/B again in the other order (2 then 0), T = 1, 8, 64, both modes, uniform, one run on an H200",
-          "As the first A/B: W4A16 faster, W4A4 within noise.", (PREWAIT_COMMITS[1],),
-          split_ab(PREWAIT_COMMITS[1], "prewait_stages", (0, 2), keep=None,
+          "As the first A/B: W4A16 faster, W4A4 within noise.", (runs.PREWAIT_COMMITS[1],),
+          split_ab(runs.PREWAIT_COMMITS[1], "prewait_stages", (0, 2), keep=None,
                     names=("all first stages before the wait", "2"))),
     Round("Shipped: PREWAIT_STAGES = 2 for the W4A16 decode GEMMs only (tilings of at most 32 tokens; the W4A4 "
           "GEMMs, whose wait for their quantization already hides the first stage, and the study tilings as before). "
           "One run on an H200 (the layer as shipped, T = 1, 8, 64, uniform and Zipf, both modes)",
-          "W4A16 decode as the A/Bs' faster arm, W4A4 unchanged.", (PREWAIT_COMMITS[2],), _prewait_shipped),
+          "W4A16 decode as the A/Bs' faster arm, W4A4 unchanged.", (runs.PREWAIT_COMMITS[2],), _prewait_shipped),
     Round("The eager calls re-measured: in both A/Bs the PREWAIT arm's eager time per call was higher. One run on an "
           "H200 (moe-bench --prewait-stages 0 2 2 0, W4A16, Qwen3- and Mixtral-like T = 1 and 8, uniform), each row "
           "with the host's speed read just after it (calls.host_probe)",
           "Written before the run: a kernel 1-3 us shorter cannot make a host-bound call ~100 us slower, so the eager "
           "times should follow the host's speed, not the arm; if both PREWAIT arms are still slower at the same "
-          "host speed, PREWAIT_STAGES goes back to 0.", (PREWAIT_EAGER_COMMIT,), _prewait_eager),
+          "host speed, PREWAIT_STAGES goes back to 0.", (runs.PREWAIT_EAGER_COMMIT,), _prewait_eager),
     Round("The single GEMM's study tilings (over 16 rows per expert) with the once-wait (tuning.ONCE_WAIT, shipped "
           "from 819396d; notebook 10's rounds). One run on an H200 (moe-bench --once-wait off on, W4A4, Qwen3- and "
           "DeepSeek-like T = 512 and 4096, uniform)",
           "None written down before the run; the serving rounds' shapes gained 0.9-2.7 us each.",
-          (ONCE_WAIT_COMMIT,), arms_in_order(ONCE_WAIT_COMMIT, "once_wait", {False: "off", True: "on"})),
+          (runs.ONCE_WAIT_COMMIT,), arms_in_order(runs.ONCE_WAIT_COMMIT, "once_wait", {False: "off", True: "on"})),
     Round("A rule by K: at 65-128 rows per expert a GEMM of K <= 4096 takes the 96-token tiles (tuning.SHORT_K, "
           "shipped in aca63ef from S2 and S2-dual's A/B; notebook 10's rounds). One run on an H200 (moe-bench "
           "--short-k 0 4096, W4A4, Mixtral-like T = 512 and DeepSeek-like T = 4096, uniform and Zipf); switched off "
           "in c2ab5a1",
           "Mixtral-like T = 512 ~3% faster (its gate/up GEMM, K = 4096, is S2-dual's tiling case), DeepSeek-like "
           "T = 4096 ~1% (its down GEMM is S2's N and K over 256 experts).",
-          (SHORT_K_COMMIT,), arms_in_order(SHORT_K_COMMIT, "short_k", {0: "off", 4096: "K <= 4096"})),
+          (runs.SHORT_K_COMMIT,), arms_in_order(runs.SHORT_K_COMMIT, "short_k", {0: "off", 4096: "K <= 4096"})),
     Round("The dual GEMM's tier of 17-128 rows per expert in the 96-token tiles with 32-token steps (tuning.DUAL_96, "
           "from S1-dual and S2-dual's A/B; notebook 10's rounds). One run per layer on an H200 (moe-bench --dual-96 "
           "off on, W4A4, Qwen3- and Mixtral-like T = 512, DeepSeek-like T = 4096, uniform and Zipf); narrowed to "
@@ -684,25 +643,25 @@ ROUNDS = (
           "Mixtral-like T = 512 and DeepSeek-like T = 4096 1-3% faster (128 rows per expert: two 64-token tiles, the "
           "weights decoded twice, as on S1-dual, which gained 2%), Qwen3-like T = 512 3-8% faster (32 rows per "
           "expert: one tile either way, two CTAs per SM).",
-          (DUAL_96_COMMIT,), arms_in_order(DUAL_96_COMMIT, "dual_96", {False: "off", True: "on"})),
+          (runs.DUAL_96_COMMIT,), arms_in_order(runs.DUAL_96_COMMIT, "dual_96", {False: "off", True: "on"})),
     Round("The same tiles for the dual GEMMs of up to 64 rows per expert only (tuning.DUAL_96 = 64: one tile covers "
           "such a group with either tiling, so the weights are decoded once either way). One run per layer on an H200 "
           "(moe-bench --dual-96 0 64, W4A4, Mixtral-like T = 256 and DeepSeek-like T = 2048: 64 rows per expert, "
           "uniform and Zipf)",
           "Both layers 3-8% faster (two CTAs per SM on the gate/up GEMM, as Qwen3-like T = 512 in the round before).",
-          (DUAL_64_COMMIT,), arms_in_order(DUAL_64_COMMIT, "dual_96", {0: "none", 64: "up to 64 rows"})),
+          (runs.DUAL_64_COMMIT,), arms_in_order(runs.DUAL_64_COMMIT, "dual_96", {0: "none", 64: "up to 64 rows"})),
     Round("The serving GEMM's tile found by warp 0 alone and handed to the other warps in shared memory "
           "(hopper_varlen.kernel.TILE_HANDOFF, from the study shapes' profiles and A/B; notebook 10's rounds). One run "
           "on an H200 (moe-bench --tile-handoff 1 0 1, Qwen3- and Mixtral-like T = 1 and 8, both modes, uniform)",
           "None written down before the run; at decode warp 0's search is as long as before (the warp search above "
           "32 groups), so the layers should move little.",
-          HANDOFF_COMMITS, arms_in_order(HANDOFF_COMMITS[1], "tile_handoff", {0: "off", 1: "on"})),
+          runs.HANDOFF_COMMITS, arms_in_order(runs.HANDOFF_COMMITS[1], "tile_handoff", {0: "off", 1: "on"})),
     Round("Dual GEMMs of K <= 2048 in the 96-token tiles with 32-token steps over the whole tier of 65-128 rows per "
           "expert (tuning.DUAL_96_K, from S2-dual; notebook 10's rounds). One run on an H200 (moe-bench --dual-96-k "
           "0 2048, W4A4, Qwen3-like T = 1024 and 2048, uniform and Zipf); shipped at 2048 after it",
           "T = 1024 (64 rows per expert: the tiles already) unchanged; T = 2048 (128 rows per expert: two 64-token "
           "tiles, the weights decoded twice) within +-3%, not known which way.",
-          (DUAL_96_K_COMMIT,), arms_in_order(DUAL_96_K_COMMIT, "dual_96_k", {0: "off", 2048: "K <= 2048"})),
+          (runs.DUAL_96_K_COMMIT,), arms_in_order(runs.DUAL_96_K_COMMIT, "dual_96_k", {0: "off", 2048: "K <= 2048"})),
     Round("W4A16's weight decode converts the E4M3 block scales in integer arithmetic (hopper_rs.ops.A16_INT_SCALE): "
           "cvt to f16x2, a mask, one mad.hi (LEA.HI in SASS) in place of the route through f32, on weights packed "
           "canonical (negative scales' signs moved into the codes, zero scales' codes zeroed: the same values). One "
@@ -710,7 +669,7 @@ ROUNDS = (
           "and Zipf)",
           "W4A16 GEMM mainloops ~8% shorter (issue-bound at decode); Qwen3-like T = 1 ~25.1 -> ~24.2 us; Mixtral-like "
           "T = 1 and 8 5-8% faster (101.9 -> ~95 us, 278 -> ~260); T = 64 alike; W4A4 unchanged.",
-          (A16_SCALE_COMMIT,), _a16_scale_ab_at(A16_SCALE_COMMIT),
+          (runs.A16_SCALE_COMMIT,), _a16_scale_ab_at(runs.A16_SCALE_COMMIT),
           "the offline SASS (sm_90a) of the Qwen3-like decode GEMMs, the prediction's basis: the scales' conversion 7 "
           "-> 3 instructions per k16 word, the mainloop body 359 -> 327 instructions per K tile (hopper_rs/ops.py)"),
     Round("The same A/B on the cases the first run left out: DeepSeek-like at decode, and prefill. One run on an H200 "
@@ -719,7 +678,7 @@ ROUNDS = (
           "DeepSeek-like T = 1, 8, 64 3-6% faster (its gate/up GEMM runs 56 K tiles per CTA: mainloop-bound, as "
           "Mixtral-like); prefill T = 4096 3-6% faster on both layers (the decode shares the issue slots with the "
           "MMAs), Qwen3-like still slower than the bf16 peer.",
-          (A16_SCALE_MORE_COMMIT,), _a16_scale_ab_at(A16_SCALE_MORE_COMMIT)),
+          (runs.A16_SCALE_MORE_COMMIT,), _a16_scale_ab_at(runs.A16_SCALE_MORE_COMMIT)),
     Round("W4A4's quantizer launches small inputs in smaller tiles (nn.quant_triton.SMALL_TILES: at least 128 "
           "programs, e.g. 2 rows x 4 blocks each for the Qwen3-like input at T = 1 instead of 4 x 32 on 8 programs; "
           "the same bits). From the Qwen3-like T = 1 profile recorded at fbe952b (moe-bench --profile, kernel by "
@@ -730,7 +689,7 @@ ROUNDS = (
           "Each quantize launch's own work ~4.5 -> ~1.5 us at Qwen3-like T = 1; the layer ~29.6 -> ~25-26 us (the "
           "gate/up GEMM's weights then have a shorter head start, so not the whole ~6 us); T = 8 and the other "
           "layers' T = 1 and 8 2-4 us faster; T = 64 1-3 us; W4A16 unchanged.",
-          (CHAIN_PROFILE_COMMIT, SMALL_TILES_COMMIT), _small_tiles),
+          (runs.CHAIN_PROFILE_COMMIT, runs.SMALL_TILES_COMMIT), _small_tiles),
     Round("The tile handoff again at decode, where the GEMMs have more than 32 groups (the warp search): a sanity run "
           "of moe-bench after a refactor had the Qwen3-like W4A16 layer at T = 1 faster with the handoff off. One run "
           "on an H200 "
@@ -738,14 +697,14 @@ ROUNDS = (
           "No difference beyond ~0.5 us (the first A/B's Qwen3-like T = 1 rows were 25.1, 26.6, 26.5 us on, off, on: "
           "not one way); if the handoff off is faster by 1 us or more in every pair, it should be limited to the "
           "GEMMs that find their tile in a loop (at most 32 groups).",
-          (HANDOFF_DECODE_COMMIT,), arm_means_at(HANDOFF_DECODE_COMMIT, "tile_handoff", ("handoff off", "on"),
+          (runs.HANDOFF_DECODE_COMMIT,), arm_means_at(runs.HANDOFF_DECODE_COMMIT, "tile_handoff", ("handoff off", "on"),
                                                   "both modes"),
           "the sanity run (10 replays per timing): Qwen3-like W4A16 T = 1 24.6 us with the handoff off against 26.0 "
           "on, two arms each"),
     Round("No change: prefill measured as shipped, the three layers at T = 4096, both modes and routings, beside the "
           "bf16 layer in one run on an H200 (moe-bench --tokens 4096 --routing uniform zipf --mode nvfp4 bf16), for "
           "the H200 view of issue 41's prefill targets",
-          "", (PREFILL_H200_COMMIT,), _vs_peer_at(PREFILL_H200_COMMIT)),
+          "", (runs.PREFILL_H200_COMMIT,), _vs_peer_at(runs.PREFILL_H200_COMMIT)),
     Round("W4A16's weights in their own word layout (hopper_rs.ops.A16_OWN_WORDS): each k16 word's 8 codes moved "
           "once, at prepare, where the bf16 decode takes two of its four registers with one shift and a mask (the "
           "other two: two shifts, a select and a mask): 11 integer instructions per word instead of 15, the same "
@@ -757,7 +716,7 @@ ROUNDS = (
           "DeepSeek-like T = 1, 8, 64 3-6%; Qwen3-like T = 1 unchanged within 0.5 us (its GEMMs' chains are "
           "latency-bound, as that round showed), T = 8 and 64 1-4%; prefill T = 4096 Mixtral-like 3-6%, Qwen3-like "
           "1-3%; the same bits in both arms.",
-          (A16_OWN_COMMIT, A16_OWN_MORE_COMMIT, A16_OWN_PROFILE_COMMIT), _a16_own_ab,
+          (runs.A16_OWN_COMMIT, runs.A16_OWN_MORE_COMMIT, runs.A16_OWN_PROFILE_COMMIT), _a16_own_ab,
           "the offline SASS (sm_90a) of the Qwen3-like decode GEMMs, the prediction's basis: per k16 word 22 -> 18 "
           "instructions (LOP3 -2, SHF -1, IMAD.SHL -1), the mainloop body 328 -> 296 per K tile (hopper_rs/layout.py)"),
     Round("Split-K rule 'pair' (a knob, SPLIT_RULE): as 'idle', but two CTAs per SM where every slice keeps at least "
@@ -769,13 +728,13 @@ ROUNDS = (
           "The Mixtral-like down GEMM ~30 -> ~20-22 us in both modes (a second CTA per SM issuing while the first "
           "waits: ~1.6-1.75x the SM's issue rate over its 56 K tiles), the layer W4A16 ~90 -> ~80-82 us and W4A4 "
           "~106 -> ~96-98; Qwen3-like T = 1 unchanged (its splits stay as they are).",
-          (PAIR_COMMIT, PAIR_SHIPPED_COMMIT),
+          (runs.PAIR_COMMIT, runs.PAIR_SHIPPED_COMMIT),
           _in_turn([split_ab(c, "split_rule", ("idle", "pair"), keep=None, names=("rule idle", "pair"))
-                    for c in (PAIR_COMMIT, PAIR_SHIPPED_COMMIT)], "; then, shipped: ")),
+                    for c in (runs.PAIR_COMMIT, runs.PAIR_SHIPPED_COMMIT)], "; then, shipped: ")),
     Round("No change: decode measured as shipped (the own word layout and the 'pair' rule in), the three layers at "
           "T = 1, 8, 64, both modes and routings, beside the bf16 layer in one run on an H200 (moe-bench --tokens 1 8 "
           "64 --routing uniform zipf --mode nvfp4 bf16), for the H200 view of issue 41's decode targets",
-          "", (DECODE_H200_COMMIT,), _vs_peer_at(DECODE_H200_COMMIT)),
+          "", (runs.DECODE_H200_COMMIT,), _vs_peer_at(runs.DECODE_H200_COMMIT)),
 )
 
 

@@ -1,0 +1,38 @@
+"""The recorded runs notebook 11's rounds read (:mod:`.moe_rounds`): which commit of ``data/moe.jsonl`` holds which
+A/B or measurement, with the command that made it. A run's rows carry the commit whose tree ran them
+(``python -m nvfp4lib record``); a round names its runs by these constants."""
+from __future__ import annotations
+
+ONCE_WAIT_COMMIT = "819396d"  # moe-bench --once-wait off on (the single GEMM's study tiers)
+SHORT_K_COMMIT = "aca63ef"  # moe-bench --short-k 0 4096 (the rule by K, switched off after it)
+# moe-bench --tile-handoff 0 1 0 at 9967963 (8ea0fce's kernels, the handoff's first form: its loop search selected
+# wrong tiles for split-K CTAs; rows recorded, the Mixtral-like ones wrong in both arms), then 1 0 1 at b667d96 (fixed
+# in 52cddbf)
+HANDOFF_COMMITS = ("9967963", "b667d96")
+DUAL_96_K_COMMIT = "aa522f9"  # moe-bench --dual-96-k 0 2048 (Qwen3-like T = 1024, 2048; shipped at 2048 after it)
+A16_SCALE_COMMIT = "1395acd"  # moe-bench --a16-int-scale 0 1 0 1 (W4A16, Qwen3- and Mixtral-like T = 1, 8, 64)
+# the second run of that A/B: DeepSeek-like at decode, and prefill (T = 4096) beside the bf16 peer
+A16_SCALE_MORE_COMMIT = "8ee1e22"
+SMALL_TILES_COMMIT = "7d08f53"  # moe-bench --quant-small-tiles 0 1 0 1 (W4A4, T = 1, 8, 64); off after it
+HANDOFF_DECODE_COMMIT = "2c902ae"  # moe-bench --tile-handoff 0 1 0 1 (Qwen3- and DeepSeek-like, T = 1 and 8)
+PREFILL_H200_COMMIT = "2cddeb5"  # moe-bench at T = 4096, the three layers as shipped, beside the bf16 peer
+A16_OWN_COMMIT = "f9d0202"  # moe-bench --a16-own-words 0 1 0 1 (W4A16, Qwen3- and Mixtral-like T = 1, 8, 64)
+# its second run: DeepSeek-like T = 1, 8, 64 (0 1); T = 4096 beside the bf16 peer (0 1 0 1; Mixtral-like 0 1 0 1 0 1)
+A16_OWN_MORE_COMMIT = "029a1f4"
+A16_OWN_PROFILE_COMMIT = "271366c"  # its third: --profile, Qwen3- and Mixtral-like T = 1 (0 1 0 1), kernel by kernel
+PAIR_COMMIT = "e2816a3"  # moe-bench --split-k idle pair idle pair --profile (Mixtral- and Qwen3-like T = 1, both modes)
+PAIR_SHIPPED_COMMIT = "d9d64ea"  # the same with 'pair' shipped, Mixtral-like T = 1, 2, 8
+DECODE_H200_COMMIT = "45985b8"  # moe-bench at T = 1, 8, 64, the three layers as shipped, beside the bf16 peer
+CHAIN_PROFILE_COMMIT = "fbe952b"  # moe-bench --profile, Qwen3-like T = 1 and 8, both modes (the chain kernel by kernel)
+DUAL_96_COMMIT = "93846e4"  # moe-bench --dual-96 off on (the dual tier of 65-128 rows, narrowed to 64 after it)
+DUAL_64_COMMIT = "a3a7d06"  # moe-bench --dual-96 0 64 (the tiles up to 64 rows per expert, as shipped)
+WIDE_COMMIT = "051a36f"  # the wide decode form's A/B (its code left the package after it; git keeps it there)
+DEEP_COMMIT = "178dc1f"  # the deep decode form's A/B (likewise)
+FUSE_COMMIT = "e44cfb2"  # hopper_varlen.kernel.FUSE_MAX_ROWS's A/B
+CHAIN_COMMITS = ("0797664", "c1591b1", "a97ae1f")  # kernels.common.pdl: first A/B, second A/B, the shipped form's run
+TIMELINE_COMMIT = "ad6bb18"  # moe-bench --timeline's run (per-CTA stamps: a probe, its rows not shipped)
+OPERAND_COMMITS = ("0476cd6", "cb7456c", "1bf0e0a")  # nn.moe.QUANT_TO_OPERAND: first A/B, second A/B, shipped run
+STATIC_COMMIT = "aaf13ca"  # moe-bench --input-scales dynamic static (W4A4)
+PREFETCH_COMMIT = "b9eb5b9"  # nn.moe.PREFETCH_L2's A/B (its code left the package after it; git keeps it there)
+PREWAIT_COMMITS = ("488aabc", "a7f6fab", "0df7533")  # kernel.PREWAIT_STAGES: first A/B (+ timeline), second, shipped
+PREWAIT_EAGER_COMMIT = "14b59e8"  # PREWAIT_STAGES 0 2 2 0 in one run, each row with the host's speed after it
