@@ -53,7 +53,14 @@ ROUTE_MAX_COPIES = 1024
 # gather's). Why (issue 41): in the Qwen3-like W4A16 layer at T = 1 (H200 profile, graph replay) the gather launch
 # takes 2.1 us between the routing (1.6 us) and the gate/up GEMM, whose activations wait for it.
 # Prediction (2026-11-29, before any run): W4A16 decode ~0.5-1 us faster on every layer (one chained launch fewer),
-# T = 64 within 1 us (its programs repeat a count over 512 ids).
+# T = 64 within 1 us (its programs repeat a count over 512 ids). Outcome (H200, moe-bench --route-gather 0 1 0 1
+# --profile, W4A16, uniform; notebook 11's rounds): the first form let every program trigger at once and raced the
+# GEMM, which reads the offsets before its wait (wrong at T <= 8: the run's reference check and the GPU tests found
+# it). Fixed (program 0 triggers after the offsets): within 1% at T <= 8 (Qwen3-like T = 1 23.9 -> 24.0 us, T = 8
+# 70.1 -> 70.9, Mixtral-like T = 1 87.2 -> 86.7, DeepSeek-like T = 1 84.0 -> 83.4), T = 64 1-2 us faster (Qwen3-like
+# 143.6 -> 141.9): the gate/up GEMM starts ~0.2 us sooner at T = 1 (2.1-2.3 -> 2.0 us), 1.5 us sooner at T = 64. The
+# launch its trigger waits for is most of what the fused launch saves. The same bits (GPU tests; memcheck 0 errors).
+# On: no slower within the run's noise, one launch fewer per step.
 ROUTE_GATHER = True
 _MAX_EXPERTS = 1023  # offsets [E+1] in one block of at most 1024
 _BN = 256  # output columns per un-permute program

@@ -204,30 +204,34 @@ def _gemm_means(d: pd.DataFrame, keys: list) -> dict:
     return out
 
 
-def arm_means_at(commit: str, column: str, names: tuple[str, str], mode: str):
-    """An on/off knob's A/B at ``commit`` (moe-bench --knob 0 1 ...) in ``mode``'s rows (the column set): per case,
-    each arm's mean graph time over its runs, the ratio on / off, the bf16 peer's time where the run has it, and the
-    GEMMs' mean times where the rows hold profiles (moe-bench --profile)."""
+def arm_means_at(commit: str, column: str, names: tuple[str, str], mode: str, values: tuple = (0, 1), keep=None):
+    """An on/off knob's A/B at ``commit`` (moe-bench --knob 0 1 ...; ``values``: the column's off and on values) in
+    ``mode``'s rows (the column set; ``keep``: a filter of the rows, e.g. the A/B's profiled rows where a run as
+    shipped at the same commit holds the on value too), over the cases both arms ran: per case, each arm's mean graph
+    time over its runs, the ratio on / off, the bf16 peer's time where the run has it, and the GEMMs' mean times where
+    the rows hold profiles (moe-bench --profile)."""
     def outcome(r: Reader) -> str | None:
         d = timed_in_order(r, commit, (column,))
         if d is None:
             return None
         peer = d[d["mode"] == "bf16-weights"].groupby(["layer", "tokens", "routing"])["median_us"].mean()
         d = d[d[column].notna()]  # (another mode's run at the same commit is not the A/B's)
+        d = d[keep(d)] if keep is not None else d
         if not len(d):
             return None
         r.used[commit] = sorted(set(d["run_id"]))  # (the peer's rows are in the same runs)
         arms = d.groupby(["layer", "tokens", "routing", "label", column], sort=False)["median_us"].mean().unstack()
-        if not {0, 1} <= set(arms.columns):
+        if not set(values) <= set(arms.columns):
             return None
-        ratio = arms[1] / arms[0]
+        arms = arms[list(values)].dropna()
+        ratio = arms[values[1]] / arms[values[0]]
         gemms = _gemm_means(d, ["layer", "tokens", "routing", "label", column])
 
         def profiled(k) -> str:
-            off, on = gemms.get((*k, 0)), gemms.get((*k, 1))
+            off, on = gemms.get((*k, values[0])), gemms.get((*k, values[1]))
             return (f" (its GEMMs {' + '.join(f'{x:.1f}' for x in off)} -> {' + '.join(f'{x:.1f}' for x in on)} us"
                     " in the profile)") if off and on else ""
-        cases = "; ".join(f"{k[0]} T = {k[1]} {k[2]} {SHORT.get(k[3], k[3])} {v[0]:.1f} -> {v[1]:.1f} us"
+        cases = "; ".join(f"{k[0]} T = {k[1]} {k[2]} {SHORT.get(k[3], k[3])} {v.iloc[0]:.1f} -> {v.iloc[1]:.1f} us"
                           + (f" (bf16 peer {peer[k[:3]]:.1f})" if k[:3] in peer.index else "") + profiled(k)
                           for k, v in arms.iterrows())
         return (f"{names[0]} -> {names[1]}, {mode}, graph replay, each arm's mean over its runs ({len(arms)} cases, "

@@ -250,6 +250,11 @@ def _a16_scale_ab_at(commit: str):
     return arm_means_at(commit, "a16_int_scale", ("f32 route", "integer route"), "W4A16")
 
 
+def _profiled(d: pd.DataFrame) -> pd.Series:
+    """The rows with a graph-replay profile (an A/B run with --profile, not a run as shipped at the same commit)."""
+    return d["profile"].map(lambda p: isinstance(p, dict)) if "profile" in d else pd.Series(False, index=d.index)
+
+
 def _in_turn(outcomes, sep: str = "; then "):
     """One round's outcome from several runs' (each a Reader -> str | None): those the data hold, in order."""
     return lambda r: sep.join(x for x in (o(r) for o in outcomes) if x) or None
@@ -735,6 +740,32 @@ ROUNDS = (
           "T = 1, 8, 64, both modes and routings, beside the bf16 layer in one run on an H200 (moe-bench --tokens 1 8 "
           "64 --routing uniform zipf --mode nvfp4 bf16), for the H200 view of issue 41's decode targets",
           "", (runs.DECODE_H200_COMMIT,), _vs_peer_at(runs.DECODE_H200_COMMIT)),
+    Round("Split-K's 'pair' rule with a minimum of 8 K tiles per slice instead of 16 (an A/B of PAIR_MIN_K_TILES): of "
+          "the decode cases only the Qwen3-like T = 1 gate/up GEMM changes, 96 CTAs of 16 K tiles -> 192 of 8 (two "
+          "per SM on 60 SMs). One run on an H200 (moe-bench --pair-min-k-tiles 16 8 16 8 --profile, both modes; its "
+          "W4A16 rows are wrong: the routing+gather launch of the next round, on at that commit, raced the GEMM)",
+          "That GEMM ~10.8 -> ~7.5 us (W4A16) and ~11.5 -> ~8.5 (W4A4): its CTAs are latency-bound (issue slots "
+          "22-27% busy in the ncu rows), so two per SM run nearly in parallel; the layer ~3 us faster in both modes.",
+          (runs.PAIR_MIN_COMMIT,),
+          arm_means_at(runs.PAIR_MIN_COMMIT, "pair_min_k_tiles", ("minimum 16", "8"), "W4A4", values=(16, 8),
+                       keep=lambda d: d["label"] == W4A4)),
+    Round("W4A16's routing and gather of x's rows in one launch (nn.routing_triton.ROUTE_GATHER): each program counts "
+          "the copies before its own in (expert, copy) order and copies its row; program 0 writes the offsets and, "
+          "launched chained, lets the GEMM launch only after them (the GEMM reads them before its own wait). Its "
+          "first form let every program trigger at once: wrong at T <= 8, found by the run's reference check and "
+          "the GPU tests. Runs on an H200 (moe-bench --route-gather 0 1 0 1 --profile, W4A16)",
+          "W4A16 decode ~0.5-1 us faster on every layer (one chained launch fewer), T = 64 within 1 us.",
+          runs.ROUTE_GATHER_COMMITS,
+          _in_turn([arm_means_at(c, "route_gather", ("two launches", "one"), "W4A16", keep=_profiled)
+                    for c in runs.ROUTE_GATHER_COMMITS], "; then, fixed: ")),
+    Round("No change: decode measured as shipped (the routing+gather launch in), the three layers at T = 1, 8, 64, "
+          "both modes and routings, beside the bf16 layer in one run on an H200",
+          "", (runs.DECODE_H200_2_COMMIT,), _vs_peer_at(runs.DECODE_H200_2_COMMIT)),
+    Round("W4A16 GEMMs letting the next kernel launch at their mainloop's end (kernels.common.pdl.CHAIN_GEMM_A16, a "
+          "build knob): the down GEMM's launch, tile search and first two stages of weights under the gate/up GEMM's "
+          "epilogue. One run on an H200 (moe-bench --chain-gemm-a16 0 1 0 1 --profile, W4A16, T = 1 and 8)",
+          "Qwen3-like T = 1 W4A16 ~1-1.5 us faster, T = 8 alike; Mixtral-like T = 1 within +-3%.",
+          (runs.CHAIN_A16_COMMIT,), arm_means_at(runs.CHAIN_A16_COMMIT, "chain_gemm_a16", ("off", "on"), "W4A16")),
 )
 
 

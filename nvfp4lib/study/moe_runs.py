@@ -36,3 +36,9 @@ STATIC_COMMIT = "aaf13ca"  # moe-bench --input-scales dynamic static (W4A4)
 PREFETCH_COMMIT = "b9eb5b9"  # nn.moe.PREFETCH_L2's A/B (its code left the package after it; git keeps it there)
 PREWAIT_COMMITS = ("488aabc", "a7f6fab", "0df7533")  # kernel.PREWAIT_STAGES: first A/B (+ timeline), second, shipped
 PREWAIT_EAGER_COMMIT = "14b59e8"  # PREWAIT_STAGES 0 2 2 0 in one run, each row with the host's speed after it
+PAIR_MIN_COMMIT = "7ddfa5f"  # moe-bench --pair-min-k-tiles 16 8 16 8 --profile (Qwen3-like T = 1, both modes)
+# moe-bench --route-gather 0 1 0 1 --profile (W4A16, Qwen3- and Mixtral-like T = 1, 8, 64; then 0 1 DeepSeek-like T = 1,
+# 8): the first run, with the race (the route-gather arm wrong at T <= 8), then the fixed form's
+ROUTE_GATHER_COMMITS = ("7ddfa5f", "3103cdb")
+DECODE_H200_2_COMMIT = "3103cdb"  # moe-bench at T = 1, 8, 64 as shipped (route-gather in), beside the bf16 peer
+CHAIN_A16_COMMIT = "23157ef"  # moe-bench --chain-gemm-a16 0 1 0 1 --profile (W4A16, T = 1 and 8; DeepSeek-like 0 1)

@@ -42,7 +42,11 @@ CHAIN_GEMM = True
 # down GEMM still starts only after the gate/up GEMM has ended (13.5 us after 13.3) and its first stage lands ~1 us
 # after its wait. Prediction (2026-11-29, before the run): the down GEMM's launch, tile search and first two stages of
 # weights under the gate/up GEMM's epilogue: Qwen3-like T = 1 W4A16 ~1-1.5 us faster, T = 8 alike; Mixtral-like T = 1
-# within +-3% (the placement that lost 14 us before was one CTA per SM filling SMs unevenly).
+# within +-3% (the placement that lost 14 us before was one CTA per SM filling SMs unevenly). Outcome (H200, moe-bench
+# --chain-gemm-a16 0 1 0 1 --profile, W4A16, uniform; notebook 11's rounds): Qwen3-like T = 1 24.1 -> 25.0 us, its
+# down GEMM 6.4 -> 8.0 us in the profile (it starts ~0.6 us sooner and ends ~0.8 us later: its early CTAs share SMs
+# with the gate/up GEMM's); T = 8 70.3 -> 69.9; Mixtral-like T = 1 86.0 -> 84.8, T = 8 237.6 -> 234.7; DeepSeek-like
+# T = 1 and 8 within 0.2%. The same bits (GPU test, memcheck 0 errors). Off: slower where it was meant to help.
 CHAIN_GEMM_A16 = False
 
 

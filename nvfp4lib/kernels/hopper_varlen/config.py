@@ -320,6 +320,10 @@ SPLIT_TILES = 1024  # tiles a split call counts at most: the per-stream counters
 # half), Qwen3-like within its noise. Shipped. Of the bench's MoE cases it changes only the Mixtral-like down GEMM at
 # T = 1 and 2; the study shapes' grids never leave SMs idle.
 SPLIT_RULES = ("idle", "balance", "pair")
+# An A/B of 8 (H200, moe-bench --pair-min-k-tiles 16 8 16 8 --profile; notebook 11's rounds): of the decode cases only
+# the Qwen3-like T = 1 gate/up GEMM splits then (192 CTAs of 8 K tiles); predicted ~3 us faster, it was slower:
+# W4A4 29.5 -> 33.2 us, that GEMM 11.7 -> 14.6 us in the profile. The second CTA on an SM and the slices' hand-over
+# cost more than the latency they hide there. 16 stays.
 PAIR_MIN_K_TILES = 16
 SHIPPED_SPLIT_RULE = "pair"
 SPLIT_RULE = SHIPPED_SPLIT_RULE
