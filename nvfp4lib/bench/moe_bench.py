@@ -298,7 +298,7 @@ DUAL_96_K_KNOB = ("nvfp4lib.tuning", "DUAL_96_K")  # moe-bench --dual-96-k
 # (--prewait-stages, --tile-handoff, --a16-int-scale and --a16-own-words set the serving kernel's build knobs by their
 # recipe fields: kernels.hopper_varlen.runner.build_setting)
 SMALL_TILES_KNOB = ("nvfp4lib.nn.quant_triton", "SMALL_TILES")  # moe-bench --quant-small-tiles
-ROUTE_GATHER_KNOB = ("nvfp4lib.nn.routing_triton", "ROUTE_GATHER")  # moe-bench --route-gather
+ROUTE_GATHER_KNOB = ("nvfp4lib.nn.routing", "ROUTE_GATHER")  # moe-bench --route-gather
 PAIR_KNOB = ("nvfp4lib.kernels.hopper_varlen.config", "PAIR_MIN_K_TILES")  # moe-bench --pair-min-k-tiles
 
 
@@ -604,7 +604,7 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     _ab_arg(p, "--input-scales", "W4A4's activation global scales: computed per call (dynamic, the default) or "
             "static, as checkpoints give them (calibrated once per layer on a seeded batch)", "dynamic static",
             "input_scales (W4A4 rows)", choices=["dynamic", "static"])
-    _ab_arg(p, "--route-gather", "W4A16 routing and gathering x's rows in one launch (nn.routing_triton.ROUTE_GATHER; "
+    _ab_arg(p, "--route-gather", "W4A16 routing and gathering x's rows in one launch (nn.routing.ROUTE_GATHER; "
             "0: the routing launch then the gather's; default: as shipped)", "0 1", "route_gather (W4A16 rows)",
             type=int, choices=[0, 1])
     _ab_arg(p, "--chain-gemm-a16", "W4A16 GEMMs letting the next kernel launch at their mainloop's end "

@@ -12,7 +12,23 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Routing", "route", "route_local", "route_gather", "unpermute", "gather_rows", "triton_importable"]
+__all__ = ["ROUTE_GATHER", "Routing", "route", "route_local", "route_gather", "unpermute", "gather_rows",
+           "triton_importable"]
+
+
+# W4A16's step routes and gathers x's rows in one launch (routing_triton.route_gather_triton; False: the routing launch,
+# then the gather's). Why (issue 41): in the Qwen3-like W4A16 layer at T = 1 (H200 profile, graph replay) the gather
+# launch takes 2.1 us between the routing (1.6 us) and the gate/up GEMM, whose activations wait for it. Prediction
+# (2026-11-29, before any run): W4A16 decode ~0.5-1 us faster on every layer (one chained launch fewer), T = 64 within 1
+# us (its programs repeat a count over 512 ids). Outcome (H200, moe-bench --route-gather 0 1 0 1 --profile, W4A16,
+# uniform; notebook 11's rounds): the first form let every program trigger at once and raced the GEMM, which reads the
+# offsets before its wait (wrong at T <= 8: the run's reference check and the GPU tests found it). Fixed (program 0
+# triggers after the offsets): within 1% at T <= 8 (Qwen3-like T = 1 23.9 -> 24.0 us, T = 8 70.1 -> 70.9, Mixtral-like T
+# = 1 87.2 -> 86.7, DeepSeek-like T = 1 84.0 -> 83.4), T = 64 1-2 us faster (Qwen3-like 143.6 -> 141.9): the gate/up
+# GEMM starts ~0.2 us sooner at T = 1 (2.1-2.3 -> 2.0 us), 1.5 us sooner at T = 64. The launch its trigger waits for is
+# most of what the fused launch saves. The same bits (GPU tests; memcheck 0 errors). On: no slower within the run's
+# noise, one launch fewer per step.
+ROUTE_GATHER = True
 
 
 class Routing(NamedTuple):
@@ -87,14 +103,13 @@ def _fits_triton(topk_ids: torch.Tensor, groups: int) -> bool:
 
 def route_gather(topk_ids: torch.Tensor, experts: int, x: torch.Tensor) -> tuple[Routing, torch.Tensor]:
     """(:func:`route`, ``x``'s rows in its packed order): :func:`route` then :func:`gather_rows`, in one launch on a
-    CUDA device where the Triton routing fits and :data:`.routing_triton.ROUTE_GATHER` is on
+    CUDA device where the Triton routing fits and :data:`ROUTE_GATHER` is on
     (:func:`.routing_triton.route_gather_triton`: the same outputs)."""
-    if _fits_triton(topk_ids, experts):
-        from . import routing_triton
+    if ROUTE_GATHER and _fits_triton(topk_ids, experts):
+        from .routing_triton import route_gather_triton
 
-        if routing_triton.ROUTE_GATHER:
-            token, offsets, row, rows = routing_triton.route_gather_triton(topk_ids, experts, x)
-            return Routing(token, offsets, row), rows
+        token, offsets, row, rows = route_gather_triton(topk_ids, experts, x)
+        return Routing(token, offsets, row), rows
     r = route(topk_ids, experts)
     return r, gather_rows(x, r.token)
 

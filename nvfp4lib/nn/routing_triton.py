@@ -19,11 +19,11 @@ T = 1 that is ~30 µs of a layer whose GEMMs take ~30-120 µs. Here:
   W4A16; notebook 13). On the single-GPU layer against the torch form at 128 < N <= 1024 (``moe-bench
   --route-max-copies 128 1024``, an H200, notebook 11): Qwen3-like T = 64 and 128 17-18% faster, DeepSeek-like
   within 5% but T = 128 W4A4 (5% faster);
-- :func:`route_gather_triton` (:data:`ROUTE_GATHER`, W4A16's step): the routing and the gather of x's rows in packed
-  order in one launch. One program per (copy, column block) finds its copy's packed row by counting the copies before
-  it in (expert, copy) order, an O(T·k) count over the step's expert ids that every program repeats; program 0 also
-  writes the offsets, and, launched chained, lets the next kernel launch only after them (the serving GEMM reads the
-  offsets before its wait: :mod:`nvfp4lib.kernels.common.pdl`). The same outputs as :func:`route_triton` then
+- :func:`route_gather_triton` (:data:`.routing.ROUTE_GATHER`, W4A16's step): the routing and the gather of x's rows in
+  packed order in one launch. One program per (copy, column block) finds its copy's packed row by counting the copies
+  before it in (expert, copy) order, an O(T·k) count over the step's expert ids that every program repeats; program 0
+  also writes the offsets, and, launched chained, lets the next kernel launch only after them (the serving GEMM reads
+  the offsets before its wait: :mod:`nvfp4lib.kernels.common.pdl`). The same outputs as :func:`route_triton` then
   :func:`gather_rows_triton`;
 - :func:`gather_rows_triton` and :func:`pack_rows_triton`: a row copy per program (column blocks of 32-bit words),
   the gather skipping negative indices; the pack writes the all-gather transport's send rows (payload, expert ids,
@@ -45,23 +45,10 @@ from ..kernels.common import pdl
 from ..kernels.common.pdl_triton import chain
 from ..kernels.common.triton_launch import launch
 
-__all__ = ["ROUTE_MAX_COPIES", "ROUTE_GATHER", "route_triton", "route_gather_triton", "unpermute_triton",
+__all__ = ["ROUTE_MAX_COPIES", "route_triton", "route_gather_triton", "unpermute_triton",
            "gather_rows_triton", "pack_rows_triton", "put_rows_triton", "word_rows", "copy_row"]
 
 ROUTE_MAX_COPIES = 1024
-# W4A16's step routes and gathers x's rows in one launch (route_gather_triton; False: the routing launch, then the
-# gather's). Why (issue 41): in the Qwen3-like W4A16 layer at T = 1 (H200 profile, graph replay) the gather launch
-# takes 2.1 us between the routing (1.6 us) and the gate/up GEMM, whose activations wait for it.
-# Prediction (2026-11-29, before any run): W4A16 decode ~0.5-1 us faster on every layer (one chained launch fewer),
-# T = 64 within 1 us (its programs repeat a count over 512 ids). Outcome (H200, moe-bench --route-gather 0 1 0 1
-# --profile, W4A16, uniform; notebook 11's rounds): the first form let every program trigger at once and raced the
-# GEMM, which reads the offsets before its wait (wrong at T <= 8: the run's reference check and the GPU tests found
-# it). Fixed (program 0 triggers after the offsets): within 1% at T <= 8 (Qwen3-like T = 1 23.9 -> 24.0 us, T = 8
-# 70.1 -> 70.9, Mixtral-like T = 1 87.2 -> 86.7, DeepSeek-like T = 1 84.0 -> 83.4), T = 64 1-2 us faster (Qwen3-like
-# 143.6 -> 141.9): the gate/up GEMM starts ~0.2 us sooner at T = 1 (2.1-2.3 -> 2.0 us), 1.5 us sooner at T = 64. The
-# launch its trigger waits for is most of what the fused launch saves. The same bits (GPU tests; memcheck 0 errors).
-# On: no slower within the run's noise, one launch fewer per step.
-ROUTE_GATHER = True
 _MAX_EXPERTS = 1023  # offsets [E+1] in one block of at most 1024
 _BN = 256  # output columns per un-permute program
 _GATHER_BN = 1024  # elements (32-bit words where rows are whole words) per gather program

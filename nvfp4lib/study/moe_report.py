@@ -255,7 +255,8 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     call, the routing's L2 prefetch that left the package, the W4A16 GEMMs asking for all their first stages' weights
     before their wait, and the W4A4 GEMMs asking for only some while the knob also took them, the GEMMs' tile search
     in the other form than shipped, W4A16's scales through the route not shipped and its weights in the word layout
-    not shipped, W4A4's quantizer in small tiles on small inputs) and the timeline probes' rows are left out."""
+    not shipped, W4A4's quantizer in small tiles on small inputs, W4A16's routing and gather in two launches, its GEMMs'
+    early trigger, the pair rule's other minimum) and the timeline probes' rows are left out."""
     if rows is None or not len(rows) or "status" not in rows:
         return pd.DataFrame()
     sel = rows[(rows["status"] == "ok") & rows["gpu"].astype(str).str.contains(gpu)]
@@ -277,13 +278,16 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
         paired = commit.isin(set(commit[sel["split_rule"].eq("pair")]))
         sel = sel[~(paired & sel["split_rule"].eq("idle"))]
     sel = rule_as_shipped(sel)  # (the shape rule's knobs: tuning.ONCE_WAIT, SHORT_K, DUAL_96 at their values now)
+    from ..kernels.common import pdl
     from ..kernels.hopper_rs import ops
-    from ..kernels.hopper_varlen import kernel
+    from ..kernels.hopper_varlen import config, kernel
+    from ..nn import routing
 
-    # (hopper_varlen.kernel.TILE_HANDOFF's and hopper_rs.ops.A16_INT_SCALE's and A16_OWN_WORDS' A/B arms; rows before a
-    # knob had no field)
+    # (hopper_varlen.kernel.TILE_HANDOFF's, hopper_rs.ops.A16_INT_SCALE's and A16_OWN_WORDS', nn.routing.ROUTE_GATHER's,
+    # pdl.CHAIN_GEMM_A16's and config.PAIR_MIN_K_TILES' A/B arms; rows before a knob had no field)
     sel = at_defaults(sel, {"tile_handoff": int(kernel.TILE_HANDOFF), "a16_int_scale": int(ops.A16_INT_SCALE),
-                            "a16_own_words": int(ops.A16_OWN_WORDS)})
+                            "a16_own_words": int(ops.A16_OWN_WORDS), "route_gather": int(routing.ROUTE_GATHER),
+                            "chain_gemm_a16": int(pdl.CHAIN_GEMM_A16), "pair_min_k_tiles": config.PAIR_MIN_K_TILES})
     if "prewait_stages" in sel:  # (hopper_varlen.kernel.PREWAIT_STAGES, shipped for the W4A16 decode GEMMs only)
         pw = pd.to_numeric(sel["prewait_stages"], errors="coerce")
         w4a16 = _in_mode(sel, "bf16")

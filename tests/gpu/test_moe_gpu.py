@@ -261,11 +261,11 @@ def test_w4a16_gemms_letting_the_next_kernel_launch_give_the_same_bits(monkeypat
 
 
 def test_routing_and_gathering_in_one_launch_give_the_same_bits(monkeypatch):
-    """nn.routing_triton.ROUTE_GATHER: W4A16's routing and gather in one launch give the bits of the two launches
+    """nn.routing.ROUTE_GATHER: W4A16's routing and gather in one launch give the bits of the two launches
     (:func:`_same_bits`: every copy on one expert among the routings, graph replays with new routings)."""
-    from nvfp4lib.nn import routing_triton
+    from nvfp4lib.nn import routing
 
-    _same_bits(monkeypatch, "bf16", {(routing_triton, "ROUTE_GATHER"): False}, {(routing_triton, "ROUTE_GATHER"): True})
+    _same_bits(monkeypatch, "bf16", {(routing, "ROUTE_GATHER"): False}, {(routing, "ROUTE_GATHER"): True})
 
 
 def test_prewait_stages_give_the_same_bits(monkeypatch):
