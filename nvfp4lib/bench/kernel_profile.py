@@ -36,7 +36,8 @@ __all__ = ["CATEGORIES", "categorize", "by_category", "step_summary", "profile_r
 # tests/test_kernel_profile.py checks every launched one lands here).
 CATEGORIES = (
     ("serving kernel", r"GroupedVarlenGemmSm90|ActivationDecodeSm90|DecodeThenGemmSm90|nvfp4libkernels"),
-    ("nvfp4lib Triton", r"^(_amax_kernel|_quant_kernel|_quant_one_kernel|_route_kernel|_unpermute_kernel|"
+    ("nvfp4lib Triton", r"^(_amax_kernel|_quant_kernel|_quant_one_kernel|_route_kernel|_route_gather_kernel|"
+                        r"_unpermute_kernel|"
                         r"_gather_rows_kernel|_put_rows_kernel|_pack_rows_kernel|gather|_gemv_kernel|_finalize_kernel|"
                         r"_combine_kernel|_symm_(counts|plan|dispatch|combine)_kernel)$"),
     ("attention", r"flash|fmha|sdpa|[Aa]ttention"),
