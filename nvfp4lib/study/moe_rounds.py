@@ -766,6 +766,12 @@ ROUNDS = (
           "epilogue. One run on an H200 (moe-bench --chain-gemm-a16 0 1 0 1 --profile, W4A16, T = 1 and 8)",
           "Qwen3-like T = 1 W4A16 ~1-1.5 us faster, T = 8 alike; Mixtral-like T = 1 within +-3%.",
           (runs.CHAIN_A16_COMMIT,), arm_means_at(runs.CHAIN_A16_COMMIT, "chain_gemm_a16", ("off", "on"), "W4A16")),
+    Round("No change: W4A4 with static activation scales (as NVFP4 checkpoints give them: no amax launches) against "
+          "scales computed per call, the three layers at T = 1, 8, 64 as shipped, one run on an H200 (moe-bench "
+          "--input-scales dynamic static --mode nvfp4)",
+          "", (runs.STATIC_SHIPPED_COMMIT,),
+          arm_means_at(runs.STATIC_SHIPPED_COMMIT, "input_scales", ("per call", "static"), "W4A4",
+                       values=("dynamic", "static"))),
 )
 
 
