@@ -62,6 +62,38 @@ def test_route_gather_skips_copies_outside_the_experts():
     assert rows.shape == (0, 16) and offsets.cpu().tolist() == [0] * 5
 
 
+@pytest.mark.parametrize("t,h,dtype", [(1, 2048, torch.bfloat16), (3, 4096, torch.bfloat16), (2, 7168, torch.bfloat16),
+                                       (5, 48, torch.float32)])
+def test_route_finds_the_amax_and_the_quantizer_then_skips_its_launch(t, h, dtype):
+    """routing.AMAX_IN_ROUTE: the routing launch writes amax(|x|)'s float bits into the word (the words it clears
+    untouched otherwise), and the quantization given that word (amax_ready) gives the bits of one that finds it."""
+    from nvfp4lib.nn.quant_triton import quantize_to_operand
+    from nvfp4lib.nn.routing import amax_tile
+
+    ids = _ids(t, 4, 16, seed=t + h)
+    x = (torch.randn(t, h) * 3).to(dtype)
+    x[t - 1, h // 2] = -40.0  # the amax, negative
+    words = torch.full((2,), 7, dtype=torch.int32, device=DEV)
+    assert amax_tile(x) is not None
+    got = route_triton(ids.to(DEV), 16, clear=words[1:], amax_of=(x.to(DEV), words[:1]))
+    for name, a, b in zip(Routing._fields, got, route(ids, 16)):
+        assert torch.equal(a.cpu(), b), name
+    assert words[1].item() == 0 and words[:1].view(torch.float32).item() == 40.0
+    want = quantize_to_operand(x.to(DEV), h, None, got[0])
+    ready = quantize_to_operand(x.to(DEV), h, None, got[0], amax_word=words[:1], amax_ready=True)
+    assert all(torch.equal(a.cpu(), b.cpu()) for a, b in zip(want, ready))
+
+
+def test_route_refuses_an_amax_tile_too_large():
+    from nvfp4lib.nn.routing import AMAX_ROUTE_ELEMENTS, amax_tile
+
+    big = torch.zeros(4, AMAX_ROUTE_ELEMENTS // 2)
+    assert amax_tile(big) is None and amax_tile(torch.zeros(1, 40)) is None  # (40: not whole 16-column blocks)
+    with pytest.raises(ValueError, match="amax_of"):
+        route(torch.zeros(4, 2, dtype=torch.int64, device=DEV), 8,
+              amax_of=(big.to(DEV), torch.zeros(1, dtype=torch.int32)))
+
+
 def test_route_limits():
     with pytest.raises(ValueError, match="at most"):
         route_triton(torch.zeros(ROUTE_MAX_COPIES // 8 + 1, 8, dtype=torch.int64, device=DEV), 16)

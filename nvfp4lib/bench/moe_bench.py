@@ -299,6 +299,7 @@ DUAL_96_K_KNOB = ("nvfp4lib.tuning", "DUAL_96_K")  # moe-bench --dual-96-k
 # recipe fields: kernels.hopper_varlen.runner.build_setting)
 SMALL_TILES_KNOB = ("nvfp4lib.nn.quant_triton", "SMALL_TILES")  # moe-bench --quant-small-tiles
 ROUTE_GATHER_KNOB = ("nvfp4lib.nn.routing", "ROUTE_GATHER")  # moe-bench --route-gather
+AMAX_ROUTE_KNOB = ("nvfp4lib.nn.routing", "AMAX_IN_ROUTE")  # moe-bench --amax-in-route
 PAIR_KNOB = ("nvfp4lib.kernels.hopper_varlen.config", "PAIR_MIN_K_TILES")  # moe-bench --pair-min-k-tiles
 
 
@@ -372,6 +373,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
             if quantizer == "triton" else None  # (small inputs in smaller tiles)
         route_max = getattr(importlib.import_module(ROUTE_KNOB[0]), ROUTE_KNOB[1])  # the one-launch routing's limit
         route_gather = int(getattr(importlib.import_module(ROUTE_GATHER_KNOB[0]), ROUTE_GATHER_KNOB[1]))
+        amax_route = int(getattr(importlib.import_module(AMAX_ROUTE_KNOB[0]), AMAX_ROUTE_KNOB[1]))
         fuse_max = getattr(importlib.import_module(FUSE_KNOB[0]), FUSE_KNOB[1])  # captured small calls fused
         chain, chain_gemm = bool(pdl.CHAIN), pdl.gemm_chained()  # chained launches, the GEMMs' trigger
         to_operand = bool(getattr(importlib.import_module(OPERAND_KNOB[0]), OPERAND_KNOB[1]))
@@ -462,6 +464,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["a16_int_scale"] = a16_int if kind == "bf16" else None
                                 row["a16_own_words"] = a16_own if kind == "bf16" else None
                                 row["route_gather"] = route_gather if kind == "bf16" else None
+                                row["amax_in_route"] = amax_route if kind == "nvfp4" else None
                                 row["pair_min_k_tiles"] = vl_config.PAIR_MIN_K_TILES
                             row["route_max_copies"] = route_max
                             row.update(rule, short_k_tier=short_k_tier)
@@ -607,6 +610,9 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     _ab_arg(p, "--route-gather", "W4A16 routing and gathering x's rows in one launch (nn.routing.ROUTE_GATHER; "
             "0: the routing launch then the gather's; default: as shipped)", "0 1", "route_gather (W4A16 rows)",
             type=int, choices=[0, 1])
+    _ab_arg(p, "--amax-in-route", "W4A4 (scales per call) finding x's amax in the routing launch, no amax launch "
+            "before the first quantization (nn.routing.AMAX_IN_ROUTE; default: as shipped)", "0 1",
+            "amax_in_route (W4A4 rows)", type=int, choices=[0, 1])
     _ab_arg(p, "--chain-gemm-a16", "W4A16 GEMMs letting the next kernel launch at their mainloop's end "
             "(kernels.common.pdl.CHAIN_GEMM_A16; 0: at their end; default: as shipped)", "0 1",
             "chain_gemm_a16 (W4A16 rows)", type=int, choices=[0, 1])
@@ -651,13 +657,14 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
         from ..kernels.hopper_varlen.runner import build_setting
 
         for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff, d96k, a16, small, \
-                own, gather, pair, chain_a16 in itertools.product(
+                own, gather, pair, chain_a16, amax_route in itertools.product(
                 args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
                 args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None],
                 args.input_scales or ["dynamic"], args.prewait_stages or [None], args.once_wait or [None],
                 args.short_k or [None], args.dual_96 or [None], args.tile_handoff or [None], args.dual_96_k or [None],
                 args.a16_int_scale or [None], args.quant_small_tiles or [None], args.a16_own_words or [None],
-                args.route_gather or [None], args.pair_min_k_tiles or [None], args.chain_gemm_a16 or [None]):
+                args.route_gather or [None], args.pair_min_k_tiles or [None], args.chain_gemm_a16 or [None],
+                args.amax_in_route or [None]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
                     knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
                     knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
@@ -670,6 +677,7 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                     knob_setting(*SMALL_TILES_KNOB, None if small is None else bool(small)), \
                     knob_setting(*ROUTE_GATHER_KNOB, None if gather is None else bool(gather)), \
                     knob_setting(*PAIR_KNOB, pair), \
+                    knob_setting(*AMAX_ROUTE_KNOB, None if amax_route is None else bool(amax_route)), \
                     build_setting(**_build_arms(prewait, handoff, a16, own, chain_a16)):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,

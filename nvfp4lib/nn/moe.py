@@ -29,10 +29,10 @@ import torch
 from ..formats import NVFP4Tensor, quantize
 from ..kernels.common import pdl
 from ..serving import SERVING_BACKENDS, prepare_weights
-from . import compiled
+from . import compiled, routing
 from .moe_gemv import GEMV_MAX_TOKENS, gemv_moe
 from .quant import amax_of, global_scale_of, quantize_rows, static_scale
-from .routing import route, route_gather, triton_importable, unpermute
+from .routing import amax_tile, route, route_gather, triton_importable, unpermute
 
 __all__ = ["NVFP4MoE", "ACTIVATIONS", "INTERMEDIATE_DTYPE", "QUANTIZERS", "resolve_quantizer"]
 
@@ -167,13 +167,19 @@ class NVFP4MoE(torch.nn.Module):
         if self.quantizer == "triton" and pdl.chained(x.device) and None in static:
             words = torch.empty(2, dtype=torch.int32, device=x.device)
             amax = words.split(1)
-        r = route(topk_ids, self.experts, clear=words)
+        if x.stride(1) != 1:
+            x = x.contiguous()
+        # x's amax found by the routing launch (routing.AMAX_IN_ROUTE; the operand path with x's scale per call)
+        early = (routing.AMAX_IN_ROUTE and words is not None and static[0] is None and self._operand_path()
+                 and amax_tile(x) is not None)
+        r = route(topk_ids, self.experts, clear=words[1:] if early else words,
+                  amax_of=(x, amax[0]) if early else None)
         if self._operand_path():
             from .quant_triton import quantize_to_operand
 
             # the same quantizations, each writing the next GEMM's operand (QUANT_TO_OPERAND)
-            x16, g = quantize_to_operand(x if x.stride(1) == 1 else x.contiguous(), self.gate_up.operand_k, static[0],
-                                         r.token, amax_word=amax[0])
+            x16, g = quantize_to_operand(x, self.gate_up.operand_k, static[0], r.token, amax_word=amax[0],
+                                         amax_ready=early)
             h = self.gate_up.call_operand(x16, r.offsets, g)
             x16, g = quantize_to_operand(h, self.down.operand_k, static[1], amax_word=amax[1])
             y = self.down.call_operand(x16, r.offsets, g)

@@ -241,21 +241,26 @@ def quantize_rows_triton(x: torch.Tensor, global_scale: torch.Tensor | None = No
 
 
 def quantize_to_operand(x: torch.Tensor, k_pad: int, global_scale: torch.Tensor | None = None,
-                        index: torch.Tensor | None = None, amax_word: torch.Tensor | None = None):
+                        index: torch.Tensor | None = None, amax_word: torch.Tensor | None = None,
+                        amax_ready: bool = False):
     """``(x16, g)``: x's rows (2-D; or ``x[index]``) quantized to NVFP4 as :func:`quantize_rows_triton` does, with the
     same global scale ``g``, but written as the serving GEMM's fp16 operand ``x16 [R, k_pad]`` instead of codes and
     scales: each element ``e2m1 · block scale · 2^-7`` (columns past K zeros), the values the GEMM's activation
     prologue would decode from those codes, bit for bit
-    (:meth:`nvfp4lib.serving.PreparedWeights.call_operand` takes it and runs the GEMM alone, no prologue)."""
+    (:meth:`nvfp4lib.serving.PreparedWeights.call_operand` takes it and runs the GEMM alone, no prologue).
+    ``amax_ready``: ``amax_word`` already holds amax(|x|)'s float bits (the routing launch wrote them: :data:`.routing.
+    AMAX_IN_ROUTE`), so there is no amax launch."""
+    if amax_ready and (amax_word is None or global_scale is not None):
+        raise ValueError("quantize_to_operand: amax_ready needs amax_word and no global_scale")
     if x.dim() != 2:
         raise ValueError(f"quantize_to_operand: x must be 2-D [T, K], got {tuple(x.shape)}")
     if k_pad < x.shape[1] or k_pad % BLOCK_SIZE:
         raise ValueError(f"quantize_to_operand: k_pad={k_pad} must be a multiple of {BLOCK_SIZE} and at least "
                          f"K={x.shape[1]}")
-    return _quantize(x, global_scale, index, None, None, amax_word, k_pad)
+    return _quantize(x, global_scale, index, None, None, amax_word, k_pad, amax_ready)
 
 
-def _quantize(x, global_scale, index, amax_reduce, valid, amax_word, k_pad: int | None = None):
+def _quantize(x, global_scale, index, amax_reduce, valid, amax_word, k_pad: int | None = None, amax_ready=False):
     """The launches of both entries: codes and scales, or with ``k_pad`` the fp16 operand ``[R, k_pad]``."""
     if valid is not None and (index is not None or x.dim() != 2):
         raise ValueError("quantize_rows (triton): valid needs a 2-D x and no index")
@@ -293,7 +298,7 @@ def _quantize(x, global_scale, index, amax_reduce, valid, amax_word, k_pad: int 
                                                out_rows, nblk),
                    {**tile, "HAS_INDEX": index is not None, **pdl.flag(x.device)}, num_warps=8)
             return codes, scales.view(torch.float8_e4m3fn), g
-    if not have_g:
+    if not have_g and not amax_ready:
         tile, warps = _tiling(rows, nblk)
         launch(_amax_kernel, _grid(rows, nblk, tile), (x, stride, amax_bits, rows, nblk,
                                                        x if valid is None else valid),

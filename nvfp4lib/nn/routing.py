@@ -12,8 +12,8 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["ROUTE_GATHER", "Routing", "route", "route_local", "route_gather", "unpermute", "gather_rows",
-           "triton_importable"]
+__all__ = ["ROUTE_GATHER", "AMAX_IN_ROUTE", "AMAX_ROUTE_ELEMENTS", "amax_tile", "Routing", "route", "route_local",
+           "route_gather", "unpermute", "gather_rows", "triton_importable"]
 
 
 # W4A16's step routes and gathers x's rows in one launch (routing_triton.route_gather_triton; False: the routing launch,
@@ -29,6 +29,28 @@ __all__ = ["ROUTE_GATHER", "Routing", "route", "route_local", "route_gather", "u
 # most of what the fused launch saves. The same bits (GPU tests; memcheck 0 errors). On: no slower within the run's
 # noise, one launch fewer per step.
 ROUTE_GATHER = True
+# W4A4 with activation scales computed per call: the routing launch also finds amax(|x|) (one program, x at most
+# AMAX_ROUTE_ELEMENTS as a padded tile), and the first quantization runs without its amax launch (route's amax_of,
+# nn.moe). Why (issue 41): in the Qwen3-like W4A4 layer at T = 1 (H200 profile, graph replay) that amax launch takes
+# 2.4-2.7 us in the chain between the routing and the quantization; static scales, which need no amax launch at all,
+# measured 26.6 us against 29.3 for the layer (both amax launches gone).
+# Prediction (2026-11-29, before any run): W4A4 decode ~1-1.5 us faster where x fits (Qwen3-like T <= 8, Mixtral-like
+# T <= 4, DeepSeek-like T <= 2): Qwen3-like T = 1 ~29.3 -> ~28; larger steps unchanged.
+AMAX_IN_ROUTE = True
+AMAX_ROUTE_ELEMENTS = 16384  # the amax tile in the routing program: rows and 16-column blocks rounded up to powers of 2
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def amax_tile(x: torch.Tensor) -> tuple[int, int] | None:
+    """The routing program's amax tile for ``x`` (rows, 16-column blocks, both powers of two), or None where x is not a
+    2-D tensor of whole 16-column blocks with unit column stride, or its tile holds more than AMAX_ROUTE_ELEMENTS."""
+    if x.dim() != 2 or x.shape[1] % 16 or x.shape[1] == 0 or x.stride(1) != 1:
+        return None
+    tile = (_pow2(x.shape[0]), _pow2(x.shape[1] // 16))
+    return tile if tile[0] * tile[1] * 16 <= AMAX_ROUTE_ELEMENTS else None
 
 
 class Routing(NamedTuple):
@@ -53,16 +75,24 @@ def _triton_form(t: torch.Tensor) -> bool:
     return t.is_cuda and not torch.compiler.is_compiling() and triton_importable()
 
 
-def route(topk_ids: torch.Tensor, experts: int, clear: torch.Tensor | None = None) -> Routing:
+def route(topk_ids: torch.Tensor, experts: int, clear: torch.Tensor | None = None, amax_of=None) -> Routing:
     """Sort the ``T·k`` token copies of ``topk_ids [T, k]`` by expert (stable: within an expert, token order).
     Decode-sized steps on a CUDA device run :func:`.routing_triton.route_triton` (one launch, the same outputs).
-    ``clear``: at most 16 contiguous int32 words to zero as well (in that launch where it runs, else by a fill)."""
+    ``clear``: at most 16 contiguous int32 words to zero as well (in that launch where it runs, else by a fill).
+    ``amax_of``: ``(x, word)`` with :func:`amax_tile` of x not None: amax(|x|)'s float32 bits written into the int32
+    ``word`` as well (in that launch where it runs)."""
+    if amax_of is not None and amax_tile(amax_of[0]) is None:
+        raise ValueError(f"route: amax_of takes a 2-D x of whole 16-column blocks, at most {AMAX_ROUTE_ELEMENTS} "
+                         f"elements as a padded tile; got {tuple(amax_of[0].shape)}")
     if _fits_triton(topk_ids, experts):
         from .routing_triton import route_triton
 
-        return Routing(*route_triton(topk_ids, experts, clear=clear))
+        return Routing(*route_triton(topk_ids, experts, clear=clear, amax_of=amax_of))
     if clear is not None:
         clear.zero_()
+    if amax_of is not None:
+        x, word = amax_of
+        word.copy_(x.abs().amax().float().reshape(1).view(torch.int32))
     k = topk_ids.shape[1]
     ids = topk_ids.reshape(-1).to(torch.int64)
     order = torch.argsort(ids, stable=True)

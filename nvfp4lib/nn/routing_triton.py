@@ -44,6 +44,7 @@ import triton.language as tl
 from ..kernels.common import pdl
 from ..kernels.common.pdl_triton import chain
 from ..kernels.common.triton_launch import launch
+from .quant_triton import _tile, _tile_amax
 
 __all__ = ["ROUTE_MAX_COPIES", "route_triton", "route_gather_triton", "unpermute_triton",
            "gather_rows_triton", "pack_rows_triton", "put_rows_triton", "word_rows", "copy_row"]
@@ -56,12 +57,16 @@ _PACK_BW = 1024  # 32-bit words per pack program
 
 
 @triton.jit
-def _route_kernel(ids, stride, token, row, offsets, n, experts, base, clear, CLEAR: tl.constexpr, K: tl.constexpr,
-                  N_P2: tl.constexpr, E_P2: tl.constexpr, GDC: tl.constexpr):
+def _route_kernel(ids, stride, token, row, offsets, n, experts, base, clear, x, x_stride, x_rows, nblk, amax_out,
+                  CLEAR: tl.constexpr, K: tl.constexpr, N_P2: tl.constexpr, E_P2: tl.constexpr, AMAX_R: tl.constexpr,
+                  AMAX_CB: tl.constexpr, GDC: tl.constexpr):
     chain(GDC)
     if CLEAR > 0:  # zero the caller's words (the layer's amax words: no fill kernel)
         c = tl.arange(0, 16)
         tl.store(clear + c, tl.zeros([16], dtype=tl.int32), mask=c < CLEAR)
+    if AMAX_R > 0:  # amax(|x|) as the quantizer's amax launch finds it, its float bits in the caller's word
+        ev, od, ok, r, b, j = _tile(x, x_stride, x_rows, nblk, AMAX_R, AMAX_CB, x, False)
+        tl.store(amax_out, _tile_amax(ev, od).to(tl.int32, bitcast=True))
     i = tl.arange(0, N_P2)
     mi = i < n
     e = tl.load(ids + (i // K).to(tl.int64) * stride + i % K, mask=mi, other=0).to(tl.int32) - base
@@ -212,14 +217,21 @@ def pack_rows_triton(parts: tuple[torch.Tensor, ...], topk_ids: torch.Tensor, to
     return out.view(torch.uint8)
 
 
-def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0, clear: torch.Tensor | None = None):
+def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0, clear: torch.Tensor | None = None,
+                 amax_of=None):
     """(token int64 [T·k], offsets int32 [E+1], row int64 [T·k]) of :func:`.routing.route` (``base`` 0) or
     :func:`.routing.route_local` (the experts ``[base, base + E)``), in one launch. ``topk_ids``: an integer [T, k]
     tensor (any row stride, unit column stride) with T·k <= :data:`ROUTE_MAX_COPIES`, ``experts`` <= 1023.
-    ``clear``: an int32 tensor of at most 16 contiguous words the launch also zeroes (one fill kernel less)."""
+    ``clear``: an int32 tensor of at most 16 contiguous words the launch also zeroes (one fill kernel less).
+    ``amax_of``: ``(x, word)``, the launch also writes amax(|x|)'s float32 bits into the int32 word (x 2-D with unit
+    column stride, :func:`.routing.amax_fits`; the word not among ``clear``'s): the dynamic quantizer's amax launch,
+    :data:`.routing.AMAX_IN_ROUTE`."""
     if clear is not None and (clear.dtype != torch.int32 or clear.numel() > 16 or not clear.is_contiguous()):
         raise ValueError(f"route_triton: clear must be at most 16 contiguous int32 words, got {clear.dtype} "
                          f"{tuple(clear.shape)}")
+    from .routing import amax_tile
+
+    xa, word, tile = (None, None, (0, 0)) if amax_of is None else (*amax_of, amax_tile(amax_of[0]))
     t, k = topk_ids.shape
     n = t * k
     if n > ROUTE_MAX_COPIES or experts > _MAX_EXPERTS:
@@ -232,13 +244,18 @@ def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0, clear: tor
     offsets = torch.empty(experts + 1, dtype=torch.int32, device=dev)
     if n:
         launch(_route_kernel, (1,), (ids, ids.stride(0) if t > 1 else k, token, row, offsets, n, experts, base,
-                                     offsets if clear is None else clear),
+                                     offsets if clear is None else clear, offsets if xa is None else xa,
+                                     0 if xa is None else xa.stride(0), 0 if xa is None else xa.shape[0],
+                                     0 if xa is None else xa.shape[1] // 16, offsets if word is None else word),
                {"CLEAR": 0 if clear is None else clear.numel(), "K": k, "N_P2": max(16, triton.next_power_of_2(n)),
-                "E_P2": triton.next_power_of_2(experts + 1), **pdl.flag(dev)}, num_warps=8)
+                "E_P2": triton.next_power_of_2(experts + 1), "AMAX_R": tile[0], "AMAX_CB": tile[1],
+                **pdl.flag(dev)}, num_warps=8)
     else:
         offsets.zero_()
         if clear is not None:
             clear.zero_()
+        if word is not None:
+            word.copy_(xa.abs().amax().float().reshape(1).view(torch.int32) if xa.numel() else torch.zeros_like(word))
     return token, offsets, row
 
 

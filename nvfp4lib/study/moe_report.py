@@ -256,7 +256,8 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     before their wait, and the W4A4 GEMMs asking for only some while the knob also took them, the GEMMs' tile search
     in the other form than shipped, W4A16's scales through the route not shipped and its weights in the word layout
     not shipped, W4A4's quantizer in small tiles on small inputs, W4A16's routing and gather in two launches, its GEMMs'
-    early trigger, the pair rule's other minimum) and the timeline probes' rows are left out."""
+    early trigger, the pair rule's other minimum, W4A4's amax in its own launch) and the timeline probes' rows are
+    left out."""
     if rows is None or not len(rows) or "status" not in rows:
         return pd.DataFrame()
     sel = rows[(rows["status"] == "ok") & rows["gpu"].astype(str).str.contains(gpu)]
@@ -287,7 +288,8 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     # pdl.CHAIN_GEMM_A16's and config.PAIR_MIN_K_TILES' A/B arms; rows before a knob had no field)
     sel = at_defaults(sel, {"tile_handoff": int(kernel.TILE_HANDOFF), "a16_int_scale": int(ops.A16_INT_SCALE),
                             "a16_own_words": int(ops.A16_OWN_WORDS), "route_gather": int(routing.ROUTE_GATHER),
-                            "chain_gemm_a16": int(pdl.CHAIN_GEMM_A16), "pair_min_k_tiles": config.PAIR_MIN_K_TILES})
+                            "chain_gemm_a16": int(pdl.CHAIN_GEMM_A16), "pair_min_k_tiles": config.PAIR_MIN_K_TILES,
+                            "amax_in_route": int(routing.AMAX_IN_ROUTE)})
     if "prewait_stages" in sel:  # (hopper_varlen.kernel.PREWAIT_STAGES, shipped for the W4A16 decode GEMMs only)
         pw = pd.to_numeric(sel["prewait_stages"], errors="coerce")
         w4a16 = _in_mode(sel, "bf16")

@@ -260,6 +260,16 @@ def test_w4a16_gemms_letting_the_next_kernel_launch_give_the_same_bits(monkeypat
     _same_bits(monkeypatch, "bf16", {(pdl, "CHAIN_GEMM_A16"): False}, {(pdl, "CHAIN_GEMM_A16"): True})
 
 
+@pytest.mark.parametrize("activations", ["nvfp4", "nvfp4-static"])
+def test_the_amax_found_by_the_routing_launch_gives_the_same_bits(activations, monkeypatch):
+    """nn.routing.AMAX_IN_ROUTE: W4A4's routing launch finding x's amax (no amax launch before the first quantization)
+    gives the bits of the amax launch (:func:`_same_bits`: T up to 600, past the routing program's tile; static scales
+    unaffected)."""
+    from nvfp4lib.nn import routing
+
+    _same_bits(monkeypatch, activations, {(routing, "AMAX_IN_ROUTE"): False}, {(routing, "AMAX_IN_ROUTE"): True})
+
+
 def test_routing_and_gathering_in_one_launch_give_the_same_bits(monkeypatch):
     """nn.routing.ROUTE_GATHER: W4A16's routing and gather in one launch give the bits of the two launches
     (:func:`_same_bits`: every copy on one expert among the routings, graph replays with new routings)."""
