@@ -35,8 +35,13 @@ ROUTE_GATHER = True
 # 2.4-2.7 us in the chain between the routing and the quantization; static scales, which need no amax launch at all,
 # measured 26.6 us against 29.3 for the layer (both amax launches gone).
 # Prediction (2026-11-29, before any run): W4A4 decode ~1-1.5 us faster where x fits (Qwen3-like T <= 8, Mixtral-like
-# T <= 4, DeepSeek-like T <= 2): Qwen3-like T = 1 ~29.3 -> ~28; larger steps unchanged.
-AMAX_IN_ROUTE = True
+# T <= 4, DeepSeek-like T <= 2): Qwen3-like T = 1 ~29.3 -> ~28; larger steps unchanged. Outcome (H200, moe-bench
+# --amax-in-route 0 1 0 1 --profile, W4A4, uniform; notebook 11's rounds): Qwen3-like T = 1 30.4 -> 30.1 us, T = 8
+# 77.5 -> 76.8, Mixtral-like T = 1 91.9 -> 91.5, DeepSeek-like T = 1 88.1 -> 88.6 (one pair). The routing launch grew
+# from 1.6 to 2.5 us (Qwen3-like T = 1), 4.9 (T = 8) and 4.0 (DeepSeek-like T = 1): one program walks x, and the
+# first GEMM started only 0.6 us sooner at T = 1 and later at T = 8. The same bits (GPU tests; memcheck 0 errors).
+# Off: within the runs' noise where it was meant to help, slower on the DeepSeek-like layer.
+AMAX_IN_ROUTE = False
 AMAX_ROUTE_ELEMENTS = 16384  # the amax tile in the routing program: rows and 16-column blocks rounded up to powers of 2
 
 

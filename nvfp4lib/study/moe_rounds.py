@@ -772,6 +772,13 @@ ROUNDS = (
           "", (runs.STATIC_SHIPPED_COMMIT,),
           arm_means_at(runs.STATIC_SHIPPED_COMMIT, "input_scales", ("per call", "static"), "W4A4",
                        values=("dynamic", "static"))),
+    Round("W4A4 (scales per call): x's amax found by the routing launch, one program over x as a padded tile of at "
+          "most 16384 elements, and no amax launch before the first quantization (nn.routing.AMAX_IN_ROUTE). One run "
+          "on an H200 (moe-bench --amax-in-route 0 1 0 1 --profile, W4A4, T = 1 and 8; DeepSeek-like T = 1, 0 1)",
+          "W4A4 decode ~1-1.5 us faster where x fits (Qwen3-like T <= 8, Mixtral-like T <= 4, DeepSeek-like T <= 2): "
+          "Qwen3-like T = 1 ~29.3 -> ~28; larger steps unchanged.",
+          (runs.AMAX_ROUTE_COMMIT,), arm_means_at(runs.AMAX_ROUTE_COMMIT, "amax_in_route", ("amax launch", "in the "
+                                                                                            "routing"), "W4A4")),
 )
 
 
