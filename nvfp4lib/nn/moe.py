@@ -7,7 +7,8 @@
 2. ``activations="nvfp4"`` (W4A4): x to NVFP4 (a global scale per call from the device, or the static one given as
    ``input_scales``, as checkpoints calibrate them; ``quantizer``: two Triton launches, :mod:`.quant_triton`, or
    :func:`.quant.quantize_rows`, the same bits), its rows gathered in expert order; ``activations="bf16"``
-   (W4A16): x (in bf16) gathered as it is;
+   (W4A16): x (in bf16) gathered as it is (on a CUDA device routed and gathered in one launch:
+   :data:`.routing.ROUTE_GATHER`);
 3. the dual GEMM, writing the intermediate in bf16 (``INTERMEDIATE_DTYPE``), re-quantized in W4A4 mode (in W4A16
    mode the down GEMM reads it as it is: its weights were prepared with ``activations="bf16"``);
 4. the down GEMM (bf16 out), then the weighted un-permute, a deterministic gather and sum in fp32.
