@@ -89,9 +89,11 @@ def test_route_refuses_an_amax_tile_too_large():
 
     big = torch.zeros(4, AMAX_ROUTE_ELEMENTS // 2)
     assert amax_tile(big) is None and amax_tile(torch.zeros(1, 40)) is None  # (40: not whole 16-column blocks)
+    word = torch.zeros(1, dtype=torch.int32, device=DEV)
     with pytest.raises(ValueError, match="amax_of"):
-        route(torch.zeros(4, 2, dtype=torch.int64, device=DEV), 8,
-              amax_of=(big.to(DEV), torch.zeros(1, dtype=torch.int32)))
+        route(torch.zeros(4, 2, dtype=torch.int64, device=DEV), 8, amax_of=(big.to(DEV), word))
+    with pytest.raises(ValueError, match="amax_of"):
+        route_triton(torch.zeros(4, 2, dtype=torch.int64, device=DEV), 8, amax_of=(big.to(DEV), word))
 
 
 def test_route_limits():

@@ -224,14 +224,17 @@ def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0, clear: tor
     tensor (any row stride, unit column stride) with T·k <= :data:`ROUTE_MAX_COPIES`, ``experts`` <= 1023.
     ``clear``: an int32 tensor of at most 16 contiguous words the launch also zeroes (one fill kernel less).
     ``amax_of``: ``(x, word)``, the launch also writes amax(|x|)'s float32 bits into the int32 word (x 2-D with unit
-    column stride, :func:`.routing.amax_fits`; the word not among ``clear``'s): the dynamic quantizer's amax launch,
-    :data:`.routing.AMAX_IN_ROUTE`."""
+    column stride whose :func:`.routing.amax_tile` is not None; the word not among ``clear``'s): the dynamic quantizer's
+    amax launch, :data:`.routing.AMAX_IN_ROUTE`."""
     if clear is not None and (clear.dtype != torch.int32 or clear.numel() > 16 or not clear.is_contiguous()):
         raise ValueError(f"route_triton: clear must be at most 16 contiguous int32 words, got {clear.dtype} "
                          f"{tuple(clear.shape)}")
     from .routing import amax_tile
 
     xa, word, tile = (None, None, (0, 0)) if amax_of is None else (*amax_of, amax_tile(amax_of[0]))
+    if tile is None:
+        raise ValueError(f"route_triton: amax_of's x {tuple(xa.shape)} is not a 2-D tensor of whole 16-column blocks "
+                         "that fits the routing program's amax tile (routing.AMAX_ROUTE_ELEMENTS)")
     t, k = topk_ids.shape
     n = t * k
     if n > ROUTE_MAX_COPIES or experts > _MAX_EXPERTS:
