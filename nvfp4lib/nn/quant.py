@@ -11,7 +11,7 @@ import torch
 
 from ..formats import BLOCK_SIZE, E2M1_MAX, E4M3_MAX
 
-__all__ = ["amax_of", "check_k", "global_scale_of", "quantize_rows", "static_scale"]
+__all__ = ["AMAX_ROUTE_ELEMENTS", "amax_of", "amax_tile", "check_k", "global_scale_of", "quantize_rows", "static_scale"]
 
 # E2M1 rounding boundaries, as in nvfp4lib.formats: a value rounds up past the first set only when strictly above
 # (its ties go down to an even code), past the second set when at or above (its ties go up to an even code).
@@ -82,3 +82,20 @@ def static_scale(scale, device, what: str) -> torch.Tensor:
     if not (v > 0.0 and v != float("inf")):
         raise ValueError(f"{what} must be finite and > 0, got {v}")
     return t.to(device)
+
+
+AMAX_ROUTE_ELEMENTS = 16384  # the amax tile in the routing program: rows and 16-column blocks rounded up to powers of 2
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def amax_tile(x: torch.Tensor) -> tuple[int, int] | None:
+    """The routing program's amax tile for ``x`` (:data:`.routing.AMAX_IN_ROUTE`: rows and 16-column blocks, both
+    powers of two), or None where x is not a 2-D tensor of whole 16-column blocks with unit column stride, or its tile
+    holds more than AMAX_ROUTE_ELEMENTS."""
+    if x.dim() != 2 or x.shape[1] % 16 or x.shape[1] == 0 or x.stride(1) != 1:
+        return None
+    tile = (_pow2(x.shape[0]), _pow2(x.shape[1] // 16))
+    return tile if tile[0] * tile[1] * 16 <= AMAX_ROUTE_ELEMENTS else None

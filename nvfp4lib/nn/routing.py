@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import torch
 
+from .quant import AMAX_ROUTE_ELEMENTS, amax_tile
+
 __all__ = ["ROUTE_GATHER", "AMAX_IN_ROUTE", "AMAX_ROUTE_ELEMENTS", "amax_tile", "Routing", "route", "route_local",
            "route_gather", "unpermute", "gather_rows", "triton_importable"]
 
@@ -42,20 +44,6 @@ ROUTE_GATHER = True
 # first GEMM started only 0.6 us sooner at T = 1 and later at T = 8. The same bits (GPU tests; memcheck 0 errors).
 # Off: within the runs' noise where it was meant to help, slower on the DeepSeek-like layer.
 AMAX_IN_ROUTE = False
-AMAX_ROUTE_ELEMENTS = 16384  # the amax tile in the routing program: rows and 16-column blocks rounded up to powers of 2
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
-def amax_tile(x: torch.Tensor) -> tuple[int, int] | None:
-    """The routing program's amax tile for ``x`` (rows, 16-column blocks, both powers of two), or None where x is not a
-    2-D tensor of whole 16-column blocks with unit column stride, or its tile holds more than AMAX_ROUTE_ELEMENTS."""
-    if x.dim() != 2 or x.shape[1] % 16 or x.shape[1] == 0 or x.stride(1) != 1:
-        return None
-    tile = (_pow2(x.shape[0]), _pow2(x.shape[1] // 16))
-    return tile if tile[0] * tile[1] * 16 <= AMAX_ROUTE_ELEMENTS else None
 
 
 class Routing(NamedTuple):

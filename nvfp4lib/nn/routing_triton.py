@@ -44,6 +44,7 @@ import triton.language as tl
 from ..kernels.common import pdl
 from ..kernels.common.pdl_triton import chain
 from ..kernels.common.triton_launch import launch
+from .quant import amax_tile
 from .quant_triton import _tile, _tile_amax
 
 __all__ = ["ROUTE_MAX_COPIES", "route_triton", "route_gather_triton", "unpermute_triton",
@@ -229,8 +230,6 @@ def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0, clear: tor
     if clear is not None and (clear.dtype != torch.int32 or clear.numel() > 16 or not clear.is_contiguous()):
         raise ValueError(f"route_triton: clear must be at most 16 contiguous int32 words, got {clear.dtype} "
                          f"{tuple(clear.shape)}")
-    from .routing import amax_tile
-
     xa, word, tile = (None, None, (0, 0)) if amax_of is None else (*amax_of, amax_tile(amax_of[0]))
     if tile is None:
         raise ValueError(f"route_triton: amax_of's x {tuple(xa.shape)} is not a 2-D tensor of whole 16-column blocks "
