@@ -285,6 +285,11 @@ def knob_setting(module: str, name: str, value):
         setattr(mod, name, old)
 
 
+def knob_value(knob: tuple[str, str]):
+    """The knob ``(module, name)`` (as :func:`knob_setting` takes it) as it is now; the module imported to read it."""
+    return getattr(importlib.import_module(knob[0]), knob[1])
+
+
 QUANT_KNOB = ("nvfp4lib.nn.quant_triton", "ONE_PROGRAM")  # moe-bench --quant-one-program
 ROUTE_KNOB = ("nvfp4lib.nn.routing_triton", "ROUTE_MAX_COPIES")  # moe-bench --route-max-copies
 FUSE_KNOB = ("nvfp4lib.kernels.hopper_varlen.kernel", "FUSE_MAX_ROWS")  # moe-bench --fuse-max-rows
@@ -367,16 +372,13 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
     # runners compile on their first call)
     with vl_config.split_setting(split_k), stamps.building() if stamps is not None else contextlib.nullcontext():
         # the W4A4 quantizer's one-program knob, as set for the run (the Triton quantizer's only)
-        one_program = getattr(importlib.import_module(QUANT_KNOB[0]), QUANT_KNOB[1]) if quantizer == "triton" \
-            else None
-        small_tiles = int(getattr(importlib.import_module(SMALL_TILES_KNOB[0]), SMALL_TILES_KNOB[1])) \
-            if quantizer == "triton" else None  # (small inputs in smaller tiles)
-        route_max = getattr(importlib.import_module(ROUTE_KNOB[0]), ROUTE_KNOB[1])  # the one-launch routing's limit
-        route_gather = int(getattr(importlib.import_module(ROUTE_GATHER_KNOB[0]), ROUTE_GATHER_KNOB[1]))
-        amax_route = int(getattr(importlib.import_module(AMAX_ROUTE_KNOB[0]), AMAX_ROUTE_KNOB[1]))
-        fuse_max = getattr(importlib.import_module(FUSE_KNOB[0]), FUSE_KNOB[1])  # captured small calls fused
+        one_program = knob_value(QUANT_KNOB) if quantizer == "triton" else None
+        small_tiles = int(knob_value(SMALL_TILES_KNOB)) if quantizer == "triton" else None  # (smaller tiles)
+        route_max = knob_value(ROUTE_KNOB)  # the one-launch routing's limit
+        route_gather, amax_route = int(knob_value(ROUTE_GATHER_KNOB)), int(knob_value(AMAX_ROUTE_KNOB))
+        fuse_max = knob_value(FUSE_KNOB)  # captured small calls fused
         chain, chain_gemm = bool(pdl.CHAIN), pdl.gemm_chained()  # chained launches, the GEMMs' trigger
-        to_operand = bool(getattr(importlib.import_module(OPERAND_KNOB[0]), OPERAND_KNOB[1]))
+        to_operand = bool(knob_value(OPERAND_KNOB))
         from ..kernels.hopper_varlen.runner import build_knobs
 
         build = build_knobs()  # the serving kernel's build knobs as set for the run (by their recipe fields)

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 
+from . import quant
 from .quant import AMAX_ROUTE_ELEMENTS, amax_tile
 
 __all__ = ["ROUTE_GATHER", "AMAX_IN_ROUTE", "AMAX_ROUTE_ELEMENTS", "amax_tile", "Routing", "route", "route_local",
@@ -85,7 +86,7 @@ def route(topk_ids: torch.Tensor, experts: int, clear: torch.Tensor | None = Non
         clear.zero_()
     if amax_of is not None:
         x, word = amax_of
-        word.copy_(x.abs().amax().float().reshape(1).view(torch.int32))
+        word.copy_(quant.amax_of(x).view(torch.int32))
     k = topk_ids.shape[1]
     ids = topk_ids.reshape(-1).to(torch.int64)
     order = torch.argsort(ids, stable=True)

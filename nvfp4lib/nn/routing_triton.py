@@ -44,7 +44,7 @@ import triton.language as tl
 from ..kernels.common import pdl
 from ..kernels.common.pdl_triton import chain
 from ..kernels.common.triton_launch import launch
-from .quant import amax_tile
+from . import quant
 from .quant_triton import _tile, _tile_amax
 
 __all__ = ["ROUTE_MAX_COPIES", "route_triton", "route_gather_triton", "unpermute_triton",
@@ -58,6 +58,25 @@ _PACK_BW = 1024  # 32-bit words per pack program
 
 
 @triton.jit
+def _groups(ids, stride, n, experts, base, K: tl.constexpr, N_P2: tl.constexpr):
+    """(copy index, mask of the real copies, each copy's group): its expert id minus ``base``, a copy outside
+    ``[base, base + experts)`` in the sink group ``experts``."""
+    i = tl.arange(0, N_P2)
+    mi = i < n
+    e = tl.load(ids + (i // K).to(tl.int64) * stride + i % K, mask=mi, other=0).to(tl.int32) - base
+    return i, mi, tl.where((e >= 0) & (e < experts), e, experts)
+
+
+@triton.jit
+def _store_offsets(e, mi, offsets, experts, E_P2: tl.constexpr):
+    """The offsets ``[experts + 1]``: the copies per group, exclusive prefix sum. Returns the group index vector."""
+    count = tl.histogram(e, E_P2, mask=mi)
+    g = tl.arange(0, E_P2)
+    tl.store(offsets + g, tl.cumsum(count, axis=0) - count, mask=g <= experts)
+    return g
+
+
+@triton.jit
 def _route_kernel(ids, stride, token, row, offsets, n, experts, base, clear, x, x_stride, x_rows, nblk, amax_out,
                   CLEAR: tl.constexpr, K: tl.constexpr, N_P2: tl.constexpr, E_P2: tl.constexpr, AMAX_R: tl.constexpr,
                   AMAX_CB: tl.constexpr, GDC: tl.constexpr):
@@ -68,14 +87,8 @@ def _route_kernel(ids, stride, token, row, offsets, n, experts, base, clear, x, 
     if AMAX_R > 0:  # amax(|x|) as the quantizer's amax launch finds it, its float bits in the caller's word
         ev, od, ok, r, b, j = _tile(x, x_stride, x_rows, nblk, AMAX_R, AMAX_CB, x, False)
         tl.store(amax_out, _tile_amax(ev, od).to(tl.int32, bitcast=True))
-    i = tl.arange(0, N_P2)
-    mi = i < n
-    e = tl.load(ids + (i // K).to(tl.int64) * stride + i % K, mask=mi, other=0).to(tl.int32) - base
-    e = tl.where((e >= 0) & (e < experts), e, experts)  # a copy outside [base, base + experts): the sink group
-    # the offsets: copies per group, exclusive prefix sum
-    count = tl.histogram(e, E_P2, mask=mi)
-    g = tl.arange(0, E_P2)
-    tl.store(offsets + g, tl.cumsum(count, axis=0) - count, mask=g <= experts)
+    i, mi, e = _groups(ids, stride, n, experts, base, K, N_P2)
+    _store_offsets(e, mi, offsets, experts, E_P2)
     # the stable sort: keys (group, copy) sorted in one program; a copy's packed row is its key's position
     key = tl.sort(tl.where(mi, e, E_P2) * N_P2 + i)
     src = key % N_P2
@@ -92,14 +105,9 @@ def _route_gather_kernel(ids, stride, token, row, offsets, x, x_stride, out, col
     if GDC:
         tl.extra.cuda.gdc_wait()
     p = tl.program_id(0)
-    i = tl.arange(0, N_P2)
-    mi = i < n
-    e = tl.load(ids + (i // K).to(tl.int64) * stride + i % K, mask=mi, other=0).to(tl.int32)
-    e = tl.where((e >= 0) & (e < experts), e, experts)  # a copy outside [0, experts): the sink group
+    i, mi, e = _groups(ids, stride, n, experts, 0, K, N_P2)
     if (p == 0) & (tl.program_id(1) == 0):
-        count = tl.histogram(e, E_P2, mask=mi)
-        g = tl.arange(0, E_P2)
-        tl.store(offsets + g, tl.cumsum(count, axis=0) - count, mask=g <= experts)
+        g = _store_offsets(e, mi, offsets, experts, E_P2)
         if GDC:
             tl.debug_barrier()  # every thread's offsets stored, then made visible to the GPU before the launch
             tl.inline_asm_elementwise("fence.acq_rel.gpu;\nmov.b32 $0, $1;", "=r,r", [g], dtype=tl.int32,
@@ -230,20 +238,13 @@ def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0, clear: tor
     if clear is not None and (clear.dtype != torch.int32 or clear.numel() > 16 or not clear.is_contiguous()):
         raise ValueError(f"route_triton: clear must be at most 16 contiguous int32 words, got {clear.dtype} "
                          f"{tuple(clear.shape)}")
-    xa, word, tile = (None, None, (0, 0)) if amax_of is None else (*amax_of, amax_tile(amax_of[0]))
+    xa, word, tile = (None, None, (0, 0)) if amax_of is None else (*amax_of, quant.amax_tile(amax_of[0]))
     if tile is None:
         raise ValueError(f"route_triton: amax_of's x {tuple(xa.shape)} is not a 2-D tensor of whole 16-column blocks "
                          "that fits the routing program's amax tile (routing.AMAX_ROUTE_ELEMENTS)")
-    t, k = topk_ids.shape
-    n = t * k
-    if n > ROUTE_MAX_COPIES or experts > _MAX_EXPERTS:
-        raise ValueError(f"route_triton: {n} copies over {experts} experts; at most {ROUTE_MAX_COPIES} copies and "
-                         f"{_MAX_EXPERTS} experts (use routing.route, which picks the torch form for larger steps)")
-    ids = topk_ids if topk_ids.stride(-1) == 1 else topk_ids.contiguous()
-    dev = ids.device
-    token = torch.empty(n, dtype=torch.int64, device=dev)
-    row = torch.empty(n, dtype=torch.int64, device=dev)
-    offsets = torch.empty(experts + 1, dtype=torch.int32, device=dev)
+    ids, t, k, token, offsets, row = _routing_outputs(topk_ids, experts, "route_triton",
+                                                      "routing.route, which picks the torch form for larger steps")
+    n, dev = t * k, ids.device
     if n:
         launch(_route_kernel, (1,), (ids, ids.stride(0) if t > 1 else k, token, row, offsets, n, experts, base,
                                      offsets if clear is None else clear, offsets if xa is None else xa,
@@ -257,8 +258,22 @@ def route_triton(topk_ids: torch.Tensor, experts: int, base: int = 0, clear: tor
         if clear is not None:
             clear.zero_()
         if word is not None:
-            word.copy_(xa.abs().amax().float().reshape(1).view(torch.int32) if xa.numel() else torch.zeros_like(word))
+            word.copy_(quant.amax_of(xa).view(torch.int32))
     return token, offsets, row
+
+
+def _routing_outputs(topk_ids: torch.Tensor, experts: int, who: str, instead: str):
+    """(ids with unit column stride, T, k, token, offsets, row): a one-launch routing's checked input and its empty
+    outputs (``who`` and ``instead``: the caller and what to call for a step past the limits, named in the error)."""
+    t, k = topk_ids.shape
+    n = t * k
+    if n > ROUTE_MAX_COPIES or experts > _MAX_EXPERTS:
+        raise ValueError(f"{who}: {n} copies over {experts} experts; at most {ROUTE_MAX_COPIES} copies and "
+                         f"{_MAX_EXPERTS} experts (use {instead})")
+    ids = topk_ids if topk_ids.stride(-1) == 1 else topk_ids.contiguous()
+    dev = ids.device
+    return (ids, t, k, torch.empty(n, dtype=torch.int64, device=dev),
+            torch.empty(experts + 1, dtype=torch.int32, device=dev), torch.empty(n, dtype=torch.int64, device=dev))
 
 
 def route_gather_triton(topk_ids: torch.Tensor, experts: int, x: torch.Tensor):
@@ -266,20 +281,13 @@ def route_gather_triton(topk_ids: torch.Tensor, experts: int, x: torch.Tensor):
     negative left unwritten: a copy routed outside ``[0, experts)``), in one launch. ``topk_ids``: as
     :func:`route_triton` takes it; ``x``: 2-D ``[T, H]``, any row stride (copied where its columns are not unit-
     stride); rows move as 32-bit words where they are whole words."""
-    t, k = topk_ids.shape
-    n = t * k
-    if n > ROUTE_MAX_COPIES or experts > _MAX_EXPERTS:
-        raise ValueError(f"route_gather_triton: {n} copies over {experts} experts; at most {ROUTE_MAX_COPIES} copies "
-                         f"and {_MAX_EXPERTS} experts (use routing.route_gather, which picks the two-step form)")
+    ids, t, k, token, offsets, row = _routing_outputs(topk_ids, experts, "route_gather_triton",
+                                                      "routing.route_gather, which picks the two-step form")
+    n, dev = t * k, ids.device
     if x.dim() != 2 or x.shape[0] != t:
         raise ValueError(f"route_gather_triton: x must be [T={t}, H], got {tuple(x.shape)}")
-    ids = topk_ids if topk_ids.stride(-1) == 1 else topk_ids.contiguous()
     if x.stride(-1) != 1:
         x = x.contiguous()
-    dev = ids.device
-    token = torch.empty(n, dtype=torch.int64, device=dev)
-    row = torch.empty(n, dtype=torch.int64, device=dev)
-    offsets = torch.empty(experts + 1, dtype=torch.int32, device=dev)
     out = torch.empty((n, x.shape[1]), dtype=x.dtype, device=dev)
     src, dst = _words(x), _words(out)
     if src is None or dst is None:
