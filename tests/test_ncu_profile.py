@@ -50,6 +50,27 @@ def test_source_page_gives_opcode_and_stall_shares():
         assert all(k.isupper() for k in p["opcodes"]) and not any("Not Issued" in k for k in p["stalls"])
 
 
+def test_stall_samples_are_placed_by_opcode_and_by_instruction():
+    head = ('"Kernel Name","k_FooSm90"\n"Address","Source","Instructions Executed","stall_long_sb","stall_wait",'
+            '"stall_wait (Not Issued)"\n')
+    text = head + "\n".join([
+        '"0x100","      LDG.E R2, [R4.64]","10","0","1","1"',
+        '"0x110","      @!P0 SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR5], R4","10","6","0","0"',
+        '"0x120","      IADD3 R3, R2, 0x1, RZ","10","3","2","2"',
+        '"0x130","      SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR6], R4","10","0","0","0"',
+    ])
+    (p,) = nc.parse_source(text)
+    assert p["stall_samples"] == 12 and p["stalls"] == {"long_sb": 0.75, "wait": 0.25}  # (Not Issued left out)
+    # per opcode with its first modifier (predicates dropped), each with its main reason and that reason's share
+    assert p["stall_ops"] == {"SYNCS.PHASECHK": [0.5, "long_sb", 1.0], "IADD3": [0.4167, "long_sb", 0.6],
+                              "LDG.E": [0.0833, "wait", 1.0]}
+    # per instruction, most samples first, at its offset from the kernel's first instruction (lines without samples
+    # left out)
+    assert p["stall_sites"] == [[16, "@!P0 SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR5], R4", 0.5, "long_sb"],
+                                [32, "IADD3 R3, R2, 0x1, RZ", 0.4167, "long_sb"],
+                                [0, "LDG.E R2, [R4.64]", 0.0833, "wait"]]
+
+
 def test_rows_merge_both_pages_with_labels_and_refuse_a_mismatch():
     details, source = _pages()
     rows = nc.profile_rows(details, source, case="qwen3-t1", gemm="gate/up")

@@ -7,7 +7,11 @@ the card runs them (``--clock-control none``). Its report is read back through t
 
 - the details' headline metrics (:data:`DETAILS`), converted to one unit each (µs, MHz, GB/s, KB, %);
 - from the source page, the executed warp instructions by opcode (``opcodes``: share of all, the top
-  :data:`TOP_OPCODES`) and the warp-stall samples by reason (``stalls``: share of all samples).
+  :data:`TOP_OPCODES`), the warp-stall samples by reason (``stalls``: share of all samples), and where they fall:
+  by opcode (``stall_ops``: the :data:`TOP_SITES` opcodes holding the most samples, each ``[share, its main reason,
+  that reason's share of the opcode's samples]``) and by instruction (``stall_sites``: the :data:`TOP_SITES` SASS
+  lines holding the most, each ``[offset from the kernel's first instruction, the line, share, main reason]``), so a
+  row says not only why the warps wait but at which instruction: a barrier wait, a load's consumer, a wgmma wait.
 
 ncu replays each kernel alone (its start does not overlap the kernel before, as a programmatic dependent launch does
 in a CUDA graph) with the caches flushed, so ``duration_us`` is the kernel's own time, not what a call pays: the rows
@@ -41,6 +45,7 @@ DETAILS = {
 }
 _FIELD_BY_UNIT = {("Memory Throughput", "%"): "mem_pct", ("Memory Throughput", "GB/s"): "mem_gbps"}
 TOP_OPCODES = 24  # (rows of 2026-11-29 hold 12)
+TOP_SITES = 12  # opcodes and SASS lines kept in stall_ops and stall_sites (rows before 2026-11-29 have neither)
 # unit -> (the unit a row keeps, factor); matched without case
 _UNITS = {
     "ns": ("us", 1e-3), "us": ("us", 1.0), "usecond": ("us", 1.0), "ms": ("us", 1e3), "msecond": ("us", 1e3),
@@ -51,6 +56,7 @@ _UNITS = {
 }
 _KERNEL_CLASS = re.compile(r"([A-Z][A-Za-z0-9]*Sm(?:90|100)[A-Za-z0-9]*)")
 _OPCODE = re.compile(r"^(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
+_MNEMONIC = re.compile(r"^(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)?)")  # opcode and first modifier
 
 
 def _number(text: str) -> float | None:
@@ -106,27 +112,59 @@ def _blocks(text: str) -> list[list[str]]:
 def parse_source(text: str) -> list[dict]:
     """One dict per kernel of the SASS source page's CSV, in the report's order: ``sass_instructions`` (warp
     instructions executed), ``opcodes`` (the top :data:`TOP_OPCODES` opcodes' shares of them), ``stall_samples`` and
-    ``stalls`` (each reason's share of the warp-stall samples)."""
+    ``stalls`` (each reason's share of the warp-stall samples), ``stall_ops`` and ``stall_sites`` (where the samples
+    fall, the module doc)."""
     out = []
     for block in _blocks(text):
         rows = list(csv.DictReader(io.StringIO("\n".join(block))))
         ops, stalls = Counter(), Counter()
         reasons = [c for c in (rows[0] if rows else {}) if c.startswith("stall_") and "Not Issued" not in c]
+        by_op: dict[str, Counter] = {}
+        sites = []  # (samples, offset, line, reasons)
+        first = None
         for r in rows:
-            m = _OPCODE.match(r.get("Source", "").strip())
+            src = r.get("Source", "").strip()
+            m = _OPCODE.match(src)
             executed = _number(r.get("Instructions Executed", "")) or 0.0
             if m and executed:
                 ops[m.group(1).split(".")[0]] += executed
-            for c in reasons:
-                stalls[c[len("stall_"):]] += _number(r[c]) or 0.0
+            here = Counter({c[len("stall_"):]: _number(r[c]) or 0.0 for c in reasons})
+            stalls.update(here)
+            addr = _address(r.get("Address", ""))
+            first = addr if first is None else first
+            if sum(here.values()) and (mn := _MNEMONIC.match(src)):
+                by_op.setdefault(mn.group(1), Counter()).update(here)
+                sites.append((sum(here.values()), (addr or 0) - (first or 0), " ".join(src.split())[:80], here))
         total, samples = sum(ops.values()), sum(stalls.values())
         out.append({
             "sass_instructions": total,
             "opcodes": {o: round(v / total, 4) for o, v in ops.most_common(TOP_OPCODES)} if total else {},
             "stall_samples": samples,
             "stalls": {s: round(v / samples, 4) for s, v in stalls.most_common() if v} if samples else {},
+            **(_stall_places(by_op, sites, samples) if samples else {}),
         })
     return out
+
+
+def _address(text: str) -> int | None:
+    try:
+        return int(text, 16)
+    except ValueError:
+        return None
+
+
+def _stall_places(by_op: dict, sites: list, samples: float) -> dict:
+    """``stall_ops`` and ``stall_sites`` (:func:`parse_source`) of one kernel's samples."""
+    def main(c: Counter) -> tuple[str, float]:
+        reason, n = c.most_common(1)[0]
+        return reason, round(n / sum(c.values()), 3)
+
+    top_ops = sorted(by_op.items(), key=lambda kv: -sum(kv[1].values()))[:TOP_SITES]
+    top_sites = sorted(sites, key=lambda s: -s[0])[:TOP_SITES]
+    return {
+        "stall_ops": {op: [round(sum(c.values()) / samples, 4), *main(c)] for op, c in top_ops},
+        "stall_sites": [[off, line, round(n / samples, 4), main(c)[0]] for n, off, line, c in top_sites],
+    }
 
 
 def profile_rows(details: str, source: str | None = None, **labels) -> list[dict]:
