@@ -308,15 +308,17 @@ AMAX_ROUTE_KNOB = ("nvfp4lib.nn.routing", "AMAX_IN_ROUTE")  # moe-bench --amax-i
 PAIR_KNOB = ("nvfp4lib.kernels.hopper_varlen.config", "PAIR_MIN_K_TILES")  # moe-bench --pair-min-k-tiles
 
 
-def _build_arms(prewait, handoff, a16_int_scale, a16_own_words=None, chain_gemm_a16=None) -> dict:
-    """The build knobs one arm of --prewait-stages, --tile-handoff, --a16-int-scale, --a16-own-words and
-    --chain-gemm-a16 sets (their recipe fields; the on/off ones as the bools the modules hold, so the recipes match
-    those built ahead of time); None: as it is. (The layers are built inside the arm, so W4A16's weights are packed
-    in its word layout.)"""
+def _build_arms(prewait, handoff, a16_int_scale, a16_own_words=None, chain_gemm_a16=None,
+                early_descriptors=None) -> dict:
+    """The build knobs one arm of --prewait-stages, --tile-handoff, --a16-int-scale, --a16-own-words,
+    --chain-gemm-a16 and --early-descriptors sets (their recipe fields; the on/off ones as the bools the modules hold,
+    so the recipes match those built ahead of time); None: as it is. (The layers are built inside the arm, so W4A16's
+    weights are packed in its word layout.)"""
     arms = {"prewait": prewait, "handoff": None if handoff is None else bool(handoff),
             "a16_int_scale": None if a16_int_scale is None else bool(a16_int_scale),
             "a16_own_words": None if a16_own_words is None else bool(a16_own_words),
-            "chain_gemm_a16": None if chain_gemm_a16 is None else bool(chain_gemm_a16)}
+            "chain_gemm_a16": None if chain_gemm_a16 is None else bool(chain_gemm_a16),
+            "early_descriptors": None if early_descriptors is None else bool(early_descriptors)}
     return {field: value for field, value in arms.items() if value is not None}
 
 
@@ -386,6 +388,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         prewait, handoff, a16_int = build["prewait"], int(build["handoff"]), int(build["a16_int_scale"])
         a16_own = int(build["a16_own_words"])
         chain_a16 = bool(build["chain_gemm_a16"])
+        early_desc = int(build["early_descriptors"])
         rule = tuning.rule_knobs()  # the shape rule's knobs as set now (once_wait, short_k, dual_96)
         short_k_tier = ",".join(tuning.SHORT_K_TIER[1])  # (the tiles the rule by K takes)
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
@@ -463,6 +466,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["gemv"] = bool(mod._gemv_step(x))
                                 row["prewait_stages"] = prewait
                                 row["tile_handoff"] = handoff
+                                row["early_descriptors"] = early_desc
                                 row["a16_int_scale"] = a16_int if kind == "bf16" else None
                                 row["a16_own_words"] = a16_own if kind == "bf16" else None
                                 row["route_gather"] = route_gather if kind == "bf16" else None
@@ -618,6 +622,9 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     _ab_arg(p, "--chain-gemm-a16", "W4A16 GEMMs letting the next kernel launch at their mainloop's end "
             "(kernels.common.pdl.CHAIN_GEMM_A16; 0: at their end; default: as shipped)", "0 1",
             "chain_gemm_a16 (W4A16 rows)", type=int, choices=[0, 1])
+    _ab_arg(p, "--early-descriptors", "the serving GEMM's warp 0 asks for its TMA descriptors before the tile search "
+            "(hopper_varlen.kernel.EARLY_DESCRIPTORS; 0: after it; default: as shipped)", "0 1", "early_descriptors",
+            type=int, choices=[0, 1])
     _ab_arg(p, "--pair-min-k-tiles", "split-K's pair rule: two CTAs per SM where every slice keeps at least this many "
             "K tiles (hopper_varlen.config.PAIR_MIN_K_TILES; default: as shipped)", "e.g. 16 8", "pair_min_k_tiles",
             type=int, metavar="N")
@@ -659,14 +666,14 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
         from ..kernels.hopper_varlen.runner import build_setting
 
         for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff, d96k, a16, small, \
-                own, gather, pair, chain_a16, amax_route in itertools.product(
+                own, gather, pair, chain_a16, amax_route, early in itertools.product(
                 args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
                 args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None],
                 args.input_scales or ["dynamic"], args.prewait_stages or [None], args.once_wait or [None],
                 args.short_k or [None], args.dual_96 or [None], args.tile_handoff or [None], args.dual_96_k or [None],
                 args.a16_int_scale or [None], args.quant_small_tiles or [None], args.a16_own_words or [None],
                 args.route_gather or [None], args.pair_min_k_tiles or [None], args.chain_gemm_a16 or [None],
-                args.amax_in_route or [None]):
+                args.amax_in_route or [None], args.early_descriptors or [None]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
                     knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
                     knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
@@ -680,7 +687,7 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                     knob_setting(*ROUTE_GATHER_KNOB, None if gather is None else bool(gather)), \
                     knob_setting(*PAIR_KNOB, pair), \
                     knob_setting(*AMAX_ROUTE_KNOB, None if amax_route is None else bool(amax_route)), \
-                    build_setting(**_build_arms(prewait, handoff, a16, own, chain_a16)):
+                    build_setting(**_build_arms(prewait, handoff, a16, own, chain_a16, early)):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,

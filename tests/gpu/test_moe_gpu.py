@@ -260,6 +260,15 @@ def test_w4a16_gemms_letting_the_next_kernel_launch_give_the_same_bits(monkeypat
     _same_bits(monkeypatch, "bf16", {(pdl, "CHAIN_GEMM_A16"): False}, {(pdl, "CHAIN_GEMM_A16"): True})
 
 
+@pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
+def test_descriptors_asked_for_before_the_tile_search_give_the_same_bits(activations, monkeypatch):
+    """hopper_varlen.kernel.EARLY_DESCRIPTORS: the GEMMs asking for their TMA descriptors at entry give the bits of
+    GEMMs that ask after the tile search (:func:`_same_bits`), in both modes."""
+    from nvfp4lib.kernels.hopper_varlen import kernel
+
+    _same_bits(monkeypatch, activations, {(kernel, "EARLY_DESCRIPTORS"): False}, {(kernel, "EARLY_DESCRIPTORS"): True})
+
+
 @pytest.mark.parametrize("activations", ["nvfp4", "nvfp4-static"])
 def test_the_amax_found_by_the_routing_launch_gives_the_same_bits(activations, monkeypatch):
     """nn.routing.AMAX_IN_ROUTE: W4A4's routing launch finding x's amax (no amax launch before the first quantization)

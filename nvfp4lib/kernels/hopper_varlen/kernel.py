@@ -139,6 +139,19 @@ PREWAIT_STAGES = 2
 # T = 1 W4A16 25.1 -> 25.9 us, its first off arm 24.3 and second 25.8: the run's drift), DeepSeek-like T = 8 1-2%
 # faster with it. Kept on everywhere.
 TILE_HANDOFF = True
+# Warp 0 asks for the two TMA descriptors (weights, activations) at the kernel's entry, before it searches for the CTA's
+# tile, instead of after it, just before the first loads (read when a GEMM is built: a runner's compile key holds
+# it). Why (issue 41): Nsight Compute's warp-stall samples by SASS line (H200, 2026-11-29, data/profiles.jsonl, cases
+# *-sites; ncu replays each kernel alone) put the Qwen3-like T = 1 W4A16 down GEMM's warps 28% at the stage-full
+# barrier's wait (the mainloop's first instructions) and 12% at the tile hand-off's barrier, the gate/up GEMM's 12%
+# and 6%; the per-CTA timeline (moe-bench --timeline) has each decode CTA spend ~0.9 us between its tile and its first
+# weight requests going out (the "wait" phase) even where the kernel before had ended, and its first stage landing
+# 1-2 us after that with the weights already in L2 (the L2 prefetch's A/B). A descriptor not yet fetched holds the
+# first copy up; asked for at entry, its fetch overlaps the tile search (~0.9 us). Prediction (2026-11-29, before any
+# run): the GEMMs that start after the kernel before has ended (W4A16's down GEMM: pdl.CHAIN_GEMM_A16 is off) 0.3-0.9
+# us shorter, so W4A16 at T = 1 and 8 0.3-0.9 us faster on every layer; the GEMMs launched early (W4A4's, W4A16's
+# gate/up) have their search and fetch hidden behind the kernel before already: unchanged.
+EARLY_DESCRIPTORS = False
 PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens per tile (the decode tilings), W4A16
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
 # test_serving_gpu.py's S4 case, eager W4A4 calls): the fused kernel reports shared-memory hazards (1 error on the
@@ -260,6 +273,7 @@ def _build():
                                  "first stages) or more")
             self.prewait = PREWAIT_STAGES if self.a16 and cfg.tile_n <= PREWAIT_MAX_TILE_N else 0  # (its note)
             self.handoff = TILE_HANDOFF  # (read when the kernel is built: a runner's compile key holds it)
+            self.early_descriptors = EARLY_DESCRIPTORS  # (likewise)
             self._split = None  # (set while a kernel is traced: partials, counters, slices, this slice, the tile)
 
         @cute.jit
@@ -435,6 +449,8 @@ def _build():
             self._fused = None
             self._stamp(0)
             self._stamp(6, "globaltimer")
+            if cutlass.const_expr(self.early_descriptors):
+                self._prefetch_descriptors(tma_w, tma_x)  # (before the tile search: EARLY_DESCRIPTORS)
             bidx, _, _ = cute.arch.block_idx()
             tile = self._tile_of(bidx, mPart, mSplits)
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
@@ -447,10 +463,8 @@ def _build():
         @cute.jit
         def _run_tile(self, storage, tma_w, tW, tma_x, tX, mC, mGsA, mGsB, group, tok_row0, tokens, n0, sw_layout,
                       sx_layout):
-            warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            if warp_idx == 0:
-                cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
-                cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
+            if cutlass.const_expr(not self.early_descriptors or self._fused is not None):
+                self._prefetch_descriptors(tma_w, tma_x)
             if cutlass.const_expr(self._fused is not None):
                 # once, before the tile-width variants: inlined into each variant's mainloop (after its first weight
                 # loads) it ran S1 and S2 5-8 us slower (H100 graph replays, 2026-11-27), with the same registers
@@ -460,6 +474,13 @@ def _build():
                 if variant == v:
                     self._tile(self.variants[v], storage, tma_w, tW, tma_x, tX, mC, (mGsA, mGsB, group),
                                tok_row0, tokens, n0, sw_layout, sx_layout)
+
+        @cute.jit
+        def _prefetch_descriptors(self, tma_w, tma_x):
+            """Warp 0 asks for the TMA descriptors of the weights and the activations (EARLY_DESCRIPTORS: where)."""
+            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+                cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
+                cute.nvgpu.cpasync.prefetch_descriptor(tma_x)
 
         # -- the fused call: the prologue's work done by the GEMM's first CTAs (FUSED_PROLOGUE) ---------------------
         @cute.jit

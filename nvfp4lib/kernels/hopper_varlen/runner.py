@@ -63,7 +63,8 @@ def _compile(key, make, args, recipe: dict | None = None):
 # part of its compile key and its AOT recipe, and set from a recipe to build it elsewhere (aot_compile).
 BUILD_KNOBS = (("chain", pdl, "CHAIN"), ("chain_gemm", pdl, "CHAIN_GEMM"), ("prewait", kernel, "PREWAIT_STAGES"),
                ("handoff", kernel, "TILE_HANDOFF"), ("a16_int_scale", rs_ops, "A16_INT_SCALE"),
-               ("a16_own_words", rs_ops, "A16_OWN_WORDS"), ("chain_gemm_a16", pdl, "CHAIN_GEMM_A16"))
+               ("a16_own_words", rs_ops, "A16_OWN_WORDS"), ("chain_gemm_a16", pdl, "CHAIN_GEMM_A16"),
+               ("early_descriptors", kernel, "EARLY_DESCRIPTORS"))
 
 
 def build_knobs() -> dict:
