@@ -779,6 +779,12 @@ ROUNDS = (
           "Qwen3-like T = 1 ~29.3 -> ~28; larger steps unchanged.",
           (runs.AMAX_ROUTE_COMMIT,), arm_means_at(runs.AMAX_ROUTE_COMMIT, "amax_in_route", ("amax launch", "in the "
                                                                                             "routing"), "W4A4")),
+    Round("The GEMMs' TMA descriptors asked for at entry, before the tile search (hopper_varlen.kernel."
+          "EARLY_DESCRIPTORS), after ncu's stall samples by SASS line put the decode GEMMs' warps at the stage-full "
+          "wait. One run on an H200 (moe-bench --early-descriptors 0 1 0 1 --profile, T = 1 and 8, both modes)",
+          "W4A16 at T = 1 and 8 0.3-0.9 us faster (its down GEMM, which starts after the gate/up GEMM has ended); "
+          "the early-launched GEMMs (W4A4's, W4A16's gate/up) unchanged.", (runs.EARLY_DESC_COMMIT,),
+          arm_means_at(runs.EARLY_DESC_COMMIT, "early_descriptors", ("after the search", "at entry"), "both modes")),
 )
 
 

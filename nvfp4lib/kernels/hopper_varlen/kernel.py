@@ -150,7 +150,11 @@ TILE_HANDOFF = True
 # first copy up; asked for at entry, its fetch overlaps the tile search (~0.9 us). Prediction (2026-11-29, before any
 # run): the GEMMs that start after the kernel before has ended (W4A16's down GEMM: pdl.CHAIN_GEMM_A16 is off) 0.3-0.9
 # us shorter, so W4A16 at T = 1 and 8 0.3-0.9 us faster on every layer; the GEMMs launched early (W4A4's, W4A16's
-# gate/up) have their search and fetch hidden behind the kernel before already: unchanged.
+# gate/up) have their search and fetch hidden behind the kernel before already: unchanged. Outcome (H200, moe-bench
+# --early-descriptors 0 1 0 1 --profile, three layers at T = 1 and 8, both modes; notebook 11's rounds): no case
+# faster beyond its noise, the down GEMM unchanged in every profile (Qwen3-like T = 1 W4A16 6.4 -> 6.5 us, the layer
+# 24.1 -> 25.1), 12 cases at 1.00-1.04x; the same bits (GPU test). So the first copy does not wait for its
+# descriptor. Off.
 EARLY_DESCRIPTORS = False
 PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens per tile (the decode tilings), W4A16
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
