@@ -157,6 +157,10 @@ class PreparedWeights:
         if torch.compiler.is_compiling():
             raise TypeError("call_operand has no custom op for torch.compile to trace: call w(a_packed, offsets) in "
                             "compiled code")
+        return self.impl.operand(x16, self._check_operand(x16, offsets, global_scale, out), offsets, out)
+
+    def _check_operand(self, x16, offsets, global_scale, out):
+        """:meth:`call_operand`'s checks of its arguments; the global scale as the kernel takes it."""
         k = self.operand_k
         if not isinstance(x16, torch.Tensor) or x16.dtype != torch.float16 or x16.dim() != 2 or x16.shape[1] != k:
             raise TypeError(f"call_operand: x16 must be an fp16 tensor [T, {k}], got "
@@ -172,7 +176,39 @@ class PreparedWeights:
                                 or out.dtype != self.out_dtype or not out.is_contiguous() or self._elsewhere(out)):
             raise ValueError(f"out must be a contiguous {self.out_dtype} tensor [T, N] = [{x16.shape[0]}, {self.n}] "
                              f"on {self.device}")
-        return self.impl.operand(x16, gs, offsets, out)
+        return gs
+
+    def combine(self, a, offsets, row, weights, *, global_scale=None, out_dtype=torch.bfloat16):
+        """The packed call, then the weighted un-permute of its rows (the copies of T tokens) in one launch:
+        ``out[t] = Σ_j weights[t, j] · C[row[t·k + j]]`` summed in fp32 in j's order (a negative row adds 0 ·
+        weights[t, j]), ``[T, N]`` of ``out_dtype``, where C = ``w(a, offsets)`` (bf16 activations) or
+        ``w.call_operand(a, offsets, global_scale)`` (NVFP4 weights: ``a`` is the fp16 operand). ``row`` int64
+        [T·k], ``weights`` float [T, k] (fp32 read as it is; another dtype converted first), on the weights' device;
+        every row of ``a`` belongs to a group (``offsets[G]`` = its rows, as the MoE routing gives). On cute-hopper
+        with bf16 C (single GEMMs only) the GEMM's last CTA of each column block sums them (C is scratch, never
+        returned); elsewhere the call, then the same sum in torch. Not traced by torch.compile."""
+        if self.dual:
+            raise TypeError("combine follows a single GEMM (its rows are the copies); these weights are dual")
+        if torch.compiler.is_compiling():
+            raise TypeError("combine has no custom op for torch.compile to trace: call w(...), then the un-permute")
+        if not isinstance(row, torch.Tensor) or row.dtype != torch.int64 or row.dim() != 1 or row.device != self.device:
+            raise TypeError(f"row must be an int64 tensor [T·k] on {self.device}, got "
+                            f"{getattr(row, 'dtype', type(row).__name__)} {tuple(getattr(row, 'shape', ()))}")
+        if (not isinstance(weights, torch.Tensor) or weights.dim() != 2 or not weights.is_floating_point()
+                or weights.numel() != row.numel() or weights.device != self.device):
+            raise ValueError(f"weights must be a float tensor [T, k] with T·k = {row.numel()} (row's length) on "
+                             f"{self.device}, got {getattr(weights, 'dtype', type(weights).__name__)} "
+                             f"{tuple(getattr(weights, 'shape', ()))}")
+        if out_dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise TypeError(f"out_dtype must be torch.float16, torch.bfloat16 or torch.float32, got {out_dtype}")
+        w32 = weights.to(torch.float32).contiguous()
+        if self.backend != "cute-hopper" or self.out_dtype is not torch.bfloat16:
+            c = self(a, offsets) if self.activations == "bf16" else self.call_operand(a, offsets, global_scale)
+            return weighted_rows_torch(c, row, w32, out_dtype)
+        if self.activations == "bf16":
+            self._check_a16_packed(a, offsets, None)
+            return self.impl.combine(a, None, offsets, row, w32, out_dtype)
+        return self.impl.combine(a, self._check_operand(a, offsets, global_scale, None), offsets, row, w32, out_dtype)
 
     # -- the two call forms ---------------------------------------------------------------------------------------
     def _call_list(self, a):
@@ -298,6 +334,11 @@ class PreparedWeights:
             offsets = torch.tensor(offs, dtype=torch.int32).to(self.device, non_blocking=True)
             c = self._run_a16(x, offsets)
             return [c[o: o + m] for o, m in zip(offs, rows)]
+        self._check_a16_packed(a, offsets, out)
+        return self._run_a16(a, offsets, out)
+
+    def _check_a16_packed(self, a, offsets, out) -> None:
+        """The packed bf16 call's checks of its arguments (``w(a, offsets, out=)``)."""
         self._check_a16(a, "a", packed=True)
         if not isinstance(offsets, torch.Tensor) or offsets.dtype != torch.int32:
             raise TypeError(f"offsets must be an int32 tensor [G+1] on {self.device}, got "
@@ -313,7 +354,6 @@ class PreparedWeights:
             raise ValueError(f"out must be a contiguous {self.out_dtype} tensor [T, N] = [{a.shape[0]}, {self.n}] "
                              f"on {self.device}, got {getattr(out, 'dtype', type(out).__name__)} "
                              f"{tuple(getattr(out, 'shape', ()))}")
-        return self._run_a16(a, offsets, out)
 
     def _run_a16(self, x, offsets, out=None):
         if torch.compiler.is_compiling():
@@ -339,6 +379,16 @@ class PreparedWeights:
                 not torch.compiler.is_compiling() and t.data_ptr() % 16)):
             raise ValueError(f"{what}: the kernel loads rows by TMA and needs a contiguous, 16-byte aligned [T, K] "
                              f"tensor (strides {tuple(t.stride())}); pass .contiguous()")
+
+
+def weighted_rows_torch(y: torch.Tensor, row: torch.Tensor, weights: torch.Tensor,
+                        out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``out[t] = Σ_j weights[t, j] · y[row[t·k + j]]`` in fp32 in torch (:meth:`PreparedWeights.combine`'s form off
+    its kernel, and :func:`nvfp4lib.nn.routing.weighted_rows`'): a negative row adds ``0 · weights[t, j]``."""
+    t, k = weights.shape
+    copies = y.index_select(0, row.clamp(min=0)).view(t, k, y.shape[-1]).to(torch.float32)
+    copies = torch.where((row < 0).view(t, k, 1), torch.zeros((), device=y.device), copies)
+    return (copies * weights.to(torch.float32).unsqueeze(-1)).sum(dim=1).to(out_dtype)
 
 
 def check_offsets(offsets: torch.Tensor, rows: int) -> None:
@@ -541,6 +591,11 @@ class _CuteHopperImpl:
         """The fp16 operand ``x16 [T, K_pad]`` (checked by the caller): the runner of the rows' bucket, the GEMM alone
         (a tuned bucket is timed on codes; an operand call never tunes)."""
         return self._runner_for(x16.shape[0], None).call_operand(x16, gs_a, offsets, out)
+
+    def combine(self, x, gs_a, offsets, row, weights, out_dtype):
+        """:meth:`PreparedWeights.combine` (checked by the caller): the runner of the rows' bucket, as :meth:`a16` or
+        :meth:`operand`, its GEMM then the weighted un-permute in one launch."""
+        return self._runner_for(x.shape[0], None).call_combine(x, gs_a, offsets, row, weights, out_dtype)
 
     def a16(self, x, offsets, out=None):
         """bf16 activations ``x [T, K]`` (checked by the caller): the runner of the rows' bucket, as ``__call__``."""

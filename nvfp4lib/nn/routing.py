@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import torch
 
+from ..serving import weighted_rows_torch
 from . import quant
 from .quant import AMAX_ROUTE_ELEMENTS, amax_tile
 
@@ -165,7 +166,4 @@ def weighted_rows(y: torch.Tensor, row: torch.Tensor, weights: torch.Tensor,
         from .routing_triton import unpermute_triton
 
         return unpermute_triton(y, row, weights, out_dtype)
-    t, k = weights.shape
-    copies = y.index_select(0, row.clamp(min=0)).view(t, k, y.shape[-1]).to(torch.float32)
-    copies = torch.where((row < 0).view(t, k, 1), torch.zeros((), device=y.device), copies)
-    return (copies * weights.to(torch.float32).unsqueeze(-1)).sum(dim=1).to(out_dtype)
+    return weighted_rows_torch(y, row, weights, out_dtype)

@@ -43,5 +43,5 @@ ROUTE_GATHER_COMMITS = ("7ddfa5f", "3103cdb")
 DECODE_H200_2_COMMIT = "3103cdb"  # moe-bench at T = 1, 8, 64 as shipped (route-gather in), beside the bf16 peer
 CHAIN_A16_COMMIT = "23157ef"  # moe-bench --chain-gemm-a16 0 1 0 1 --profile (W4A16, T = 1 and 8; DeepSeek-like 0 1)
 STATIC_SHIPPED_COMMIT = "dfdd33e"  # moe-bench --input-scales dynamic static, W4A4, T = 1, 8, 64, the layers as shipped
-EARLY_DESC_COMMIT = "17ce2e5"  # moe-bench --early-descriptors 0 1 0 1 --profile (T = 1, 8, both modes; DeepSeek-like 0 1)
+EARLY_DESC_COMMIT = "17ce2e5"  # moe-bench --early-descriptors 0 1 0 1 --profile (T = 1, 8, both modes; DeepSeek 0 1)
 AMAX_ROUTE_COMMIT = "0ad3277"  # moe-bench --amax-in-route 0 1 0 1 --profile (W4A4, T = 1 and 8; DeepSeek-like 0 1)

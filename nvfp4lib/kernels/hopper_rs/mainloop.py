@@ -87,7 +87,8 @@ def _build():
             class SharedStorage:
                 load_bars: cute.struct.MemRange[i64, self.stages * 2]
                 ticket: cute.struct.MemRange[i64, 1]  # (the fused prologue's CTA ticket; within sw's alignment)
-                tile: cute.struct.MemRange[cutlass.Int32, 4]  # (the serving kernel's tile, handed from warp 0)
+                # (the serving kernel's tile, handed from warp 0; its combine form hands the groups' rows too)
+                tile: cute.struct.MemRange[cutlass.Int32, getattr(self, "tile_words", 4)]
                 sw: cute.struct.Align[cute.struct.MemRange[u8, cute.cosize(sw_layout)], 1024]
                 sx: cute.struct.Align[cute.struct.MemRange[op, cute.cosize(sx_layout)], 1024]
 

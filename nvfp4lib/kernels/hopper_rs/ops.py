@@ -366,14 +366,18 @@ def _build() -> SimpleNamespace:
         _asm("fence.acq_rel.gpu;", 0, [], "", True)
 
     @dsl_user_op
-    def split_arrive(count, slot, last, *, loc=None, ip=None):
-        """Count this CTA in at global ``count`` (acq_rel, GPU scope); store 1 to the shared word ``slot`` if it is the
-        tile's last CTA (the old count was ``last``), which also zeroes the count for the next call, else 0."""
+    def split_arrive(count, slot, last, add=None, *, loc=None, ip=None):
+        """Count this CTA in at global ``count`` (acq_rel, GPU scope): add 1, or ``add`` (an Int32: the combine counts
+        rows); store 1 to the shared word ``slot`` if it is the last CTA (the old count was ``last``), which also
+        zeroes the count for the next call, else 0."""
+        args = [cutlass.Int64(count).ir_value(loc=loc, ip=ip), cutlass.Int32(slot).ir_value(loc=loc, ip=ip),
+                cutlass.Int32(last).ir_value(loc=loc, ip=ip)]
+        if add is not None:
+            args.append(cutlass.Int32(add).ir_value(loc=loc, ip=ip))
         _asm("{\n.reg .u32 v, r;\n.reg .pred p;\n"
-             "atom.acq_rel.gpu.global.add.u32 v, [$0], 1;\nsetp.eq.u32 p, v, $2;\nmov.u32 r, 0;\n"
-             "@p st.relaxed.gpu.global.u32 [$0], r;\nselp.u32 r, 1, 0, p;\nst.shared.u32 [$1], r;\n}", 0,
-             [cutlass.Int64(count).ir_value(loc=loc, ip=ip), cutlass.Int32(slot).ir_value(loc=loc, ip=ip),
-              cutlass.Int32(last).ir_value(loc=loc, ip=ip)], "l,r,r", True)
+             f"atom.acq_rel.gpu.global.add.u32 v, [$0], {1 if add is None else '$3'};\nsetp.eq.u32 p, v, $2;\n"
+             "mov.u32 r, 0;\n@p st.relaxed.gpu.global.u32 [$0], r;\nselp.u32 r, 1, 0, p;\nst.shared.u32 [$1], r;\n}",
+             0, args, "l,r,r" if add is None else "l,r,r,r", True)
 
     @dsl_user_op
     def load_f32_gpu(addr, *, loc=None, ip=None):
@@ -382,7 +386,24 @@ def _build() -> SimpleNamespace:
                                                "ld.relaxed.gpu.global.f32 $0, [$1];", "=f,l", has_side_effects=True,
                                                is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
 
+    @dsl_user_op
+    def load_bf16_gpu(addr, *, loc=None, ip=None):
+        """A bf16 another CTA of this kernel wrote (relaxed, GPU scope), as fp32 (exact: its bits moved up 16)."""
+        return cutlass.Float32(llvm.inline_asm(
+            cutlass.Float32.mlir_type, _i64((addr,), loc, ip),
+            "{\n.reg .b16 h, z;\nld.relaxed.gpu.global.b16 h, [$1];\nmov.b16 z, 0;\nmov.b32 $0, {z, h};\n}", "=f,l",
+            has_side_effects=True, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT))
+
+    @dsl_user_op
+    def fma_f32(a, b, c, *, loc=None, ip=None):
+        """a · b + c, rounded once (fma.rn.f32: what a Triton ``acc += y * w`` compiles to)."""
+        return cutlass.Float32(llvm.inline_asm(
+            cutlass.Float32.mlir_type, [cutlass.Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c)],
+            "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f", has_side_effects=False, is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT))
+
     return SimpleNamespace(
+        load_bf16_gpu=load_bf16_gpu, fma_f32=fma_f32,
         fence_acq_rel=fence_acq_rel, split_arrive=split_arrive, load_f32_gpu=load_f32_gpu,
         zero32=zero32, _asm=_asm, load_unit=load_unit, decode_unit=decode_unit, copy16=copy16,
         cp_async8=cp_async8,

@@ -42,14 +42,9 @@ from ..hopper_rs.layout import UNIT_BYTES, UNIT_K, UNIT_ROWS
 from ..hopper_rs.mainloop import tile_class
 from ..hopper_rs.ops import ACT_SMEM, ACT_THREADS, ops
 from .config import NWG, ROW_BYTES, VarlenConfig, validate
+from .search import LOOP_GROUPS, search_class  # noqa: F401  (LOOP_GROUPS: its home is search)
 
 _CLASSES = None
-# Up to this many groups each thread walks them to find its CTA's tile; above, every warp searches them with
-# shuffles. The warp search (0b14006) ran the large-token tiles 6-11% slower at G = 8 on the H100 (graph replay, two
-# alternating rounds on one card, 2026-11-26: S1 128.5-129.1 -> 136.7-146.9 us, S1-dual 224.3-227.0 -> 249.7-258.5,
-# S2-dual 138.0-138.5 -> 150.1-154.9); the loop costs ~G dependent steps before the first weight load, which the
-# search was written for (256 groups on a DeepSeek-like layer)
-LOOP_GROUPS = 32
 # The NVFP4-activation call as one kernel: the GEMM's first CTAs do the prologue's work (:meth:`kernel_fused`) instead
 # of a prologue kernel before it. Prediction (2026-11-27, before the run): -4 to -6 us of host time per eager call
 # (one launch of ~5.6 us less, H100 host profile of the two-kernel call), GPU time within +-2 us. Outcome (H100, one
@@ -244,14 +239,20 @@ def _build():
             if i < cute.size(mCodes, mode=[0]) * per_row:
                 decode_chunk(mCodes, mScales, mX, i, per_row, cute.size(mScales, mode=[1]))
 
-    class GroupedVarlenGemmSm90(tile_class()):
+    class GroupedVarlenGemmSm90(tile_class(), search_class()):
         """Swap-AB: weights (register A, decoded per thread) × tokens (smem B, fp16; bf16 with ``act="bf16"``) -> Cᵀ
         tiles, one per CTA, each found from the group offsets on the device. ``groups``, ``n`` (columns of C) and
         ``k_pad`` are those of the prepared weights and fixed per compile."""
 
-        def __init__(self, cfg: VarlenConfig, groups: int, n: int, k_pad: int):
+        def __init__(self, cfg: VarlenConfig, groups: int, n: int, k_pad: int, combine: bool = False):
             self.cfg = validate(cfg)
+            if combine and cfg.dual:
+                raise ValueError(f"config {cfg.name}: the weighted un-permute follows a single GEMM, not a dual one")
             self._fused = None  # (set while the fused kernel is traced: its ticket, slice count, operands)
+            # the weighted un-permute after the epilogue (:meth:`call_combine`); set while that kernel is traced:
+            # (rows of the copies, their weights, the output, the column blocks' counters, the groups' rows)
+            self.combine, self._combine = combine, None
+            self.tile_words = 5 if combine else 4  # (the tile handed from warp 0: + the rows the groups cover)
             self.groups, self.n, self.k_tiles = groups, n, k_pad // cfg.tile_k
             self.n_blocks = -(-n // cfg.tile_m)
             self.bt, self.step = cfg.tile_n, cfg.step
@@ -322,135 +323,86 @@ def _build():
             wait there and read it. Without, every warp finds it."""
             if cutlass.const_expr(not self.handoff):
                 return self._schedule(mOffsets, rows, tile)
-            found = storage.tile.get_tensor(cute.make_layout(4))
-            group, tok_row0, tokens, n0 = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)
+            found = storage.tile.get_tensor(cute.make_layout(self.tile_words))
+            group, tok_row0, tokens, n0, covered = (cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0),
+                                                    cutlass.Int32(0), cutlass.Int32(0))
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
-                group, tok_row0, tokens, n0 = self._schedule(mOffsets, rows, tile)
+                group, tok_row0, tokens, n0, covered = self._schedule(mOffsets, rows, tile)
                 if cute.arch.lane_idx() == 0:
                     found[0], found[1], found[2], found[3] = group, tok_row0, tokens, n0
+                    if cutlass.const_expr(self.combine):
+                        found[4] = covered
                 cute.arch.barrier_arrive(barrier_id=4, number_of_threads=self.threads)
             else:
                 cute.arch.barrier(barrier_id=4, number_of_threads=self.threads)
                 group, tok_row0, tokens, n0 = found[0], found[1], found[2], found[3]
-            return group, tok_row0, tokens, n0
-
-        @cute.jit
-        def _schedule(self, mOffsets, rows, tile):
-            """This CTA's tile: (group, first token row, tokens, first weight row of the group's N) or tokens <= 0
-            when the split has fewer tiles than the grid.
-
-            Group g owns rows ``lo_g .. hi_g`` with ``hi_g = min(T, max(0, offsets[0 .. g+1]))`` and ``lo_g =
-            hi_{g-1}`` (offsets clamped to [0, T] and made non-decreasing). Up to :data:`LOOP_GROUPS` groups each
-            thread walks them (:meth:`_find_by_loop`); above, every warp searches them at once
-            (:meth:`_find_by_warp`)."""
-            if cutlass.const_expr(self.groups <= LOOP_GROUPS):
-                group, lo_sel, m_sel, ntt_sel, local = self._find_by_loop(mOffsets, rows, tile)
-            else:
-                group, lo_sel, m_sel, ntt_sel, local = self._find_by_warp(mOffsets, rows, tile)
-            # (every operand is >= 0: unsigned divisions, shorter than signed ones)
-            ntt1 = cutlass.Uint32(cutlass.max(ntt_sel, 1))
-            nblk = cutlass.Int32(cutlass.Uint32(local) // ntt1)
-            tt = local - nblk * ntt_sel
-            size = cutlass.Int32(cutlass.Uint32(m_sel + ntt_sel - 1) // ntt1)
-            size = (size + self.step - 1) // self.step * self.step
-            m0 = tt * size
-            tokens = cutlass.min(size, m_sel - m0)
-            if ntt_sel == 0:
-                tokens = cutlass.Int32(0)
-            return group, lo_sel + m0, tokens, nblk * self.cfg.tile_m
-
-        @cute.jit
-        def _find_by_loop(self, mOffsets, rows, bidx):
-            """(group, its first row, its rows, its token tiles, this CTA's tile index within the group's tiles):
-            one thread walks the groups, ~G dependent steps before the first weight load. ``bidx``: the tile
-            index (the CTA's block index, or its ticket in the fused call)."""
-            acc = cutlass.Int32(0)
-            group, lo_sel, hi_sel, local = cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0)
-            lo = cutlass.min(cutlass.max(cutlass.Int32(mOffsets[0]), 0), rows)
-            for g in cutlass.range(self.groups, unroll=min(self.groups, 16)):
-                hi = cutlass.min(cutlass.max(cutlass.Int32(mOffsets[g + 1]), lo), rows)
-                cnt = self._token_tiles(hi - lo) * self.n_blocks
-                here = bidx - acc
-                # acc <= bidx < acc + cnt. (Two signed compares: a compare of Uint32 casts came out signed where the
-                # tile is a split-K CTA's, bidx // slices, selecting every later group: the decode GEMMs' outputs
-                # unwritten, seen on the GPU)
-                if here >= 0 and here < cnt:
-                    group, lo_sel, hi_sel, local = g, lo, hi, here
-                acc = acc + cnt
-                lo = hi
-            m_sel = hi_sel - lo_sel
-            return group, lo_sel, m_sel, self._token_tiles(m_sel), local
-
-        @cute.jit
-        def _token_tiles(self, m):
-            """The token tiles of a group of ``m >= 0`` rows, ceil(m / tile_n) (an unsigned division)."""
-            return cutlass.Int32(cutlass.Uint32(m + self.bt - 1) // self.bt)
-
-        @cute.jit
-        def _find_by_warp(self, mOffsets, rows, bidx):
-            """What :meth:`_find_by_loop` finds, by every warp on its own: its lanes each take ``ceil(G / 32)``
-            consecutive groups, one round of loads, then a prefix maximum (the row bounds) and a prefix sum (the
-            tile counts) over the lanes by shuffles, and the one lane whose groups hold tile ``bidx`` hands its values
-            to the others."""
-            lane = cute.arch.lane_idx()
-            per = self.per_lane
-            base = cutlass.max(cutlass.Int32(mOffsets[0]), 0)
-            ends = []
-            lane_max = cutlass.Int32(-1)
-            for j in cutlass.range_constexpr(per):
-                v = cutlass.Int32(-1)  # a lane's groups past G own no rows
-                if lane * per + j < self.groups:
-                    v = cutlass.Int32(mOffsets[lane * per + j + 1])
-                ends.append(v)
-                lane_max = cutlass.max(lane_max, v)
-            run = self._lanes_before(lane_max, lane, base, True)  # max(0, offsets[0 .. first group of this lane])
-            bounds, counts, lane_tiles = [], [], cutlass.Int32(0)
-            for j in cutlass.range_constexpr(per):
-                lo = cutlass.min(run, rows)
-                run = cutlass.max(run, ends[j])
-                m = cutlass.min(run, rows) - lo
-                ntt = self._token_tiles(m)
-                bounds.append((lo, m, ntt))
-                counts.append(ntt * self.n_blocks)
-                lane_tiles = lane_tiles + counts[j]
-            acc = self._lanes_before(lane_tiles, lane, cutlass.Int32(0), False)  # tiles of the lanes before
-            group, lo_sel, m_sel, ntt_sel, local = (cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0),
-                                                    cutlass.Int32(0), cutlass.Int32(0))
-            for j in cutlass.range_constexpr(per):
-                if bidx >= acc and bidx < acc + counts[j]:
-                    group, lo_sel, m_sel, ntt_sel, local = (lane * per + j, bounds[j][0], bounds[j][1], bounds[j][2],
-                                                            bidx - acc)
-                acc = acc + counts[j]
-            # one lane at most found the tile; the others hold zeros (every value is >= 0): a maximum broadcasts it
-            group, lo_sel, m_sel, ntt_sel, local = (cute.arch.warp_reduction_max(x)
-                                                    for x in (group, lo_sel, m_sel, ntt_sel, local))
-            return group, lo_sel, m_sel, ntt_sel, local
-
-        @cute.jit
-        def _lanes_before(self, x, lane, first, use_max: cutlass.Constexpr):
-            """Over the warp's lanes: the maximum (``use_max``) or the sum of ``x`` over the lanes before this one,
-            with ``first`` for lane 0 (folded into the maximum)."""
-            for s in cutlass.range_constexpr(5):
-                y = cute.arch.shuffle_sync_up(x, offset=1 << s, mask_and_clamp=0)
-                if lane >= (1 << s):
-                    if cutlass.const_expr(use_max):
-                        x = cutlass.max(x, y)
-                    else:
-                        x = x + y
-            before = cute.arch.shuffle_sync_up(x, offset=1, mask_and_clamp=0)
-            out = first
-            if lane > 0:
-                if cutlass.const_expr(use_max):
-                    out = cutlass.max(first, before)
-                else:
-                    out = before
-            return out
+                if cutlass.const_expr(self.combine):
+                    covered = found[4]
+            return group, tok_row0, tokens, n0, covered
 
         @cute.kernel
         def kernel(self, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom, tX: cute.Tensor,
                    mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor, mPart: cute.Tensor,
                    mSplits: cute.Tensor, sw_layout: cute.Layout, sx_layout: cute.ComposedLayout):
-            self._fused = None
+            self._fused, self._combine = None, None
+            self._body(tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, mPart, mSplits, sw_layout, sx_layout)
+
+        # -- the GEMM then the weighted un-permute (combine): the column block's last CTA sums the copies ------------
+        @cute.jit
+        def call_combine(self, mW: cute.Tensor, mX: cute.Tensor, mC: cute.Tensor, mOffsets: cute.Tensor,
+                         mGsA: cute.Tensor, mGsB: cute.Tensor, mPart: cute.Tensor, mSplits: cute.Tensor,
+                         mRow: cute.Tensor, mTopW: cute.Tensor, mOut: cute.Tensor, mDone: cute.Tensor, stream):
+            """:meth:`__call__` (C: the copies' rows, scratch), then ``mOut [T, N] = Σ_j mTopW[t, j] · C[mRow[t·k +
+            j]]`` in fp32 in j's order (a negative row adds 0 · the weight), each column block's by its last CTA
+            (:meth:`_combine_tail`); ``mDone`` int32 [N / tile_m], zeros (each block's last CTA zeroes its word)."""
+            sx_layout, sw_layout, tma_w, tW, tma_x, tX = self._operands(mW, mX)
+            self.kernel_combine(tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, mPart, mSplits, sw_layout,
+                                sx_layout, mRow, mTopW, mOut, mDone).launch(
+                grid=(self._grid(mC) * self._slices(mPart), 1, 1), block=(self.threads, 1, 1), stream=stream,
+                use_pdl=True)
+
+        @cute.kernel
+        def kernel_combine(self, tma_w: cute.CopyAtom, tW: cute.Tensor, tma_x: cute.CopyAtom, tX: cute.Tensor,
+                           mC: cute.Tensor, mOffsets: cute.Tensor, mGsA: cute.Tensor, mGsB: cute.Tensor,
+                           mPart: cute.Tensor, mSplits: cute.Tensor, sw_layout: cute.Layout,
+                           sx_layout: cute.ComposedLayout, mRow: cute.Tensor, mTopW: cute.Tensor, mOut: cute.Tensor,
+                           mDone: cute.Tensor):
+            self._fused, self._combine = None, (mRow, mTopW, mOut, mDone, None)
+            self._body(tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, mPart, mSplits, sw_layout, sx_layout)
+
+        @cute.jit
+        def _combine_tail(self, storage, mC, tokens, n0, n_valid):
+            """After this CTA's tile is stored: count its rows in at its column block's word (acq_rel, GPU scope,
+            after every thread's fence); the CTA that brings the count to the rows the groups cover is the block's
+            last, zeroes the word for the next call and sums every token's copies over the block's columns, reading
+            C from L2 (rows other CTAs wrote), in j's order, so the result does not depend on which CTA was last."""
+            mRow, mTopW, mOut, mDone, covered = self._combine
+            o.fence_acq_rel()
+            bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
+            bar.arrive_and_wait()
+            slot = storage.ticket.data_ptr().toint()
+            tidx, _, _ = cute.arch.thread_idx()
+            if tidx == 0:
+                o.split_arrive((mDone.iterator + n0 // self.cfg.tile_m).toint(), slot, covered - tokens, tokens)
+            bar.arrive_and_wait()
+            if o.load_shared_u32(slot) != 0:
+                o.fence_acq_rel()
+                k = cute.size(mTopW, mode=[1])
+                for q in cutlass.range(tidx, cute.size(mOut, mode=[0]) * n_valid, self.threads, unroll=1):
+                    t = q // n_valid
+                    c = q - t * n_valid
+                    acc = cutlass.Float32(0.0)
+                    for j in cutlass.range(k, unroll=1):
+                        r = cutlass.Int64(mRow[t * k + j])
+                        y = cutlass.Float32(0.0)
+                        if r >= 0:
+                            y = o.load_bf16_gpu((mC.iterator + r * mC.stride[0] + n0 + c).toint())
+                        acc = o.fma_f32(y, cutlass.Float32(mTopW[t, j]), acc)
+                    mOut[t, n0 + c] = acc.to(mOut.element_type)
+
+        @cute.jit
+        def _body(self, tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, mPart, mSplits, sw_layout, sx_layout):
+            """A CTA of :meth:`kernel` (and :meth:`kernel_combine`): its tile found, then run."""
             self._stamp(0)
             self._stamp(6, "globaltimer")
             if cutlass.const_expr(self.early_descriptors):
@@ -458,7 +410,9 @@ def _build():
             bidx, _, _ = cute.arch.block_idx()
             tile = self._tile_of(bidx, mPart, mSplits)
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-            group, tok_row0, tokens, n0 = self._found_tile(storage, mOffsets, cute.size(mC, mode=[0]), tile)
+            group, tok_row0, tokens, n0, covered = self._found_tile(storage, mOffsets, cute.size(mC, mode=[0]), tile)
+            if cutlass.const_expr(self._combine is not None):
+                self._combine = (*self._combine[:4], covered)
             self._stamp(1)
             if tokens > 0:
                 self._run_tile(storage, tma_w, tW, tma_x, tX, mC, mGsA, mGsB, group, tok_row0, tokens, n0,
@@ -510,10 +464,11 @@ def _build():
             before and whose slice waits for nothing, so the wait always ends. The grid's last ticket prepares the
             counters for the next call on the stream (the next epoch), so no CTA counts itself out at the end."""
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+            self._combine = None
             self._fused = (storage.ticket.data_ptr().toint(), n_pro, mCodes, mScales, mX, mCount.iterator.toint())
             bidx, _, _ = cute.arch.block_idx()
             tile = self._tile_of(bidx, mPart, mSplits)
-            group, tok_row0, tokens, n0 = self._found_tile(storage, mOffsets, cute.size(mC, mode=[0]), tile)
+            group, tok_row0, tokens, n0, _ = self._found_tile(storage, mOffsets, cute.size(mC, mode=[0]), tile)
             if tokens > 0:
                 self._run_tile(storage, tma_w, tW, tma_x, tX, mC, mGsA, mGsB, group, tok_row0, tokens, n0,
                                sw_layout, sx_layout)
@@ -633,14 +588,14 @@ def _build():
             self._stamp(4)
             if cutlass.const_expr(self.chain_next and self._fused is None):  # (the plain GEMM; not the fused call)
                 cute.arch.griddepcontrol_launch_dependents()  # the next kernel may launch (it waits for this one)
+            last = cutlass.Int32(1)  # (the tile's last K slice runs the epilogue; without split-K, every CTA)
             if cutlass.const_expr(self.split_k):
-                last = cutlass.Int32(1)
                 if self._split[2] > 1:
                     last = self._add_slices(accs, tCcC, storage, row0, tokens, n0, n_valid, wg)
-                if last != 0:
-                    self._epilogue(nv, accs, tCcC, storage, mC, self._alpha(*scales), row0, tokens, n0, n_valid, wg, t)
-            else:
+            if last != 0:
                 self._epilogue(nv, accs, tCcC, storage, mC, self._alpha(*scales), row0, tokens, n0, n_valid, wg, t)
+                if cutlass.const_expr(self._combine is not None):
+                    self._combine_tail(storage, mC, tokens, n0, n_valid)
             self._stamp(5)
             self._stamp(7, "globaltimer")
 

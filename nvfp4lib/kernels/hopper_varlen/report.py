@@ -50,6 +50,21 @@ def gemm_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype
             *split_arguments(cfg, n), env_stream())
 
 
+def combine_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype: str = "BFloat16",
+                      k: int | None = None, combine_dtype: str = "BFloat16"):
+    """:func:`gemm_arguments` (C: the copies' rows, bf16), then the combine's (the copies' rows int64 [T·k], their
+    weights fp32 [T, k] row-major, the output [T, N] of ``combine_dtype``, the column blocks' counters int32), stream:
+    :meth:`~.kernel.GroupedVarlenGemmSm90.call_combine`'s."""
+    import cutlass
+    import cutlass.cute as cute
+
+    *gemm, stream = gemm_arguments(cfg, groups, n, k_pad, out_dtype, k=k)
+    return (*gemm, _fake(cutlass.Int64, (cute.sym_int(),), 8), _fake(cutlass.Float32, (cute.sym_int(), cute.sym_int()),
+                                                                      4),
+            _fake(getattr(cutlass, combine_dtype), (cute.sym_int(), n)), _fake(cutlass.Int32, (cute.sym_int(),), 4),
+            stream)
+
+
 def split_arguments(cfg: VarlenConfig, n: int):
     """(the K slices' fp32 partial sums [S, R, W] (W = N, or 2N for dual: gate then up), the tiles' counters int32
     [tiles]): read by ``split_k`` configs only; every config takes them (one calling convention)."""

@@ -33,9 +33,11 @@ from .config import (
 )
 from .gather import group_table, launch
 from .kernel import kernel_classes
-from .report import TVM_FFI, call_arguments, gemm_arguments
+from .report import TVM_FFI, call_arguments, combine_arguments, gemm_arguments
 
 OUT_DTYPES = {torch.float16: "Float16", torch.bfloat16: "BFloat16"}
+# what the GEMM-then-combine call (:meth:`VarlenRunner.call_combine`) writes: the token rows, in the caller's dtype
+COMBINE_DTYPES = {**OUT_DTYPES, torch.float32: "Float32"}
 E4M3 = torch.float8_e4m3fn
 # A call's output is allocated as ``torch.empty(rows, n, ...)``, not ``torch.empty((rows, n), ...)``: the tuple form
 # took 2.9 us against 1.9 us on this repository's development CPU (timeit, torch 2.13, 2026-11-27), about a launch's
@@ -101,16 +103,20 @@ def _recipe(kind: str, cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_n
 
 
 def _parts(kind: str, cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, k: int | None = None,
-           fused: bool = False):
-    """(make, args) of a kernel of ``kind`` ("varlen-gemm": the GEMM alone; "varlen-call": prologue and GEMM): the
-    callables that build its object and its fake arguments, with the knobs as they are when called."""
+           fused: bool = False, combine_out: str | None = None):
+    """(make, args) of a kernel of ``kind`` ("varlen-gemm": the GEMM alone; "varlen-call": prologue and GEMM;
+    "varlen-combine": the GEMM then the weighted un-permute, writing ``combine_out``): the callables that build its
+    object and its fake arguments, with the knobs as they are when called."""
     _, gemm_cls, call_cls = kernel_classes()
     if kind == "varlen-gemm":
         return (lambda: gemm_cls(cfg, groups, n, k_pad)), (lambda: gemm_arguments(cfg, groups, n, k_pad, out_name, k=k))
+    if kind == "varlen-combine":
+        return ((lambda: gemm_cls(cfg, groups, n, k_pad, combine=True).call_combine),
+                (lambda: combine_arguments(cfg, groups, n, k_pad, out_name, k=k, combine_dtype=combine_out)))
     if kind == "varlen-call":
         return ((lambda: call_cls(gemm_cls(cfg, groups, n, k_pad), fused)),
                 (lambda: call_arguments(cfg, groups, n, k_pad, out_name)))
-    raise ValueError(f"unknown kernel kind {kind!r}: varlen-gemm or varlen-call")
+    raise ValueError(f"unknown kernel kind {kind!r}: varlen-gemm, varlen-call or varlen-combine")
 
 
 def aot_compile(recipe: dict, options: str):
@@ -119,7 +125,8 @@ def aot_compile(recipe: dict, options: str):
     import cutlass.cute as cute
 
     make, args = _parts(recipe["kind"], CONFIGS[recipe["config"]], recipe["groups"], recipe["n"], recipe["k_pad"],
-                        recipe["out"], k=recipe.get("k"), fused=recipe.get("fused", False))
+                        recipe["out"], k=recipe.get("k"), fused=recipe.get("fused", False),
+                        combine_out=recipe.get("combine_out"))
     old = build_knobs()
     for field, mod, name in BUILD_KNOBS:
         setattr(mod, name, recipe[field])
@@ -135,6 +142,16 @@ def compile_gemm(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
     return _compile(("gemm", cfg, groups, n, k_pad, out_name, k or k_pad, kernel.TIMELINE, *build_knobs().values()),
                     *_parts("varlen-gemm", cfg, groups, n, k_pad, out_name, k=k),
                     _recipe("varlen-gemm", cfg, groups, n, k_pad, out_name, k=k or k_pad))
+
+
+def compile_combine(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, combine_out: str,
+                    k: int | None = None):
+    """The GEMM (its C: the copies' rows, ``out_name``) then the weighted un-permute to token rows of
+    ``combine_out`` (:meth:`.kernel.GroupedVarlenGemmSm90.call_combine`), compiled once per shape."""
+    return _compile(("combine", cfg, groups, n, k_pad, out_name, combine_out, k or k_pad, kernel.TIMELINE,
+                     *build_knobs().values()),
+                    *_parts("varlen-combine", cfg, groups, n, k_pad, out_name, k=k, combine_out=combine_out),
+                    _recipe("varlen-combine", cfg, groups, n, k_pad, out_name, k=k or k_pad, combine_out=combine_out))
 
 
 def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, fused: bool | None = None):
