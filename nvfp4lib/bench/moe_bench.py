@@ -306,6 +306,7 @@ SMALL_TILES_KNOB = ("nvfp4lib.nn.quant_triton", "SMALL_TILES")  # moe-bench --qu
 ROUTE_GATHER_KNOB = ("nvfp4lib.nn.routing", "ROUTE_GATHER")  # moe-bench --route-gather
 AMAX_ROUTE_KNOB = ("nvfp4lib.nn.routing", "AMAX_IN_ROUTE")  # moe-bench --amax-in-route
 PAIR_KNOB = ("nvfp4lib.kernels.hopper_varlen.config", "PAIR_MIN_K_TILES")  # moe-bench --pair-min-k-tiles
+COMBINE_KNOB = ("nvfp4lib.nn.moe", "COMBINE_IN_GEMM")  # moe-bench --combine-in-gemm
 
 
 def _build_arms(prewait, handoff, a16_int_scale, a16_own_words=None, chain_gemm_a16=None,
@@ -389,6 +390,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         a16_own = int(build["a16_own_words"])
         chain_a16 = bool(build["chain_gemm_a16"])
         early_desc = int(build["early_descriptors"])
+        combine = int(knob_value(COMBINE_KNOB))  # the down GEMM and the un-permute in one launch
         rule = tuning.rule_knobs()  # the shape rule's knobs as set now (once_wait, short_k, dual_96)
         short_k_tier = ",".join(tuning.SHORT_K_TIER[1])  # (the tiles the rule by K takes)
         run_id, ceil, flush = new_run_id(), ceilings or measure_ceilings(), L2Flusher()
@@ -467,6 +469,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["prewait_stages"] = prewait
                                 row["tile_handoff"] = handoff
                                 row["early_descriptors"] = early_desc
+                                row["combine_in_gemm"] = combine
                                 row["a16_int_scale"] = a16_int if kind == "bf16" else None
                                 row["a16_own_words"] = a16_own if kind == "bf16" else None
                                 row["route_gather"] = route_gather if kind == "bf16" else None
@@ -625,6 +628,9 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
     _ab_arg(p, "--early-descriptors", "the serving GEMM's warp 0 asks for its TMA descriptors before the tile search "
             "(hopper_varlen.kernel.EARLY_DESCRIPTORS; 0: after it; default: as shipped)", "0 1", "early_descriptors",
             type=int, choices=[0, 1])
+    _ab_arg(p, "--combine-in-gemm", "steps of at most nn.moe.COMBINE_MAX_COPIES copies run the down GEMM and the "
+            "weighted un-permute as one launch (nn.moe.COMBINE_IN_GEMM; 0: two launches; default: as shipped)", "0 1",
+            "combine_in_gemm", type=int, choices=[0, 1])
     _ab_arg(p, "--pair-min-k-tiles", "split-K's pair rule: two CTAs per SM where every slice keeps at least this many "
             "K tiles (hopper_varlen.config.PAIR_MIN_K_TILES; default: as shipped)", "e.g. 16 8", "pair_min_k_tiles",
             type=int, metavar="N")
@@ -666,14 +672,14 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
         from ..kernels.hopper_varlen.runner import build_setting
 
         for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff, d96k, a16, small, \
-                own, gather, pair, chain_a16, amax_route, early in itertools.product(
+                own, gather, pair, chain_a16, amax_route, early, combine in itertools.product(
                 args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
                 args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None],
                 args.input_scales or ["dynamic"], args.prewait_stages or [None], args.once_wait or [None],
                 args.short_k or [None], args.dual_96 or [None], args.tile_handoff or [None], args.dual_96_k or [None],
                 args.a16_int_scale or [None], args.quant_small_tiles or [None], args.a16_own_words or [None],
                 args.route_gather or [None], args.pair_min_k_tiles or [None], args.chain_gemm_a16 or [None],
-                args.amax_in_route or [None], args.early_descriptors or [None]):
+                args.amax_in_route or [None], args.early_descriptors or [None], args.combine_in_gemm or [None]):
             with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
                     knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
                     knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
@@ -687,6 +693,7 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                     knob_setting(*ROUTE_GATHER_KNOB, None if gather is None else bool(gather)), \
                     knob_setting(*PAIR_KNOB, pair), \
                     knob_setting(*AMAX_ROUTE_KNOB, None if amax_route is None else bool(amax_route)), \
+                    knob_setting(*COMBINE_KNOB, None if combine is None else bool(combine)), \
                     build_setting(**_build_arms(prewait, handoff, a16, own, chain_a16, early)):
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,

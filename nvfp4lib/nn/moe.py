@@ -75,6 +75,15 @@ INTERMEDIATE_DTYPE = torch.bfloat16
 # 111.3 -> 107.3 Zipf): that case moves by ~10 us from run to run. The same bits as codes and prologue (GPU test,
 # memcheck 0 errors). On.
 QUANT_TO_OPERAND = True
+# Steps of at most COMBINE_MAX_COPIES token copies run the down GEMM and the weighted un-permute as one launch
+# (PreparedWeights.combine: each column block's last CTA sums the copies in fp32, in the order of the unfused launch;
+# W4A16, and W4A4 on the operand path); False: the un-permute is a launch of its own. Why (issue 41): in the
+# Qwen3-like W4A16 layer at T = 1 (H200 profiles, graph replay) the un-permute launch takes 1.6-1.9 us after the down
+# GEMM, which ends ~0.2 us before it starts: ~8% of a 23 us step. The tail costs its column block's last CTA a count
+# (one atomic), then k loads from L2 per output. Prediction (2026-11-29, before any run): T = 1 ~1-1.5 us faster in
+# both modes on every layer (Qwen3-like W4A16 ~24 -> ~22.8 us), T = 8 ~0.5-1 us faster; larger steps unchanged.
+COMBINE_IN_GEMM = False
+COMBINE_MAX_COPIES = 64  # (T·k: one CTA per column block sums every token's copies over its columns)
 
 
 def _expert_list(ws, what: str, shape: tuple[int, int] | None = None) -> list[NVFP4Tensor]:
@@ -160,7 +169,10 @@ class NVFP4MoE(torch.nn.Module):
             # x's rows in packed order (routed and gathered in one launch where it can), the intermediate already
             # bf16 (INTERMEDIATE_DTYPE): the down GEMM's activations as they are
             r, rows = route_gather(topk_ids, self.experts, x.to(torch.bfloat16))
-            return unpermute(self.down(self.gate_up(rows, r.offsets), r.offsets), r, topk_weights, x.dtype)
+            h = self.gate_up(rows, r.offsets)
+            if self._combine_step(topk_ids):  # (the down GEMM and the un-permute in one launch: COMBINE_IN_GEMM)
+                return self.down.combine(h, r.offsets, r.row, topk_weights, out_dtype=x.dtype)
+            return unpermute(self.down(h, r.offsets), r, topk_weights, x.dtype)
         static = self.input_scales or (None, None)
         # chained launches (kernels.common.pdl): the amax words of the two dynamic quantizations zeroed by the
         # routing launch instead of a fill kernel each (a fill is not chained)
@@ -183,6 +195,8 @@ class NVFP4MoE(torch.nn.Module):
                                          amax_ready=early)
             h = self.gate_up.call_operand(x16, r.offsets, g)
             x16, g = quantize_to_operand(h, self.down.operand_k, static[1], amax_word=amax[1])
+            if self._combine_step(topk_ids):
+                return self.down.combine(x16, r.offsets, r.row, topk_weights, global_scale=g, out_dtype=x.dtype)
             y = self.down.call_operand(x16, r.offsets, g)
         else:
             # The T·k copies quantized in packed order with x's global scale: quantization is row-local, so these
@@ -198,6 +212,12 @@ class NVFP4MoE(torch.nn.Module):
         """Whether W4A4 quantizes straight into the GEMMs' operands (:data:`QUANT_TO_OPERAND`): the Triton quantizer,
         not traced by torch.compile."""
         return QUANT_TO_OPERAND and self.quantizer == "triton" and not torch.compiler.is_compiling()
+
+    def _combine_step(self, topk_ids: torch.Tensor) -> bool:
+        """Whether the down GEMM and the un-permute run as one launch (:data:`COMBINE_IN_GEMM`): the Hopper backend,
+        1 to :data:`COMBINE_MAX_COPIES` copies, not traced by torch.compile."""
+        return (COMBINE_IN_GEMM and self.backend == "cute-hopper" and 0 < topk_ids.numel() <= COMBINE_MAX_COPIES
+                and not torch.compiler.is_compiling())
 
     def _gemv_step(self, x: torch.Tensor) -> bool:
         """Whether this step takes the GEMV decode path: 1 to ``gemv_max_tokens`` tokens, the Hopper backend's packed

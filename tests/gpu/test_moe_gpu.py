@@ -260,6 +260,44 @@ def test_w4a16_gemms_letting_the_next_kernel_launch_give_the_same_bits(monkeypat
     _same_bits(monkeypatch, "bf16", {(pdl, "CHAIN_GEMM_A16"): False}, {(pdl, "CHAIN_GEMM_A16"): True})
 
 
+@pytest.mark.parametrize("activations", ["bf16", "nvfp4", "nvfp4-static"])
+def test_the_down_gemm_and_the_unpermute_in_one_launch_give_the_same_bits(activations, monkeypatch):
+    """nn.moe.COMBINE_IN_GEMM: the down GEMM's column blocks summing the copies themselves (PreparedWeights.combine)
+    give the bits of the down GEMM then the un-permute launch (:func:`_same_bits`: T = 1 and 8 take it, every copy on
+    one expert among the routings, graph replays with new routings; larger steps the two launches)."""
+    from nvfp4lib.nn import moe
+
+    _same_bits(monkeypatch, activations, {(moe, "COMBINE_IN_GEMM"): False}, {(moe, "COMBINE_IN_GEMM"): True})
+
+
+def test_combine_on_the_gpu_is_the_call_then_the_sum():
+    """PreparedWeights.combine on cute-hopper (W4A16, one call per case): the same bits as the call then
+    routing.weighted_rows (the Triton un-permute), with copies lost (row -1), empty groups, every copy in one group,
+    a split-K call, and the counters left at zero for the next call (the same result twice)."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs sm_90")
+    from nvfp4lib.formats import quantize
+    from nvfp4lib.nn.routing import weighted_rows
+    from nvfp4lib.serving import prepare_weights
+
+    g = torch.Generator().manual_seed(3)
+    b = [quantize((torch.randn(512, 2048, generator=g) * 0.05).cuda()) for _ in range(8)]  # (16 K tiles)
+    w = prepare_weights(b, activations="bf16", out_dtype=torch.bfloat16)
+    for t, k, counts in ((1, 2, [0, 1, 0, 0, 0, 0, 1, 0]), (8, 4, [0] * 7 + [32]), (16, 4, [8] * 8),
+                         (3, 8, [3, 0, 6, 0, 3, 6, 0, 6])):
+        rows = t * k
+        offsets = torch.tensor([0] + list(torch.tensor(counts).cumsum(0)), dtype=torch.int32, device="cuda")
+        a = (torch.randn(rows, 2048, generator=g) * 0.5).to(torch.bfloat16).cuda()
+        row = torch.randperm(rows, generator=g).cuda()
+        row[1::3] = -1
+        weights = torch.rand(t, k, generator=g).cuda()
+        want = weighted_rows(w(a, offsets), row, weights, torch.bfloat16)
+        for _ in range(2):
+            got = w.combine(a, offsets, row, weights, out_dtype=torch.bfloat16)
+            torch.cuda.synchronize()
+            assert torch.equal(got, want), (t, k)
+
+
 @pytest.mark.parametrize("activations", ["bf16", "nvfp4"])
 def test_descriptors_asked_for_before_the_tile_search_give_the_same_bits(activations, monkeypatch):
     """hopper_varlen.kernel.EARLY_DESCRIPTORS: the GEMMs asking for their TMA descriptors at entry give the bits of

@@ -344,6 +344,7 @@ class VarlenRunner:
         if self._fusable and kernel.FUSE_MAX_ROWS > 0:
             self._compile_eager()
         self._no_split = no_splits(cfg, n, w.device)
+        self._combined, self._done = {}, None  # (call_combine: compiled per output dtype; the blocks' counters)
         self._splits = SplitScratch(partials_width(cfg, n), w.device) if cfg.split_k else None
         self.sms = torch.cuda.get_device_properties(w.device).multi_processor_count
 
@@ -378,6 +379,32 @@ class VarlenRunner:
         if self._call is None:
             raise TypeError(f"config {self.cfg.name} takes bf16 activations: runner.call_a16(x, offsets)")
         return self._gemm_alone(x16, gs_a, offsets, out)
+
+    def call_combine(self, x: torch.Tensor, gs_a: torch.Tensor | None, offsets: torch.Tensor, row: torch.Tensor,
+                     weights: torch.Tensor, out_dtype) -> torch.Tensor:
+        """The GEMM on its operand ``x`` (as :meth:`call_a16`, or :meth:`call_operand` with ``gs_a``), then the
+        weighted un-permute of its rows in the same launch (:meth:`.kernel.GroupedVarlenGemmSm90.call_combine`):
+        ``[T, N]`` of ``out_dtype`` (:data:`COMBINE_DTYPES`) from ``row`` int64 [T·k] and ``weights`` fp32 [T, k]
+        (contiguous); all checked by the caller. The GEMM's own rows (bf16) are scratch."""
+        w, cfg = self.w, self.cfg
+        if cfg.dual or self.out_dtype is not torch.bfloat16:
+            raise TypeError(f"config {cfg.name}: the combine follows a single GEMM that writes bf16 rows")
+        tokens = weights.shape[0]
+        out = torch.empty(tokens, w.n, dtype=out_dtype, device=w.device)
+        rows = x.shape[0]
+        if rows == 0 or tokens == 0:  # (no copies: every sum is empty)
+            return out.zero_()
+        name = COMBINE_DTYPES[out_dtype]
+        fn = self._combined.get(name)
+        if fn is None:
+            k = w.k if cfg.act == "bf16" else None
+            fn = self._combined[name] = compile_combine(cfg, w.groups, w.n, w.k_pad, "BFloat16", name, k=k)
+        if self._done is None:  # (one set per stream for every output dtype: a CUDA graph may hold its address)
+            self._done = _PerStream(w.device, -(-w.n // cfg.tile_m), 0, lambda n: None)
+        y = torch.empty(rows, w.n, dtype=torch.bfloat16, device=w.device)
+        fn(w.packed, x, y, offsets, self._gs_unread if gs_a is None else gs_a, w.gs_b, *self._split_args(rows), row,
+           weights, out, self._done._get(0)[1])
+        return out
 
     def _gemm_alone(self, x, gs_a, offsets, out):
         """The GEMM on its operand ``x`` (bf16 rows, or the NVFP4 call's fp16 operand), no prologue."""
