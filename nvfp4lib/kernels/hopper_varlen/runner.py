@@ -400,7 +400,8 @@ class VarlenRunner:
             k = w.k if cfg.act == "bf16" else None
             fn = self._combined[name] = compile_combine(cfg, w.groups, w.n, w.k_pad, "BFloat16", name, k=k)
         if self._done is None:  # (one set per stream for every output dtype: a CUDA graph may hold its address)
-            self._done = _PerStream(w.device, -(-w.n // cfg.tile_m), 0, lambda n: None)
+            self._done = _PerStream(w.device, -(-w.n // cfg.tile_m), 0,
+                                    lambda n: torch.empty(n, dtype=torch.uint8, device=w.device))
         y = torch.empty(rows, w.n, dtype=torch.bfloat16, device=w.device)
         fn(w.packed, x, y, offsets, self._gs_unread if gs_a is None else gs_a, w.gs_b, *self._split_args(rows), row,
            weights, out, self._done._get(0)[1])
