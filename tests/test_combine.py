@@ -25,7 +25,7 @@ def test_the_combine_compiles_for_sm90a(name, tmp_path, monkeypatch):
     k = 768 if cfg.act == "bf16" else None
     arts = {}
     for kind in ("varlen-gemm", "varlen-combine"):
-        make, args = runner._parts(kind, cfg, 128, 2048, 768, "BFloat16", k=k, combine_out="Float32")
+        make, args = runner._parts(kind, cfg, 128, 2048, 768, "BFloat16", k=k, combine_out="Float32", top_k=8)
         arts[kind] = compile_offline(make(), *args(), arch="sm_90a", dump_dir=str(tmp_path / kind), ptxas=False,
                                      extra_options=TVM_FFI).ptx
     plain, ptx = arts["varlen-gemm"], arts["varlen-combine"]
@@ -43,7 +43,7 @@ def test_a_dual_gemm_has_no_combine():
     from nvfp4lib.kernels.hopper_varlen.kernel import kernel_classes
 
     with pytest.raises(ValueError, match="not a dual one"):
-        kernel_classes()[1](CONFIGS["vl_dual_m64_t16_k128_s8_e_x"], 8, 768, 2048, combine=True)
+        kernel_classes()[1](CONFIGS["vl_dual_m64_t16_k128_s8_e_x"], 8, 768, 2048, combine=2)
 
 
 def _routing(t, k, rows_per_copy):

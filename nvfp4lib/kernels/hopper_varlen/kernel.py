@@ -244,13 +244,14 @@ def _build():
         tiles, one per CTA, each found from the group offsets on the device. ``groups``, ``n`` (columns of C) and
         ``k_pad`` are those of the prepared weights and fixed per compile."""
 
-        def __init__(self, cfg: VarlenConfig, groups: int, n: int, k_pad: int, combine: bool = False):
+        def __init__(self, cfg: VarlenConfig, groups: int, n: int, k_pad: int, combine: int = 0):
             self.cfg = validate(cfg)
             if combine and cfg.dual:
                 raise ValueError(f"config {cfg.name}: the weighted un-permute follows a single GEMM, not a dual one")
             self._fused = None  # (set while the fused kernel is traced: its ticket, slice count, operands)
-            # the weighted un-permute after the epilogue (:meth:`call_combine`); set while that kernel is traced:
-            # (rows of the copies, their weights, the output, the column blocks' counters, the groups' rows)
+            # the weighted un-permute after the epilogue (:meth:`call_combine`) of ``combine`` copies per token (0:
+            # none); set while that kernel is traced: (rows of the copies, their weights, the output, the column
+            # blocks' counters, the groups' rows)
             self.combine, self._combine = combine, None
             self.tile_words = 5 if combine else 4  # (the tile handed from warp 0: + the rows the groups cover)
             self.groups, self.n, self.k_tiles = groups, n, k_pad // cfg.tile_k
@@ -375,30 +376,56 @@ def _build():
             """After this CTA's tile is stored: count its rows in at its column block's word (acq_rel, GPU scope,
             after every thread's fence); the CTA that brings the count to the rows the groups cover is the block's
             last, zeroes the word for the next call and sums every token's copies over the block's columns, reading
-            C from L2 (rows other CTAs wrote), in j's order, so the result does not depend on which CTA was last."""
+            C from L2 (rows other CTAs wrote), in j's order, so the result does not depend on which CTA was last.
+            A thread's first output's rows and weights (inputs of the call) are read before the count; each
+            output's k copies are loaded together, then summed."""
             mRow, mTopW, mOut, mDone, covered = self._combine
+            tidx, _, _ = cute.arch.thread_idx()
+            n_out = cute.size(mOut, mode=[0]) * n_valid
+            first = self._copies(mRow, mTopW, tidx, n_valid, tidx < n_out)
             o.fence_acq_rel()
             bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
             bar.arrive_and_wait()
             slot = storage.ticket.data_ptr().toint()
-            tidx, _, _ = cute.arch.thread_idx()
             if tidx == 0:
                 o.split_arrive((mDone.iterator + n0 // self.cfg.tile_m).toint(), slot, covered - tokens, tokens)
             bar.arrive_and_wait()
             if o.load_shared_u32(slot) != 0:
                 o.fence_acq_rel()
-                k = cute.size(mTopW, mode=[1])
-                for q in cutlass.range(tidx, cute.size(mOut, mode=[0]) * n_valid, self.threads, unroll=1):
-                    t = q // n_valid
-                    c = q - t * n_valid
-                    acc = cutlass.Float32(0.0)
-                    for j in cutlass.range(k, unroll=1):
-                        r = cutlass.Int64(mRow[t * k + j])
-                        y = cutlass.Float32(0.0)
-                        if r >= 0:
-                            y = o.load_bf16_gpu((mC.iterator + r * mC.stride[0] + n0 + c).toint())
-                        acc = o.fma_f32(y, cutlass.Float32(mTopW[t, j]), acc)
-                    mOut[t, n0 + c] = acc.to(mOut.element_type)
+                if tidx < n_out:
+                    self._sum_copies(mC, mOut, first, n0)
+                for q in cutlass.range(tidx + self.threads, n_out, self.threads, unroll=1):
+                    self._sum_copies(mC, mOut, self._copies(mRow, mTopW, q, n_valid, True), n0)
+
+        @cute.jit
+        def _copies(self, mRow, mTopW, q, n_valid, valid):
+            """Output ``q`` of the column block (token t, column c) and its copies' rows and weights (where
+            ``valid``; rows -1 otherwise)."""
+            t = q // n_valid
+            rows, weights = [], []
+            for j in cutlass.range_constexpr(self.combine):
+                r, w = cutlass.Int64(-1), cutlass.Float32(0.0)
+                if valid:
+                    r, w = cutlass.Int64(mRow[t * self.combine + j]), cutlass.Float32(mTopW[t, j])
+                rows.append(r)
+                weights.append(w)
+            return t, q - t * n_valid, rows, weights
+
+        @cute.jit
+        def _sum_copies(self, mC, mOut, copies, n0):
+            """``mOut[t, n0 + c] = Σ_j w_j · C[r_j, n0 + c]`` in fp32 in j's order (a row r_j < 0 adds 0 · w_j): the
+            k loads first, then the fused multiply-adds."""
+            t, c, rows, weights = copies
+            ys = []
+            for j in cutlass.range_constexpr(self.combine):
+                y = cutlass.Float32(0.0)
+                if rows[j] >= 0:
+                    y = o.load_bf16_gpu((mC.iterator + rows[j] * mC.stride[0] + n0 + c).toint())
+                ys.append(y)
+            acc = cutlass.Float32(0.0)
+            for j in cutlass.range_constexpr(self.combine):
+                acc = o.fma_f32(ys[j], weights[j], acc)
+            mOut[t, n0 + c] = acc.to(mOut.element_type)
 
         @cute.jit
         def _body(self, tma_w, tW, tma_x, tX, mC, mOffsets, mGsA, mGsB, mPart, mSplits, sw_layout, sx_layout):

@@ -51,16 +51,15 @@ def gemm_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype
 
 
 def combine_arguments(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_dtype: str = "BFloat16",
-                      k: int | None = None, combine_dtype: str = "BFloat16"):
-    """:func:`gemm_arguments` (C: the copies' rows, bf16), then the combine's (the copies' rows int64 [T·k], their
-    weights fp32 [T, k] row-major, the output [T, N] of ``combine_dtype``, the column blocks' counters int32), stream:
-    :meth:`~.kernel.GroupedVarlenGemmSm90.call_combine`'s."""
+                      k: int | None = None, combine_dtype: str = "BFloat16", top_k: int = 8):
+    """:func:`gemm_arguments` (C: the copies' rows, bf16), then the combine's (the copies' rows int64 [T·top_k], their
+    weights fp32 [T, top_k] row-major, the output [T, N] of ``combine_dtype``, the column blocks' counters int32),
+    stream: :meth:`~.kernel.GroupedVarlenGemmSm90.call_combine`'s."""
     import cutlass
     import cutlass.cute as cute
 
     *gemm, stream = gemm_arguments(cfg, groups, n, k_pad, out_dtype, k=k)
-    return (*gemm, _fake(cutlass.Int64, (cute.sym_int(),), 8), _fake(cutlass.Float32, (cute.sym_int(), cute.sym_int()),
-                                                                      4),
+    return (*gemm, _fake(cutlass.Int64, (cute.sym_int(),), 8), _fake(cutlass.Float32, (cute.sym_int(), top_k), 4),
             _fake(getattr(cutlass, combine_dtype), (cute.sym_int(), n)), _fake(cutlass.Int32, (cute.sym_int(),), 4),
             stream)
 

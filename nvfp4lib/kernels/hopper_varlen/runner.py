@@ -103,16 +103,17 @@ def _recipe(kind: str, cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_n
 
 
 def _parts(kind: str, cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, k: int | None = None,
-           fused: bool = False, combine_out: str | None = None):
+           fused: bool = False, combine_out: str | None = None, top_k: int | None = None):
     """(make, args) of a kernel of ``kind`` ("varlen-gemm": the GEMM alone; "varlen-call": prologue and GEMM;
-    "varlen-combine": the GEMM then the weighted un-permute, writing ``combine_out``): the callables that build its
-    object and its fake arguments, with the knobs as they are when called."""
+    "varlen-combine": the GEMM then the weighted un-permute of ``top_k`` copies per token, writing ``combine_out``):
+    the callables that build its object and its fake arguments, with the knobs as they are when called."""
     _, gemm_cls, call_cls = kernel_classes()
     if kind == "varlen-gemm":
         return (lambda: gemm_cls(cfg, groups, n, k_pad)), (lambda: gemm_arguments(cfg, groups, n, k_pad, out_name, k=k))
     if kind == "varlen-combine":
-        return ((lambda: gemm_cls(cfg, groups, n, k_pad, combine=True).call_combine),
-                (lambda: combine_arguments(cfg, groups, n, k_pad, out_name, k=k, combine_dtype=combine_out)))
+        return ((lambda: gemm_cls(cfg, groups, n, k_pad, combine=top_k).call_combine),
+                (lambda: combine_arguments(cfg, groups, n, k_pad, out_name, k=k, combine_dtype=combine_out,
+                                           top_k=top_k)))
     if kind == "varlen-call":
         return ((lambda: call_cls(gemm_cls(cfg, groups, n, k_pad), fused)),
                 (lambda: call_arguments(cfg, groups, n, k_pad, out_name)))
@@ -126,7 +127,7 @@ def aot_compile(recipe: dict, options: str):
 
     make, args = _parts(recipe["kind"], CONFIGS[recipe["config"]], recipe["groups"], recipe["n"], recipe["k_pad"],
                         recipe["out"], k=recipe.get("k"), fused=recipe.get("fused", False),
-                        combine_out=recipe.get("combine_out"))
+                        combine_out=recipe.get("combine_out"), top_k=recipe.get("top_k"))
     old = build_knobs()
     for field, mod, name in BUILD_KNOBS:
         setattr(mod, name, recipe[field])
@@ -144,14 +145,16 @@ def compile_gemm(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: s
                     _recipe("varlen-gemm", cfg, groups, n, k_pad, out_name, k=k or k_pad))
 
 
-def compile_combine(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, combine_out: str,
+def compile_combine(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, combine_out: str, top_k: int,
                     k: int | None = None):
-    """The GEMM (its C: the copies' rows, ``out_name``) then the weighted un-permute to token rows of
-    ``combine_out`` (:meth:`.kernel.GroupedVarlenGemmSm90.call_combine`), compiled once per shape."""
-    return _compile(("combine", cfg, groups, n, k_pad, out_name, combine_out, k or k_pad, kernel.TIMELINE,
+    """The GEMM (its C: the copies' rows, ``out_name``) then the weighted un-permute of ``top_k`` copies per token to
+    token rows of ``combine_out`` (:meth:`.kernel.GroupedVarlenGemmSm90.call_combine`), compiled once per shape."""
+    return _compile(("combine", cfg, groups, n, k_pad, out_name, combine_out, top_k, k or k_pad, kernel.TIMELINE,
                      *build_knobs().values()),
-                    *_parts("varlen-combine", cfg, groups, n, k_pad, out_name, k=k, combine_out=combine_out),
-                    _recipe("varlen-combine", cfg, groups, n, k_pad, out_name, k=k or k_pad, combine_out=combine_out))
+                    *_parts("varlen-combine", cfg, groups, n, k_pad, out_name, k=k, combine_out=combine_out,
+                            top_k=top_k),
+                    _recipe("varlen-combine", cfg, groups, n, k_pad, out_name, k=k or k_pad, combine_out=combine_out,
+                            top_k=top_k))
 
 
 def compile_call(cfg: VarlenConfig, groups: int, n: int, k_pad: int, out_name: str, fused: bool | None = None):
@@ -344,7 +347,7 @@ class VarlenRunner:
         if self._fusable and kernel.FUSE_MAX_ROWS > 0:
             self._compile_eager()
         self._no_split = no_splits(cfg, n, w.device)
-        self._combined, self._done = {}, None  # (call_combine: compiled per output dtype; the blocks' counters)
+        self._combined, self._done = {}, None  # (call_combine: compiled per output dtype and k; the counters)
         self._splits = SplitScratch(partials_width(cfg, n), w.device) if cfg.split_k else None
         self.sms = torch.cuda.get_device_properties(w.device).multi_processor_count
 
@@ -394,11 +397,12 @@ class VarlenRunner:
         rows = x.shape[0]
         if rows == 0 or tokens == 0:  # (no copies: every sum is empty)
             return out.zero_()
-        name = COMBINE_DTYPES[out_dtype]
-        fn = self._combined.get(name)
+        name, top_k = COMBINE_DTYPES[out_dtype], weights.shape[1]
+        fn = self._combined.get((name, top_k))
         if fn is None:
             k = w.k if cfg.act == "bf16" else None
-            fn = self._combined[name] = compile_combine(cfg, w.groups, w.n, w.k_pad, "BFloat16", name, k=k)
+            fn = self._combined[name, top_k] = compile_combine(cfg, w.groups, w.n, w.k_pad, "BFloat16", name, top_k,
+                                                               k=k)
         if self._done is None:  # (one set per stream for every output dtype: a CUDA graph may hold its address)
             self._done = _PerStream(w.device, -(-w.n // cfg.tile_m), 0,
                                     lambda n: torch.empty(n, dtype=torch.uint8, device=w.device))

@@ -76,7 +76,9 @@ def _build():
                 acc = acc + cnt
                 lo = hi
             m_sel = hi_sel - lo_sel
-            covered = lo - first if cutlass.const_expr(self.combine) else cutlass.Int32(0)
+            covered = cutlass.Int32(0)
+            if cutlass.const_expr(self.combine):
+                covered = lo - first
             return group, lo_sel, m_sel, self._token_tiles(m_sel), local, covered
 
         @cute.jit
