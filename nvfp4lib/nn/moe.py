@@ -82,6 +82,16 @@ QUANT_TO_OPERAND = True
 # GEMM, which ends ~0.2 us before it starts: ~8% of a 23 us step. The tail costs its column block's last CTA a count
 # (one atomic), then k loads from L2 per output. Prediction (2026-11-29, before any run): T = 1 ~1-1.5 us faster in
 # both modes on every layer (Qwen3-like W4A16 ~24 -> ~22.8 us), T = 8 ~0.5-1 us faster; larger steps unchanged.
+# Outcome (H200, moe-bench --combine-in-gemm 0 1 0 1 --profile, T = 1 and 8, both modes; notebook 11's rounds):
+# slower. The first form loaded each copy's row, then its value, one copy after the other: Qwen3-like T = 1 W4A16
+# 23.9 -> 26.6 us (the down GEMM with the sum 10.1 us against 6.4 + 1.6 for the two launches), T = 8 70.2 -> 81.5.
+# The second (top-k fixed at compile time, a thread's k copies loaded together, its first output's rows and weights
+# read before the count): 24.0 -> 25.6 us (8.9 against 6.4 + 1.7), T = 8 70.3 -> 77.0, Mixtral-like T = 1 86.7 ->
+# 86.8, DeepSeek-like T = 8 475 -> 497. The same bits in every case (GPU tests; memcheck 0 errors). Why: the last
+# CTA of a column block starts its sum only after every CTA of the block has stored its rows, then pays a GPU-scope
+# fence, the count's atomic and the loads from L2 in turn (~2.5 us at T = 1), where the un-permute launch, started
+# ~0.2 us after the GEMM, pays its loads alone (1.6-1.7 us); and one CTA per column block sums all T tokens (T = 8:
+# 8 outputs per column, 4 per thread). Off; kept as a knob, with PreparedWeights.combine.
 COMBINE_IN_GEMM = False
 COMBINE_MAX_COPIES = 64  # (T·k: one CTA per column block sums every token's copies over its columns)
 

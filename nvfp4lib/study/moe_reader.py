@@ -11,8 +11,7 @@ from ..bench.moe_bench import LABELS
 
 __all__ = ["NOT_RECORDED", "NO_PREDICTION", "W4A4", "W4A16", "PEER", "SHORT", "KEY", "Reader", "span", "per_label",
            "speedups", "ab_at", "gemm_us", "shipped_rule", "split_ab", "not_probe", "timed_in_order", "arms_in_order",
-           "arm_means_at", "rounds_table_of",
-           "generic"]
+           "arm_means_at", "rounds_table_of", "generic", "profile_kernels", "gemm_phases", "timeline_phases"]
 
 NOT_RECORDED = "not recorded in data/"
 NO_PREDICTION = "none written down"
@@ -293,3 +292,35 @@ def rounds_table_of(rows: pd.DataFrame, rounds) -> pd.DataFrame:
                         "prediction": NO_PREDICTION, "outcome (from data/moe.jsonl)": text or NOT_RECORDED,
                         "commit": c, "runs": ", ".join(r.used.get(c, [])) or NOT_RECORDED})
     return pd.DataFrame(out).set_index("round")
+
+
+def profile_kernels(row) -> str:
+    """A row's graph-replay kernels as name: duration (us), in launch order."""
+    prof = row.get("profile") if isinstance(row, dict) else row["profile"]
+    if not isinstance(prof, dict):
+        return ""
+    names = []
+    for k in prof.get("kernels", []):
+        n = str(k.get("name", ""))
+        n = "GEMM" if n.startswith("kernel_cutlass") else n.strip("_").replace("_kernel", "")
+        names.append(f"{n} {k['median_us']:.1f}")
+    return ", ".join(names)
+
+
+def gemm_phases(row):
+    """(GEMM, CTAs with a tile, phases) of each GEMM of a timeline row that has phases, in GEMMS' order."""
+    from ..bench.timeline import GEMMS
+
+    tl = row["timeline"] if isinstance(row["timeline"], dict) else {}
+    for gemm in GEMMS:
+        ph = (tl.get(gemm) or {}).get("phases") or {}
+        if ph:
+            yield gemm, tl[gemm]["tiles"], ph
+
+
+def timeline_phases(row) -> str:
+    """A timeline row's per-GEMM phases (median us per CTA)."""
+    from ..bench.timeline import PHASES
+
+    return "; ".join(f"{gemm} " + ", ".join(f"{k} {ph[k][0]:.2f}" for k, _, _ in PHASES if k in ph)
+                     for gemm, _, ph in gemm_phases(row))

@@ -28,14 +28,17 @@ from .moe_reader import (
     arm_means_at,
     arms_in_order,
     chain_steps,
+    gemm_phases,
     generic,
     not_probe,
     per_label,
+    profile_kernels,
     rounds_table_of,
     span,
     speedups,
     split_ab,
     timed_in_order,
+    timeline_phases,
 )
 from .moe_report import DECODE_MAX_T, PREFILL_MIN_T, predicted_floors
 
@@ -327,7 +330,7 @@ def _timeline(r: Reader) -> str | None:
     for _, row in d.iterrows():
         gemms = [f"{gemm} {tiles} CTAs: "
                  + ", ".join(f"{k} {ph[k][0]:.1f}" for k, _, _ in PHASES if k in ph and k != "total")
-                 + f" (total {ph['total'][0]:.1f})" for gemm, tiles, ph in _gemm_phases(row)]
+                 + f" (total {ph['total'][0]:.1f})" for gemm, tiles, ph in gemm_phases(row)]
         if gemms:
             parts.append(f"{row['layer']} {SHORT.get(row['label'], row['label'])}: {'; '.join(gemms)}")
     if not parts:
@@ -360,19 +363,6 @@ def _operand_shipped(r: Reader) -> str | None:
             + "; the layer as shipped, Qwen3-like T = 1: " + ", ".join(q))
 
 
-def _profile_kernels(row) -> str:
-    """A row's graph-replay kernels as name: duration (us), in launch order."""
-    prof = row.get("profile") if isinstance(row, dict) else row["profile"]
-    if not isinstance(prof, dict):
-        return ""
-    names = []
-    for k in prof.get("kernels", []):
-        n = str(k.get("name", ""))
-        n = "GEMM" if n.startswith("kernel_cutlass") else n.strip("_").replace("_kernel", "")
-        names.append(f"{n} {k['median_us']:.1f}")
-    return ", ".join(names)
-
-
 def _prefetch_ab(r: Reader) -> str | None:
     """The L2 prefetch's A/B: the arms in the order they ran, and one pair's kernels (Qwen3-like T = 1 uniform)."""
     base = arms_in_order(runs.PREFETCH_COMMIT, "prefetch_l2", {False: "off", True: "on"})(r)
@@ -380,29 +370,10 @@ def _prefetch_ab(r: Reader) -> str | None:
         return None
     d = r.rows[(r.rows["commit"] == runs.PREFETCH_COMMIT) & (r.rows["routing"] == "uniform")
                & (r.rows["label"] == W4A4)].sort_values("run_id")
-    kern = [f"{'on' if x['prefetch_l2'] else 'off'}: {_profile_kernels(x)}" for _, x in d.head(2).iterrows()
-            if "profile" in x and _profile_kernels(x)]
+    kern = [f"{'on' if x['prefetch_l2'] else 'off'}: {profile_kernels(x)}" for _, x in d.head(2).iterrows()
+            if "profile" in x and profile_kernels(x)]
     return base + (". The first pair's W4A4 kernels (uniform, us): " + " | ".join(kern) if kern else "") + \
         ". The prefetch left the package"
-
-
-def _gemm_phases(row):
-    """(GEMM, CTAs with a tile, phases) of each GEMM of a timeline row that has phases, in GEMMS' order."""
-    from ..bench.timeline import GEMMS
-
-    tl = row["timeline"] if isinstance(row["timeline"], dict) else {}
-    for gemm in GEMMS:
-        ph = (tl.get(gemm) or {}).get("phases") or {}
-        if ph:
-            yield gemm, tl[gemm]["tiles"], ph
-
-
-def _phases(row) -> str:
-    """A timeline row's per-GEMM phases (median us per CTA)."""
-    from ..bench.timeline import PHASES
-
-    return "; ".join(f"{gemm} " + ", ".join(f"{k} {ph[k][0]:.2f}" for k, _, _ in PHASES if k in ph)
-                     for gemm, _, ph in _gemm_phases(row))
 
 
 def _prewait_first(r: Reader) -> str | None:
@@ -414,7 +385,7 @@ def _prewait_first(r: Reader) -> str | None:
     d = r.rows[r.rows["commit"] == runs.PREWAIT_COMMITS[0]]
     probe = d[~not_probe(d)].sort_values("run_id") if "timeline" in d else d.iloc[0:0]
     lines = [f"{int(x['prewait_stages']) or 'all first'} stages before the wait, {SHORT.get(x['label'], x['label'])}: "
-             f"{_phases(x)}"
+             f"{timeline_phases(x)}"
              for _, x in probe.iterrows()]
     r.used[runs.PREWAIT_COMMITS[0]] = sorted(set(d["run_id"]))
     return base + (". The timeline probe (Qwen3-like T = 1, median us per CTA): " + " | ".join(lines) if lines else "")
@@ -785,6 +756,14 @@ ROUNDS = (
           "W4A16 at T = 1 and 8 0.3-0.9 us faster (its down GEMM, which starts after the gate/up GEMM has ended); "
           "the early-launched GEMMs (W4A4's, W4A16's gate/up) unchanged.", (runs.EARLY_DESC_COMMIT,),
           arm_means_at(runs.EARLY_DESC_COMMIT, "early_descriptors", ("after the search", "at entry"), "both modes")),
+    Round("The down GEMM and the weighted un-permute in one launch (nn.moe.COMBINE_IN_GEMM, PreparedWeights.combine, "
+          "up to 64 copies): each CTA counts its rows in at its column block's word; the block's last CTA sums every "
+          "token's copies over its columns, from L2, in the un-permute's order (the same bits). Two forms, one run "
+          "each on an H200 (moe-bench --combine-in-gemm 0 1 0 1 --profile, T = 1 and 8, both modes; the one-launch "
+          "arm's down GEMM includes the sum)",
+          "T = 1 ~1-1.5 us faster in both modes on every layer (Qwen3-like W4A16 ~24 -> ~22.8 us), T = 8 ~0.5-1 us.",
+          runs.COMBINE_COMMITS, _in_turn([arm_means_at(c, "combine_in_gemm", ("two launches", "one"), "both modes")
+                                          for c in runs.COMBINE_COMMITS], "; then, the copies loaded together: ")),
 )
 
 

@@ -31,10 +31,22 @@ def _top(d, n: int) -> str:
     return ", ".join(f"{k} {v:.0%}" for k, v in sorted(d.items(), key=lambda kv: -kv[1])[:n])  # (stored sorted by key)
 
 
+def _sites(sites, n: int) -> str:
+    """The ``n`` SASS lines holding the most warp-stall samples (rows from 2026-11-29 on): share, line, main reason."""
+    if not isinstance(sites, list):
+        return ""
+    def opcode(line: str) -> str:  # (its predicate kept: "@!P0 BRA")
+        words = line.split(" ")
+        return " ".join(words[:2] if words[0].startswith("@") else words[:1])
+
+    return "; ".join(f"{share:.0%} at +{off:#x} {opcode(line)} ({reason})" for off, line, share, reason in sites[:n])
+
+
 def profile_table(rows: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
     """Of the cases starting with ``prefix``, the latest run's rows of each: the kernel's time under ncu (alone, caches
     flushed), its grid, registers and warp instructions executed, how busy its issue slots were and with how many
-    warps, its DRAM throughput, its top stall reasons and opcodes; the GPU and commit last. Empty without rows."""
+    warps, its DRAM throughput, its top stall reasons and opcodes, the SASS lines where its warps stall most (rows with
+    stall sites); the GPU and commit last. Empty without rows."""
     if rows is None or not len(rows) or "case" not in rows:
         return pd.DataFrame()
     sel = rows[rows["case"].astype(str).str.startswith(prefix)]
@@ -55,6 +67,8 @@ def profile_table(rows: pd.DataFrame, prefix: str = "") -> pd.DataFrame:
         "DRAM %": sel["dram_pct"].round(1),
         "top stalls": sel["stalls"].map(lambda d: _top(d, 3)),
         "top opcodes": sel["opcodes"].map(lambda d: _top(d, 4)),
+        "top stall sites": (sel["stall_sites"] if "stall_sites" in sel else pd.Series("", index=sel.index)).map(
+            lambda s: _sites(s, 3)),
         "gpu": sel["gpu"].str.replace("NVIDIA ", ""),
         "commit": sel["git_commit"].astype(str).str[:7],
     })
