@@ -387,20 +387,40 @@ def test_the_quantizer_knob_is_set_for_the_run_only():
         assert quant_triton.ONE_PROGRAM is shipped
 
 
-def test_the_build_knob_arms_are_set_as_the_modules_hold_them():
-    """moe-bench --prewait-stages / --tile-handoff / --a16-int-scale: an arm sets those given through
-    runner.build_setting, the on/off ones as bools (the recipes of kernels built ahead of time hold bools), and the
-    build knobs are as before after it."""
-    from nvfp4lib.kernels.hopper_varlen import runner
+def test_each_ab_arm_sets_its_knobs_around_its_run_and_restores_them(monkeypatch):
+    """moe-bench's A/B options (mb.AB_OPTIONS): one run of the set per value, in the order given, with that value's
+    knobs set while it runs — module knobs as converted, build knobs by their recipe fields (the on/off ones as the
+    bools the modules hold: the recipes of kernels built ahead of time hold bools), --chain-pdl's two knobs — and
+    every knob as before after the run; values passed to bench_moe (--split-k, --input-scales) reach it."""
+    import argparse
 
-    assert mb._build_arms(None, None, None) == {}
-    arms = mb._build_arms(0, 1, 0, 0)
-    assert arms == {"prewait": 0, "handoff": True, "a16_int_scale": False, "a16_own_words": False}
-    assert all(type(arms[f]) is bool for f in ("handoff", "a16_int_scale", "a16_own_words"))
-    before = runner.build_knobs()
-    with runner.build_setting(**arms):
-        assert {f: runner.build_knobs()[f] for f in arms} == arms
-    assert runner.build_knobs() == before
+    from nvfp4lib.kernels.common import pdl
+    from nvfp4lib.kernels.hopper_varlen import config, runner
+    from nvfp4lib.nn import moe, routing
+
+    assert len({o.flag for o in mb.AB_OPTIONS}) == len(mb.AB_OPTIONS)
+    before = (runner.build_knobs(), moe.COMBINE_IN_GEMM, routing.ROUTE_GATHER, pdl.CHAIN, pdl.CHAIN_GEMM,
+              config.PAIR_MIN_K_TILES)
+    seen = []
+
+    def fake_bench(*a, **k):
+        seen.append((runner.build_knobs(), moe.COMBINE_IN_GEMM, routing.ROUTE_GATHER, pdl.CHAIN, pdl.CHAIN_GEMM,
+                     config.PAIR_MIN_K_TILES, k["split_k"], k["static_scales"]))
+        return []
+
+    monkeypatch.setattr(mb.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(mb, "bench_moe", fake_bench)
+    parser = argparse.ArgumentParser()
+    mb.add_command(parser.add_subparsers(), lambda p, *a: None, lambda *a: None)
+    args = parser.parse_args(["moe-bench", "--combine-in-gemm", "1", "0", "--prewait-stages", "0", "--tile-handoff",
+                              "0", "--route-gather", "0", "--chain-pdl", "gemm", "--pair-min-k-tiles", "8",
+                              "--split-k", "idle", "--input-scales", "static"])
+    assert args.fn(args) == 0 and len(seen) == 2
+    for (build, combine, gather, chain, chain_gemm, pair, split, static), want in zip(seen, (True, False)):
+        assert combine is want and gather is False and (chain, chain_gemm) == (True, True) and pair == 8
+        assert build["prewait"] == 0 and build["handoff"] is False and split == "idle" and static is True
+    assert (runner.build_knobs(), moe.COMBINE_IN_GEMM, routing.ROUTE_GATHER, pdl.CHAIN, pdl.CHAIN_GEMM,
+            config.PAIR_MIN_K_TILES) == before
 
 
 def test_issue_41_targets_on_the_latest_shipped_rows():

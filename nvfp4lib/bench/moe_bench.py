@@ -26,6 +26,8 @@ import itertools
 import math
 import statistics
 from dataclasses import asdict, dataclass
+from dataclasses import field as dataclass_field
+from typing import Callable
 
 import torch
 
@@ -300,27 +302,136 @@ ONCE_WAIT_KNOB = ("nvfp4lib.tuning", "ONCE_WAIT")  # moe-bench --once-wait
 SHORT_K_KNOB = ("nvfp4lib.tuning", "SHORT_K")  # moe-bench --short-k
 DUAL_96_KNOB = ("nvfp4lib.tuning", "DUAL_96")  # moe-bench --dual-96
 DUAL_96_K_KNOB = ("nvfp4lib.tuning", "DUAL_96_K")  # moe-bench --dual-96-k
-# (--prewait-stages, --tile-handoff, --a16-int-scale and --a16-own-words set the serving kernel's build knobs by their
-# recipe fields: kernels.hopper_varlen.runner.build_setting)
 SMALL_TILES_KNOB = ("nvfp4lib.nn.quant_triton", "SMALL_TILES")  # moe-bench --quant-small-tiles
 ROUTE_GATHER_KNOB = ("nvfp4lib.nn.routing", "ROUTE_GATHER")  # moe-bench --route-gather
 AMAX_ROUTE_KNOB = ("nvfp4lib.nn.routing", "AMAX_IN_ROUTE")  # moe-bench --amax-in-route
 PAIR_KNOB = ("nvfp4lib.kernels.hopper_varlen.config", "PAIR_MIN_K_TILES")  # moe-bench --pair-min-k-tiles
 COMBINE_KNOB = ("nvfp4lib.nn.moe", "COMBINE_IN_GEMM")  # moe-bench --combine-in-gemm
 
+@dataclass(frozen=True)
+class ABOption:
+    """One knob's A/B option of moe-bench (``--flag v1 v2 ...``): its help, an example of values, the rows' field that
+    records it, ``setting(value)`` (a context manager that sets the knob for one arm; None: the value is passed to
+    :func:`bench_moe` instead) and argparse's keywords."""
+    flag: str
+    help: str
+    example: str
+    field: str
+    setting: Callable | None
+    kw: dict = dataclass_field(default_factory=dict)
 
-def _build_arms(prewait, handoff, a16_int_scale, a16_own_words=None, chain_gemm_a16=None,
-                early_descriptors=None) -> dict:
-    """The build knobs one arm of --prewait-stages, --tile-handoff, --a16-int-scale, --a16-own-words,
-    --chain-gemm-a16 and --early-descriptors sets (their recipe fields; the on/off ones as the bools the modules hold,
-    so the recipes match those built ahead of time); None: as it is. (The layers are built inside the arm, so W4A16's
-    weights are packed in its word layout.)"""
-    arms = {"prewait": prewait, "handoff": None if handoff is None else bool(handoff),
-            "a16_int_scale": None if a16_int_scale is None else bool(a16_int_scale),
-            "a16_own_words": None if a16_own_words is None else bool(a16_own_words),
-            "chain_gemm_a16": None if chain_gemm_a16 is None else bool(chain_gemm_a16),
-            "early_descriptors": None if early_descriptors is None else bool(early_descriptors)}
-    return {field: value for field, value in arms.items() if value is not None}
+    @property
+    def dest(self) -> str:
+        return self.flag[2:].replace("-", "_")
+
+
+def _knob(knob: tuple[str, str], convert=lambda v: v):
+    """The setting of a module knob (:func:`knob_setting`) to ``convert(value)``."""
+    return lambda value: knob_setting(*knob, convert(value))
+
+
+def _build(recipe_field: str, convert=bool):
+    """The setting of one of the serving kernel's build knobs by its recipe field
+    (``kernels.hopper_varlen.runner.build_setting``), the on/off ones as the bools the modules hold (the recipes of
+    kernels built ahead of time hold bools). The layers are built inside the arm, so W4A16's weights are packed in its
+    word layout."""
+    def setting(value):
+        from ..kernels.hopper_varlen.runner import build_setting
+
+        return build_setting(**{recipe_field: convert(value)})
+
+    return setting
+
+
+@contextlib.contextmanager
+def _chain_setting(value: str):
+    """--chain-pdl: off, on (the layer's launches chained), gemm (the GEMMs also let the next kernel launch)."""
+    with knob_setting(*CHAIN_KNOB, value != "off"), knob_setting(*CHAIN_GEMM_KNOB, value == "gemm"):
+        yield
+
+
+# The knobs' A/B options: several values run the whole set once per value in this process, in the order given
+AB_OPTIONS = (
+    ABOption("--split-k", "the serving kernel's split-K at decode (SPLIT_K; default: as shipped, on with the pair "
+             "rule); idle, balance, pair: on with that rule (SPLIT_RULE)", "e.g. off on balance",
+             "split_k and split_rule",
+             None, dict(choices=["on", "off", "idle", "balance", "pair"])),
+    ABOption("--quant-one-program", "W4A4's activation quantizer on small inputs in one program "
+             "(nn.quant_triton.ONE_PROGRAM; default: as shipped)", "off on", "quant_one_program",
+             _knob(QUANT_KNOB, lambda v: v == "on"), dict(choices=["on", "off"])),
+    ABOption("--route-max-copies", "the most token copies (T·k) the one-launch Triton routing takes, torch's form "
+             "above (nn.routing_triton.ROUTE_MAX_COPIES; default: as shipped)", "e.g. 128 1024", "route_max_copies",
+             _knob(ROUTE_KNOB), dict(type=int, metavar="N")),
+    ABOption("--fuse-max-rows", "captured NVFP4 calls of at most N rows run the serving kernel's fused kernel "
+             "(prologue inside the GEMM: one launch; hopper_varlen.kernel.FUSE_MAX_ROWS; default: as shipped)",
+             "e.g. 0 64", "fuse_max_rows",
+             _knob(FUSE_KNOB), dict(type=int, metavar="N")),
+    ABOption("--chain-pdl", "the layer's kernels launched chained by programmatic dependent launch "
+             "(kernels.common.pdl.CHAIN; gemm: the GEMMs also let the next kernel launch, CHAIN_GEMM; default: as "
+             "shipped)", "e.g. off on gemm", "chain_pdl and chain_gemm",
+             _chain_setting, dict(choices=["off", "on", "gemm"])),
+    ABOption("--quant-operand", "W4A4 quantizing straight into the GEMMs' fp16 operands, the GEMMs without their "
+             "prologues (nn.moe.QUANT_TO_OPERAND; default: as shipped)", "off on", "quant_operand (W4A4 rows)",
+             _knob(OPERAND_KNOB, lambda v: v == "on"), dict(choices=["off", "on"])),
+    ABOption("--prewait-stages", "the stages whose weights a W4A16 decode GEMM CTA asks for before its wait for "
+             "the kernel before (hopper_varlen.kernel.PREWAIT_STAGES; 0: all its first stages; default: as shipped)",
+             "e.g. 0 2", "prewait_stages",
+             _build("prewait", int), dict(type=int, metavar="S")),
+    ABOption("--once-wait", "the single GEMM's study tiers (over 16 rows per expert) run their once-wait configs, "
+             "*_o (tuning.ONCE_WAIT; default: as shipped)", "off on", "once_wait",
+             _knob(ONCE_WAIT_KNOB, lambda v: v == "on"), dict(choices=["off", "on"])),
+    ABOption("--short-k", "at 65-128 rows per expert, GEMMs of K up to this run the tiles of "
+             "tuning.SHORT_K_TIER (tuning.SHORT_K; 0: off; default: as shipped)", "0 4096", "short_k",
+             _knob(SHORT_K_KNOB), dict(type=int,
+            metavar="K")),
+    ABOption("--dual-96", "dual GEMMs of up to this many rows per expert (the bucket) take the 96-token tiles in "
+             "32-token steps (tuning.DUAL_96; 0: none; default: as shipped)", "0 64", "dual_96",
+             _knob(DUAL_96_KNOB), dict(type=int,
+            metavar="ROWS")),
+    ABOption("--dual-96-k", "dual GEMMs of K up to this take those tiles at 65-128 rows per expert too "
+             "(tuning.DUAL_96_K; 0: off; default: as shipped)", "0 2048", "dual_96_k",
+             _knob(DUAL_96_K_KNOB), dict(type=int, metavar="K")),
+    ABOption("--tile-handoff", "the serving GEMM's warp 0 alone finds the CTA's tile and hands it to the other warps "
+             "(hopper_varlen.kernel.TILE_HANDOFF; 0: every warp finds it; default: as shipped)", "0 1",
+             "tile_handoff",
+             _build("handoff"), dict(type=int, choices=[0, 1])),
+    ABOption("--a16-int-scale", "W4A16's weight decode converts the block scales in integer arithmetic "
+             "(hopper_rs.ops.A16_INT_SCALE; 0: through f32; default: as shipped)", "0 1", "a16_int_scale (W4A16 rows)",
+             _build("a16_int_scale"), dict(type=int, choices=[0, 1])),
+    ABOption("--a16-own-words", "W4A16's weights packed in their own word layout, the decode of a k16 word 4 SASS "
+             "instructions shorter (hopper_rs.ops.A16_OWN_WORDS; 0: the fp16 path's bytes; default: as shipped)", "0 1",
+             "a16_own_words (W4A16 rows)",
+             _build("a16_own_words"), dict(type=int, choices=[0, 1])),
+    ABOption("--quant-small-tiles", "W4A4's quantizer launches small inputs in smaller tiles, at least "
+             "nn.quant_triton.SMALL_PROGRAMS programs (nn.quant_triton.SMALL_TILES; 0: the default tiles; default: as "
+             "shipped)", "0 1", "quant_small_tiles (W4A4 rows)",
+             _knob(SMALL_TILES_KNOB, bool), dict(type=int, choices=[0, 1])),
+    ABOption("--input-scales", "W4A4's activation global scales: computed per call (dynamic, the default) or "
+             "static, as checkpoints give them (calibrated once per layer on a seeded batch)", "dynamic static",
+             "input_scales (W4A4 rows)",
+             None, dict(choices=["dynamic", "static"])),
+    ABOption("--route-gather", "W4A16 routing and gathering x's rows in one launch (nn.routing.ROUTE_GATHER; "
+             "0: the routing launch then the gather's; default: as shipped)", "0 1", "route_gather (W4A16 rows)",
+             _knob(ROUTE_GATHER_KNOB, bool), dict(type=int, choices=[0, 1])),
+    ABOption("--amax-in-route", "W4A4 (scales per call) finding x's amax in the routing launch, no amax launch "
+             "before the first quantization (nn.routing.AMAX_IN_ROUTE; default: as shipped)", "0 1",
+             "amax_in_route (W4A4 rows)",
+             _knob(AMAX_ROUTE_KNOB, bool), dict(type=int, choices=[0, 1])),
+    ABOption("--chain-gemm-a16", "W4A16 GEMMs letting the next kernel launch at their mainloop's end "
+             "(kernels.common.pdl.CHAIN_GEMM_A16; 0: at their end; default: as shipped)", "0 1",
+             "chain_gemm_a16 (W4A16 rows)",
+             _build("chain_gemm_a16"), dict(type=int, choices=[0, 1])),
+    ABOption("--early-descriptors", "the serving GEMM's warp 0 asks for its TMA descriptors before the tile search "
+             "(hopper_varlen.kernel.EARLY_DESCRIPTORS; 0: after it; default: as shipped)", "0 1", "early_descriptors",
+             _build("early_descriptors"), dict(type=int, choices=[0, 1])),
+    ABOption("--combine-in-gemm", "steps of at most nn.moe.COMBINE_MAX_COPIES copies run the down GEMM and the "
+             "weighted un-permute as one launch (nn.moe.COMBINE_IN_GEMM; 0: two launches; default: as shipped)", "0 1",
+             "combine_in_gemm",
+             _knob(COMBINE_KNOB, bool), dict(type=int, choices=[0, 1])),
+    ABOption("--pair-min-k-tiles", "split-K's pair rule: two CTAs per SM where every slice keeps at least this many "
+             "K tiles (hopper_varlen.config.PAIR_MIN_K_TILES; default: as shipped)", "e.g. 16 8", "pair_min_k_tiles",
+             _knob(PAIR_KNOB), dict(type=int, metavar="N")),
+)
 
 
 def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4",), iters: int = 30,
@@ -570,70 +681,8 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
                    help="build the NVFP4 layers' GEMMs with per-CTA stamps (hopper_varlen.kernel.TIMELINE; a "
                         "development probe) and read them from one more replay: the row's timeline field (phases "
                         "per CTA: schedule, wait, first stage, mainloop, epilogue)")
-    # the knobs' A/B options: several values run the whole set once per value in this process, in the order given
-    _ab_arg(p, "--split-k", "the serving kernel's split-K at decode (SPLIT_K; default: as shipped, on with the pair "
-            "rule); idle, balance, pair: on with that rule (SPLIT_RULE)", "e.g. off on balance",
-            "split_k and split_rule", choices=["on", "off", "idle", "balance", "pair"])
-    _ab_arg(p, "--quant-one-program", "W4A4's activation quantizer on small inputs in one program "
-            "(nn.quant_triton.ONE_PROGRAM; default: as shipped)", "off on", "quant_one_program", choices=["on", "off"])
-    _ab_arg(p, "--route-max-copies", "the most token copies (T·k) the one-launch Triton routing takes, torch's form "
-            "above (nn.routing_triton.ROUTE_MAX_COPIES; default: as shipped)", "e.g. 128 1024", "route_max_copies",
-            type=int, metavar="N")
-    _ab_arg(p, "--fuse-max-rows", "captured NVFP4 calls of at most N rows run the serving kernel's fused kernel "
-            "(prologue inside the GEMM: one launch; hopper_varlen.kernel.FUSE_MAX_ROWS; default: as shipped)",
-            "e.g. 0 64", "fuse_max_rows", type=int, metavar="N")
-    _ab_arg(p, "--chain-pdl", "the layer's kernels launched chained by programmatic dependent launch "
-            "(kernels.common.pdl.CHAIN; gemm: the GEMMs also let the next kernel launch, CHAIN_GEMM; default: as "
-            "shipped)", "e.g. off on gemm", "chain_pdl and chain_gemm", choices=["off", "on", "gemm"])
-    _ab_arg(p, "--quant-operand", "W4A4 quantizing straight into the GEMMs' fp16 operands, the GEMMs without their "
-            "prologues (nn.moe.QUANT_TO_OPERAND; default: as shipped)", "off on", "quant_operand (W4A4 rows)",
-            choices=["off", "on"])
-    _ab_arg(p, "--prewait-stages", "the stages whose weights a W4A16 decode GEMM CTA asks for before its wait for "
-            "the kernel before (hopper_varlen.kernel.PREWAIT_STAGES; 0: all its first stages; default: as shipped)",
-            "e.g. 0 2", "prewait_stages", type=int, metavar="S")
-    _ab_arg(p, "--once-wait", "the single GEMM's study tiers (over 16 rows per expert) run their once-wait configs, "
-            "*_o (tuning.ONCE_WAIT; default: as shipped)", "off on", "once_wait", choices=["off", "on"])
-    _ab_arg(p, "--short-k", "at 65-128 rows per expert, GEMMs of K up to this run the tiles of "
-            "tuning.SHORT_K_TIER (tuning.SHORT_K; 0: off; default: as shipped)", "0 4096", "short_k", type=int,
-            metavar="K")
-    _ab_arg(p, "--dual-96", "dual GEMMs of up to this many rows per expert (the bucket) take the 96-token tiles in "
-            "32-token steps (tuning.DUAL_96; 0: none; default: as shipped)", "0 64", "dual_96", type=int,
-            metavar="ROWS")
-    _ab_arg(p, "--dual-96-k", "dual GEMMs of K up to this take those tiles at 65-128 rows per expert too "
-            "(tuning.DUAL_96_K; 0: off; default: as shipped)", "0 2048", "dual_96_k", type=int, metavar="K")
-    _ab_arg(p, "--tile-handoff", "the serving GEMM's warp 0 alone finds the CTA's tile and hands it to the other warps "
-            "(hopper_varlen.kernel.TILE_HANDOFF; 0: every warp finds it; default: as shipped)", "0 1",
-            "tile_handoff", type=int, choices=[0, 1])
-    _ab_arg(p, "--a16-int-scale", "W4A16's weight decode converts the block scales in integer arithmetic "
-            "(hopper_rs.ops.A16_INT_SCALE; 0: through f32; default: as shipped)", "0 1", "a16_int_scale (W4A16 rows)",
-            type=int, choices=[0, 1])
-    _ab_arg(p, "--a16-own-words", "W4A16's weights packed in their own word layout, the decode of a k16 word 4 SASS "
-            "instructions shorter (hopper_rs.ops.A16_OWN_WORDS; 0: the fp16 path's bytes; default: as shipped)", "0 1",
-            "a16_own_words (W4A16 rows)", type=int, choices=[0, 1])
-    _ab_arg(p, "--quant-small-tiles", "W4A4's quantizer launches small inputs in smaller tiles, at least "
-            "nn.quant_triton.SMALL_PROGRAMS programs (nn.quant_triton.SMALL_TILES; 0: the default tiles; default: as "
-            "shipped)", "0 1", "quant_small_tiles (W4A4 rows)", type=int, choices=[0, 1])
-    _ab_arg(p, "--input-scales", "W4A4's activation global scales: computed per call (dynamic, the default) or "
-            "static, as checkpoints give them (calibrated once per layer on a seeded batch)", "dynamic static",
-            "input_scales (W4A4 rows)", choices=["dynamic", "static"])
-    _ab_arg(p, "--route-gather", "W4A16 routing and gathering x's rows in one launch (nn.routing.ROUTE_GATHER; "
-            "0: the routing launch then the gather's; default: as shipped)", "0 1", "route_gather (W4A16 rows)",
-            type=int, choices=[0, 1])
-    _ab_arg(p, "--amax-in-route", "W4A4 (scales per call) finding x's amax in the routing launch, no amax launch "
-            "before the first quantization (nn.routing.AMAX_IN_ROUTE; default: as shipped)", "0 1",
-            "amax_in_route (W4A4 rows)", type=int, choices=[0, 1])
-    _ab_arg(p, "--chain-gemm-a16", "W4A16 GEMMs letting the next kernel launch at their mainloop's end "
-            "(kernels.common.pdl.CHAIN_GEMM_A16; 0: at their end; default: as shipped)", "0 1",
-            "chain_gemm_a16 (W4A16 rows)", type=int, choices=[0, 1])
-    _ab_arg(p, "--early-descriptors", "the serving GEMM's warp 0 asks for its TMA descriptors before the tile search "
-            "(hopper_varlen.kernel.EARLY_DESCRIPTORS; 0: after it; default: as shipped)", "0 1", "early_descriptors",
-            type=int, choices=[0, 1])
-    _ab_arg(p, "--combine-in-gemm", "steps of at most nn.moe.COMBINE_MAX_COPIES copies run the down GEMM and the "
-            "weighted un-permute as one launch (nn.moe.COMBINE_IN_GEMM; 0: two launches; default: as shipped)", "0 1",
-            "combine_in_gemm", type=int, choices=[0, 1])
-    _ab_arg(p, "--pair-min-k-tiles", "split-K's pair rule: two CTAs per SM where every slice keeps at least this many "
-            "K tiles (hopper_varlen.config.PAIR_MIN_K_TILES; default: as shipped)", "e.g. 16 8", "pair_min_k_tiles",
-            type=int, metavar="N")
+    for o in AB_OPTIONS:
+        _ab_arg(p, o.flag, o.help, o.example, o.field, **o.kw)
     g = p.add_argument_group("expert parallelism (issue 42)")
     g.add_argument("--ep", type=int, metavar="W",
                    help="EPMoE over W ranks, one process each: `torchrun --nproc_per_node W -m nvfp4lib moe-bench --ep "
@@ -669,32 +718,13 @@ def add_command(sub, add_record_args, write, ep_run=None) -> None:
             print("moe-bench needs a CUDA GPU (none here); recorded rows are in data/moe.jsonl")
             return 2
         rows = []
-        from ..kernels.hopper_varlen.runner import build_setting
-
-        for split, one, route_max, fuse, chain, operand, static, prewait, once, short, d96, handoff, d96k, a16, small, \
-                own, gather, pair, chain_a16, amax_route, early, combine in itertools.product(
-                args.split_k or [None], args.quant_one_program or [None], args.route_max_copies or [None],
-                args.fuse_max_rows or [None], args.chain_pdl or [None], args.quant_operand or [None],
-                args.input_scales or ["dynamic"], args.prewait_stages or [None], args.once_wait or [None],
-                args.short_k or [None], args.dual_96 or [None], args.tile_handoff or [None], args.dual_96_k or [None],
-                args.a16_int_scale or [None], args.quant_small_tiles or [None], args.a16_own_words or [None],
-                args.route_gather or [None], args.pair_min_k_tiles or [None], args.chain_gemm_a16 or [None],
-                args.amax_in_route or [None], args.early_descriptors or [None], args.combine_in_gemm or [None]):
-            with knob_setting(*QUANT_KNOB, None if one is None else one == "on"), \
-                    knob_setting(*ROUTE_KNOB, route_max), knob_setting(*FUSE_KNOB, fuse), \
-                    knob_setting(*CHAIN_KNOB, None if chain is None else chain != "off"), \
-                    knob_setting(*CHAIN_GEMM_KNOB, None if chain is None else chain == "gemm"), \
-                    knob_setting(*OPERAND_KNOB, None if operand is None else operand == "on"), \
-                    knob_setting(*ONCE_WAIT_KNOB, None if once is None else once == "on"), \
-                    knob_setting(*SHORT_K_KNOB, short), \
-                    knob_setting(*DUAL_96_KNOB, d96), \
-                    knob_setting(*DUAL_96_K_KNOB, d96k), \
-                    knob_setting(*SMALL_TILES_KNOB, None if small is None else bool(small)), \
-                    knob_setting(*ROUTE_GATHER_KNOB, None if gather is None else bool(gather)), \
-                    knob_setting(*PAIR_KNOB, pair), \
-                    knob_setting(*AMAX_ROUTE_KNOB, None if amax_route is None else bool(amax_route)), \
-                    knob_setting(*COMBINE_KNOB, None if combine is None else bool(combine)), \
-                    build_setting(**_build_arms(prewait, handoff, a16, own, chain_a16, early)):
+        knobs = [o for o in AB_OPTIONS if o.setting is not None]
+        for split, static, *values in itertools.product(args.split_k or [None], args.input_scales or ["dynamic"],
+                                                       *(getattr(args, o.dest) or [None] for o in knobs)):
+            with contextlib.ExitStack() as arm:
+                for o, value in zip(knobs, values):
+                    if value is not None:
+                        arm.enter_context(o.setting(value))
                 rows += bench_moe(args.layer or LAYERS, args.tokens or TOKENS, args.routing or ROUTINGS,
                                   modes=tuple(args.mode), iters=args.iters or 30, seed=args.seed, backend=args.backend,
                                   peer=not args.no_peer, quantizer=args.quantizer, profile=args.profile,
