@@ -21,6 +21,11 @@ A caller that quantizes its own activations can skip the prologue that decodes t
 w.operand_k]`` (``nvfp4lib.nn.quant_triton.quantize_to_operand`` writes it while quantizing; the MoE layer does), one
 launch fewer, the same result (eager or in a CUDA graph; torch.compile has no custom op of it to trace).
 
+A single GEMM whose rows are the copies of T tokens (an MoE down projection) can also sum them back per token:
+``w.combine(a, offsets, row, weights)`` is ``Σ_j weights[t, j] · C[row[t·k + j]]`` in fp32, the un-permute's numbers;
+on cute-hopper one launch (each column block's last CTA sums), which measured slower at decode than the GEMM then a
+separate un-permute launch (notebook 11's rounds): the MoE layer keeps two launches by default.
+
 ``prepare_weights(..., activations="bf16")`` (W4A16) takes bf16 activations instead: ``w([a_g bf16 [M_g, K] ...])``
 or ``w(a [T, K] bf16, offsets)``, no global scale (C = A·(gs_B·dequantized B)ᵀ); on cute-hopper the rows go into the
 GEMM as they are (no prologue), through the custom op ``nvfp4lib::grouped_mm_a16``.
