@@ -55,8 +55,8 @@ _UNITS = {
     "byte/block": ("KB", 1e-3), "kbyte/block": ("KB", 1.0), "mbyte/block": ("KB", 1e3),
 }
 _KERNEL_CLASS = re.compile(r"([A-Z][A-Za-z0-9]*Sm(?:90|100)[A-Za-z0-9]*)")
-_OPCODE = re.compile(r"^(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
-_MNEMONIC = re.compile(r"^(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)?)")  # opcode and first modifier
+# a SASS line's opcode and its first modifier ("HGMMA.64x16x16": opcodes count the opcode, stall_ops both)
+_OPCODE = re.compile(r"^(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_]+)?")
 
 
 def _number(text: str) -> float | None:
@@ -127,13 +127,13 @@ def parse_source(text: str) -> list[dict]:
             m = _OPCODE.match(src)
             executed = _number(r.get("Instructions Executed", "")) or 0.0
             if m and executed:
-                ops[m.group(1).split(".")[0]] += executed
+                ops[m.group(1)] += executed
             here = Counter({c[len("stall_"):]: _number(r[c]) or 0.0 for c in reasons})
             stalls.update(here)
             addr = _address(r.get("Address", ""))
             first = addr if first is None else first
-            if sum(here.values()) and (mn := _MNEMONIC.match(src)):
-                by_op.setdefault(mn.group(1), Counter()).update(here)
+            if sum(here.values()) and m:
+                by_op.setdefault(m.group(1) + (m.group(2) or ""), Counter()).update(here)
                 sites.append((sum(here.values()), (addr or 0) - (first or 0), " ".join(src.split())[:80], here))
         total, samples = sum(ops.values()), sum(stalls.values())
         out.append({
