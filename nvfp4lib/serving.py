@@ -101,8 +101,7 @@ class PreparedWeights:
                 raise ValueError(f"b2 is on device {b2[0].data.device} but b is on device {b[0].data.device}")
         if backend not in SERVING_BACKENDS:
             raise ValueError(f"unknown serving backend {backend!r}; known: {', '.join(SERVING_BACKENDS)}")
-        if out_dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            raise TypeError(f"out_dtype must be torch.float16, torch.bfloat16 or torch.float32, got {out_dtype}")
+        _check_out_dtype(out_dtype)
         self.groups, self.n, self.k = len(b), int(b[0].shape[0]), int(b[0].shape[1])
         self.dual, self.out_dtype, self.backend = b2 is not None, out_dtype, backend
         self.device = b[0].data.device
@@ -204,8 +203,7 @@ class PreparedWeights:
             raise ValueError(f"weights must be a float tensor [T, k] with T·k = {row.numel()} (row's length) on "
                              f"{self.device}, got {getattr(weights, 'dtype', type(weights).__name__)} "
                              f"{tuple(getattr(weights, 'shape', ()))}")
-        if out_dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            raise TypeError(f"out_dtype must be torch.float16, torch.bfloat16 or torch.float32, got {out_dtype}")
+        _check_out_dtype(out_dtype)
         w32 = weights.to(torch.float32).contiguous()
         if self.backend != "cute-hopper" or self.out_dtype is not torch.bfloat16:
             c = self(a, offsets) if self.activations == "bf16" else self.call_operand(a, offsets, global_scale)
@@ -384,6 +382,11 @@ class PreparedWeights:
                 not torch.compiler.is_compiling() and t.data_ptr() % 16)):
             raise ValueError(f"{what}: the kernel loads rows by TMA and needs a contiguous, 16-byte aligned [T, K] "
                              f"tensor (strides {tuple(t.stride())}); pass .contiguous()")
+
+
+def _check_out_dtype(out_dtype) -> None:
+    if out_dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(f"out_dtype must be torch.float16, torch.bfloat16 or torch.float32, got {out_dtype}")
 
 
 def weighted_rows_torch(y: torch.Tensor, row: torch.Tensor, weights: torch.Tensor,
