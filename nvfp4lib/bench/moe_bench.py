@@ -382,12 +382,10 @@ AB_OPTIONS = (
              _knob(ONCE_WAIT_KNOB, lambda v: v == "on"), dict(choices=["off", "on"])),
     ABOption("--short-k", "at 65-128 rows per expert, GEMMs of K up to this run the tiles of "
              "tuning.SHORT_K_TIER (tuning.SHORT_K; 0: off; default: as shipped)", "0 4096", "short_k",
-             _knob(SHORT_K_KNOB), dict(type=int,
-            metavar="K")),
+             _knob(SHORT_K_KNOB), dict(type=int, metavar="K")),
     ABOption("--dual-96", "dual GEMMs of up to this many rows per expert (the bucket) take the 96-token tiles in "
              "32-token steps (tuning.DUAL_96; 0: none; default: as shipped)", "0 64", "dual_96",
-             _knob(DUAL_96_KNOB), dict(type=int,
-            metavar="ROWS")),
+             _knob(DUAL_96_KNOB), dict(type=int, metavar="ROWS")),
     ABOption("--dual-96-k", "dual GEMMs of K up to this take those tiles at 65-128 rows per expert too "
              "(tuning.DUAL_96_K; 0: off; default: as shipped)", "0 2048", "dual_96_k",
              _knob(DUAL_96_K_KNOB), dict(type=int, metavar="K")),
