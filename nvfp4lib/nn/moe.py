@@ -91,7 +91,10 @@ QUANT_TO_OPERAND = True
 # CTA of a column block starts its sum only after every CTA of the block has stored its rows, then pays a GPU-scope
 # fence, the count's atomic and the loads from L2 in turn (~2.5 us at T = 1), where the un-permute launch, started
 # ~0.2 us after the GEMM, pays its loads alone (1.6-1.7 us); and one CTA per column block sums all T tokens (T = 8:
-# 8 outputs per column, 4 per thread). Off; kept as a knob, with PreparedWeights.combine.
+# 8 outputs per column, 4 per thread). Eager calls (host-bound) were cheaper with it in both of the second run's
+# W4A16 pairs (Qwen3-like T = 1 215.5, 311.7 -> 123.3, 131.2 us per call: one Triton launch fewer), W4A4 mixed (387.3,
+# 257.1 -> 226.6, 253.5); host time swings 2-3x between runs, so this is a lead for eager callers, not a result.
+# Off; kept as a knob, with PreparedWeights.combine.
 COMBINE_IN_GEMM = False
 COMBINE_MAX_COPIES = 64  # (T·k: one CTA per column block sums every token's copies over its columns)
 
