@@ -131,3 +131,33 @@ def test_opcode_difference_keeps_the_opcodes_both_rows_list():
     assert list(d.index) == ["UISETP", "LOP3"]  # (USEL and LDS are each in one list only: unknown in the other)
     assert d.loc["UISETP", "difference"] == 1.5 and d.loc["LOP3", "difference"] == 1.0
     assert opcode_difference(rows, "a", "missing").empty
+
+
+def test_timeline_budget_takes_the_latest_probe_run_and_leaves_out_capped_grids():
+    import pandas as pd
+
+    from nvfp4lib.kernels.hopper_varlen.kernel import TIMELINE_CTAS
+    from nvfp4lib.study.profile_report import timeline_budget
+
+    def gemm(tiles, total, main, span, ctas=None):
+        return {"ctas": ctas or tiles, "tiles": tiles, "span_us": span,
+                "phases": {"total": [total, total - 1, total + 2], "mainloop": [main, main, main]}}
+
+    base = {"layer": "deepseek-v3", "mode": "nvfp4", "sm_count": 132, "touched_weight_bytes": 3e8,
+            "ceil_copy_gbps": 4000.0, "gpu": "NVIDIA H200", "git_commit": "0123456789"}
+    rows = pd.DataFrame([
+        {**base, "tokens": 8, "run_id": "r2", "timeline": {"gate_up": gemm(264, 10.0, 7.5, 100.0),
+                                                           "down": gemm(132, 4.0, 3.0, 50.0)}},
+        {**base, "tokens": 64, "run_id": "r2",
+         "timeline": {"down": gemm(TIMELINE_CTAS, 4.0, 3.0, 50.0)}},  # (capped: left out)
+        {**base, "tokens": 8, "run_id": "r1", "timeline": {"down": gemm(1, 1.0, 1.0, 1.0)}},  # (an earlier run)
+        {**base, "tokens": 1, "run_id": "r2", "timeline": {"down": gemm(1, 1.0, 1.0, 1.0)}},  # (T = 1)
+        {**base, "tokens": 8, "run_id": "r3", "timeline": None},  # (a timed row, no probe)
+    ])
+    b = timeline_budget(rows)
+    assert list(b["GEMM"]) == ["gate/up", "down"] and list(b["T"]) == [8, 8]
+    g = b.iloc[0]
+    assert g["per SM"] == 2.0 and g["fixed us"] == 2.5 and g["fixed %"] == 25.0 and g["slowest CTA us"] == 12.0
+    assert g["span x mainloop share us"] == 75.0 and g["weights GB/s"] == 2000.0 and g["of copy ceiling %"] == 50.0
+    assert b.iloc[1]["weights GB/s"] == 2000.0 and g["commit"] == "0123456"
+    assert timeline_budget(pd.DataFrame()).empty

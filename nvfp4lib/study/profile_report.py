@@ -1,14 +1,17 @@
-"""What bounds a kernel (``data/profiles.jsonl``, :mod:`nvfp4lib.bench.ncu_profile`) for notebooks 10 and 11: one line
-per profiled kernel of the latest run of each case, with the few numbers that say where its time goes."""
+"""What bounds a kernel for notebooks 10 and 11: one line per profiled kernel of the latest run of each case
+(``data/profiles.jsonl``, :mod:`nvfp4lib.bench.ncu_profile`), with the few numbers that say where its time goes; and
+the MoE layer's per-CTA timelines (``moe-bench --timeline`` rows of ``data/moe.jsonl``) as a budget per GEMM."""
 from __future__ import annotations
 
 import pandas as pd
 
-__all__ = ["load_profiles", "profile_table", "opcode_difference", "GEMM_ROLE"]
+__all__ = ["load_profiles", "profile_table", "opcode_difference", "timeline_budget", "GEMM_ROLE"]
 
 # The kernels a case profiles, in launch order, where the order names them: a MoE layer's call runs the gate/up GEMM
 # and then the down GEMM
-GEMM_ROLE = {"qwen3-moe": ("gate/up", "down"), "mixtral": ("gate/up", "down")}
+GEMM_ROLE = {layer: ("gate/up", "down") for layer in ("qwen3-moe", "mixtral", "deepseek-v3")}
+# A layer's weights by GEMM: gate and up (2·I·H) against down (H·I)
+GEMM_SHARE = {"gate_up": 2 / 3, "down": 1 / 3}
 
 
 def load_profiles(path=None) -> pd.DataFrame:
@@ -94,3 +97,38 @@ def opcode_difference(rows: pd.DataFrame, case: str, other: str) -> pd.DataFrame
                        index=pd.Index(both, name="opcode"))
     out["difference"] = out[case] - out[other]
     return out.sort_values("difference", ascending=False).round(2)
+
+
+def timeline_budget(rows: pd.DataFrame, min_tokens: int = 2) -> pd.DataFrame:
+    """Per GEMM of each row with T >= ``min_tokens`` of the latest timeline probe run (``moe-bench --timeline``)
+    whose GEMM stamped every CTA (a grid past the stamp buffer's ``TIMELINE_CTAS`` is left out): the CTAs that had a
+    tile and how many per SM, the median CTA's time and the part of it outside the mainloop (tile search, wait, first
+    stage, epilogue: ``fixed``), the slowest CTA, the GEMM's span (first start to last end), ``span x mainloop share``
+    (the span scaled by the median CTA's mainloop share: about what the span would be were every CTA's fixed phases
+    hidden under other CTAs' mainloops, as a persistent kernel would try) and the GEMM's weights streamed over the span
+    against the run's measured copy ceiling. Empty without such rows."""
+    from ..kernels.hopper_varlen.kernel import TIMELINE_CTAS
+    from .moe_report import LABELS
+
+    if rows is None or not len(rows) or "timeline" not in rows:
+        return pd.DataFrame()
+    sel = rows[rows["timeline"].map(lambda v: isinstance(v, dict)) & (rows["tokens"] >= min_tokens)]
+    if not len(sel):
+        return pd.DataFrame()
+    sel = sel[sel["run_id"] == sel["run_id"].max()]
+    out = []
+    for _, r in sel.sort_values(["layer", "tokens", "mode"]).iterrows():
+        for gemm, g in r["timeline"].items():
+            ph = g.get("phases") or {}
+            if "total" not in ph or "mainloop" not in ph or g["ctas"] >= TIMELINE_CTAS:
+                continue
+            total, main = ph["total"][0], ph["mainloop"][0]
+            gbps = GEMM_SHARE.get(gemm, float("nan")) * r["touched_weight_bytes"] / (g["span_us"] * 1e3)
+            out.append({"layer": r["layer"], "T": int(r["tokens"]), "mode": LABELS.get(r["mode"], r["mode"]),
+                        "GEMM": gemm.replace("_", "/"), "CTAs": g["tiles"], "per SM": g["tiles"] / r["sm_count"],
+                        "median CTA us": total, "fixed us": total - main, "fixed %": 100 * (total - main) / total,
+                        "slowest CTA us": ph["total"][2], "span us": g["span_us"],
+                        "span x mainloop share us": g["span_us"] * main / total,
+                        "weights GB/s": gbps, "of copy ceiling %": 100 * gbps / r["ceil_copy_gbps"],
+                        "gpu": str(r["gpu"]).replace("NVIDIA ", ""), "commit": str(r["git_commit"])[:7]})
+    return pd.DataFrame(out).round(2)
