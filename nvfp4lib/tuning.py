@@ -211,6 +211,17 @@ DUAL_96_CONFIG = "vl_dual_m64_t96_k128_s3_v32_e_o"
 # 714.3 -> 670.5 (-6.1%); T = 1024, which the knob does not reach, 424.8 -> 432.5 and 456.3 -> 465.6 (+1.8-2.0%: the
 # run's drift). Held within +-3% on uniform routing, past it on Zipf. Shipped: DUAL_96_K = 2048.
 DUAL_96_K = 2048
+# Up to 4 rows per group, DECODE_S5_TIER's 16-token tiles with 5 stages (70 KB of shared memory: three CTAs per SM)
+# instead of 8 (110 KB: two); False: as before. Why (issue 41): the per-CTA timeline of the DeepSeek-like layer at
+# T = 8 (H200, 2026-11-29, notebook 11's budget table) has its down GEMM's 3248 CTAs (~25 per SM) spend a third of
+# their time outside the mainloop (tile search, wait, first stage, epilogue: ~3.8 of 11.4 us each) and its span would
+# be ~110 us rather than 164 with those phases hidden; the gate/up GEMM's (14 per SM) a tenth. A third CTA per SM runs
+# its mainloop while another is in those phases; the issue slots, 60-64% busy at two (ncu, the same step), have room
+# for it. The same stages in flight per SM (15 against 16). Prediction (2026-11-29, before any run): DeepSeek-like T = 8
+# 5-10% faster in both modes, Mixtral-like T = 8 (gate/up 12 CTAs per SM, down under 2) 1-4%; steps of at most one
+# wave (Qwen3-like and DeepSeek-like T = 1, Mixtral-like T = 1) unchanged or up to 5% slower (fewer stages per CTA).
+DECODE_S5 = False
+DECODE_S5_TIER = (4, ("vl_m128_t16_k128_s5_e_x", "vl_dual_m64_t16_k128_s5_e_x"))
 # Configs no rule takes that stay tuning candidates (`nvfp4lib tune`): the 96-token tiles of the first A/B above.
 TUNING_ARMS = ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o")
 
@@ -218,24 +229,28 @@ TUNING_ARMS = ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o")
 def rule_knobs() -> dict:
     """The knobs of the shape rule as set now: what bench and calls rows of config="auto" carry, and what the reports
     keep the serving kernel's rows at (``study.serving_report``)."""
-    return {"once_wait": bool(ONCE_WAIT), "short_k": int(SHORT_K), "dual_96": int(DUAL_96), "dual_96_k": int(DUAL_96_K)}
+    return {"once_wait": bool(ONCE_WAIT), "short_k": int(SHORT_K), "dual_96": int(DUAL_96), "dual_96_k": int(DUAL_96_K),
+            "decode_s5": bool(DECODE_S5)}
 
 
 def shipped() -> set[str]:
-    """Every config a rule of this module can choose (:data:`PREFERENCE` and :data:`SHORT_K_TIER`), and the
-    :data:`TUNING_ARMS`: the candidates of tuning."""
-    return {name for _, names in PREFERENCE + (SHORT_K_TIER,) for name in names} | set(TUNING_ARMS)
+    """Every config a rule of this module can choose (:data:`PREFERENCE`, :data:`SHORT_K_TIER` and
+    :data:`DECODE_S5_TIER`), and the :data:`TUNING_ARMS`: the candidates of tuning."""
+    return {name for _, names in PREFERENCE + (SHORT_K_TIER, DECODE_S5_TIER) for name in names} | set(TUNING_ARMS)
 
 
 def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = None) -> str:
     """A shape rule for a cache miss: the first of :data:`PREFERENCE`'s configs for the bucket that is a candidate
     (the candidates share the prepared weights' layout), else the first candidate; in the bucket of
-    :data:`SHORT_K_TIER` with ``k`` at most :data:`SHORT_K`, its configs first. With :data:`ONCE_WAIT` off the
+    :data:`SHORT_K_TIER` with ``k`` at most :data:`SHORT_K`, its configs first, and with :data:`DECODE_S5` on
+    :data:`DECODE_S5_TIER`'s first in its bucket. With :data:`ONCE_WAIT` off the
     once-wait configs (named ``*_o`` by ``hopper_varlen.config.make``) are passed over, and :data:`DUAL_96_CONFIG`
     in :data:`PREFERENCE`'s tiers over the bucket :data:`DUAL_96` unless ``k`` is at most :data:`DUAL_96_K`."""
     tiers = list(PREFERENCE)
     if k is not None and k <= SHORT_K and bucket == SHORT_K_TIER[0]:
         tiers.insert(0, SHORT_K_TIER)
+    if DECODE_S5:
+        tiers.insert(0, DECODE_S5_TIER)
     for tier in tiers:
         limit, names = tier
         if bucket <= limit:

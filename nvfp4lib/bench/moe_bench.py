@@ -301,6 +301,7 @@ OPERAND_KNOB = ("nvfp4lib.nn.moe", "QUANT_TO_OPERAND")  # moe-bench --quant-oper
 ONCE_WAIT_KNOB = ("nvfp4lib.tuning", "ONCE_WAIT")  # moe-bench --once-wait
 SHORT_K_KNOB = ("nvfp4lib.tuning", "SHORT_K")  # moe-bench --short-k
 DUAL_96_KNOB = ("nvfp4lib.tuning", "DUAL_96")  # moe-bench --dual-96
+DECODE_S5_KNOB = ("nvfp4lib.tuning", "DECODE_S5")  # moe-bench --decode-s5
 DUAL_96_K_KNOB = ("nvfp4lib.tuning", "DUAL_96_K")  # moe-bench --dual-96-k
 SMALL_TILES_KNOB = ("nvfp4lib.nn.quant_triton", "SMALL_TILES")  # moe-bench --quant-small-tiles
 ROUTE_GATHER_KNOB = ("nvfp4lib.nn.routing", "ROUTE_GATHER")  # moe-bench --route-gather
@@ -389,6 +390,9 @@ AB_OPTIONS = (
     ABOption("--dual-96-k", "dual GEMMs of K up to this take those tiles at 65-128 rows per expert too "
              "(tuning.DUAL_96_K; 0: off; default: as shipped)", "0 2048", "dual_96_k",
              _knob(DUAL_96_K_KNOB), dict(type=int, metavar="K")),
+    ABOption("--decode-s5", "up to 4 rows per expert, the 16-token tiles with 5 stages, three CTAs per SM "
+             "(tuning.DECODE_S5; default: as shipped)", "off on", "decode_s5",
+             _knob(DECODE_S5_KNOB, lambda v: v == "on"), dict(choices=["off", "on"])),
     ABOption("--tile-handoff", "the serving GEMM's warp 0 alone finds the CTA's tile and hands it to the other warps "
              "(hopper_varlen.kernel.TILE_HANDOFF; 0: every warp finds it; default: as shipped)", "0 1",
              "tile_handoff",

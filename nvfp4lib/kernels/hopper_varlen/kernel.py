@@ -383,14 +383,8 @@ def _build():
             tidx, _, _ = cute.arch.thread_idx()
             n_out = cute.size(mOut, mode=[0]) * n_valid
             first = self._copies(mRow, mTopW, tidx, n_valid, tidx < n_out)
-            o.fence_acq_rel()
-            bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
-            bar.arrive_and_wait()
-            slot = storage.ticket.data_ptr().toint()
-            if tidx == 0:
-                o.split_arrive((mDone.iterator + n0 // self.cfg.tile_m).toint(), slot, covered - tokens, tokens)
-            bar.arrive_and_wait()
-            if o.load_shared_u32(slot) != 0:
+            if self._count_in(storage, (mDone.iterator + n0 // self.cfg.tile_m).toint(), covered - tokens,
+                              tokens) != 0:
                 o.fence_acq_rel()
                 if tidx < n_out:
                     self._sum_copies(mC, mOut, first, n0)
@@ -644,6 +638,23 @@ def _build():
             return (wg * self.blocks + b) * UNIT_ROWS, (wg * self.blocks + b) * UNIT_ROWS
 
         @cute.jit
+        def _count_in(self, storage, counter, last, add=None):
+            """The CTA hand-over of split-K and of the combine: every thread's stores made visible (a GPU-scope fence,
+            then the CTA's barrier), thread 0 counts the CTA in at the global word ``counter`` (``split_arrive``: 1,
+            or ``add``, against ``last``, the count before the last CTA's), and after a second barrier every thread
+            reads whether this CTA was the last (nonzero) from the shared slot (the fused call's ticket word, read
+            before the mainloop ends)."""
+            o.fence_acq_rel()
+            bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
+            bar.arrive_and_wait()
+            slot = storage.ticket.data_ptr().toint()
+            tidx, _, _ = cute.arch.thread_idx()
+            if tidx == 0:
+                o.split_arrive(counter, slot, last, add)
+            bar.arrive_and_wait()
+            return o.load_shared_u32(slot)
+
+        @cute.jit
         def _add_slices(self, accs, tCcC, storage, row0, tokens, n0, n_valid, wg):
             """This CTA's fp32 partial sums (unscaled) to its slice of ``mPart [S, R, W]``; then one thread counts the
             CTA in at the tile's counter (:func:`~..hopper_rs.ops` ``split_arrive``: acq_rel, GPU scope, after every
@@ -658,15 +669,7 @@ def _build():
                     m, n = tCcC[i]
                     if n < tokens and r0 + m < n_valid:
                         mPart[split, row0 + n, n0 + c0 + m] = accs[b][i]
-            o.fence_acq_rel()
-            bar = pipeline.NamedBarrier(barrier_id=1, num_threads=self.threads)
-            bar.arrive_and_wait()
-            slot = storage.ticket.data_ptr().toint()  # (the fused call's ticket is read before the mainloop ends)
-            tidx, _, _ = cute.arch.thread_idx()
-            if tidx == 0:
-                o.split_arrive((mSplits.iterator + tile).toint(), slot, slices - 1)
-            bar.arrive_and_wait()
-            last = o.load_shared_u32(slot)
+            last = self._count_in(storage, (mSplits.iterator + tile).toint(), slices - 1)
             if last != 0:
                 o.fence_acq_rel()
                 for b in cutlass.range_constexpr(self.blocks):
