@@ -220,8 +220,31 @@ DUAL_96_K = 2048
 # for it. The same stages in flight per SM (15 against 16). Prediction (2026-11-29, before any run): DeepSeek-like T = 8
 # 5-10% faster in both modes, Mixtral-like T = 8 (gate/up 12 CTAs per SM, down under 2) 1-4%; steps of at most one
 # wave (Qwen3-like and DeepSeek-like T = 1, Mixtral-like T = 1) unchanged or up to 5% slower (fewer stages per CTA).
-DECODE_S5 = False
+DECODE_S5 = True
 DECODE_S5_TIER = (4, ("vl_m128_t16_k128_s5_e_x", "vl_dual_m64_t16_k128_s5_e_x"))
+# Outcome (H200, moe-bench --decode-s5 off on on off, three layers at T = 1 and 8, both modes, uniform; notebook 11's
+# rounds): faster where the 16-token grid has many CTAs per SM, slower where it has few. Per GEMM (profile, the two
+# runs of each arm): DeepSeek-like T = 8 gate/up (2048 CTAs) -7.5%, down (3584) -10%; Qwen3-like T = 8 gate/up (768)
+# -7 to -10%, down (1024) -10%; Mixtral-like T = 8 gate/up (1792) -6%, down (256) unchanged; Qwen3-like T = 1 (96,
+# 128) unchanged; Mixtral-like T = 1 gate/up (448) +11 to +12%, its split down GEMM +2 to +20%; DeepSeek-like T = 1
+# gate/up (256) -5% W4A16 but +22% W4A4, down (448) -5 to -8%. The layer: DeepSeek-like T = 8 W4A4 444 -> 407 us,
+# W4A16 476 -> 439; Qwen3-like T = 8 78 -> 70 and 71 -> 65; Mixtral-like T = 8 229 -> 219 and 237 -> 228 (held);
+# Mixtral-like T = 1 92 -> 103 and 86 -> 94, DeepSeek-like T = 1 W4A4 88 -> 96 (missed: slower). So the tier is taken
+# per call where the 16-token grid (the most CTAs the call's rows can need) has at least DECODE_S5_MIN_CTAS per SM:
+# every case that gained has 5.8 or more, every one that lost 3.4 or fewer. On, with that rule; a second run checks it
+# (moe-bench --decode-s5 on off off on, T = 1, 8, 64, both routings; notebook 11's rounds).
+DECODE_S5_MIN_CTAS = 4
+
+
+def decode_s5(dual: bool, rows: int, groups: int, n: int, sms: int) -> bool:
+    """Whether a call of ``rows`` rows over ``groups`` groups of N = ``n`` takes :data:`DECODE_S5_TIER`: the knob on
+    and the 16-token grid at least :data:`DECODE_S5_MIN_CTAS` CTAs per SM (of ``sms``)."""
+    from .kernels.hopper_varlen.config import max_token_tiles
+
+    if not DECODE_S5:
+        return False
+    ctas = max_token_tiles(rows, groups, 16) * -(-n // (64 if dual else 128))
+    return ctas >= DECODE_S5_MIN_CTAS * sms
 # Configs no rule takes that stay tuning candidates (`nvfp4lib tune`): the 96-token tiles of the first A/B above.
 TUNING_ARMS = ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o")
 
@@ -230,7 +253,7 @@ def rule_knobs() -> dict:
     """The knobs of the shape rule as set now: what bench and calls rows of config="auto" carry, and what the reports
     keep the serving kernel's rows at (``study.serving_report``)."""
     return {"once_wait": bool(ONCE_WAIT), "short_k": int(SHORT_K), "dual_96": int(DUAL_96), "dual_96_k": int(DUAL_96_K),
-            "decode_s5": bool(DECODE_S5)}
+            "decode_s5": bool(DECODE_S5), "decode_s5_min_ctas": int(DECODE_S5_MIN_CTAS)}
 
 
 def shipped() -> set[str]:
@@ -239,17 +262,17 @@ def shipped() -> set[str]:
     return {name for _, names in PREFERENCE + (SHORT_K_TIER, DECODE_S5_TIER) for name in names} | set(TUNING_ARMS)
 
 
-def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = None) -> str:
+def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = None, wide: bool = False) -> str:
     """A shape rule for a cache miss: the first of :data:`PREFERENCE`'s configs for the bucket that is a candidate
     (the candidates share the prepared weights' layout), else the first candidate; in the bucket of
-    :data:`SHORT_K_TIER` with ``k`` at most :data:`SHORT_K`, its configs first, and with :data:`DECODE_S5` on
-    :data:`DECODE_S5_TIER`'s first in its bucket. With :data:`ONCE_WAIT` off the
+    :data:`SHORT_K_TIER` with ``k`` at most :data:`SHORT_K`, its configs first, and for a ``wide`` call
+    (:func:`decode_s5`) :data:`DECODE_S5_TIER`'s first in its bucket. With :data:`ONCE_WAIT` off the
     once-wait configs (named ``*_o`` by ``hopper_varlen.config.make``) are passed over, and :data:`DUAL_96_CONFIG`
     in :data:`PREFERENCE`'s tiers over the bucket :data:`DUAL_96` unless ``k`` is at most :data:`DUAL_96_K`."""
     tiers = list(PREFERENCE)
     if k is not None and k <= SHORT_K and bucket == SHORT_K_TIER[0]:
         tiers.insert(0, SHORT_K_TIER)
-    if DECODE_S5:
+    if wide:
         tiers.insert(0, DECODE_S5_TIER)
     for tier in tiers:
         limit, names = tier

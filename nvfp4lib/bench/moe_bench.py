@@ -391,7 +391,8 @@ AB_OPTIONS = (
              "(tuning.DUAL_96_K; 0: off; default: as shipped)", "0 2048", "dual_96_k",
              _knob(DUAL_96_K_KNOB), dict(type=int, metavar="K")),
     ABOption("--decode-s5", "up to 4 rows per expert, the 16-token tiles with 5 stages, three CTAs per SM "
-             "(tuning.DECODE_S5; default: as shipped)", "off on", "decode_s5",
+             "(tuning.DECODE_S5, where the grid has at least tuning.DECODE_S5_MIN_CTAS per SM; default: as "
+             "shipped)", "off on", "decode_s5",
              _knob(DECODE_S5_KNOB, lambda v: v == "on"), dict(choices=["off", "on"])),
     ABOption("--tile-handoff", "the serving GEMM's warp 0 alone finds the CTA's tile and hands it to the other warps "
              "(hopper_varlen.kernel.TILE_HANDOFF; 0: every warp finds it; default: as shipped)", "0 1",
