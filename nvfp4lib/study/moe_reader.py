@@ -222,7 +222,7 @@ def arm_means_at(commit: str, column: str, names: tuple[str, str], mode: str, va
         arms = d.groupby(["layer", "tokens", "routing", "label", column], sort=False)["median_us"].mean().unstack()
         if not set(values) <= set(arms.columns):
             return None
-        arms = arms[list(values)].dropna()
+        arms = arms.reindex(columns=list(values)).dropna()  # (by label: bool values are not a mask)
         ratio = arms[values[1]] / arms[values[0]]
         gemms = _gemm_means(d, ["layer", "tokens", "routing", "label", column])
 

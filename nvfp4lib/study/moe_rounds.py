@@ -764,6 +764,14 @@ ROUNDS = (
           "T = 1 ~1-1.5 us faster in both modes on every layer (Qwen3-like W4A16 ~24 -> ~22.8 us), T = 8 ~0.5-1 us.",
           runs.COMBINE_COMMITS, _in_turn([arm_means_at(c, "combine_in_gemm", ("two launches", "one"), "both modes")
                                           for c in runs.COMBINE_COMMITS], "; then, the copies loaded together: ")),
+    Round("Up to 4 rows per expert, the 16-token tiles with 5 stages instead of 8 (70 KB: three CTAs per SM; "
+          "tuning.DECODE_S5), after the per-CTA budget above put a third of the DeepSeek-like T = 8 down GEMM's CTA "
+          "time outside its mainloop. Two runs on an H200: every decode call (moe-bench --decode-s5 off on on off, "
+          "T = 1, 8), then the rule shipped, grids of at least 4 CTAs per SM (on off off on, T = 1, 8, 64, both "
+          "routings)", "DeepSeek-like T = 8 5-10% faster in both modes, Mixtral-like T = 8 1-4%; steps of one wave "
+          "or less (T = 1) unchanged or up to 5% slower.", runs.DECODE_S5_COMMITS,
+          _in_turn([arm_means_at(c, "decode_s5", ("8 stages", "5"), "both modes", values=(False, True))
+                    for c in runs.DECODE_S5_COMMITS], "; then, with the rule: ")),
 )
 
 

@@ -47,4 +47,7 @@ EARLY_DESC_COMMIT = "17ce2e5"  # moe-bench --early-descriptors 0 1 0 1 --profile
 # moe-bench --combine-in-gemm 0 1 0 1 --profile (T = 1, 8, both modes; DeepSeek-like 0 1): the first form (each copy's
 # row, then its value, loaded in turn), then the second (top-k at compile time, the copies loaded together)
 COMBINE_COMMITS = ("d305cae", "313e023")
+# moe-bench --decode-s5: the 5-stage 16-token tiles on every decode call (off on on off, T = 1, 8), then with the
+# shipped rule, at least 4 CTAs per SM of the grid (on off off on, T = 1, 8, 64, both routings)
+DECODE_S5_COMMITS = ("807284b", "e5f54db")
 AMAX_ROUTE_COMMIT = "0ad3277"  # moe-bench --amax-in-route 0 1 0 1 --profile (W4A4, T = 1 and 8; DeepSeek-like 0 1)
