@@ -41,7 +41,7 @@ from .formats import NVFP4Tensor, dequantize
 from .kernels.hopper_varlen.gather import F as _F  # (the one-shot call's table: no import per call, ~1 µs)
 from .kernels.hopper_varlen.gather import group_table as _group_table
 from .reference import exact_matmuls
-from .tuning import decode_s5, heuristic, lookup, m_bucket, problem_key, shipped
+from .tuning import heuristic, lookup, m_bucket, problem_key, shipped, wide_grid
 
 __all__ = ["prepare_weights", "PreparedWeights", "check_offsets", "SERVING_BACKENDS", "ACTIVATIONS"]
 
@@ -496,7 +496,7 @@ def auto_layout(dual: bool, groups: int, n: int, activations: str = "nvfp4"):
 
 def _rule_pick(dual: bool, bucket: int, candidates: list[str], k: int, activations: str = "nvfp4",
                wide: bool = False) -> str:
-    """:func:`nvfp4lib.tuning.heuristic` over a layout's candidates (``wide``: :func:`nvfp4lib.tuning.decode_s5`);
+    """:func:`nvfp4lib.tuning.heuristic` over a layout's candidates (``wide``: :func:`nvfp4lib.tuning.wide_grid`);
     the bf16 configs (``vl_a16_`` names) mirror the NVFP4 ones and take their ranking, until they are timed apart."""
     if activations == "nvfp4":
         return heuristic(dual, bucket, candidates, k, wide)
@@ -509,7 +509,7 @@ def rule_choice(dual: bool, groups: int, n: int, k: int, rows: int, activations:
     """The config ``config="auto"`` runs for a call of ``rows`` rows over ``groups`` groups where the tuning cache has
     no entry: the shape rule as set now, computed without a GPU."""
     _, candidates = auto_layout(dual, groups, n, activations)
-    return _rule_pick(dual, m_bucket(rows, groups), candidates, k, activations, decode_s5(dual, rows, groups, n, sms))
+    return _rule_pick(dual, m_bucket(rows, groups), candidates, k, activations, wide_grid(dual, rows, groups, n, sms))
 
 
 class _CuteHopperImpl:
@@ -539,7 +539,7 @@ class _CuteHopperImpl:
         tag = tuning_layout(layout[1], layout[2], activations)
         self._key = lambda bucket: problem_key(self.gpu, "cute-hopper", dual, out_dtype, groups, n, k, bucket, tag)
         self._runners: dict = {}
-        self._choice: dict[tuple[int, bool], str] = {}  # (bucket, tuning.decode_s5)
+        self._choice: dict[tuple[int, bool], str] = {}  # (bucket, tuning.wide_grid)
         self.sms = torch.cuda.get_device_properties(self.weights.device).multi_processor_count
         self._last = (-1, None)
 
@@ -559,7 +559,7 @@ class _CuteHopperImpl:
         if self.fixed:
             return self.fixed
         bucket = m_bucket(rows, self.weights.groups)
-        wide = decode_s5(self.weights.dual, rows, self.weights.groups, self.n, self.sms)
+        wide = wide_grid(self.weights.dual, rows, self.weights.groups, self.n, self.sms)
         if (bucket, wide) not in self._choice:
             self._choice[bucket, wide] = lookup(self._key(bucket)) or self._heuristic(bucket, wide)
         return self._choice[bucket, wide]

@@ -231,19 +231,33 @@ DECODE_S5_TIER = (4, ("vl_m128_t16_k128_s5_e_x", "vl_dual_m64_t16_k128_s5_e_x"))
 # W4A16 476 -> 439; Qwen3-like T = 8 78 -> 70 and 71 -> 65; Mixtral-like T = 8 229 -> 219 and 237 -> 228 (held);
 # Mixtral-like T = 1 92 -> 103 and 86 -> 94, DeepSeek-like T = 1 W4A4 88 -> 96 (missed: slower). So the tier is taken
 # per call where the 16-token grid (the most CTAs the call's rows can need) has at least DECODE_S5_MIN_CTAS per SM:
-# every case that gained has 5.8 or more, every one that lost 3.4 or fewer. On, with that rule; a second run checks it
-# (moe-bench --decode-s5 on off off on, T = 1, 8, 64, both routings; notebook 11's rounds).
+# every case that gained has 5.8 or more, every one that lost 3.4 or fewer. On, with that rule. The second run
+# (moe-bench --decode-s5 on off off on, T = 1, 8, 64, both routings and modes, 144 rows; notebook 11's rounds): every
+# case the rule takes 3-9.5% faster (DeepSeek-like T = 8 W4A4 449 -> 412 us, T = 64 Zipf W4A4 1050 -> 959, Qwen3-like
+# T = 64 W4A4 155 -> 141), every other case within 1.5%.
 DECODE_S5_MIN_CTAS = 4
+# From 5 to 16 rows per group, DECODE_T32_TIER's 32-token tiles with 4 stages (73 KB, 75 registers: three CTAs per SM)
+# instead of 6 (108 KB: two), under the same rule (wide_grid, the 32-token grid). Why: DECODE_S5's gain, and the
+# Mixtral-like T = 64 timeline (notebook 11's budget: its gate/up GEMM's 1792 CTAs, 13.6 per SM, 13-17% of each
+# outside the mainloop). Prediction (2026-11-29, before any run): Mixtral-like T = 64 gate/up 4-8% faster, the layer
+# 3-5% (its down GEMM, 352 CTAs, 2.7 per SM, is not taken); Qwen3-like T = 256 and DeepSeek-like T = 512 (16 rows per
+# expert, grids of 17 and more CTAs per SM) 5-10%.
+DECODE_T32_S4 = False
+DECODE_T32_TIER = (16, ("vl_m128_t32_k128_s4_e", "vl_dual_m64_t32_k128_s4_e"))
 
 
-def decode_s5(dual: bool, rows: int, groups: int, n: int, sms: int) -> bool:
-    """Whether a call of ``rows`` rows over ``groups`` groups of N = ``n`` takes :data:`DECODE_S5_TIER`: the knob on
-    and the 16-token grid at least :data:`DECODE_S5_MIN_CTAS` CTAs per SM (of ``sms``)."""
+def wide_grid(dual: bool, rows: int, groups: int, n: int, sms: int) -> bool:
+    """Whether a decode call (at most 16 rows per group) of ``rows`` rows over ``groups`` groups of N = ``n`` has a
+    wide grid: at least :data:`DECODE_S5_MIN_CTAS` CTAs per SM (of ``sms``) at its tier's token tile (16 up to 4 rows
+    per group, 32 above), counted as the most CTAs its rows can need. Where :data:`DECODE_S5` (up to 4 rows) or
+    :data:`DECODE_T32_S4` (5-16) is on, such a call takes the three-CTA tier (:func:`heuristic`)."""
     from .kernels.hopper_varlen.config import max_token_tiles
 
-    if not DECODE_S5:
+    bucket = m_bucket(rows, groups)
+    if bucket > DECODE_T32_TIER[0]:
         return False
-    ctas = max_token_tiles(rows, groups, 16) * -(-n // (64 if dual else 128))
+    tile_n = 16 if bucket <= DECODE_S5_TIER[0] else 32
+    ctas = max_token_tiles(rows, groups, tile_n) * -(-n // (64 if dual else 128))
     return ctas >= DECODE_S5_MIN_CTAS * sms
 # Configs no rule takes that stay tuning candidates (`nvfp4lib tune`): the 96-token tiles of the first A/B above.
 TUNING_ARMS = ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o")
@@ -253,27 +267,32 @@ def rule_knobs() -> dict:
     """The knobs of the shape rule as set now: what bench and calls rows of config="auto" carry, and what the reports
     keep the serving kernel's rows at (``study.serving_report``)."""
     return {"once_wait": bool(ONCE_WAIT), "short_k": int(SHORT_K), "dual_96": int(DUAL_96), "dual_96_k": int(DUAL_96_K),
-            "decode_s5": bool(DECODE_S5), "decode_s5_min_ctas": int(DECODE_S5_MIN_CTAS)}
+            "decode_s5": bool(DECODE_S5), "decode_s5_min_ctas": int(DECODE_S5_MIN_CTAS),
+            "decode_t32_s4": bool(DECODE_T32_S4)}
 
 
 def shipped() -> set[str]:
-    """Every config a rule of this module can choose (:data:`PREFERENCE`, :data:`SHORT_K_TIER` and
-    :data:`DECODE_S5_TIER`), and the :data:`TUNING_ARMS`: the candidates of tuning."""
-    return {name for _, names in PREFERENCE + (SHORT_K_TIER, DECODE_S5_TIER) for name in names} | set(TUNING_ARMS)
+    """Every config a rule of this module can choose (:data:`PREFERENCE`, :data:`SHORT_K_TIER` and the three-CTA
+    tiers), and the :data:`TUNING_ARMS`: the candidates of tuning."""
+    tiers = PREFERENCE + (SHORT_K_TIER, DECODE_S5_TIER, DECODE_T32_TIER)
+    return {name for _, names in tiers for name in names} | set(TUNING_ARMS)
 
 
 def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = None, wide: bool = False) -> str:
     """A shape rule for a cache miss: the first of :data:`PREFERENCE`'s configs for the bucket that is a candidate
     (the candidates share the prepared weights' layout), else the first candidate; in the bucket of
     :data:`SHORT_K_TIER` with ``k`` at most :data:`SHORT_K`, its configs first, and for a ``wide`` call
-    (:func:`decode_s5`) :data:`DECODE_S5_TIER`'s first in its bucket. With :data:`ONCE_WAIT` off the
+    (:func:`wide_grid`) :data:`DECODE_S5_TIER`'s first up to 4 rows per group (with :data:`DECODE_S5`) and
+    :data:`DECODE_T32_TIER`'s from 5 to 16 (with :data:`DECODE_T32_S4`). With :data:`ONCE_WAIT` off the
     once-wait configs (named ``*_o`` by ``hopper_varlen.config.make``) are passed over, and :data:`DUAL_96_CONFIG`
     in :data:`PREFERENCE`'s tiers over the bucket :data:`DUAL_96` unless ``k`` is at most :data:`DUAL_96_K`."""
     tiers = list(PREFERENCE)
     if k is not None and k <= SHORT_K and bucket == SHORT_K_TIER[0]:
         tiers.insert(0, SHORT_K_TIER)
-    if wide:
+    if wide and DECODE_S5 and bucket <= DECODE_S5_TIER[0]:
         tiers.insert(0, DECODE_S5_TIER)
+    if wide and DECODE_T32_S4 and bucket > DECODE_S5_TIER[0]:
+        tiers.insert(0, DECODE_T32_TIER)
     for tier in tiers:
         limit, names = tier
         if bucket <= limit:

@@ -668,10 +668,11 @@ def test_choice_source_says_where_auto_took_its_config(tmp_path, monkeypatch):
     assert PreparedWeights.choice_source(plain, 8) == "named"
     assert tuning.rule_knobs() == {"once_wait": tuning.ONCE_WAIT, "short_k": tuning.SHORT_K,
                                    "dual_96": tuning.DUAL_96, "dual_96_k": tuning.DUAL_96_K,
-                                   "decode_s5": tuning.DECODE_S5, "decode_s5_min_ctas": tuning.DECODE_S5_MIN_CTAS}
+                                   "decode_s5": tuning.DECODE_S5, "decode_s5_min_ctas": tuning.DECODE_S5_MIN_CTAS,
+                                   "decode_t32_s4": tuning.DECODE_T32_S4}
 
 
-def test_decode_s5_takes_the_five_stage_tiles_only_for_grids_of_many_ctas_per_sm(monkeypatch):
+def test_three_cta_tiers_are_taken_only_for_grids_of_many_ctas_per_sm(monkeypatch):
     """tuning.DECODE_S5: at most 4 rows per group, the 16-token tiles with 5 stages where the 16-token grid has at
     least DECODE_S5_MIN_CTAS CTAs per SM (the DeepSeek-like T = 8 GEMMs), the 8-stage ones below (Mixtral-like and
     DeepSeek-like T = 1); off, never."""
@@ -679,12 +680,17 @@ def test_decode_s5_takes_the_five_stage_tiles_only_for_grids_of_many_ctas_per_sm
     from nvfp4lib.serving import rule_choice
 
     assert tuning.DECODE_S5 and tuning.DECODE_S5_MIN_CTAS == 4  # (as shipped)
-    assert tuning.decode_s5(False, 64, 256, 7168, 132) and tuning.decode_s5(True, 64, 256, 2048, 132)  # 3584, 2048
-    assert not tuning.decode_s5(True, 2, 8, 14336, 132) and not tuning.decode_s5(False, 8, 256, 7168, 132)  # 448
+    assert tuning.wide_grid(False, 64, 256, 7168, 132) and tuning.wide_grid(True, 64, 256, 2048, 132)  # 3584, 2048
+    assert not tuning.wide_grid(True, 2, 8, 14336, 132) and not tuning.wide_grid(False, 8, 256, 7168, 132)  # 448
     assert rule_choice(False, 256, 7168, 2048, 64) == "vl_m128_t16_k128_s5_e_x"
     assert rule_choice(True, 256, 2048, 7168, 64, "bf16") == "vl_a16_dual_m64_t16_k128_s5_e_x"
     assert rule_choice(False, 256, 7168, 2048, 8) == "vl_m128_t16_k128_s8_e_x"
     assert rule_choice(False, 8, 4096, 14336, 4096) == rule_choice(False, 8, 4096, 14336, 4096, sms=1)  # big buckets
+    assert rule_choice(False, 8, 4096, 14336, 128) == "vl_m128_t32_k128_s6_e"  # (16 rows per group: DECODE_T32_S4 off)
+    monkeypatch.setattr(tuning, "DECODE_T32_S4", True)
+    assert tuning.wide_grid(True, 128, 8, 14336, 132) and not tuning.wide_grid(False, 128, 8, 4096, 132)  # 2464, 352
+    assert rule_choice(True, 8, 14336, 4096, 128) == "vl_dual_m64_t32_k128_s4_e"
+    assert rule_choice(False, 8, 4096, 14336, 128) == "vl_m128_t32_k128_s6_e"
+    assert rule_choice(False, 256, 7168, 2048, 8) == "vl_m128_t16_k128_s8_e_x"  # (the 16-token tier: DECODE_S5's)
     monkeypatch.setattr(tuning, "DECODE_S5", False)
-    assert not tuning.decode_s5(False, 64, 256, 7168, 132)
     assert rule_choice(False, 256, 7168, 2048, 64) == "vl_m128_t16_k128_s8_e_x"

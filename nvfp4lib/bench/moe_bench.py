@@ -302,6 +302,7 @@ ONCE_WAIT_KNOB = ("nvfp4lib.tuning", "ONCE_WAIT")  # moe-bench --once-wait
 SHORT_K_KNOB = ("nvfp4lib.tuning", "SHORT_K")  # moe-bench --short-k
 DUAL_96_KNOB = ("nvfp4lib.tuning", "DUAL_96")  # moe-bench --dual-96
 DECODE_S5_KNOB = ("nvfp4lib.tuning", "DECODE_S5")  # moe-bench --decode-s5
+DECODE_T32_KNOB = ("nvfp4lib.tuning", "DECODE_T32_S4")  # moe-bench --decode-t32-s4
 DUAL_96_K_KNOB = ("nvfp4lib.tuning", "DUAL_96_K")  # moe-bench --dual-96-k
 SMALL_TILES_KNOB = ("nvfp4lib.nn.quant_triton", "SMALL_TILES")  # moe-bench --quant-small-tiles
 ROUTE_GATHER_KNOB = ("nvfp4lib.nn.routing", "ROUTE_GATHER")  # moe-bench --route-gather
@@ -394,6 +395,10 @@ AB_OPTIONS = (
              "(tuning.DECODE_S5, where the grid has at least tuning.DECODE_S5_MIN_CTAS per SM; default: as "
              "shipped)", "off on", "decode_s5",
              _knob(DECODE_S5_KNOB, lambda v: v == "on"), dict(choices=["off", "on"])),
+    ABOption("--decode-t32-s4", "from 5 to 16 rows per expert, the 32-token tiles with 4 stages, three CTAs per SM, "
+             "where the grid has at least tuning.DECODE_S5_MIN_CTAS per SM (tuning.DECODE_T32_S4; default: as "
+             "shipped)", "off on", "decode_t32_s4",
+             _knob(DECODE_T32_KNOB, lambda v: v == "on"), dict(choices=["off", "on"])),
     ABOption("--tile-handoff", "the serving GEMM's warp 0 alone finds the CTA's tile and hands it to the other warps "
              "(hopper_varlen.kernel.TILE_HANDOFF; 0: every warp finds it; default: as shipped)", "0 1",
              "tile_handoff",

@@ -174,8 +174,9 @@ CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     # slices about as fast as in 4.
     *(make(dual, 64 if dual else 128, 16, 8, act=act, split_k=True) for act in ACTS for dual in (False, True)),
     # The same with 5 stages (70 KB: three CTAs per SM), taken at decode with tuning.DECODE_S5 (its note: why, and the
-    # prediction)
+    # prediction); and the 32-token tiles with 4 stages (73 KB, three CTAs per SM), with tuning.DECODE_T32_S4
     *(make(dual, 64 if dual else 128, 16, 5, act=act, split_k=True) for act in ACTS for dual in (False, True)),
+    *(make(dual, 64 if dual else 128, 32, 4, act=act) for act in ACTS for dual in (False, True)),
     # The consumer's wait without the suspend-time hint (wait="spin", names ending _w), an A/B of the study shapes'
     # tilings. Why (H100 ncu source counters, S4, 2026-11-27): this kernel's GEMM ran 7% (S4) to 11% (S3) more cycles
     # than the host-scheduled kernel's with the same tiling, same PTX loop; in its SASS the stage wait is an inline
