@@ -241,8 +241,14 @@ DECODE_S5_MIN_CTAS = 4
 # Mixtral-like T = 64 timeline (notebook 11's budget: its gate/up GEMM's 1792 CTAs, 13.6 per SM, 13-17% of each
 # outside the mainloop). Prediction (2026-11-29, before any run): Mixtral-like T = 64 gate/up 4-8% faster, the layer
 # 3-5% (its down GEMM, 352 CTAs, 2.7 per SM, is not taken); Qwen3-like T = 256 and DeepSeek-like T = 512 (16 rows per
-# expert, grids of 17 and more CTAs per SM) 5-10%.
-DECODE_T32_S4 = False
+# expert, grids of 17 and more CTAs per SM) 5-10%. Outcome (H200, moe-bench --decode-t32-s4 off on on off, one run,
+# graph replay; DeepSeek-like off on; notebook 11's rounds): Mixtral-like T = 64 -3.0% (W4A16) and -4.0% (W4A4) with
+# either routing (uniform W4A4 310.6 -> 298.1 us; the gate/up GEMMs 4-7% faster in the profile, the down GEMMs, not
+# taken, unchanged), Qwen3-like T = 256 -5.0% and -5.5% (W4A4 235.8 -> 222.5). DeepSeek-like T = 512 ran one pair, off
+# then on: 2430 -> 2269 us (W4A16) and 2669 -> 2252 (W4A4), but the W4A16 pair's profile has its GEMMs slower (1446 +
+# 791 -> 1507 + 798 us): not a clean result. The rows checked against the reference in the run; the 4-stage configs
+# exact in the serving and W4A16 GPU tests. On.
+DECODE_T32_S4 = True
 DECODE_T32_TIER = (16, ("vl_m128_t32_k128_s4_e", "vl_dual_m64_t32_k128_s4_e"))
 
 

@@ -686,11 +686,12 @@ def test_three_cta_tiers_are_taken_only_for_grids_of_many_ctas_per_sm(monkeypatc
     assert rule_choice(True, 256, 2048, 7168, 64, "bf16") == "vl_a16_dual_m64_t16_k128_s5_e_x"
     assert rule_choice(False, 256, 7168, 2048, 8) == "vl_m128_t16_k128_s8_e_x"
     assert rule_choice(False, 8, 4096, 14336, 4096) == rule_choice(False, 8, 4096, 14336, 4096, sms=1)  # big buckets
-    assert rule_choice(False, 8, 4096, 14336, 128) == "vl_m128_t32_k128_s6_e"  # (16 rows per group: DECODE_T32_S4 off)
-    monkeypatch.setattr(tuning, "DECODE_T32_S4", True)
+    assert tuning.DECODE_T32_S4  # (as shipped)
     assert tuning.wide_grid(True, 128, 8, 14336, 132) and not tuning.wide_grid(False, 128, 8, 4096, 132)  # 2464, 352
     assert rule_choice(True, 8, 14336, 4096, 128) == "vl_dual_m64_t32_k128_s4_e"
     assert rule_choice(False, 8, 4096, 14336, 128) == "vl_m128_t32_k128_s6_e"
     assert rule_choice(False, 256, 7168, 2048, 8) == "vl_m128_t16_k128_s8_e_x"  # (the 16-token tier: DECODE_S5's)
     monkeypatch.setattr(tuning, "DECODE_S5", False)
     assert rule_choice(False, 256, 7168, 2048, 64) == "vl_m128_t16_k128_s8_e_x"
+    monkeypatch.setattr(tuning, "DECODE_T32_S4", False)
+    assert rule_choice(True, 8, 14336, 4096, 128) == "vl_dual_m64_t32_k128_s6_e"

@@ -772,6 +772,13 @@ ROUNDS = (
           "or less (T = 1) unchanged or up to 5% slower.", runs.DECODE_S5_COMMITS,
           _in_turn([arm_means_at(c, "decode_s5", ("8 stages", "5"), "both modes", values=(False, True))
                     for c in runs.DECODE_S5_COMMITS], "; then, with the rule: ")),
+    Round("From 5 to 16 rows per expert, the 32-token tiles with 4 stages instead of 6 (73 KB: three CTAs per SM; "
+          "tuning.DECODE_T32_S4) under the same rule. One run on an H200 (moe-bench --decode-t32-s4 off on on off: "
+          "Mixtral-like T = 64, both routings; Qwen3-like T = 256; DeepSeek-like T = 512 off on)",
+          "Mixtral-like T = 64 3-5% faster (its gate/up GEMM 4-8%), Qwen3-like T = 256 and DeepSeek-like T = 512 "
+          "5-10%.", (runs.DECODE_T32_COMMIT,),
+          arm_means_at(runs.DECODE_T32_COMMIT, "decode_t32_s4", ("6 stages", "4"), "both modes",
+                       values=(False, True))),
 )
 
 

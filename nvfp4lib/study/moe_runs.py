@@ -50,4 +50,5 @@ COMBINE_COMMITS = ("d305cae", "313e023")
 # moe-bench --decode-s5: the 5-stage 16-token tiles on every decode call (off on on off, T = 1, 8), then with the
 # shipped rule, at least 4 CTAs per SM of the grid (on off off on, T = 1, 8, 64, both routings)
 DECODE_S5_COMMITS = ("807284b", "e5f54db")
+DECODE_T32_COMMIT = "1b7b088"  # moe-bench --decode-t32-s4 off on on off (Mixtral-like T = 64, Qwen3-like T = 256, ...)
 AMAX_ROUTE_COMMIT = "0ad3277"  # moe-bench --amax-in-route 0 1 0 1 --profile (W4A4, T = 1 and 8; DeepSeek-like 0 1)
