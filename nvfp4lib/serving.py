@@ -580,8 +580,8 @@ class _CuteHopperImpl:
         """The runner for ``rows`` rows (tuning its bucket first with ``run(config)`` where asked, given and not
         capturing); a serving loop repeats its row count, so it is resolved once per change of T."""
         if rows != self._last[0]:
-            if self.tune and run is not None and not self.fixed and m_bucket(rows, self.weights.groups) \
-                    not in self._choice:
+            bucket = m_bucket(rows, self.weights.groups)
+            if self.tune and run is not None and not self.fixed and all(b != bucket for b, _ in self._choice):
                 if not torch.cuda.is_current_stream_capturing():
                     self._tune(run, rows)
             run = self.runner(self.config_for(rows))

@@ -695,3 +695,21 @@ def test_three_cta_tiers_are_taken_only_for_grids_of_many_ctas_per_sm(monkeypatc
     assert rule_choice(False, 256, 7168, 2048, 64) == "vl_m128_t16_k128_s8_e_x"
     monkeypatch.setattr(tuning, "DECODE_T32_S4", False)
     assert rule_choice(True, 8, 14336, 4096, 128) == "vl_dual_m64_t32_k128_s6_e"
+
+
+def test_tuning_runs_once_per_bucket_whatever_the_grid(monkeypatch):
+    """The serving impl caches its choice per (bucket, wide grid): a bucket already chosen, by the rule or by tuning,
+    is not tuned again when T changes within it; a new bucket is."""
+    from nvfp4lib.serving import _CuteHopperImpl
+
+    tuned = []
+    fake = types.SimpleNamespace(tune=True, fixed=None, _last=(-1, None), _choice={(1, False): "rule's"},
+                                 weights=types.SimpleNamespace(groups=8),
+                                 _tune=lambda run, rows: tuned.append(rows),
+                                 config_for=lambda rows: "cfg",
+                                 runner=lambda name: types.SimpleNamespace(check_rows=lambda rows: None))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    _CuteHopperImpl._runner_for(fake, 8, run=lambda c: None)  # (bucket 1: chosen already)
+    assert tuned == []
+    _CuteHopperImpl._runner_for(fake, 64, run=lambda c: None)  # (bucket 8: new)
+    assert tuned == [64]
