@@ -254,17 +254,16 @@ DECODE_T32_TIER = (16, ("vl_m128_t32_k128_s4_e", "vl_dual_m64_t32_k128_s4_e"))
 
 def wide_grid(dual: bool, rows: int, groups: int, n: int, sms: int) -> bool:
     """Whether a decode call (at most 16 rows per group) of ``rows`` rows over ``groups`` groups of N = ``n`` has a
-    wide grid: at least :data:`DECODE_S5_MIN_CTAS` CTAs per SM (of ``sms``) at its tier's token tile (16 up to 4 rows
-    per group, 32 above), counted as the most CTAs its rows can need. Where :data:`DECODE_S5` (up to 4 rows) or
-    :data:`DECODE_T32_S4` (5-16) is on, such a call takes the three-CTA tier (:func:`heuristic`)."""
-    from .kernels.hopper_varlen.config import max_token_tiles
+    wide grid: at least :data:`DECODE_S5_MIN_CTAS` CTAs per SM (of ``sms``) in its three-CTA tier's tiling (16-token
+    tiles up to 4 rows per group, 32 above), counted as the most CTAs its rows can need. Where :data:`DECODE_S5` (up
+    to 4 rows) or :data:`DECODE_T32_S4` (5-16) is on, such a call takes the three-CTA tier (:func:`heuristic`)."""
+    from .kernels.hopper_varlen.config import CONFIGS, grid_ctas
 
     bucket = m_bucket(rows, groups)
     if bucket > DECODE_T32_TIER[0]:
         return False
-    tile_n = 16 if bucket <= DECODE_S5_TIER[0] else 32
-    ctas = max_token_tiles(rows, groups, tile_n) * -(-n // (64 if dual else 128))
-    return ctas >= DECODE_S5_MIN_CTAS * sms
+    single, dual_name = (DECODE_S5_TIER if bucket <= DECODE_S5_TIER[0] else DECODE_T32_TIER)[1]
+    return grid_ctas(CONFIGS[dual_name if dual else single], rows, groups, n) >= DECODE_S5_MIN_CTAS * sms
 # Configs no rule takes that stay tuning candidates (`nvfp4lib tune`): the 96-token tiles of the first A/B above.
 TUNING_ARMS = ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o")
 

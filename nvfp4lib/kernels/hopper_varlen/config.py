@@ -242,6 +242,12 @@ def max_token_tiles(rows: int, groups: int, tile_n: int) -> int:
     return min(rows, (rows + groups * (tile_n - 1)) // tile_n)
 
 
+def grid_ctas(cfg: VarlenConfig, rows: int, groups: int, n: int) -> int:
+    """CTAs of a call of ``cfg`` for ``rows`` rows over ``groups`` groups of N = ``n`` before any K split: the most
+    token tiles the rows can need (:func:`max_token_tiles`) times the weight blocks."""
+    return max_token_tiles(rows, groups, cfg.tile_n) * -(-n // cfg.tile_m)
+
+
 SPLIT_K = True  # the knob: off, split_k configs run one CTA per tile (moe-bench --split-k off: the A/B)
 MAX_SPLITS = 8  # K slices of one tile at most (choose_splits)
 MIN_SPLIT_K_TILES = 4  # K tiles per slice at least (a guess between the A/B's 3-8, slower, and 28, faster)
@@ -372,7 +378,7 @@ def choose_splits(cfg: VarlenConfig, rows: int, groups: int, n: int, k_pad: int,
     W4A16)."""
     if not (cfg.split_k and SPLIT_K):
         return 1
-    ctas = max_token_tiles(rows, groups, cfg.tile_n) * -(-n // cfg.tile_m)
+    ctas = grid_ctas(cfg, rows, groups, n)
     if ctas == 0 or ctas > sms or ctas > SPLIT_TILES:
         return 1
     rule = rule or SPLIT_RULE
@@ -395,7 +401,7 @@ MAX_FUSED_CTAS = (1 << 20) - 1  # CTAs of one call (the fused kernel's ticket fi
 
 def check_grid(cfg: VarlenConfig, rows: int, groups: int, n: int) -> None:
     """Raise ValueError where a call of ``rows`` rows would launch more CTAs than the fused call counts."""
-    ctas = max_token_tiles(rows, groups, cfg.tile_n) * -(-n // cfg.tile_m)  # (split calls have few: choose_splits)
+    ctas = grid_ctas(cfg, rows, groups, n)  # (split calls have few: choose_splits)
     if ctas > MAX_FUSED_CTAS:
         raise ValueError(f"{rows} rows over {groups} groups need up to {ctas} CTAs of config {cfg.name}; one call "
                          f"launches at most {MAX_FUSED_CTAS}: split the rows over several calls")
