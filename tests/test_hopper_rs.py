@@ -10,6 +10,7 @@ from nvfp4lib.kernels.common.packing import WIDE_TILE_COLUMNS, padded_row_offset
 from nvfp4lib.kernels.hopper_rs import runner as hopper_rs
 from nvfp4lib.kernels.hopper_rs.config import RS_CONFIGS, RSConfig
 from nvfp4lib.kernels.hopper_rs.layout import (
+    RAW_EXPONENT,
     UNIT_BYTES,
     _byte,
     emulate_rs_decode,
@@ -32,8 +33,10 @@ def _rand(rows, k, gen, scale_bytes=None):
     return codes, scales
 
 
-def test_register_decode_is_exact_for_every_code_and_scale():
-    """Every E2M1 code in each of a word's 8 slots × every finite E4M3 scale pair, as RS_DECODE_PTX computes it."""
+@pytest.mark.parametrize("raw", [False, True])
+def test_register_decode_is_exact_for_every_code_and_scale(raw):
+    """Every E2M1 code in each of a word's 8 slots × every finite E4M3 scale pair, as RS_DECODE_PTX computes it (and
+    its raw form, the scale not × 2^7: products down to fp16 subnormals, kept exact)."""
     scale = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
     for c in range(16):
         b = int(_byte(torch.tensor(c), torch.tensor(c)))
@@ -42,15 +45,15 @@ def test_register_decode_is_exact_for_every_code_and_scale():
             hi = (lo * 7 + 5) % 256
             if lo & 0x7F == 0x7F or hi & 0x7F == 0x7F:
                 continue
-            got = emulate_rs_decode(word, lo | hi << 8)
-            v = (-1.0 if c & 8 else 1.0) * E2M1_VALUES[c & 7] * 2.0**-7
+            got = emulate_rs_decode(word, lo | hi << 8, raw)
+            v = (-1.0 if c & 8 else 1.0) * E2M1_VALUES[c & 7] * 2.0 ** (RAW_EXPONENT if raw else -7)
             # registers 0, 2 belong to row g (low scale byte), 1, 3 to row g+8 (high)
             want = [v * float(scale[lo if q % 2 == 0 else hi]) for q in range(4) for _ in range(2)]
             assert got == want, (c, lo, hi)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_prepacked_unit_decodes_to_the_dequantized_tile(seed):
+@pytest.mark.parametrize("seed,raw", [(0, False), (1, False), (0, True)])
+def test_prepacked_unit_decodes_to_the_dequantized_tile(seed, raw):
     gen = torch.Generator().manual_seed(seed)
     codes, scales = _rand(128, 128, gen)
     ref = dequantize(NVFP4Tensor(codes, scales.view(torch.float8_e4m3fn), 1.0))
@@ -58,7 +61,7 @@ def test_prepacked_unit_decodes_to_the_dequantized_tile(seed):
     assert units.shape == (2, 2, UNIT_BYTES)
     for rb in range(2):
         for kc in range(2):
-            assert torch.equal(emulate_unit(units[rb, kc]), ref[64 * rb: 64 * rb + 64, 64 * kc: 64 * kc + 64])
+            assert torch.equal(emulate_unit(units[rb, kc], raw), ref[64 * rb: 64 * rb + 64, 64 * kc: 64 * kc + 64])
 
 
 @pytest.mark.parametrize("blocks", [1, 2])

@@ -432,6 +432,9 @@ AB_OPTIONS = (
     ABOption("--early-descriptors", "the serving GEMM's warp 0 asks for its TMA descriptors before the tile search "
              "(hopper_varlen.kernel.EARLY_DESCRIPTORS; 0: after it; default: as shipped)", "0 1", "early_descriptors",
              _build("early_descriptors"), dict(type=int, choices=[0, 1])),
+    ABOption("--raw-scale", "W4A4's weight decode without the block scale's x 2^7, the epilogue's factor carrying it "
+             "(hopper_varlen.kernel.RAW_SCALE; 0: with it; default: as shipped)", "0 1", "raw_scale (W4A4 rows)",
+             _build("raw_scale"), dict(type=int, choices=[0, 1])),
     ABOption("--combine-in-gemm", "steps of at most nn.moe.COMBINE_MAX_COPIES copies run the down GEMM and the "
              "weighted un-permute as one launch (nn.moe.COMBINE_IN_GEMM; 0: two launches; default: as shipped)", "0 1",
              "combine_in_gemm",
@@ -509,6 +512,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         a16_own = int(build["a16_own_words"])
         chain_a16 = bool(build["chain_gemm_a16"])
         early_desc = int(build["early_descriptors"])
+        raw_scale = int(build["raw_scale"])
         combine = int(knob_value(COMBINE_KNOB))  # the down GEMM and the un-permute in one launch
         rule = tuning.rule_knobs()  # the shape rule's knobs as set now (once_wait, short_k, dual_96)
         short_k_tier = ",".join(tuning.SHORT_K_TIER[1])  # (the tiles the rule by K takes)
@@ -591,6 +595,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["combine_in_gemm"] = combine
                                 row["a16_int_scale"] = a16_int if kind == "bf16" else None
                                 row["a16_own_words"] = a16_own if kind == "bf16" else None
+                                row["raw_scale"] = raw_scale if kind == "nvfp4" else None
                                 row["route_gather"] = route_gather if kind == "bf16" else None
                                 row["amax_in_route"] = amax_route if kind == "nvfp4" else None
                                 row["pair_min_k_tiles"] = vl_config.PAIR_MIN_K_TILES

@@ -291,7 +291,7 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
                             "a16_own_words": int(ops.A16_OWN_WORDS), "route_gather": int(routing.ROUTE_GATHER),
                             "chain_gemm_a16": int(pdl.CHAIN_GEMM_A16), "pair_min_k_tiles": config.PAIR_MIN_K_TILES,
                             "amax_in_route": int(routing.AMAX_IN_ROUTE),
-                            "early_descriptors": int(kernel.EARLY_DESCRIPTORS),
+                            "early_descriptors": int(kernel.EARLY_DESCRIPTORS), "raw_scale": int(kernel.RAW_SCALE),
                             "combine_in_gemm": int(moe.COMBINE_IN_GEMM)})
     if "prewait_stages" in sel:  # (hopper_varlen.kernel.PREWAIT_STAGES, shipped for the W4A16 decode GEMMs only)
         pw = pd.to_numeric(sel["prewait_stages"], errors="coerce")

@@ -57,6 +57,30 @@ def test_packed_form_is_exact(config, prob, mode):
     assert err <= TOL, f"{config} {prob.name} {mode}: {err}"
 
 
+@pytest.mark.parametrize("raw", [False, True])
+@pytest.mark.parametrize("config", ["vl_m128_t16_k128_s5_e_x", "vl_m128_t32_k128_s4_e", "vl_m128_t128_k128_s3_e"])
+def test_decode_is_exact_for_every_code_and_finite_scale(config, raw):
+    """The hardware's view of the fp16 weight decode, with and without the scale's 2^7 (hopper_varlen.kernel.RAW_SCALE:
+    then products below 2^-14 reach wgmma as fp16 subnormals): weights holding all 16 codes in every block and all 254
+    finite E4M3 scales (signed, subnormal, zero) in turn, times one-hot NVFP4 rows (1.0, scale 1, global scale 1):
+    C = Wᵀ, each element one product, exact in fp16 (2^-10 .. 2688, at most 6 significant bits)."""
+    from nvfp4lib.formats import dequantize, pack_e2m1
+    from nvfp4lib.kernels.hopper_varlen.runner import build_setting
+
+    n = k = 256
+    gen = torch.Generator().manual_seed(0)
+    codes = torch.stack([torch.randperm(16, generator=gen) for _ in range(n * k // 16)]).reshape(n, k)
+    finite = torch.arange(256)[(torch.arange(256) & 0x7F) != 0x7F].to(torch.uint8)
+    scales = finite.repeat(-(-n * k // 16 // len(finite)))[: n * k // 16].reshape(n, k // 16)
+    w = NVFP4Tensor(pack_e2m1(codes.to(torch.uint8)), scales.view(torch.float8_e4m3fn), 1.0).to("cuda")
+    one_hot = pack_e2m1((torch.eye(k) * 2).to(torch.uint8))  # code 2: 1.0
+    x = NVFP4Tensor(one_hot, torch.full((k, k // 16), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn),
+                    1.0).to("cuda")
+    with build_setting(raw_scale=raw):
+        c = prepare_weights([w], config=config)([x])[0]
+    assert torch.equal(c.float(), dequantize(w).T.contiguous())
+
+
 @pytest.mark.parametrize("dual", [False, True])
 @pytest.mark.parametrize("m", [(0, 5, 0, 130), (1,), (0, 0), (7, 0, 300, 1, 64)])
 def test_list_form_is_exact_with_empty_groups(m, dual):

@@ -88,12 +88,13 @@ def prepack_weights(matrices: list[tuple[torch.Tensor, torch.Tensor]], nwg: int,
     return ctas.permute(0, 2, 1, 3).contiguous()
 
 
-def _rs_word_ptx(w: str, s: str, outs: tuple[str, str, str, str]) -> str:
-    """PTX for one k16 step: word ``w``, the 16-bit scale pair ``s`` (row g low, row g+8 high) -> 4 fp16x2."""
+def _rs_word_ptx(w: str, s: str, outs: tuple[str, str, str, str], raw: bool = False) -> str:
+    """PTX for one k16 step: word ``w``, the 16-bit scale pair ``s`` (row g low, row g+8 high) -> 4 fp16x2; ``raw``:
+    the scale as it converts, not × 2^7 (:data:`RAW_EXPONENT`)."""
     o0, o1, o2, o3 = outs
     return "\n".join([
         f"cvt.rn.f16x2.e4m3x2 f, {s};",
-        "mul.rn.f16x2 f, f, k;",
+        *([] if raw else ["mul.rn.f16x2 f, f, k;"]),
         "mov.b32 {lo, hi}, f;",
         "mov.b32 sg, {lo, lo};",
         "mov.b32 sh, {hi, hi};",
@@ -113,19 +114,27 @@ def _rs_word_ptx(w: str, s: str, outs: tuple[str, str, str, str]) -> str:
     ])
 
 
-def rs_decode_ptx() -> str:
+def rs_decode_ptx(raw: bool = False) -> str:
     """One asm block for a thread's 64 K of one unit: $0..$15 out (4 fp16x2 per k16 step, in fragment order),
-    $16..$19 the four code words, $20..$21 the two scale words."""
+    $16..$19 the four code words, $20..$21 the two scale words; ``raw``: each operand e2m1 × scale × 2^-14
+    (:data:`RAW_EXPONENT`), else × 2^-7."""
     lines = ["{", ".reg .b32 f, k, m, sb, t, u, sg, sh;", ".reg .b16 lo, hi, s0, s1, s2, s3;",
              f"mov.b32 k, {SCALE_FACTOR:#010x};", f"mov.b32 m, {FIELDS:#010x};", f"mov.b32 sb, {SIGN_BITS:#010x};",
              "mov.b32 {s0, s1}, $20;", "mov.b32 {s2, s3}, $21;"]
     for j in range(4):
-        lines.append(_rs_word_ptx(f"${16 + j}", f"s{j}", tuple(f"${4 * j + q}" for q in range(4))))
+        lines.append(_rs_word_ptx(f"${16 + j}", f"s{j}", tuple(f"${4 * j + q}" for q in range(4)), raw))
     lines.append("}")
     return "\n".join(lines)
 
 
 RS_DECODE_PTX = rs_decode_ptx()
+# The raw form (rs_decode_ptx(raw=True); the serving kernel's build knob hopper_varlen.kernel.RAW_SCALE): the scale
+# pair as cvt.rn.f16x2.e4m3x2 gives it, without the × 2^7 (one mul.rn.f16x2 per k16 word: 8 of a K tile's ~200
+# instructions per thread in the fp16 decode GEMMs' mainloop, SASS of the offline compile). Each operand is then
+# e2m1 × scale × 2^-14, still exact in fp16: every such product is a multiple of 2^-24 (e2m1 of 2^-1, E4M3 of 2^-9)
+# with at most 6 significant bits, at most 6·448·2^-14, so below 2^-14 it is an fp16 subnormal, which mul.rn.f16x2
+# (no .ftz) keeps and wgmma reads. The epilogue's factor carries the 2^7 (hopper_varlen's _alpha).
+RAW_EXPONENT = -14
 
 
 CANONICAL_UNITS = 1 << 14  # units per step of canonical_units (~38 MB of packed bytes: temporaries of ~0.1 GB)
@@ -195,14 +204,16 @@ def a16_units(packed: torch.Tensor, own: bool) -> torch.Tensor:
     return packed
 
 
-def emulate_rs_decode(word: int, scale_pair: int) -> list[float]:
+def emulate_rs_decode(word: int, scale_pair: int, raw: bool = False) -> list[float]:
     """The decode of one k16 word on the CPU: 8 fp16 values in fragment order
-    (reg0 lo/hi, reg1 lo/hi, reg2 lo/hi, reg3 lo/hi), each e2m1 × scale × 2^-7."""
+    (reg0 lo/hi, reg1 lo/hi, reg2 lo/hi, reg3 lo/hi), each e2m1 × scale × 2^-7 (``raw``: × 2^-14)."""
     def f16(bits):
         return torch.tensor([bits - (1 << 16) if bits & 0x8000 else bits], dtype=torch.int16).view(torch.float16)
 
     sc = torch.tensor([scale_pair & 0xFF, scale_pair >> 8], dtype=torch.uint8).view(torch.float8_e4m3fn)
-    sc = sc.to(torch.float16) * f16(SCALE_FACTOR & 0xFFFF)  # two fp16 multiplies, as mul.rn.f16x2
+    sc = sc.to(torch.float16)
+    if not raw:
+        sc = sc * f16(SCALE_FACTOR & 0xFFFF)  # two fp16 multiplies, as mul.rn.f16x2
     out = []
     for q, r in enumerate(_rs_registers(word)):
         s = sc[q % 2]
@@ -210,8 +221,9 @@ def emulate_rs_decode(word: int, scale_pair: int) -> list[float]:
     return out
 
 
-def emulate_unit(unit: torch.Tensor) -> torch.Tensor:
-    """Decode one 2304-byte unit as the 128 threads of a warpgroup would: the [64, 64] fp32 tile × 2^7."""
+def emulate_unit(unit: torch.Tensor, raw: bool = False) -> torch.Tensor:
+    """Decode one 2304-byte unit as the 128 threads of a warpgroup would: the [64, 64] fp32 tile × 2^7 (``raw``:
+    the raw form's operands, × 2^14)."""
     u = unit.to(torch.int64)
     out = torch.empty((64, 64), dtype=torch.float32)
     for t in range(128):
@@ -219,9 +231,9 @@ def emulate_unit(unit: torch.Tensor) -> torch.Tensor:
         e = 2048 + 8 * (8 * w + g)
         for j in range(4):
             word = sum(int(u[16 * t + 4 * j + b]) << (8 * b) for b in range(4))
-            vals = emulate_rs_decode(word, int(u[e + 2 * j]) | int(u[e + 2 * j + 1]) << 8)
+            vals = emulate_rs_decode(word, int(u[e + 2 * j]) | int(u[e + 2 * j + 1]) << 8, raw)
             r, k = 16 * w + g, 16 * j + 2 * c
             for q in range(4):
                 rr, kk = r + 8 * (q % 2), k + 8 * (q // 2)
                 out[rr, kk], out[rr, kk + 1] = vals[2 * q], vals[2 * q + 1]
-    return out * 2.0**7
+    return out * 2.0 ** (-RAW_EXPONENT if raw else 7)

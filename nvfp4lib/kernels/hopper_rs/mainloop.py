@@ -250,7 +250,7 @@ def _build():
                 if cutlass.const_expr(self.a16):
                     regs = decode_unit_a16(loaded[s * self.blocks + b])
                 else:
-                    regs = decode_unit(loaded[s * self.blocks + b])
+                    regs = decode_unit(loaded[s * self.blocks + b], getattr(self, "raw_scale", False))
                 for q in cutlass.range_constexpr(16):
                     rA32[s % 2][b][q] = regs[q]
             warpgroup.fence()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from ..common.decode_ptx import _DECODE_REGS, CONVERT16_GLOBAL_PTX, CONVERT16_PTX, _convert_store_ptx
-from .layout import A16_OWN_SHIFTS, A16_RS_SHIFTS, RS_DECODE_PTX
+from .layout import A16_OWN_SHIFTS, A16_RS_SHIFTS, RS_DECODE_PTX, rs_decode_ptx
 
 # activation prologue: one thread decodes 16 codes (8 bytes + 1 scale byte) into 32 bytes of fp16 in global memory
 ACT_DECODE_PTX = "\n".join([
@@ -223,9 +223,10 @@ def _build() -> SimpleNamespace:
                     "=r,=r,=r,=r,=r,=r,r,r", True)
 
     @dsl_user_op
-    def decode_unit(loaded, *, loc=None, ip=None):
-        return [cutlass.Uint32(v) for v in _asm(RS_DECODE_PTX, 16, loaded, ",".join(["=r"] * 16 + ["r"] * 6),
-                                                False)]
+    def decode_unit(loaded, raw: bool = False, *, loc=None, ip=None):
+        """The fp16 decode of one unit (``raw``: the scale not × 2^7, ``layout.rs_decode_ptx``)."""
+        ptx = rs_decode_ptx(True) if raw else RS_DECODE_PTX
+        return [cutlass.Uint32(v) for v in _asm(ptx, 16, loaded, ",".join(["=r"] * 16 + ["r"] * 6), False)]
 
     @dsl_user_op
     def copy16(src, dst, *, loc=None, ip=None):

@@ -38,7 +38,8 @@ NVFP4-activation call lets the next kernel launch when its mainloop ends.
 from __future__ import annotations
 
 from ..common import pdl
-from ..hopper_rs.layout import UNIT_BYTES, UNIT_K, UNIT_ROWS
+from ..common.decode_ptx import OPERAND_EXPONENT
+from ..hopper_rs.layout import RAW_EXPONENT, UNIT_BYTES, UNIT_K, UNIT_ROWS
 from ..hopper_rs.mainloop import tile_class
 from ..hopper_rs.ops import ACT_SMEM, ACT_THREADS, ops
 from .config import NWG, ROW_BYTES, VarlenConfig, validate
@@ -151,6 +152,15 @@ TILE_HANDOFF = True
 # 24.1 -> 25.1), 12 cases at 1.00-1.04x; the same bits (GPU test). So the first copy does not wait for its
 # descriptor. Off.
 EARLY_DESCRIPTORS = False
+# W4A4's weight decode without the scale's × 2^7 (hopper_rs.layout.rs_decode_ptx(raw=True): one fp16x2 multiply per k16
+# word fewer; the epilogue's factor × 2^7 instead, _alpha). Why (issue 41): the decode GEMMs' mainloop is issue-bound
+# (ncu: issue slots 68-71% busy at the three-CTA tiers), and in the SASS of the offline compile (sm_90a, the W4A4
+# decode configs) that multiply is 8 of the ~209 instructions a consumer warp issues per K tile (the decode's 124).
+# The outputs' bits cannot change: every decoded weight is exact either way and its product with the activation exact
+# in fp32, so the accumulators are the old ones × 2^-7 (no fp32 subnormal is reached) and the factor × 2^7 restores
+# them. Prediction (2026-11-29, before any GPU run): W4A4 decode GEMMs' mainloops ~4% shorter where they are
+# issue-bound (T = 8 and 64), so those layers 1.5-3% faster; T = 1 (latency-bound) within 1%; the same bits.
+RAW_SCALE = False
 PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens per tile (the decode tilings), W4A16
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
 # test_serving_gpu.py's S4 case, eager W4A4 calls): the fused kernel reports shared-memory hazards (1 error on the
@@ -280,6 +290,7 @@ def _build():
             self.prewait = PREWAIT_STAGES if self.a16 and cfg.tile_n <= PREWAIT_MAX_TILE_N else 0  # (its note)
             self.handoff = TILE_HANDOFF  # (read when the kernel is built: a runner's compile key holds it)
             self.early_descriptors = EARLY_DESCRIPTORS  # (likewise)
+            self.raw_scale = RAW_SCALE and not self.a16  # (likewise; the fp16 decode only)
             self._split = None  # (set while a kernel is traced: partials, counters, slices, this slice, the tile)
 
         @cute.jit
@@ -587,12 +598,15 @@ def _build():
         @cute.jit
         def _alpha(self, mGsA, mGsB, group):
             """The group's epilogue factors (gate, up): A's global scale (one, or the group's) times gs_B·2^14; bf16
-            activations have no global scale (their weights' 2^-14 is what the 2^14 undoes)."""
+            activations have no global scale (their weights' 2^-14 is what the 2^14 undoes); the raw decode's weights
+            (RAW_SCALE) carry 2^-7 more, which a further 2^7 undoes (exact: a power of two)."""
             if cutlass.const_expr(self.a16):
                 return mGsB[group, 0], mGsB[group, 1]
             gs = mGsA[0]
             if cute.size(mGsA, mode=[0]) > 1:
                 gs = mGsA[group]
+            if cutlass.const_expr(self.raw_scale):
+                gs = gs * 2.0 ** (-(RAW_EXPONENT - OPERAND_EXPONENT))
             return gs * mGsB[group, 0], gs * mGsB[group, 1]
 
         @cute.jit
