@@ -779,6 +779,11 @@ ROUNDS = (
           "5-10%.", (runs.DECODE_T32_COMMIT,),
           arm_means_at(runs.DECODE_T32_COMMIT, "decode_t32_s4", ("6 stages", "4"), "both modes",
                        values=(False, True))),
+    Round("W4A4's weight decode without the block scale's x 2^7, the epilogue's factor carrying it (hopper_varlen."
+          "kernel.RAW_SCALE: 8 of the ~209 instructions a consumer warp issues per K tile, in the offline SASS). One "
+          "run on an H200 (moe-bench --raw-scale 0 1 1 0 --profile, W4A4, T = 1, 8, 64, 4096, both routings)",
+          "W4A4 1.5-3% faster where the decode GEMMs are issue-bound (T = 8, 64), T = 1 within 1%; the same bits.",
+          (runs.RAW_SCALE_COMMIT,), arm_means_at(runs.RAW_SCALE_COMMIT, "raw_scale", ("x 2^7", "raw"), "W4A4")),
 )
 
 

@@ -160,7 +160,12 @@ EARLY_DESCRIPTORS = False
 # in fp32, so the accumulators are the old ones × 2^-7 (no fp32 subnormal is reached) and the factor × 2^7 restores
 # them. Prediction (2026-11-29, before any GPU run): W4A4 decode GEMMs' mainloops ~4% shorter where they are
 # issue-bound (T = 8 and 64), so those layers 1.5-3% faster; T = 1 (latency-bound) within 1%; the same bits.
-RAW_SCALE = False
+# Outcome (H200, moe-bench --raw-scale 0 1 1 0 --profile, W4A4, T = 1, 8, 64, 4096, both routings; notebook 11's
+# rounds): held at the prediction's low end where the GEMMs are issue-bound, DeepSeek-like T = 8 409 -> 401 us
+# (uniform), Mixtral-like T = 8 220 -> 215 (its GEMMs 131 + 77 -> 129 + 75 us), T = 64 -1 to -1.5%; Qwen3-like T = 8
+# and every T = 1 unchanged within the run's noise; prefill T = 4096 -1% (Qwen3-like, DeepSeek-like). The same bits
+# in every case (rel_err equal in both arms), and exact on the GPU for every code x every finite scale. On.
+RAW_SCALE = True
 PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens per tile (the decode tilings), W4A16
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
 # test_serving_gpu.py's S4 case, eager W4A4 calls): the fused kernel reports shared-memory hazards (1 error on the
