@@ -250,6 +250,20 @@ DECODE_S5_MIN_CTAS = 4
 # exact in the serving and W4A16 GPU tests. On.
 DECODE_T32_S4 = True
 DECODE_T32_TIER = (16, ("vl_m128_t32_k128_s4_e", "vl_dual_m64_t32_k128_s4_e"))
+# Wide decode calls (wide_grid) take DECODE_PAIR_TIERS instead of the three-CTA tiers: the same token tiles with each
+# warpgroup decoding two 64-row blocks (two boxes of the packed layout per stage, names ending _b2: 256 rows per CTA,
+# 128 of gate and of up for the dual GEMM), 4 stages, ~123-127 registers, two CTAs per SM; False: the three-CTA
+# tiers. Why (issue 41): the decode GEMMs are issue-bound at the three-CTA tiers (ncu: issue slots 68-71% busy), and a
+# consumer warp's K tile issues ~209 instructions in the offline SASS of which the decode is 124: the rest (the wgmma
+# descriptors, the pipeline's waits, releases and refills) is paid per K tile whatever the rows, so two blocks per
+# warpgroup cut the instructions per weight by ~18-24% (offline SASS, the t16 and t32 forms), and each CTA's fixed
+# cost (tile search, first stage, epilogue) covers twice the rows. Against: two CTAs per SM, 16 warps, where the
+# three-CTA tiers run 24. Prediction (2026-11-29, before any run): the wide calls' GEMMs 5-12% faster, DeepSeek-like
+# T = 8 and 64, Mixtral-like T = 8 gate/up and T = 64, Qwen3-like T = 8 and 64 3-8% faster as layers; the calls the
+# rule leaves narrow (T = 1) unchanged.
+DECODE_PAIR = False
+DECODE_PAIR_TIERS = ((4, ("vl_m256_t16_k128_s4_e_b2", "vl_dual_m128_t16_k128_s4_e_b2")),
+                     (16, ("vl_m256_t32_k128_s4_e_b2", "vl_dual_m128_t32_k128_s4_e_b2")))
 
 
 def wide_grid(dual: bool, rows: int, groups: int, n: int, sms: int) -> bool:
@@ -273,13 +287,13 @@ def rule_knobs() -> dict:
     keep the serving kernel's rows at (``study.serving_report``)."""
     return {"once_wait": bool(ONCE_WAIT), "short_k": int(SHORT_K), "dual_96": int(DUAL_96), "dual_96_k": int(DUAL_96_K),
             "decode_s5": bool(DECODE_S5), "decode_s5_min_ctas": int(DECODE_S5_MIN_CTAS),
-            "decode_t32_s4": bool(DECODE_T32_S4)}
+            "decode_t32_s4": bool(DECODE_T32_S4), "decode_pair": bool(DECODE_PAIR)}
 
 
 def shipped() -> set[str]:
     """Every config a rule of this module can choose (:data:`PREFERENCE`, :data:`SHORT_K_TIER` and the three-CTA
     tiers), and the :data:`TUNING_ARMS`: the candidates of tuning."""
-    tiers = PREFERENCE + (SHORT_K_TIER, DECODE_S5_TIER, DECODE_T32_TIER)
+    tiers = PREFERENCE + (SHORT_K_TIER, DECODE_S5_TIER, DECODE_T32_TIER) + DECODE_PAIR_TIERS
     return {name for _, names in tiers for name in names} | set(TUNING_ARMS)
 
 
@@ -298,6 +312,8 @@ def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = No
         tiers.insert(0, DECODE_S5_TIER)
     if wide and DECODE_T32_S4 and bucket > DECODE_S5_TIER[0]:
         tiers.insert(0, DECODE_T32_TIER)
+    if wide and DECODE_PAIR:
+        tiers[:0] = DECODE_PAIR_TIERS
     for tier in tiers:
         limit, names = tier
         if bucket <= limit:

@@ -74,11 +74,12 @@ def _build():
             the weights (a stage is one box) and of the activations (boxes of ``step`` rows: a tile of n tokens is
             n/step boxes per 64-K slot), and the shared storage struct (``self.shared_storage``)."""
             sx_layout = self._sx_layout(self.bt)
-            sw_layout = cute.make_layout((self.w_rows, ROW_BYTES, self.stages),
-                                         stride=(ROW_BYTES, 1, self.w_rows * ROW_BYTES))
+            box = self.w_rows // getattr(self, "boxes", 1)  # (a stage is one box, or two: a subclass's ``boxes``)
+            sw_layout = cute.make_layout((box, ROW_BYTES, self.stages * (self.w_rows // box)),
+                                         stride=(ROW_BYTES, 1, box * ROW_BYTES))
             g2s = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
             tma_w, tW = cute.nvgpu.cpasync.make_tiled_tma_atom(
-                g2s, mW, cute.slice_(sw_layout, (None, None, 0)), (self.w_rows, ROW_BYTES))
+                g2s, mW, cute.slice_(sw_layout, (None, None, 0)), (box, ROW_BYTES))
             tma_x, tX = cute.nvgpu.cpasync.make_tiled_tma_atom(
                 g2s, mX, cute.slice_(self._sx_layout(self.step), (None, None, 0)), (self.step, UNIT_K))
             i64, u8, op = cutlass.Int64, cutlass.Uint8, self.op_dtype  # (a class body sees no closure names)
@@ -233,13 +234,24 @@ def _build():
         @cute.jit
         def _load_units(self, sw_base, stage, wg, t):
             """This thread's code and scale words of every unit of weight stage ``stage``: unit (sub, wg, block) at
-            ((sub·NWG + wg)·blocks + block)·UNIT_BYTES."""
-            wg_off = wg * self.blocks * UNIT_BYTES
+            ((sub·NWG + wg)·blocks + block)·UNIT_BYTES; from two boxes (a subclass's ``boxes``), each a stage of the
+            packed layout of one block per warpgroup: the single GEMM's box wg holds its blocks, at ((wg·nsub +
+            sub)·NWG + block)·UNIT_BYTES, the dual's box ``block`` holds gate and up, at ((block·nsub + sub)·NWG +
+            wg)·UNIT_BYTES."""
+            if cutlass.const_expr(getattr(self, "boxes", 1) == 1):
+                wg_off = wg * self.blocks * UNIT_BYTES
+                units = [((i // self.blocks) * NWG * self.blocks + i % self.blocks) * UNIT_BYTES
+                         for i in range(self.nsub * self.blocks)]
+            elif cutlass.const_expr(self.dual):
+                wg_off = wg * UNIT_BYTES
+                units = [((i % self.blocks) * self.nsub + i // self.blocks) * NWG * UNIT_BYTES
+                         for i in range(self.nsub * self.blocks)]
+            else:
+                wg_off = wg * self.nsub * NWG * UNIT_BYTES
+                units = [((i // self.blocks) * NWG + i % self.blocks) * UNIT_BYTES for i in range(self.nsub * self.blocks)]
             code_off = wg_off + 16 * t
             scale_off = wg_off + UNIT_CODE_BYTES + 8 * (8 * (t // 32) + (t % 32) // 4)
             stage_base = sw_base + stage * (self.stage_units * UNIT_BYTES)
-            units = [((i // self.blocks) * NWG * self.blocks + i % self.blocks) * UNIT_BYTES
-                     for i in range(self.nsub * self.blocks)]
             return [load_unit(stage_base + u + code_off, stage_base + u + scale_off) for u in units]
 
         @cute.jit
@@ -270,9 +282,13 @@ def _build():
 
         @cute.jit
         def _issue_w(self, pipe, prod, loads):
+            """Stage ``prod``'s weights: one box, or two (``boxes``: the next packed block's tile, ``k_tiles`` on)."""
             tma_w, tWs, tWg, w_tile0 = loads[:4]
-            cute.copy(tma_w, tWg[None, w_tile0 + prod.count], tWs[None, prod.index],
-                      tma_bar_ptr=pipe.producer_get_barrier(prod))
+            boxes = getattr(self, "boxes", 1)
+            for i in cutlass.range_constexpr(boxes):
+                tile = w_tile0 + prod.count + (i * self.k_tiles if cutlass.const_expr(i > 0) else 0)
+                cute.copy(tma_w, tWg[None, tile], tWs[None, prod.index * boxes + i],
+                          tma_bar_ptr=pipe.producer_get_barrier(prod))
 
         @cute.jit
         def _issue_x(self, pipe, prod, loads):

@@ -40,7 +40,9 @@ class VarlenConfig:
     ("simt") or a shared-memory tile copied out in 16-byte row chunks ("staged"), ``act`` the activations' type
     (:data:`ACTS`: NVFP4 through the fp16 prologue, or bf16 straight into wgmma), ``split_k``: a call may split every
     tile's K over several CTAs (how many is the call's, :func:`choose_splits`; the tile's last CTA to finish adds the
-    others' fp32 partial sums, in split order, and runs the epilogue)."""
+    others' fp32 partial sums, in split order, and runs the epilogue), ``boxes``: 1, or 2 where the CTA covers two
+    tiles of the packed weights' layout (``packed_m`` = ``tile_m`` / 2 rows each, its stage two TMA boxes): two
+    64-row wgmma blocks per warpgroup on weights packed for one (names ending _b2)."""
 
     name: str
     tile_m: int = 128
@@ -53,6 +55,7 @@ class VarlenConfig:
     act: str = "nvfp4"
     wait: str = "suspend"
     split_k: bool = False
+    boxes: int = 1
 
     def with_(self, **changes) -> "VarlenConfig":
         return replace(self, **changes)
@@ -63,6 +66,11 @@ class VarlenConfig:
     @property
     def step(self) -> int:
         return self.token_step or self.tile_n
+
+    @property
+    def packed_m(self) -> int:
+        """tile_m of the packed weights this config reads (:func:`~.runner.layout_of`)."""
+        return self.tile_m // self.boxes
 
     @property
     def blocks(self) -> int:
@@ -104,6 +112,9 @@ def validate(cfg: VarlenConfig) -> VarlenConfig:
     if cfg.stage_units * UNIT_BYTES // ROW_BYTES > 256:
         raise ValueError(f"{n}: a stage's weights are {cfg.stage_units * UNIT_BYTES // ROW_BYTES} rows of 128 bytes, "
                          "over the TMA box limit of 256")
+    if cfg.boxes not in (1, 2) or (cfg.boxes == 2 and cfg.blocks != 2):
+        raise ValueError(f"{n}: boxes={cfg.boxes}: 1, or 2 where each warpgroup holds two 64-row blocks (tile_m "
+                         f"{256 if not cfg.dual else 128}{', dual' if cfg.dual else ''})")
     if cfg.ab_stages < 2:
         raise ValueError(f"{n}: ab_stages={cfg.ab_stages}: the loads of one stage overlap the MMA of another (>= 2)")
     if cfg.act not in ACTS:
@@ -122,19 +133,20 @@ def validate(cfg: VarlenConfig) -> VarlenConfig:
 
 
 def _name(dual: bool, tm: int, tn: int, tk: int, st: int, ts: int, epi: str, act: str = "nvfp4",
-          wait: str = "suspend", split_k: bool = False) -> str:
+          wait: str = "suspend", split_k: bool = False, boxes: int = 1) -> str:
     return (f"vl_{'a16_' if act == 'bf16' else ''}{'dual_' if dual else ''}m{tm}_t{tn}_k{tk}_s{st}"
             + (f"_v{ts}" if ts else "") + ("_e" if epi == "staged" else "") + {"spin": "_w", "once": "_o"}.get(wait, "")
-            + ("_x" if split_k else ""))
+            + ("_x" if split_k else "") + (f"_b{boxes}" if boxes > 1 else ""))
 
 
 def make(dual: bool, tile_m: int, tile_n: int, ab_stages: int, token_step: int = 0, tile_k: int = 128,
-         epilogue: str = "staged", act: str = "nvfp4", wait: str = "suspend", split_k: bool = False) -> VarlenConfig:
+         epilogue: str = "staged", act: str = "nvfp4", wait: str = "suspend", split_k: bool = False,
+         boxes: int = 1) -> VarlenConfig:
     return validate(VarlenConfig(_name(dual, tile_m, tile_n, tile_k, ab_stages, token_step, epilogue, act, wait,
-                                       split_k),
+                                       split_k, boxes),
                                  tile_m=tile_m, tile_n=tile_n, token_step=token_step, tile_k=tile_k,
                                  ab_stages=ab_stages, epilogue=epilogue, dual=dual, act=act, wait=wait,
-                                 split_k=split_k))
+                                 split_k=split_k, boxes=boxes))
 
 
 def _wait_arms(wait: str, single, dual) -> tuple[VarlenConfig, ...]:
@@ -177,6 +189,10 @@ CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     # prediction); and the 32-token tiles with 4 stages (73 KB, three CTAs per SM), with tuning.DECODE_T32_S4
     *(make(dual, 64 if dual else 128, 16, 5, act=act, split_k=True) for act in ACTS for dual in (False, True)),
     *(make(dual, 64 if dual else 128, 32, 4, act=act) for act in ACTS for dual in (False, True)),
+    # Two tiles of the packed layout per CTA (boxes=2, names ending _b2): the 16- and 32-token decode tiles with each
+    # warpgroup decoding two 64-row blocks, 4 stages (two CTAs per SM), taken with tuning.DECODE_PAIR (its note)
+    *(make(dual, 128 if dual else 256, tn, 4, act=act, boxes=2) for act in ACTS for dual in (False, True)
+      for tn in (16, 32)),
     # The consumer's wait without the suspend-time hint (wait="spin", names ending _w), an A/B of the study shapes'
     # tilings. Why (H100 ncu source counters, S4, 2026-11-27): this kernel's GEMM ran 7% (S4) to 11% (S3) more cycles
     # than the host-scheduled kernel's with the same tiling, same PTX loop; in its SASS the stage wait is an inline

@@ -271,6 +271,7 @@ def _build():
             self.tile_words = 5 if combine else 4  # (the tile handed from warp 0: + the rows the groups cover)
             self.groups, self.n, self.k_tiles = groups, n, k_pad // cfg.tile_k
             self.n_blocks = -(-n // cfg.tile_m)
+            self.boxes, self.n_packed = cfg.boxes, -(-n // cfg.packed_m)  # (the packed layout's CTA blocks per group)
             self.bt, self.step = cfg.tile_n, cfg.step
             self.variants = tuple(range(self.step, self.bt + 1, self.step))
             self.per_lane = -(-groups // 32)  # groups per lane of the tile search (_schedule)
@@ -587,9 +588,11 @@ def _build():
                 per = (self.k_tiles + slices - 1) // slices
                 k0 = split * per
                 k_tiles = cutlass.min(per, self.k_tiles - k0)
-            # weights: stage tiles of w_rows 128-byte rows, CTA-block-major (a block's K tiles adjacent)
-            w_tile0 = (group * self.n_blocks + n0 // self.cfg.tile_m) * self.k_tiles + k0
-            gW = cute.local_tile(tW, (self.w_rows, ROW_BYTES), (None, 0))
+            # weights: stage tiles of w_rows 128-byte rows, CTA-block-major (a block's K tiles adjacent); with two
+            # boxes the stage's second half is the next packed block's tile (_issue_w), past a group's last block
+            # rows the epilogue masks (n_valid)
+            w_tile0 = (group * self.n_packed + n0 // self.cfg.packed_m) * self.k_tiles + k0
+            gW = cute.local_tile(tW, (self.w_rows // self.boxes, ROW_BYTES), (None, 0))
             tWs, tWg = cute.nvgpu.cpasync.tma_partition(tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2),
                                                         cute.group_modes(gW, 0, 2))
             # activations: boxes of step rows from the tile's first token row (any row: TMA takes element

@@ -307,7 +307,8 @@ def stack_uniform(w: list[NVFP4Tensor], n_pad: int, k_pad: int):
 
 
 def layout_of(cfg: VarlenConfig) -> tuple[bool, int, int]:
-    return cfg.dual, cfg.tile_m, cfg.tile_k
+    """The packed weights' (dual, tile_m, tile_k) a config reads (a two-box config reads half its tile_m's)."""
+    return cfg.dual, cfg.packed_m, cfg.tile_k
 
 
 class VarlenRunner:
