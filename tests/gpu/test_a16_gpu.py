@@ -41,7 +41,8 @@ def check(w, ref, xs, what):
     assert err <= TOL, f"{what}: {err}"
 
 
-@pytest.mark.parametrize("config", ["vl_a16_m128_t128_k128_s3_e", "vl_a16_m128_t256_k128_s3_v32_e"])
+@pytest.mark.parametrize("config", ["vl_a16_m128_t128_k128_s3_e", "vl_a16_m128_t256_k128_s3_v32_e",
+                                    "vl_a16_m256_t16_k128_s4_e_b2"])
 def test_decode_is_exact_for_every_code_and_finite_scale_on_the_gpu(config):
     """The hardware's view of the bf16 decode (e.g. the bf16 subnormal that code ±0.5 passes through): weights holding
     all 16 codes in every 16-element block and all 254 finite E4M3 scales (signed, subnormal, zero) in turn, times

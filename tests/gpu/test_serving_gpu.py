@@ -58,7 +58,8 @@ def test_packed_form_is_exact(config, prob, mode):
 
 
 @pytest.mark.parametrize("raw", [False, True])
-@pytest.mark.parametrize("config", ["vl_m128_t16_k128_s5_e_x", "vl_m128_t32_k128_s4_e", "vl_m128_t128_k128_s3_e"])
+@pytest.mark.parametrize("config", ["vl_m128_t16_k128_s5_e_x", "vl_m128_t32_k128_s4_e", "vl_m128_t128_k128_s3_e",
+                                    "vl_m256_t32_k128_s4_e_b2"])
 def test_decode_is_exact_for_every_code_and_finite_scale(config, raw):
     """The hardware's view of the fp16 weight decode, with and without the scale's 2^7 (hopper_varlen.kernel.RAW_SCALE:
     then products below 2^-14 reach wgmma as fp16 subnormals): weights holding all 16 codes in every block and all 254
