@@ -261,9 +261,18 @@ DECODE_T32_TIER = (16, ("vl_m128_t32_k128_s4_e", "vl_dual_m64_t32_k128_s4_e"))
 # three-CTA tiers run 24. Prediction (2026-11-29, before any run): the wide calls' GEMMs 5-12% faster, DeepSeek-like
 # T = 8 and 64, Mixtral-like T = 8 gate/up and T = 64, Qwen3-like T = 8 and 64 3-8% faster as layers; the calls the
 # rule leaves narrow (T = 1) unchanged.
-DECODE_PAIR = False
-DECODE_PAIR_TIERS = ((4, ("vl_m256_t16_k128_s4_e_b2", "vl_dual_m128_t16_k128_s4_e_b2")),
-                     (16, ("vl_m256_t32_k128_s4_e_b2", "vl_dual_m128_t32_k128_s4_e_b2")))
+# Outcome (H200, moe-bench --decode-pair off on on off --profile, T = 1, 8, 64, both routings and modes; notebook 11's
+# rounds): held for the 32-token tiles (5-16 rows per expert: Mixtral-like T = 64), faster in both modes, W4A4
+# 293.5 -> 273.2 us (uniform; its gate/up GEMM 180.5 -> 159.5), 369.9 -> 342.7 (Zipf), W4A16 275.9 -> 267.8 and
+# 347.3 -> 337.1; missed for the 16-token tiles (up to 4 rows: DeepSeek-like T = 8 and 64, Qwen3-like T = 8 and 64,
+# Mixtral-like T = 8): W4A4 slower in five of six layer-T cases (DeepSeek-like T = 8 400 -> 435 us, its gate/up GEMM
+# 255 -> 281), W4A16 mixed (DeepSeek-like T = 64 -4%, Mixtral-like T = 8 -2%, Qwen3-like T = 8 uniform +5%,
+# DeepSeek-like T = 8 +1 to +4%). T = 1 unchanged (not taken). Exact (the serving and W4A16 GPU tests, every code x
+# every finite scale; memcheck 0 errors). A reading: where the decode is cheap (fp16) or the tile short (16 tokens),
+# the third CTA's warps hide more latency than the saved instructions buy. So the 32-token tier only: DECODE_PAIR on
+# from 5 to 16 rows per group; the 16-token _b2 configs stay tuning candidates (`nvfp4lib tune`).
+DECODE_PAIR = True
+DECODE_PAIR_TIER = (16, ("vl_m256_t32_k128_s4_e_b2", "vl_dual_m128_t32_k128_s4_e_b2"))
 
 
 def wide_grid(dual: bool, rows: int, groups: int, n: int, sms: int) -> bool:
@@ -287,13 +296,15 @@ def rule_knobs() -> dict:
     keep the serving kernel's rows at (``study.serving_report``)."""
     return {"once_wait": bool(ONCE_WAIT), "short_k": int(SHORT_K), "dual_96": int(DUAL_96), "dual_96_k": int(DUAL_96_K),
             "decode_s5": bool(DECODE_S5), "decode_s5_min_ctas": int(DECODE_S5_MIN_CTAS),
-            "decode_t32_s4": bool(DECODE_T32_S4), "decode_pair": bool(DECODE_PAIR)}
+            "decode_t32_s4": bool(DECODE_T32_S4),
+            # (the two-block tier as shipped, the 32-token one: "t32"; rows of its first A/B, both tiers, carry True)
+            "decode_pair": "t32" if DECODE_PAIR else "off"}
 
 
 def shipped() -> set[str]:
     """Every config a rule of this module can choose (:data:`PREFERENCE`, :data:`SHORT_K_TIER` and the three-CTA
     tiers), and the :data:`TUNING_ARMS`: the candidates of tuning."""
-    tiers = PREFERENCE + (SHORT_K_TIER, DECODE_S5_TIER, DECODE_T32_TIER) + DECODE_PAIR_TIERS
+    tiers = PREFERENCE + (SHORT_K_TIER, DECODE_S5_TIER, DECODE_T32_TIER, DECODE_PAIR_TIER)
     return {name for _, names in tiers for name in names} | set(TUNING_ARMS)
 
 
@@ -302,7 +313,8 @@ def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = No
     (the candidates share the prepared weights' layout), else the first candidate; in the bucket of
     :data:`SHORT_K_TIER` with ``k`` at most :data:`SHORT_K`, its configs first, and for a ``wide`` call
     (:func:`wide_grid`) :data:`DECODE_S5_TIER`'s first up to 4 rows per group (with :data:`DECODE_S5`) and
-    :data:`DECODE_T32_TIER`'s from 5 to 16 (with :data:`DECODE_T32_S4`). With :data:`ONCE_WAIT` off the
+    :data:`DECODE_T32_TIER`'s from 5 to 16 (with :data:`DECODE_T32_S4`; before it :data:`DECODE_PAIR_TIER`'s, with
+    :data:`DECODE_PAIR`). With :data:`ONCE_WAIT` off the
     once-wait configs (named ``*_o`` by ``hopper_varlen.config.make``) are passed over, and :data:`DUAL_96_CONFIG`
     in :data:`PREFERENCE`'s tiers over the bucket :data:`DUAL_96` unless ``k`` is at most :data:`DUAL_96_K`."""
     tiers = list(PREFERENCE)
@@ -312,8 +324,8 @@ def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = No
         tiers.insert(0, DECODE_S5_TIER)
     if wide and DECODE_T32_S4 and bucket > DECODE_S5_TIER[0]:
         tiers.insert(0, DECODE_T32_TIER)
-    if wide and DECODE_PAIR:
-        tiers[:0] = DECODE_PAIR_TIERS
+    if wide and DECODE_PAIR and bucket > DECODE_S5_TIER[0]:
+        tiers.insert(0, DECODE_PAIR_TIER)
     for tier in tiers:
         limit, names = tier
         if bucket <= limit:

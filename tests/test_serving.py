@@ -669,7 +669,8 @@ def test_choice_source_says_where_auto_took_its_config(tmp_path, monkeypatch):
     assert tuning.rule_knobs() == {"once_wait": tuning.ONCE_WAIT, "short_k": tuning.SHORT_K,
                                    "dual_96": tuning.DUAL_96, "dual_96_k": tuning.DUAL_96_K,
                                    "decode_s5": tuning.DECODE_S5, "decode_s5_min_ctas": tuning.DECODE_S5_MIN_CTAS,
-                                   "decode_t32_s4": tuning.DECODE_T32_S4}
+                                   "decode_t32_s4": tuning.DECODE_T32_S4,
+                                   "decode_pair": "t32" if tuning.DECODE_PAIR else "off"}
 
 
 def test_three_cta_tiers_are_taken_only_for_grids_of_many_ctas_per_sm(monkeypatch):
@@ -686,10 +687,14 @@ def test_three_cta_tiers_are_taken_only_for_grids_of_many_ctas_per_sm(monkeypatc
     assert rule_choice(True, 256, 2048, 7168, 64, "bf16") == "vl_a16_dual_m64_t16_k128_s5_e_x"
     assert rule_choice(False, 256, 7168, 2048, 8) == "vl_m128_t16_k128_s8_e_x"
     assert rule_choice(False, 8, 4096, 14336, 4096) == rule_choice(False, 8, 4096, 14336, 4096, sms=1)  # big buckets
-    assert tuning.DECODE_T32_S4  # (as shipped)
+    assert tuning.DECODE_T32_S4 and tuning.DECODE_PAIR  # (as shipped: the two-block tier first from 5 rows)
     assert tuning.wide_grid(True, 128, 8, 14336, 132) and not tuning.wide_grid(False, 128, 8, 4096, 132)  # 2464, 352
-    assert rule_choice(True, 8, 14336, 4096, 128) == "vl_dual_m64_t32_k128_s4_e"
+    assert rule_choice(True, 8, 14336, 4096, 128) == "vl_dual_m128_t32_k128_s4_e_b2"
+    assert rule_choice(True, 8, 14336, 4096, 128, "bf16") == "vl_a16_dual_m128_t32_k128_s4_e_b2"
     assert rule_choice(False, 8, 4096, 14336, 128) == "vl_m128_t32_k128_s6_e"
+    assert rule_choice(False, 256, 7168, 2048, 64) == "vl_m128_t16_k128_s5_e_x"  # (up to 4 rows: not the pair tier)
+    monkeypatch.setattr(tuning, "DECODE_PAIR", False)
+    assert rule_choice(True, 8, 14336, 4096, 128) == "vl_dual_m64_t32_k128_s4_e"
     assert rule_choice(False, 256, 7168, 2048, 8) == "vl_m128_t16_k128_s8_e_x"  # (the 16-token tier: DECODE_S5's)
     monkeypatch.setattr(tuning, "DECODE_S5", False)
     assert rule_choice(False, 256, 7168, 2048, 64) == "vl_m128_t16_k128_s8_e_x"

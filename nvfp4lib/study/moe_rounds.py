@@ -784,6 +784,12 @@ ROUNDS = (
           "run on an H200 (moe-bench --raw-scale 0 1 1 0 --profile, W4A4, T = 1, 8, 64, 4096, both routings)",
           "W4A4 1.5-3% faster where the decode GEMMs are issue-bound (T = 8, 64), T = 1 within 1%; the same bits.",
           (runs.RAW_SCALE_COMMIT,), arm_means_at(runs.RAW_SCALE_COMMIT, "raw_scale", ("x 2^7", "raw"), "W4A4")),
+    Round("Wide decode calls on two-block tiles (each warpgroup two 64-row blocks, 256 rows per CTA, two CTAs per SM: "
+          "tuning.DECODE_PAIR). One run on an H200 (moe-bench --decode-pair off on on off --profile, T = 1, 8, 64, "
+          "both modes and routings); then the 32-token tier alone, as shipped, at T = 256 and 512",
+          "The wide calls' GEMMs 5-12% faster, the layers at T = 8 and 64 3-8%; T = 1 unchanged.",
+          runs.DECODE_PAIR_COMMITS, _in_turn([arm_means_at(c, "decode_pair", ("three-CTA", "two-block"), "both modes",
+                                             values=(False, True)) for c in runs.DECODE_PAIR_COMMITS], "; then: ")),
 )
 
 
