@@ -270,7 +270,10 @@ DECODE_T32_TIER = (16, ("vl_m128_t32_k128_s4_e", "vl_dual_m64_t32_k128_s4_e"))
 # DeepSeek-like T = 8 +1 to +4%). T = 1 unchanged (not taken). Exact (the serving and W4A16 GPU tests, every code x
 # every finite scale; memcheck 0 errors). A reading: where the decode is cheap (fp16) or the tile short (16 tokens),
 # the third CTA's warps hide more latency than the saved instructions buy. So the 32-token tier only: DECODE_PAIR on
-# from 5 to 16 rows per group; the 16-token _b2 configs stay tuning candidates (`nvfp4lib tune`).
+# from 5 to 16 rows per group; the 16-token _b2 configs stay tuning candidates (`nvfp4lib tune`). Then as shipped, where
+# the tier is taken and the first run did not reach (moe-bench --decode-pair off on on off --profile, T = 256 and 512,
+# both modes and routings; the rows carry decode_pair "off" / "t32"): DeepSeek-like T = 256 W4A4 2123 -> 1844 us (-13%),
+# W4A16 2226 -> 2067 (-7%), T = 512 -13% and -6% (Zipf -9% and -4%), Qwen3-like T = 256 -3% (W4A4), -1 to -2% (W4A16).
 DECODE_PAIR = True
 DECODE_PAIR_TIER = (16, ("vl_m256_t32_k128_s4_e_b2", "vl_dual_m128_t32_k128_s4_e_b2"))
 

@@ -789,7 +789,8 @@ ROUNDS = (
           "both modes and routings); then the 32-token tier alone, as shipped, at T = 256 and 512",
           "The wide calls' GEMMs 5-12% faster, the layers at T = 8 and 64 3-8%; T = 1 unchanged.",
           runs.DECODE_PAIR_COMMITS, _in_turn([arm_means_at(c, "decode_pair", ("three-CTA", "two-block"), "both modes",
-                                             values=(False, True)) for c in runs.DECODE_PAIR_COMMITS], "; then: ")),
+                                             values=v) for c, v in zip(runs.DECODE_PAIR_COMMITS, ((False, True),
+                                                                        ("off", "t32")))], "; then: ")),
 )
 
 

@@ -53,6 +53,6 @@ DECODE_S5_COMMITS = ("807284b", "e5f54db")
 DECODE_T32_COMMIT = "1b7b088"  # moe-bench --decode-t32-s4 off on on off (Mixtral-like T = 64, Qwen3-like T = 256, ...)
 # moe-bench --decode-pair off on on off --profile (T = 1, 8, 64, both modes and routings: both tiers), then the
 # 32-token tier shipped alone (T = 256, 512)
-DECODE_PAIR_COMMITS = ("5f95b54",)
+DECODE_PAIR_COMMITS = ("5f95b54", "cccf53e")
 RAW_SCALE_COMMIT = "928c2a9"  # moe-bench --raw-scale 0 1 1 0 --profile (W4A4, T = 1, 8, 64, 4096, both routings)
 AMAX_ROUTE_COMMIT = "0ad3277"  # moe-bench --amax-in-route 0 1 0 1 --profile (W4A4, T = 1 and 8; DeepSeek-like 0 1)

@@ -248,7 +248,8 @@ def _build():
                          for i in range(self.nsub * self.blocks)]
             else:
                 wg_off = wg * self.nsub * NWG * UNIT_BYTES
-                units = [((i // self.blocks) * NWG + i % self.blocks) * UNIT_BYTES for i in range(self.nsub * self.blocks)]
+                units = [((i // self.blocks) * NWG + i % self.blocks) * UNIT_BYTES
+                         for i in range(self.nsub * self.blocks)]
             code_off = wg_off + 16 * t
             scale_off = wg_off + UNIT_CODE_BYTES + 8 * (8 * (t // 32) + (t % 32) // 4)
             stage_base = sw_base + stage * (self.stage_units * UNIT_BYTES)
