@@ -164,7 +164,10 @@ EARLY_DESCRIPTORS = False
 # rounds): held at the prediction's low end where the GEMMs are issue-bound, DeepSeek-like T = 8 409 -> 401 us
 # (uniform), Mixtral-like T = 8 220 -> 215 (its GEMMs 131 + 77 -> 129 + 75 us), T = 64 -1 to -1.5%; Qwen3-like T = 8
 # and every T = 1 unchanged within the run's noise; prefill T = 4096 -1% (Qwen3-like, DeepSeek-like). The same bits
-# in every case (rel_err equal in both arms), and exact on the GPU for every code x every finite scale. On.
+# in every case (rel_err equal in both arms), and exact on the GPU for every code x every finite scale. On. The study
+# shapes (no prediction was written for them, no A/B run): the first run with it on (H200, 034a790, one process per
+# shape, graph replay; notebook 10's serving-against-host table) has the serving kernel at or below the host-scheduled
+# kernel on all eight, S2 64.3 us against 65.0 and S2-dual 122.3 against 124.7, the two it trailed before by 0.3-0.5%.
 RAW_SCALE = True
 PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens per tile (the decode tilings), W4A16
 # racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
