@@ -530,6 +530,11 @@ ROUNDS = (
           "S2-dual ~124 us in graph replay (133.0 with the 256-token tile, host-scheduled 125.6)",
           bench_ab("aa522f9", (("S2-dual", "vl_dual_m64_t256_k128_s3_v32_e", "vl_dual_m64_t96_k128_s3_v32_e_o"),),
                    modes=("graph", "eager"))),
+    Round("W4A4's weight decode without the block scale's x 2^7, the epilogue's factor carrying it (`kernel."
+          "RAW_SCALE`: 8 fewer instructions per K tile; shipped after the MoE layers' A/B, notebook 11), then one "
+          "process per shape: the auto call, the host-scheduled kernel, the auto call again", "034a790",
+          "none written for these shapes before the run (the MoE A/B's was for the decode GEMMs)",
+          auto_at("034a790", ("S1", "S2", "S3", "S4", "S1-dual", "S2-dual", "S3-dual", "S4-dual"), modes=("graph",))),
 )
 
 
