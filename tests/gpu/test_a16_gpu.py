@@ -47,14 +47,10 @@ def test_decode_is_exact_for_every_code_and_finite_scale_on_the_gpu(config):
     """The hardware's view of the bf16 decode (e.g. the bf16 subnormal that code ±0.5 passes through): weights holding
     all 16 codes in every 16-element block and all 254 finite E4M3 scales (signed, subnormal, zero) in turn, times
     one-hot bf16 rows: C = Wᵀ, each element one product, exact in fp16 (2^-10 .. 2688, ≤ 6 significant bits)."""
-    from nvfp4lib.formats import NVFP4Tensor, pack_e2m1
+    from tests.exact_weights import every_code_weights
 
-    n = k = 256
-    gen = torch.Generator().manual_seed(0)
-    codes = torch.stack([torch.randperm(16, generator=gen) for _ in range(n * k // 16)]).reshape(n, k)
-    finite = torch.arange(256)[(torch.arange(256) & 0x7F) != 0x7F].to(torch.uint8)
-    scales = finite.repeat(-(-n * k // 16 // len(finite)))[: n * k // 16].reshape(n, k // 16)
-    w = NVFP4Tensor(pack_e2m1(codes.to(torch.uint8)), scales.view(torch.float8_e4m3fn), 1.0).to("cuda")
+    k = 256
+    w = every_code_weights(256, k)
     prepared = prepare_weights([w], config=config, activations="bf16")
     eye = torch.eye(k, dtype=torch.bfloat16, device="cuda")
     c = prepared(eye, torch.tensor([0, k], dtype=torch.int32, device="cuda"))

@@ -67,13 +67,10 @@ def test_decode_is_exact_for_every_code_and_finite_scale(config, raw):
     C = Wᵀ, each element one product, exact in fp16 (2^-10 .. 2688, at most 6 significant bits)."""
     from nvfp4lib.formats import dequantize, pack_e2m1
     from nvfp4lib.kernels.hopper_varlen.runner import build_setting
+    from tests.exact_weights import every_code_weights
 
-    n = k = 256
-    gen = torch.Generator().manual_seed(0)
-    codes = torch.stack([torch.randperm(16, generator=gen) for _ in range(n * k // 16)]).reshape(n, k)
-    finite = torch.arange(256)[(torch.arange(256) & 0x7F) != 0x7F].to(torch.uint8)
-    scales = finite.repeat(-(-n * k // 16 // len(finite)))[: n * k // 16].reshape(n, k // 16)
-    w = NVFP4Tensor(pack_e2m1(codes.to(torch.uint8)), scales.view(torch.float8_e4m3fn), 1.0).to("cuda")
+    k = 256
+    w = every_code_weights(256, k)
     one_hot = pack_e2m1((torch.eye(k) * 2).to(torch.uint8))  # code 2: 1.0
     x = NVFP4Tensor(one_hot, torch.full((k, k // 16), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn),
                     1.0).to("cuda")
