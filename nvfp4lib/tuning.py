@@ -250,17 +250,18 @@ DECODE_S5_MIN_CTAS = 4
 # exact in the serving and W4A16 GPU tests. On.
 DECODE_T32_S4 = True
 DECODE_T32_TIER = (16, ("vl_m128_t32_k128_s4_e", "vl_dual_m64_t32_k128_s4_e"))
-# Wide decode calls (wide_grid) take DECODE_PAIR_TIERS instead of the three-CTA tiers: the same token tiles with each
-# warpgroup decoding two 64-row blocks (two boxes of the packed layout per stage, names ending _b2: 256 rows per CTA,
-# 128 of gate and of up for the dual GEMM), 4 stages, ~123-127 registers, two CTAs per SM; False: the three-CTA
+# Wide decode calls (wide_grid) take the two-block tiles instead of the three-CTA tiers (first tried on both decode
+# tiers, as predicted here; shipped as DECODE_PAIR_TIER, 5-16 rows, after the outcome below): the same token tiles with
+# each warpgroup decoding two 64-row blocks (two boxes of the packed layout per stage, names ending _b2: 256 rows per
+# CTA, 128 of gate and of up for the dual GEMM), 4 stages, ~123-127 registers, two CTAs per SM; False: the three-CTA
 # tiers. Why (issue 41): the decode GEMMs are issue-bound at the three-CTA tiers (ncu: issue slots 68-71% busy), and a
 # consumer warp's K tile issues ~209 instructions in the offline SASS of which the decode is 124: the rest (the wgmma
 # descriptors, the pipeline's waits, releases and refills) is paid per K tile whatever the rows, so two blocks per
-# warpgroup cut the instructions per weight by ~18-24% (offline SASS, the t16 and t32 forms), and each CTA's fixed
-# cost (tile search, first stage, epilogue) covers twice the rows. Against: two CTAs per SM, 16 warps, where the
-# three-CTA tiers run 24. Prediction (2026-11-29, before any run): the wide calls' GEMMs 5-12% faster, DeepSeek-like
-# T = 8 and 64, Mixtral-like T = 8 gate/up and T = 64, Qwen3-like T = 8 and 64 3-8% faster as layers; the calls the
-# rule leaves narrow (T = 1) unchanged.
+# warpgroup cut the instructions per weight by ~18-24% (offline SASS, the t16 and t32 forms), and each CTA's fixed cost
+# (tile search, first stage, epilogue) covers twice the rows. Against: two CTAs per SM, 16 warps, where the three-CTA
+# tiers run 24. Prediction (2026-11-29, before any run): the wide calls' GEMMs 5-12% faster, DeepSeek-like T = 8 and 64,
+# Mixtral-like T = 8 gate/up and T = 64, Qwen3-like T = 8 and 64 3-8% faster as layers; the calls the rule leaves narrow
+# (T = 1) unchanged.
 # Outcome (H200, moe-bench --decode-pair off on on off --profile, T = 1, 8, 64, both routings and modes; notebook 11's
 # rounds): held for the 32-token tiles (5-16 rows per expert: Mixtral-like T = 64), faster in both modes, W4A4
 # 293.5 -> 273.2 us (uniform; its gate/up GEMM 180.5 -> 159.5), 369.9 -> 342.7 (Zipf), W4A16 275.9 -> 267.8 and
