@@ -41,7 +41,7 @@ from .formats import NVFP4Tensor, dequantize
 from .kernels.hopper_varlen.gather import F as _F  # (the one-shot call's table: no import per call, ~1 µs)
 from .kernels.hopper_varlen.gather import group_table as _group_table
 from .reference import exact_matmuls
-from .tuning import heuristic, lookup, m_bucket, problem_key, shipped, wide_grid
+from .tuning import heuristic, lookup, m_bucket, narrow_pair, problem_key, shipped, wide_grid
 
 __all__ = ["prepare_weights", "PreparedWeights", "check_offsets", "SERVING_BACKENDS", "ACTIVATIONS"]
 
@@ -495,13 +495,22 @@ def auto_layout(dual: bool, groups: int, n: int, activations: str = "nvfp4"):
 
 
 def _rule_pick(dual: bool, bucket: int, candidates: list[str], k: int, activations: str = "nvfp4",
-               wide: bool = False) -> str:
-    """:func:`nvfp4lib.tuning.heuristic` over a layout's candidates (``wide``: :func:`nvfp4lib.tuning.wide_grid`);
+               grid: str = "") -> str:
+    """:func:`nvfp4lib.tuning.heuristic` over a layout's candidates (``grid``: :func:`_grid`'s class of the call);
     the bf16 configs (``vl_a16_`` names) mirror the NVFP4 ones and take their ranking, until they are timed apart."""
+    wide, pair = grid == "wide", grid == "pair"
     if activations == "nvfp4":
-        return heuristic(dual, bucket, candidates, k, wide)
+        return heuristic(dual, bucket, candidates, k, wide, pair)
     as_nvfp4 = [c.replace("vl_a16_", "vl_", 1) for c in candidates]
-    return candidates[as_nvfp4.index(heuristic(dual, bucket, as_nvfp4, k, wide))]
+    return candidates[as_nvfp4.index(heuristic(dual, bucket, as_nvfp4, k, wide, pair))]
+
+
+def _grid(dual: bool, rows: int, groups: int, n: int, k: int, sms: int) -> str:
+    """A decode call's grid as the shape rule sees it: "wide" (:func:`nvfp4lib.tuning.wide_grid`), "pair"
+    (:func:`nvfp4lib.tuning.narrow_pair`) or "" (neither)."""
+    if wide_grid(dual, rows, groups, n, sms):
+        return "wide"
+    return "pair" if narrow_pair(dual, rows, groups, n, k, sms) else ""
 
 
 def rule_choice(dual: bool, groups: int, n: int, k: int, rows: int, activations: str = "nvfp4",
@@ -509,7 +518,7 @@ def rule_choice(dual: bool, groups: int, n: int, k: int, rows: int, activations:
     """The config ``config="auto"`` runs for a call of ``rows`` rows over ``groups`` groups where the tuning cache has
     no entry: the shape rule as set now, computed without a GPU."""
     _, candidates = auto_layout(dual, groups, n, activations)
-    return _rule_pick(dual, m_bucket(rows, groups), candidates, k, activations, wide_grid(dual, rows, groups, n, sms))
+    return _rule_pick(dual, m_bucket(rows, groups), candidates, k, activations, _grid(dual, rows, groups, n, k, sms))
 
 
 class _CuteHopperImpl:
@@ -539,7 +548,7 @@ class _CuteHopperImpl:
         tag = tuning_layout(layout[1], layout[2], activations)
         self._key = lambda bucket: problem_key(self.gpu, "cute-hopper", dual, out_dtype, groups, n, k, bucket, tag)
         self._runners: dict = {}
-        self._choice: dict[tuple[int, bool], str] = {}  # (bucket, tuning.wide_grid)
+        self._choice: dict[tuple[int, str], str] = {}  # (bucket, _grid)
         self.sms = torch.cuda.get_device_properties(self.weights.device).multi_processor_count
         self._last = (-1, None)
 
@@ -559,18 +568,18 @@ class _CuteHopperImpl:
         if self.fixed:
             return self.fixed
         bucket = m_bucket(rows, self.weights.groups)
-        wide = wide_grid(self.weights.dual, rows, self.weights.groups, self.n, self.sms)
-        if (bucket, wide) not in self._choice:
-            self._choice[bucket, wide] = lookup(self._key(bucket)) or self._heuristic(bucket, wide)
-        return self._choice[bucket, wide]
+        grid = _grid(self.weights.dual, rows, self.weights.groups, self.n, self.k, self.sms)
+        if (bucket, grid) not in self._choice:
+            self._choice[bucket, grid] = lookup(self._key(bucket)) or self._heuristic(bucket, grid)
+        return self._choice[bucket, grid]
 
     def choice_source(self, rows: int) -> str:
         if self.fixed:
             return "named"
         return "tuned" if lookup(self._key(m_bucket(rows, self.weights.groups))) else "rule"
 
-    def _heuristic(self, bucket: int, wide: bool = False) -> str:
-        return _rule_pick(self.weights.dual, bucket, self.candidates, self.k, self.activations, wide)
+    def _heuristic(self, bucket: int, grid: str = "") -> str:
+        return _rule_pick(self.weights.dual, bucket, self.candidates, self.k, self.activations, grid)
 
     def tune_bucket(self, codes, scales, gs_a, offsets) -> dict:
         """Time every candidate on these inputs; cache the fastest for their bucket. Returns {config: us}."""
@@ -619,7 +628,8 @@ class _CuteHopperImpl:
         best, times = tune(run, self.candidates)
         bucket = m_bucket(rows, self.weights.groups)
         store(self._key(bucket), best)
-        self._choice[bucket, False] = self._choice[bucket, True] = best  # (a tuned choice whatever the grid)
+        for grid in ("", "wide", "pair"):  # (a tuned choice whatever the grid)
+            self._choice[bucket, grid] = best
         self._last = (-1, None)
         return times
 

@@ -277,6 +277,24 @@ DECODE_T32_TIER = (16, ("vl_m128_t32_k128_s4_e", "vl_dual_m64_t32_k128_s4_e"))
 # W4A16 2226 -> 2067 (-7%), T = 512 -13% and -6% (Zipf -9% and -4%), Qwen3-like T = 256 -3% (W4A4), -1 to -2% (W4A16).
 DECODE_PAIR = True
 DECODE_PAIR_TIER = (16, ("vl_m256_t32_k128_s4_e_b2", "vl_dual_m128_t32_k128_s4_e_b2"))
+# Narrow decode calls (up to 4 rows per group, not wide_grid: T = 1 and 2 of the bench's layers) take the 16-token
+# two-block tiles in split-K form (NARROW_PAIR_TIER, names ending _x_b2: 4 stages, two CTAs per SM) where their grid,
+# with its K slices (hopper_varlen.config.choose_splits), still has at least one CTA per SM (narrow_pair); False: the
+# 8-stage 16-token tiles as before. Why (issue 41): every T = 1 decode layer is 1.8-1.9x its NVFP4 floor, and its
+# GEMMs are what is slow: Mixtral-like T = 1 W4A16 (H200, cccf53e) gate/up 52.7 us, down 27.3, against ~30 and ~15
+# at the copy rate. ncu has that gate/up GEMM (448 CTAs) issuing 53% of the time at IPC 2.5, DRAM 54%, its SMs idle
+# 17% of the kernel (data/profiles.jsonl): its 25.7 M warp instructions alone are ~27 us at 4 per cycle. The two-block
+# tiles cut the instructions per weight by ~18-24% (offline SASS; DECODE_PAIR's note) at the same two CTAs per SM and
+# the same bytes in flight per CTA (4 stages of two boxes against 8 of one), where the wide calls' DECODE_PAIR lost to
+# a third CTA per SM that narrow calls do not have. The SMs' share of the work is no worse: Mixtral-like gate/up 448
+# tiles (3 or 4 per SM) become 224 CTAs of two (2 or 4 tiles per SM); its down GEMM 64 tiles in 4 slices (256 CTAs
+# of 28 K tiles) become 32 in 7 (224 of 16, two boxes each); DeepSeek-like gate/up 256 CTAs of 56 K tiles become 128
+# in 2 slices (256 of 28), down 448 CTAs become 224. The Qwen3-like GEMMs at T = 1 (96 and 64 CTAs as two-block
+# tiles) have fewer than one per SM and keep theirs. Prediction (2026-11-29, before any run): the Mixtral- and
+# DeepSeek-like GEMMs at T = 1 8-15% faster, the layers 6-12% in both modes (Mixtral-like W4A16 ~87 -> ~78-82 us);
+# Qwen3-like T = 1 and every T >= 8 unchanged (not taken).
+NARROW_PAIR = False
+NARROW_PAIR_TIER = (4, ("vl_m256_t16_k128_s4_e_x_b2", "vl_dual_m128_t16_k128_s4_e_x_b2"))
 
 
 def wide_grid(dual: bool, rows: int, groups: int, n: int, sms: int) -> bool:
@@ -291,6 +309,21 @@ def wide_grid(dual: bool, rows: int, groups: int, n: int, sms: int) -> bool:
         return False
     single, dual_name = (DECODE_S5_TIER if bucket <= DECODE_S5_TIER[0] else DECODE_T32_TIER)[1]
     return grid_ctas(CONFIGS[dual_name if dual else single], rows, groups, n) >= DECODE_S5_MIN_CTAS * sms
+
+
+def narrow_pair(dual: bool, rows: int, groups: int, n: int, k: int, sms: int) -> bool:
+    """Whether a decode call (``rows`` rows over ``groups`` groups, N = ``n``, K = ``k``) takes
+    :data:`NARROW_PAIR_TIER` (with :data:`NARROW_PAIR`): at most its rows per group, not :func:`wide_grid`, and its
+    two-block grid with its K slices (``choose_splits``) has at least one CTA per SM (of ``sms``)."""
+    from .kernels.hopper_varlen.config import CONFIGS, choose_splits, grid_ctas
+
+    if not NARROW_PAIR or m_bucket(rows, groups) > NARROW_PAIR_TIER[0] or wide_grid(dual, rows, groups, n, sms):
+        return False
+    cfg = CONFIGS[NARROW_PAIR_TIER[1][dual]]
+    k_pad = -(-k // cfg.tile_k) * cfg.tile_k
+    return grid_ctas(cfg, rows, groups, n) * choose_splits(cfg, rows, groups, n, k_pad, sms) >= sms
+
+
 # Configs no rule takes that stay tuning candidates (`nvfp4lib tune`): the 96-token tiles of the first A/B above.
 TUNING_ARMS = ("vl_m128_t96_k128_s3_e_o", "vl_dual_m64_t96_k128_s3_e_o")
 
@@ -302,23 +335,24 @@ def rule_knobs() -> dict:
             "decode_s5": bool(DECODE_S5), "decode_s5_min_ctas": int(DECODE_S5_MIN_CTAS),
             "decode_t32_s4": bool(DECODE_T32_S4),
             # (the two-block tier as shipped, the 32-token one: "t32"; rows of its first A/B, both tiers, carry True)
-            "decode_pair": "t32" if DECODE_PAIR else "off"}
+            "decode_pair": "t32" if DECODE_PAIR else "off", "narrow_pair": bool(NARROW_PAIR)}
 
 
 def shipped() -> set[str]:
     """Every config a rule of this module can choose (:data:`PREFERENCE`, :data:`SHORT_K_TIER` and the three-CTA
     tiers), and the :data:`TUNING_ARMS`: the candidates of tuning."""
-    tiers = PREFERENCE + (SHORT_K_TIER, DECODE_S5_TIER, DECODE_T32_TIER, DECODE_PAIR_TIER)
+    tiers = PREFERENCE + (SHORT_K_TIER, DECODE_S5_TIER, DECODE_T32_TIER, DECODE_PAIR_TIER, NARROW_PAIR_TIER)
     return {name for _, names in tiers for name in names} | set(TUNING_ARMS)
 
 
-def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = None, wide: bool = False) -> str:
+def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = None, wide: bool = False,
+              pair: bool = False) -> str:
     """A shape rule for a cache miss: the first of :data:`PREFERENCE`'s configs for the bucket that is a candidate
     (the candidates share the prepared weights' layout), else the first candidate; in the bucket of
     :data:`SHORT_K_TIER` with ``k`` at most :data:`SHORT_K`, its configs first, and for a ``wide`` call
     (:func:`wide_grid`) :data:`DECODE_S5_TIER`'s first up to 4 rows per group (with :data:`DECODE_S5`) and
     :data:`DECODE_T32_TIER`'s from 5 to 16 (with :data:`DECODE_T32_S4`; before it :data:`DECODE_PAIR_TIER`'s, with
-    :data:`DECODE_PAIR`). With :data:`ONCE_WAIT` off the
+    :data:`DECODE_PAIR`); for a ``pair`` call (:func:`narrow_pair`) :data:`NARROW_PAIR_TIER`'s first. With :data:`ONCE_WAIT` off the
     once-wait configs (named ``*_o`` by ``hopper_varlen.config.make``) are passed over, and :data:`DUAL_96_CONFIG`
     in :data:`PREFERENCE`'s tiers over the bucket :data:`DUAL_96` unless ``k`` is at most :data:`DUAL_96_K`."""
     tiers = list(PREFERENCE)
@@ -330,6 +364,8 @@ def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = No
         tiers.insert(0, DECODE_T32_TIER)
     if wide and DECODE_PAIR and bucket > DECODE_S5_TIER[0]:
         tiers.insert(0, DECODE_PAIR_TIER)
+    if pair and not wide and bucket <= NARROW_PAIR_TIER[0]:
+        tiers.insert(0, NARROW_PAIR_TIER)
     for tier in tiers:
         limit, names = tier
         if bucket <= limit:

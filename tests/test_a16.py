@@ -210,11 +210,12 @@ def test_decode_ptx_is_the_emulated_arithmetic(int_scale, own):
 
 # -- the kernel, compiled for sm_90a ---------------------------------------------------------------------------------
 def test_a16_configs_mirror_the_fastest_nvfp4_ones():
-    from nvfp4lib.tuning import DECODE_PAIR_TIER, DECODE_S5_TIER, DECODE_T32_TIER, PREFERENCE
+    from nvfp4lib.tuning import DECODE_PAIR_TIER, DECODE_S5_TIER, DECODE_T32_TIER, NARROW_PAIR_TIER, PREFERENCE
 
-    preferred = {n for _, names in PREFERENCE + (DECODE_S5_TIER, DECODE_T32_TIER, DECODE_PAIR_TIER) for n in names}
+    tiers = PREFERENCE + (DECODE_S5_TIER, DECODE_T32_TIER, DECODE_PAIR_TIER, NARROW_PAIR_TIER)
+    preferred = {n for _, names in tiers for n in names}
     preferred |= {"vl_m256_t16_k128_s4_e_b2", "vl_dual_m128_t16_k128_s4_e_b2"}  # (tuning candidates, no tier's)
-    assert len(A16) == 20
+    assert len(A16) == 22
     for name in A16:
         nv = name.replace("vl_a16_", "vl_", 1)
         assert nv in preferred and CONFIGS[name] == CONFIGS[nv].with_(name=name, act="bf16")

@@ -670,7 +670,8 @@ def test_choice_source_says_where_auto_took_its_config(tmp_path, monkeypatch):
                                    "dual_96": tuning.DUAL_96, "dual_96_k": tuning.DUAL_96_K,
                                    "decode_s5": tuning.DECODE_S5, "decode_s5_min_ctas": tuning.DECODE_S5_MIN_CTAS,
                                    "decode_t32_s4": tuning.DECODE_T32_S4,
-                                   "decode_pair": "t32" if tuning.DECODE_PAIR else "off"}
+                                   "decode_pair": "t32" if tuning.DECODE_PAIR else "off",
+                                   "narrow_pair": tuning.NARROW_PAIR}
 
 
 def test_three_cta_tiers_are_taken_only_for_grids_of_many_ctas_per_sm(monkeypatch):
@@ -702,13 +703,41 @@ def test_three_cta_tiers_are_taken_only_for_grids_of_many_ctas_per_sm(monkeypatc
     assert rule_choice(True, 8, 14336, 4096, 128) == "vl_dual_m64_t32_k128_s6_e"
 
 
+def test_narrow_two_block_tier_is_taken_where_its_grid_fills_the_sms(monkeypatch):
+    """tuning.NARROW_PAIR: at most 4 rows per group and not a wide grid, the 16-token two-block split-K tiles where
+    their grid with its K slices has at least one CTA per SM (the Mixtral- and DeepSeek-like GEMMs at T = 1), not
+    the Qwen3-like ones (96 and 64 CTAs), nor wide calls (DECODE_S5's), nor more rows; off, never."""
+    from nvfp4lib import tuning
+    from nvfp4lib.serving import rule_choice
+
+    # (dual, groups, N, K, rows): Mixtral-like T = 1 gate/up and down, DeepSeek-like T = 1, Qwen3-like T = 1
+    mixtral, deepseek = [(True, 8, 14336, 4096, 2), (False, 8, 4096, 14336, 2)], [(True, 256, 2048, 7168, 8),
+                                                                                   (False, 256, 7168, 2048, 8)]
+    qwen3 = [(True, 128, 768, 2048, 8), (False, 128, 2048, 768, 8)]
+    monkeypatch.setattr(tuning, "NARROW_PAIR", True)
+    for dual, *shape in mixtral + deepseek:
+        assert tuning.narrow_pair(dual, shape[3], shape[0], shape[1], shape[2], 132)
+        assert rule_choice(dual, *shape) == tuning.NARROW_PAIR_TIER[1][dual]
+        assert rule_choice(dual, *shape, "bf16") == tuning.NARROW_PAIR_TIER[1][dual].replace("vl_", "vl_a16_", 1)
+    for dual, *shape in qwen3:
+        assert not tuning.narrow_pair(dual, shape[3], shape[0], shape[1], shape[2], 132)
+        assert rule_choice(dual, *shape).endswith("_s8_e_x")
+    assert rule_choice(False, 256, 7168, 2048, 64) == "vl_m128_t16_k128_s5_e_x"  # (wide: DECODE_S5's tier)
+    assert rule_choice(False, 8, 4096, 14336, 64) == "vl_m128_t32_k128_s6_e"  # (8 rows per group: not its bucket)
+    assert "vl_m256_t16_k128_s4_e_x_b2" in tuning.shipped()
+    monkeypatch.setattr(tuning, "NARROW_PAIR", False)
+    for dual, *shape in mixtral + deepseek:
+        assert not tuning.narrow_pair(dual, shape[3], shape[0], shape[1], shape[2], 132)
+        assert rule_choice(dual, *shape).endswith("_s8_e_x")
+
+
 def test_tuning_runs_once_per_bucket_whatever_the_grid(monkeypatch):
     """The serving impl caches its choice per (bucket, wide grid): a bucket already chosen, by the rule or by tuning,
     is not tuned again when T changes within it; a new bucket is."""
     from nvfp4lib.serving import _CuteHopperImpl
 
     tuned = []
-    fake = types.SimpleNamespace(tune=True, fixed=None, _last=(-1, None), _choice={(1, False): "rule's"},
+    fake = types.SimpleNamespace(tune=True, fixed=None, _last=(-1, None), _choice={(1, ""): "rule's"},
                                  weights=types.SimpleNamespace(groups=8),
                                  _tune=lambda run, rows: tuned.append(rows),
                                  config_for=lambda rows: "cfg",

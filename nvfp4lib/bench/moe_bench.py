@@ -304,6 +304,7 @@ DUAL_96_KNOB = ("nvfp4lib.tuning", "DUAL_96")  # moe-bench --dual-96
 DECODE_S5_KNOB = ("nvfp4lib.tuning", "DECODE_S5")  # moe-bench --decode-s5
 DECODE_T32_KNOB = ("nvfp4lib.tuning", "DECODE_T32_S4")  # moe-bench --decode-t32-s4
 DECODE_PAIR_KNOB = ("nvfp4lib.tuning", "DECODE_PAIR")  # moe-bench --decode-pair
+NARROW_PAIR_KNOB = ("nvfp4lib.tuning", "NARROW_PAIR")  # moe-bench --narrow-pair
 DUAL_96_K_KNOB = ("nvfp4lib.tuning", "DUAL_96_K")  # moe-bench --dual-96-k
 SMALL_TILES_KNOB = ("nvfp4lib.nn.quant_triton", "SMALL_TILES")  # moe-bench --quant-small-tiles
 ROUTE_GATHER_KNOB = ("nvfp4lib.nn.routing", "ROUTE_GATHER")  # moe-bench --route-gather
@@ -403,6 +404,9 @@ AB_OPTIONS = (
     ABOption("--decode-pair", "wide decode calls take the two-block tiles (each warpgroup two 64-row blocks, two "
              "CTAs per SM) instead of the three-CTA tiers (tuning.DECODE_PAIR; default: as shipped)", "off on",
              "decode_pair", _knob(DECODE_PAIR_KNOB, lambda v: v == "on"), dict(choices=["off", "on"])),
+    ABOption("--narrow-pair", "narrow decode calls (up to 4 rows per expert, at least one CTA per SM) take the "
+             "16-token two-block tiles in split-K form (tuning.NARROW_PAIR; default: as shipped)", "off on",
+             "narrow_pair", _knob(NARROW_PAIR_KNOB, lambda v: v == "on"), dict(choices=["off", "on"])),
     ABOption("--tile-handoff", "the serving GEMM's warp 0 alone finds the CTA's tile and hands it to the other warps "
              "(hopper_varlen.kernel.TILE_HANDOFF; 0: every warp finds it; default: as shipped)", "0 1",
              "tile_handoff",

@@ -193,6 +193,10 @@ CONFIGS: dict[str, VarlenConfig] = {c.name: c for c in (
     # warpgroup decoding two 64-row blocks, 4 stages (two CTAs per SM), taken with tuning.DECODE_PAIR (its note)
     *(make(dual, 128 if dual else 256, tn, 4, act=act, boxes=2) for act in ACTS for dual in (False, True)
       for tn in (16, 32)),
+    # and the 16-token two-block tiles in split-K form (names ending _x_b2), taken at narrow decode calls with
+    # tuning.NARROW_PAIR (its note: why, and the prediction)
+    *(make(dual, 128 if dual else 256, 16, 4, act=act, split_k=True, boxes=2) for act in ACTS
+      for dual in (False, True)),
     # The consumer's wait without the suspend-time hint (wait="spin", names ending _w), an A/B of the study shapes'
     # tilings. Why (H100 ncu source counters, S4, 2026-11-27): this kernel's GEMM ran 7% (S4) to 11% (S3) more cycles
     # than the host-scheduled kernel's with the same tiling, same PTX loop; in its SASS the stage wait is an inline
