@@ -293,8 +293,22 @@ DECODE_PAIR_TIER = (16, ("vl_m256_t32_k128_s4_e_b2", "vl_dual_m128_t32_k128_s4_e
 # tiles) have fewer than one per SM and keep theirs. Prediction (2026-11-29, before any run): the Mixtral- and
 # DeepSeek-like GEMMs at T = 1 8-15% faster, the layers 6-12% in both modes (Mixtral-like W4A16 ~87 -> ~78-82 us);
 # Qwen3-like T = 1 and every T >= 8 unchanged (not taken).
-NARROW_PAIR = False
+# Outcome (H200, moe-bench --narrow-pair off on on off --profile, T = 1 and 8, both modes and routings; notebook 11's
+# rounds), per GEMM (profile, the arms' means): faster where the two-block grid runs unsplit, Mixtral-like T = 1
+# gate/up 53.1 -> 46.9 us (W4A16; -12%) and DeepSeek-like T = 1 down 29.0 -> 25.6 (W4A16), 30.1 -> 24.6 (W4A4:
+# -18%), and where it splits into long slices, Mixtral-like T = 8 down (2 slices of 56 K tiles) 82.5 -> 78.7 (-5%);
+# level or slower where its slices are short, DeepSeek-like T = 1 gate/up (2 slices of 28) 48.6 -> 48.6 (W4A16),
+# 47.0 -> 48.7 (W4A4), Mixtral-like T = 1 down (7 slices of 16) 26.9 -> 31.7 (+18%). The layers: Mixtral-like T = 1
+# -2% (W4A16) and -3.5% (W4A4), DeepSeek-like T = 1 -4%, Mixtral-like T = 8 -1 to -2%; Qwen3-like and DeepSeek-like
+# T = 8 (not taken) within 1%. Short of the prediction (6-12%) because the split forms gave back what the unsplit
+# ones gained. A reading: a two-block CTA's fixed cost (4 double stages to fill, the partials' hand-over) wants a
+# long K run; so the tier is taken where the grid runs unsplit or its slices keep at least NARROW_PAIR_MIN_K_TILES
+# K tiles (a rule read from this one run: between the 28 that tied and the 56 that gained). Prediction for it
+# (before its run): Mixtral-like T = 1 ~6-7% faster in both modes (its gate/up alone), DeepSeek-like T = 1 ~4%
+# (its down alone), Mixtral-like T = 8 as this run's "on" arms; the rest unchanged.
+NARROW_PAIR = True
 NARROW_PAIR_TIER = (4, ("vl_m256_t16_k128_s4_e_x_b2", "vl_dual_m128_t16_k128_s4_e_x_b2"))
+NARROW_PAIR_MIN_K_TILES = 32
 
 
 def wide_grid(dual: bool, rows: int, groups: int, n: int, sms: int) -> bool:
@@ -314,14 +328,17 @@ def wide_grid(dual: bool, rows: int, groups: int, n: int, sms: int) -> bool:
 def narrow_pair(dual: bool, rows: int, groups: int, n: int, k: int, sms: int) -> bool:
     """Whether a decode call (``rows`` rows over ``groups`` groups, N = ``n``, K = ``k``) takes
     :data:`NARROW_PAIR_TIER` (with :data:`NARROW_PAIR`): at most its rows per group, not :func:`wide_grid`, and its
-    two-block grid with its K slices (``choose_splits``) has at least one CTA per SM (of ``sms``)."""
+    two-block grid with its K slices (``choose_splits``) has at least one CTA per SM (of ``sms``), unsplit or in
+    slices of at least :data:`NARROW_PAIR_MIN_K_TILES` K tiles."""
     from .kernels.hopper_varlen.config import CONFIGS, choose_splits, grid_ctas
 
     if not NARROW_PAIR or m_bucket(rows, groups) > NARROW_PAIR_TIER[0] or wide_grid(dual, rows, groups, n, sms):
         return False
     cfg = CONFIGS[NARROW_PAIR_TIER[1][dual]]
     k_pad = -(-k // cfg.tile_k) * cfg.tile_k
-    return grid_ctas(cfg, rows, groups, n) * choose_splits(cfg, rows, groups, n, k_pad, sms) >= sms
+    slices = choose_splits(cfg, rows, groups, n, k_pad, sms)
+    long_slices = slices == 1 or -(-(k_pad // cfg.tile_k) // slices) >= NARROW_PAIR_MIN_K_TILES
+    return long_slices and grid_ctas(cfg, rows, groups, n) * slices >= sms
 
 
 # Configs no rule takes that stay tuning candidates (`nvfp4lib tune`): the 96-token tiles of the first A/B above.
@@ -335,7 +352,9 @@ def rule_knobs() -> dict:
             "decode_s5": bool(DECODE_S5), "decode_s5_min_ctas": int(DECODE_S5_MIN_CTAS),
             "decode_t32_s4": bool(DECODE_T32_S4),
             # (the two-block tier as shipped, the 32-token one: "t32"; rows of its first A/B, both tiers, carry True)
-            "decode_pair": "t32" if DECODE_PAIR else "off", "narrow_pair": bool(NARROW_PAIR)}
+            "decode_pair": "t32" if DECODE_PAIR else "off",
+            # (the narrow two-block tier with its rule by slice length, "k32"; its first A/B's rows carry bools)
+            "narrow_pair": f"k{NARROW_PAIR_MIN_K_TILES}" if NARROW_PAIR else "off"}
 
 
 def shipped() -> set[str]:
@@ -352,9 +371,10 @@ def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = No
     :data:`SHORT_K_TIER` with ``k`` at most :data:`SHORT_K`, its configs first, and for a ``wide`` call
     (:func:`wide_grid`) :data:`DECODE_S5_TIER`'s first up to 4 rows per group (with :data:`DECODE_S5`) and
     :data:`DECODE_T32_TIER`'s from 5 to 16 (with :data:`DECODE_T32_S4`; before it :data:`DECODE_PAIR_TIER`'s, with
-    :data:`DECODE_PAIR`); for a ``pair`` call (:func:`narrow_pair`) :data:`NARROW_PAIR_TIER`'s first. With :data:`ONCE_WAIT` off the
-    once-wait configs (named ``*_o`` by ``hopper_varlen.config.make``) are passed over, and :data:`DUAL_96_CONFIG`
-    in :data:`PREFERENCE`'s tiers over the bucket :data:`DUAL_96` unless ``k`` is at most :data:`DUAL_96_K`."""
+    :data:`DECODE_PAIR`); for a ``pair`` call (:func:`narrow_pair`) :data:`NARROW_PAIR_TIER`'s first. With
+    :data:`ONCE_WAIT` off the once-wait configs (named ``*_o`` by ``hopper_varlen.config.make``) are passed over, and
+    :data:`DUAL_96_CONFIG` in :data:`PREFERENCE`'s tiers over the bucket :data:`DUAL_96` unless ``k`` is at most
+    :data:`DUAL_96_K`."""
     tiers = list(PREFERENCE)
     if k is not None and k <= SHORT_K and bucket == SHORT_K_TIER[0]:
         tiers.insert(0, SHORT_K_TIER)

@@ -577,7 +577,7 @@ def test_split_k_only_where_the_tiles_leave_sms_idle(monkeypatch):
     monkeypatch.setattr(vc, "SPLIT_K", False)
     assert vc.choose_splits(single, 2, 8, 1024, 4096, 132) == 1
     assert {c.act for c in CONFIGS.values() if c.split_k} == {"nvfp4", "bf16"}
-    assert all(n.endswith("_x") == c.split_k for n, c in CONFIGS.items())
+    assert all(n.removesuffix("_b2").endswith("_x") == c.split_k for n, c in CONFIGS.items())
 
 
 @pytest.mark.slow
@@ -671,7 +671,8 @@ def test_choice_source_says_where_auto_took_its_config(tmp_path, monkeypatch):
                                    "decode_s5": tuning.DECODE_S5, "decode_s5_min_ctas": tuning.DECODE_S5_MIN_CTAS,
                                    "decode_t32_s4": tuning.DECODE_T32_S4,
                                    "decode_pair": "t32" if tuning.DECODE_PAIR else "off",
-                                   "narrow_pair": tuning.NARROW_PAIR}
+                                   "narrow_pair": f"k{tuning.NARROW_PAIR_MIN_K_TILES}" if tuning.NARROW_PAIR
+                                   else "off"}
 
 
 def test_three_cta_tiers_are_taken_only_for_grids_of_many_ctas_per_sm(monkeypatch):
@@ -682,6 +683,7 @@ def test_three_cta_tiers_are_taken_only_for_grids_of_many_ctas_per_sm(monkeypatc
     from nvfp4lib.serving import rule_choice
 
     assert tuning.DECODE_S5 and tuning.DECODE_S5_MIN_CTAS == 4  # (as shipped)
+    monkeypatch.setattr(tuning, "NARROW_PAIR", False)  # (the narrow two-block tier: its own test)
     assert tuning.wide_grid(False, 64, 256, 7168, 132) and tuning.wide_grid(True, 64, 256, 2048, 132)  # 3584, 2048
     assert not tuning.wide_grid(True, 2, 8, 14336, 132) and not tuning.wide_grid(False, 8, 256, 7168, 132)  # 448
     assert rule_choice(False, 256, 7168, 2048, 64) == "vl_m128_t16_k128_s5_e_x"
@@ -703,32 +705,36 @@ def test_three_cta_tiers_are_taken_only_for_grids_of_many_ctas_per_sm(monkeypatc
     assert rule_choice(True, 8, 14336, 4096, 128) == "vl_dual_m64_t32_k128_s6_e"
 
 
-def test_narrow_two_block_tier_is_taken_where_its_grid_fills_the_sms(monkeypatch):
+def test_narrow_two_block_tier_is_taken_where_its_grid_fills_the_sms_in_long_runs(monkeypatch):
     """tuning.NARROW_PAIR: at most 4 rows per group and not a wide grid, the 16-token two-block split-K tiles where
-    their grid with its K slices has at least one CTA per SM (the Mixtral- and DeepSeek-like GEMMs at T = 1), not
+    their grid with its K slices has at least one CTA per SM and runs unsplit or in slices of at least
+    NARROW_PAIR_MIN_K_TILES K tiles (Mixtral-like T = 1 gate/up and T = 8 down, DeepSeek-like T = 1 down); not the
+    GEMMs whose slices would be short (Mixtral-like T = 1 down: 7 of 16, DeepSeek-like T = 1 gate/up: 2 of 28), nor
     the Qwen3-like ones (96 and 64 CTAs), nor wide calls (DECODE_S5's), nor more rows; off, never."""
     from nvfp4lib import tuning
     from nvfp4lib.serving import rule_choice
 
-    # (dual, groups, N, K, rows): Mixtral-like T = 1 gate/up and down, DeepSeek-like T = 1, Qwen3-like T = 1
-    mixtral, deepseek = [(True, 8, 14336, 4096, 2), (False, 8, 4096, 14336, 2)], [(True, 256, 2048, 7168, 8),
-                                                                                   (False, 256, 7168, 2048, 8)]
+    assert tuning.NARROW_PAIR and tuning.NARROW_PAIR_MIN_K_TILES == 32  # (as shipped)
+    # (dual, groups, N, K, rows): the GEMMs of the bench's layers at T = 1 (and Mixtral-like T = 8's down)
+    taken = [(True, 8, 14336, 4096, 2), (False, 256, 7168, 2048, 8), (False, 8, 4096, 14336, 16)]
+    short = [(False, 8, 4096, 14336, 2), (True, 256, 2048, 7168, 8)]
     qwen3 = [(True, 128, 768, 2048, 8), (False, 128, 2048, 768, 8)]
-    monkeypatch.setattr(tuning, "NARROW_PAIR", True)
-    for dual, *shape in mixtral + deepseek:
+    for dual, *shape in taken:
         assert tuning.narrow_pair(dual, shape[3], shape[0], shape[1], shape[2], 132)
         assert rule_choice(dual, *shape) == tuning.NARROW_PAIR_TIER[1][dual]
         assert rule_choice(dual, *shape, "bf16") == tuning.NARROW_PAIR_TIER[1][dual].replace("vl_", "vl_a16_", 1)
-    for dual, *shape in qwen3:
+    for dual, *shape in short + qwen3:
         assert not tuning.narrow_pair(dual, shape[3], shape[0], shape[1], shape[2], 132)
         assert rule_choice(dual, *shape).endswith("_s8_e_x")
+    monkeypatch.setattr(tuning, "NARROW_PAIR_MIN_K_TILES", 16)  # (the first A/B's rule: every slice length)
+    assert all(tuning.narrow_pair(d, s[3], s[0], s[1], s[2], 132) for d, *s in short)
     assert rule_choice(False, 256, 7168, 2048, 64) == "vl_m128_t16_k128_s5_e_x"  # (wide: DECODE_S5's tier)
     assert rule_choice(False, 8, 4096, 14336, 64) == "vl_m128_t32_k128_s6_e"  # (8 rows per group: not its bucket)
     assert "vl_m256_t16_k128_s4_e_x_b2" in tuning.shipped()
     monkeypatch.setattr(tuning, "NARROW_PAIR", False)
-    for dual, *shape in mixtral + deepseek:
+    for dual, *shape in taken + short:
         assert not tuning.narrow_pair(dual, shape[3], shape[0], shape[1], shape[2], 132)
-        assert rule_choice(dual, *shape).endswith("_s8_e_x")
+        assert rule_choice(dual, *shape).endswith(("_s8_e_x", "_s5_e_x"))
 
 
 def test_tuning_runs_once_per_bucket_whatever_the_grid(monkeypatch):
