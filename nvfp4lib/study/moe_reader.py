@@ -1,23 +1,44 @@
-"""Reading ``data/moe.jsonl`` by commit for notebook 11's rounds (:mod:`.moe_rounds`): the :class:`Reader`, which
-remembers the runs it read, and the readers of a knob's A/B that several rounds share (one run at a commit with the
-knob set both ways; the arms in the order they ran; a commit against the one before)."""
+"""Reading ``data/moe.jsonl`` by commit for notebook 11's rounds (:mod:`.moe_rounds`): a :class:`Round`, the
+:class:`Reader`, which remembers the runs it read, and the readers of a knob's A/B that several rounds share (one run
+at a commit with the knob set both ways; the arms in the order they ran; a commit against the one before)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import pandas as pd
 
 from ..bench.moe_bench import LABELS
 
-__all__ = ["NOT_RECORDED", "NO_PREDICTION", "W4A4", "W4A16", "PEER", "SHORT", "KEY", "Reader", "span", "per_label",
-           "speedups", "ab_at", "gemm_us", "shipped_rule", "split_ab", "not_probe", "timed_in_order", "arms_in_order",
-           "arm_means_at", "rounds_table_of", "generic", "profile_kernels", "gemm_phases", "timeline_phases"]
+__all__ = ["Round", "in_turn", "NOT_RECORDED", "NO_PREDICTION", "W4A4", "W4A16", "PEER", "SHORT", "KEY", "Reader",
+           "span", "per_label", "speedups", "ab_at", "gemm_us", "shipped_rule", "split_ab", "not_probe",
+           "timed_in_order", "arms_in_order", "arm_means_at", "rounds_table_of", "generic", "profile_kernels",
+           "gemm_phases", "timeline_phases"]
 
 NOT_RECORDED = "not recorded in data/"
 NO_PREDICTION = "none written down"
 W4A4, W4A16, PEER = LABELS["nvfp4"], LABELS["bf16"], LABELS["peer"]
 SHORT = {W4A4: "W4A4", W4A16: "W4A16", PEER: "bf16"}
 KEY = ["layer", "tokens", "routing", "label"]
+
+
+@dataclass(frozen=True)
+class Round:
+    """One development round: ``change`` (what the code does differently), ``prediction`` (as written before the
+    measurement; a callable computes it from the floors alone; empty: none was written), ``commits`` (the commits
+    whose recorded runs measured the outcome), ``outcome`` (computed from a :class:`Reader`; None or a result of
+    None: the data hold nothing for it), ``unrecorded`` (what was measured only outside data/)."""
+
+    change: str
+    prediction: str | Callable[[], str]
+    commits: tuple[str, ...]
+    outcome: Callable[["Reader"], str | None] | None = None
+    unrecorded: str = ""
+
+
+def in_turn(outcomes, sep: str = "; then "):
+    """One round's outcome from several runs' (each a Reader -> str | None): those the data hold, in order."""
+    return lambda r: sep.join(x for x in (o(r) for o in outcomes) if x) or None
 
 
 class Reader:

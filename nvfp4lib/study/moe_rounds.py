@@ -9,9 +9,6 @@ row (its rows against the previous commit's), so new runs show up here without e
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import pandas as pd
 
 from . import moe_runs as runs
@@ -24,12 +21,14 @@ from .moe_reader import (
     W4A4,
     W4A16,
     Reader,
+    Round,
     ab_at,
     arm_means_at,
     arms_in_order,
     chain_steps,
     gemm_phases,
     generic,
+    in_turn,
     not_probe,
     per_label,
     profile_kernels,
@@ -41,22 +40,9 @@ from .moe_reader import (
     timeline_phases,
 )
 from .moe_report import DECODE_MAX_T, PREFILL_MIN_T, predicted_floors
+from .moe_tile_rounds import TILE_ROUNDS
 
 __all__ = ["Round", "ROUNDS", "Reader", "rounds_table", "NOT_RECORDED", "NO_PREDICTION"]
-
-
-@dataclass(frozen=True)
-class Round:
-    """One development round: ``change`` (what the code does differently), ``prediction`` (as written before the
-    measurement; a callable computes it from the floors alone; empty: none was written), ``commits`` (the commits
-    whose recorded runs measured the outcome), ``outcome`` (computed from a :class:`Reader`; None or a result of
-    None: the data hold nothing for it), ``unrecorded`` (what was measured only outside data/)."""
-
-    change: str
-    prediction: str | Callable[[], str]
-    commits: tuple[str, ...]
-    outcome: Callable[[Reader], str | None] | None = None
-    unrecorded: str = ""
 
 
 # --- the predictions and outcomes of each round ---------------------------------------------------------------------
@@ -258,13 +244,8 @@ def _profiled(d: pd.DataFrame) -> pd.Series:
     return d["profile"].map(lambda p: isinstance(p, dict)) if "profile" in d else pd.Series(False, index=d.index)
 
 
-def _in_turn(outcomes, sep: str = "; then "):
-    """One round's outcome from several runs' (each a Reader -> str | None): those the data hold, in order."""
-    return lambda r: sep.join(x for x in (o(r) for o in outcomes) if x) or None
-
-
 # the W4A16 word layout's A/B (moe-bench --a16-own-words): its three runs
-_a16_own_ab = _in_turn([arm_means_at(c, "a16_own_words", ("fp16 path's bytes", "own words"), "W4A16")
+_a16_own_ab = in_turn([arm_means_at(c, "a16_own_words", ("fp16 path's bytes", "own words"), "W4A16")
                         for c in (runs.A16_OWN_COMMIT, runs.A16_OWN_MORE_COMMIT, runs.A16_OWN_PROFILE_COMMIT)])
 
 
@@ -705,7 +686,7 @@ ROUNDS = (
           "waits: ~1.6-1.75x the SM's issue rate over its 56 K tiles), the layer W4A16 ~90 -> ~80-82 us and W4A4 "
           "~106 -> ~96-98; Qwen3-like T = 1 unchanged (its splits stay as they are).",
           (runs.PAIR_COMMIT, runs.PAIR_SHIPPED_COMMIT),
-          _in_turn([split_ab(c, "split_rule", ("idle", "pair"), keep=None, names=("rule idle", "pair"))
+          in_turn([split_ab(c, "split_rule", ("idle", "pair"), keep=None, names=("rule idle", "pair"))
                     for c in (runs.PAIR_COMMIT, runs.PAIR_SHIPPED_COMMIT)], "; then, shipped: ")),
     Round("No change: decode measured as shipped (the own word layout and the 'pair' rule in), the three layers at "
           "T = 1, 8, 64, both modes and routings, beside the bf16 layer in one run on an H200 (moe-bench --tokens 1 8 "
@@ -727,7 +708,7 @@ ROUNDS = (
           "the GPU tests. Runs on an H200 (moe-bench --route-gather 0 1 0 1 --profile, W4A16)",
           "W4A16 decode ~0.5-1 us faster on every layer (one chained launch fewer), T = 64 within 1 us.",
           runs.ROUTE_GATHER_COMMITS,
-          _in_turn([arm_means_at(c, "route_gather", ("two launches", "one"), "W4A16", keep=_profiled)
+          in_turn([arm_means_at(c, "route_gather", ("two launches", "one"), "W4A16", keep=_profiled)
                     for c in runs.ROUTE_GATHER_COMMITS], "; then, fixed: ")),
     Round("No change: decode measured as shipped (the routing+gather launch in), the three layers at T = 1, 8, 64, "
           "both modes and routings, beside the bf16 layer in one run on an H200",
@@ -762,36 +743,9 @@ ROUNDS = (
           "each on an H200 (moe-bench --combine-in-gemm 0 1 0 1 --profile, T = 1 and 8, both modes; the one-launch "
           "arm's down GEMM includes the sum)",
           "T = 1 ~1-1.5 us faster in both modes on every layer (Qwen3-like W4A16 ~24 -> ~22.8 us), T = 8 ~0.5-1 us.",
-          runs.COMBINE_COMMITS, _in_turn([arm_means_at(c, "combine_in_gemm", ("two launches", "one"), "both modes")
+          runs.COMBINE_COMMITS, in_turn([arm_means_at(c, "combine_in_gemm", ("two launches", "one"), "both modes")
                                           for c in runs.COMBINE_COMMITS], "; then, the copies loaded together: ")),
-    Round("Up to 4 rows per expert, the 16-token tiles with 5 stages instead of 8 (70 KB: three CTAs per SM; "
-          "tuning.DECODE_S5), after the per-CTA budget above put a third of the DeepSeek-like T = 8 down GEMM's CTA "
-          "time outside its mainloop. Two runs on an H200: every decode call (moe-bench --decode-s5 off on on off, "
-          "T = 1, 8), then the rule shipped, grids of at least 4 CTAs per SM (on off off on, T = 1, 8, 64, both "
-          "routings)", "DeepSeek-like T = 8 5-10% faster in both modes, Mixtral-like T = 8 1-4%; steps of one wave "
-          "or less (T = 1) unchanged or up to 5% slower.", runs.DECODE_S5_COMMITS,
-          _in_turn([arm_means_at(c, "decode_s5", ("8 stages", "5"), "both modes", values=(False, True))
-                    for c in runs.DECODE_S5_COMMITS], "; then, with the rule: ")),
-    Round("From 5 to 16 rows per expert, the 32-token tiles with 4 stages instead of 6 (73 KB: three CTAs per SM; "
-          "tuning.DECODE_T32_S4) under the same rule. One run on an H200 (moe-bench --decode-t32-s4 off on on off: "
-          "Mixtral-like T = 64, both routings; Qwen3-like T = 256; DeepSeek-like T = 512 off on)",
-          "Mixtral-like T = 64 3-5% faster (its gate/up GEMM 4-8%), Qwen3-like T = 256 and DeepSeek-like T = 512 "
-          "5-10%.", (runs.DECODE_T32_COMMIT,),
-          arm_means_at(runs.DECODE_T32_COMMIT, "decode_t32_s4", ("6 stages", "4"), "both modes",
-                       values=(False, True))),
-    Round("W4A4's weight decode without the block scale's x 2^7, the epilogue's factor carrying it (hopper_varlen."
-          "kernel.RAW_SCALE: 8 of the ~209 instructions a consumer warp issues per K tile, in the offline SASS). One "
-          "run on an H200 (moe-bench --raw-scale 0 1 1 0 --profile, W4A4, T = 1, 8, 64, 4096, both routings)",
-          "W4A4 1.5-3% faster where the decode GEMMs are issue-bound (T = 8, 64), T = 1 within 1%; the same bits.",
-          (runs.RAW_SCALE_COMMIT,), arm_means_at(runs.RAW_SCALE_COMMIT, "raw_scale", ("x 2^7", "raw"), "W4A4")),
-    Round("Wide decode calls on two-block tiles (each warpgroup two 64-row blocks, 256 rows per CTA, two CTAs per SM: "
-          "tuning.DECODE_PAIR). One run on an H200 (moe-bench --decode-pair off on on off --profile, T = 1, 8, 64, "
-          "both modes and routings); then the 32-token tier alone, as shipped, at T = 256 and 512",
-          "The wide calls' GEMMs 5-12% faster, the layers at T = 8 and 64 3-8%; T = 1 unchanged.",
-          runs.DECODE_PAIR_COMMITS, _in_turn([arm_means_at(c, "decode_pair", ("three-CTA", "two-block"), "both modes",
-                                             values=v) for c, v in zip(runs.DECODE_PAIR_COMMITS, ((False, True),
-                                                                        ("off", "t32")))], "; then: ")),
-)
+) + TILE_ROUNDS
 
 
 def rounds_table(rows: pd.DataFrame, rounds=ROUNDS) -> pd.DataFrame:

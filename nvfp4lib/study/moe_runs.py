@@ -56,3 +56,6 @@ DECODE_T32_COMMIT = "1b7b088"  # moe-bench --decode-t32-s4 off on on off (Mixtra
 DECODE_PAIR_COMMITS = ("5f95b54", "cccf53e")
 RAW_SCALE_COMMIT = "928c2a9"  # moe-bench --raw-scale 0 1 1 0 --profile (W4A4, T = 1, 8, 64, 4096, both routings)
 AMAX_ROUTE_COMMIT = "0ad3277"  # moe-bench --amax-in-route 0 1 0 1 --profile (W4A4, T = 1 and 8; DeepSeek-like 0 1)
+# moe-bench --narrow-pair off on on off --profile: the two-block tier on every narrow call whose grid keeps a CTA per SM
+# (three layers, T = 1, 8, both modes and routings), then with the rule by slice length (Mixtral- and DeepSeek-like)
+NARROW_PAIR_COMMITS = ("e44c601", "e96e92d")
