@@ -305,7 +305,12 @@ DECODE_PAIR_TIER = (16, ("vl_m256_t32_k128_s4_e_b2", "vl_dual_m128_t32_k128_s4_e
 # long K run; so the tier is taken where the grid runs unsplit or its slices keep at least NARROW_PAIR_MIN_K_TILES
 # K tiles (a rule read from this one run: between the 28 that tied and the 56 that gained). Prediction for it
 # (before its run): Mixtral-like T = 1 ~6-7% faster in both modes (its gate/up alone), DeepSeek-like T = 1 ~4%
-# (its down alone), Mixtral-like T = 8 as this run's "on" arms; the rest unchanged.
+# (its down alone), Mixtral-like T = 8 as this run's "on" arms; the rest unchanged. Outcome (H200, the same A/B on
+# the Mixtral- and DeepSeek-like layers): Mixtral-like T = 1 -6.6% (W4A16 86.6 -> 80.9 us) and -7% (W4A4 91.5 ->
+# 85.1), DeepSeek-like T = 1 -4% (W4A16) and -6.6% (W4A4 89.3 -> 83.4: its gate/up no longer the slower split form),
+# Mixtral-like T = 8 -1.6% to -2%; held. ncu (data/profiles.jsonl) of the GEMMs it takes: 14-16% fewer instructions
+# (Mixtral-like gate/up 25.7 -> 22.1 M), DRAM 54 -> 61% and 44 -> 56% busy, the SMs still idle ~18% of the kernel
+# (the grid's tail: 2 or 4 tiles per SM), issue slots 40-51% busy. On.
 NARROW_PAIR = True
 NARROW_PAIR_TIER = (4, ("vl_m256_t16_k128_s4_e_x_b2", "vl_dual_m128_t16_k128_s4_e_x_b2"))
 NARROW_PAIR_MIN_K_TILES = 32
