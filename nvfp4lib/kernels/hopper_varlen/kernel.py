@@ -176,7 +176,11 @@ PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens p
 # (STS.U16) against the 16-byte copy-out loads (LDS.128), which `bar.sync 1, 256` (every thread of the CTA)
 # separates in its SASS (nvdisasm of the offline compile). The non-split config shows it as the split-K one does.
 # Likely racecheck's model of this kernel's mixed named barriers (barrier 3 is met by warp 1's bar.arrive and warp 0's
-# bar.sync), not a race; not proven. memcheck: 0 errors.
+# bar.sync), not a race; not proven. memcheck: 0 errors. Again on an H200 (2026-11-29, racecheck over the split-K
+# graph replays of vl_m256_t16_k128_s4_e_x_b2, the narrow two-block tier; cut off at 185 s before the test ended):
+# the fused kernel and the plain GEMM report the same site only, the plain GEMM's STS.U16 at +0x7740..+0x77e0 against
+# its LDS.128 at +0x78c0, with BAR.SYNC 0x1, 0x100 between them (cuobjdump of the offline sm_90a compile of that
+# config at the test's shape: the same offsets). Not proven either way; memcheck 0 errors on the same tests.
 
 
 def call_knobs() -> dict:
