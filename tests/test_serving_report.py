@@ -390,3 +390,16 @@ def test_rule_as_shipped_tells_a_switch_from_a_number(monkeypatch):
     monkeypatch.setattr(tuning, "ONCE_WAIT", True)
     assert sr.rule_as_shipped(pd.DataFrame([{"id": 1, "once_wait": 1}, {"id": 2, "once_wait": True}]))["id"].tolist() \
         == [2]
+
+
+def test_rule_as_shipped_leaves_out_the_narrow_tier_s_first_a_b():
+    """tuning.NARROW_PAIR's rows carry its rule by slice length ("k32") or "off"; its first A/B's rows, without that
+    rule (every slice length), carry bools, so neither of its arms is taken for the rule as shipped."""
+    from nvfp4lib import tuning
+
+    shipped = tuning.rule_knobs()["narrow_pair"]
+    assert shipped == (f"k{tuning.NARROW_PAIR_MIN_K_TILES}" if tuning.NARROW_PAIR else "off")
+    other = "off" if shipped != "off" else "k32"
+    rows = pd.DataFrame([{"id": 1, "narrow_pair": shipped}, {"id": 2, "narrow_pair": True},
+                         {"id": 3, "narrow_pair": False}, {"id": 4, "narrow_pair": other}, {"id": 5}])
+    assert sr.rule_as_shipped(rows)["id"].tolist() == [1, 5]
