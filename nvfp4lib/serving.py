@@ -41,7 +41,7 @@ from .formats import NVFP4Tensor, dequantize
 from .kernels.hopper_varlen.gather import F as _F  # (the one-shot call's table: no import per call, ~1 µs)
 from .kernels.hopper_varlen.gather import group_table as _group_table
 from .reference import exact_matmuls
-from .tuning import heuristic, lookup, m_bucket, narrow_pair, problem_key, shipped, wide_grid
+from .tuning import decode_grid, heuristic, lookup, m_bucket, problem_key, shipped
 
 __all__ = ["prepare_weights", "PreparedWeights", "check_offsets", "SERVING_BACKENDS", "ACTIVATIONS"]
 
@@ -496,21 +496,13 @@ def auto_layout(dual: bool, groups: int, n: int, activations: str = "nvfp4"):
 
 def _rule_pick(dual: bool, bucket: int, candidates: list[str], k: int, activations: str = "nvfp4",
                grid: str = "") -> str:
-    """:func:`nvfp4lib.tuning.heuristic` over a layout's candidates (``grid``: :func:`_grid`'s class of the call);
-    the bf16 configs (``vl_a16_`` names) mirror the NVFP4 ones and take their ranking, until they are timed apart."""
-    wide, pair = grid == "wide", grid == "pair"
+    """:func:`nvfp4lib.tuning.heuristic` over a layout's candidates (``grid``: the call's, as
+    :func:`nvfp4lib.tuning.decode_grid` classes it); the bf16 configs (``vl_a16_`` names) mirror the NVFP4 ones and
+    take their ranking, until they are timed apart."""
     if activations == "nvfp4":
-        return heuristic(dual, bucket, candidates, k, wide, pair)
+        return heuristic(dual, bucket, candidates, k, grid)
     as_nvfp4 = [c.replace("vl_a16_", "vl_", 1) for c in candidates]
-    return candidates[as_nvfp4.index(heuristic(dual, bucket, as_nvfp4, k, wide, pair))]
-
-
-def _grid(dual: bool, rows: int, groups: int, n: int, k: int, sms: int) -> str:
-    """A decode call's grid as the shape rule sees it: "wide" (:func:`nvfp4lib.tuning.wide_grid`), "pair"
-    (:func:`nvfp4lib.tuning.narrow_pair`) or "" (neither)."""
-    if wide_grid(dual, rows, groups, n, sms):
-        return "wide"
-    return "pair" if narrow_pair(dual, rows, groups, n, k, sms) else ""
+    return candidates[as_nvfp4.index(heuristic(dual, bucket, as_nvfp4, k, grid))]
 
 
 def rule_choice(dual: bool, groups: int, n: int, k: int, rows: int, activations: str = "nvfp4",
@@ -518,7 +510,8 @@ def rule_choice(dual: bool, groups: int, n: int, k: int, rows: int, activations:
     """The config ``config="auto"`` runs for a call of ``rows`` rows over ``groups`` groups where the tuning cache has
     no entry: the shape rule as set now, computed without a GPU."""
     _, candidates = auto_layout(dual, groups, n, activations)
-    return _rule_pick(dual, m_bucket(rows, groups), candidates, k, activations, _grid(dual, rows, groups, n, k, sms))
+    grid = decode_grid(dual, rows, groups, n, k, sms)
+    return _rule_pick(dual, m_bucket(rows, groups), candidates, k, activations, grid)
 
 
 class _CuteHopperImpl:
@@ -548,7 +541,7 @@ class _CuteHopperImpl:
         tag = tuning_layout(layout[1], layout[2], activations)
         self._key = lambda bucket: problem_key(self.gpu, "cute-hopper", dual, out_dtype, groups, n, k, bucket, tag)
         self._runners: dict = {}
-        self._choice: dict[tuple[int, str], str] = {}  # (bucket, _grid)
+        self._choice: dict[tuple[int, str], str] = {}  # (bucket, tuning.decode_grid)
         self.sms = torch.cuda.get_device_properties(self.weights.device).multi_processor_count
         self._last = (-1, None)
 
@@ -568,7 +561,7 @@ class _CuteHopperImpl:
         if self.fixed:
             return self.fixed
         bucket = m_bucket(rows, self.weights.groups)
-        grid = _grid(self.weights.dual, rows, self.weights.groups, self.n, self.k, self.sms)
+        grid = decode_grid(self.weights.dual, rows, self.weights.groups, self.n, self.k, self.sms)
         if (bucket, grid) not in self._choice:
             self._choice[bucket, grid] = lookup(self._key(bucket)) or self._heuristic(bucket, grid)
         return self._choice[bucket, grid]

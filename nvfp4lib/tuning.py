@@ -330,20 +330,29 @@ def wide_grid(dual: bool, rows: int, groups: int, n: int, sms: int) -> bool:
     return grid_ctas(CONFIGS[dual_name if dual else single], rows, groups, n) >= DECODE_S5_MIN_CTAS * sms
 
 
-def narrow_pair(dual: bool, rows: int, groups: int, n: int, k: int, sms: int) -> bool:
-    """Whether a decode call (``rows`` rows over ``groups`` groups, N = ``n``, K = ``k``) takes
-    :data:`NARROW_PAIR_TIER` (with :data:`NARROW_PAIR`): at most its rows per group, not :func:`wide_grid`, and its
-    two-block grid with its K slices (``choose_splits``) has at least one CTA per SM (of ``sms``), unsplit or in
-    slices of at least :data:`NARROW_PAIR_MIN_K_TILES` K tiles."""
+def decode_grid(dual: bool, rows: int, groups: int, n: int, k: int, sms: int) -> str:
+    """A call's grid as the shape rule sees it (``rows`` rows over ``groups`` groups, N = ``n``, K = ``k``, ``sms``
+    SMs): "wide" (:func:`wide_grid`); "pair" where it takes :data:`NARROW_PAIR_TIER` (with :data:`NARROW_PAIR`): at
+    most its rows per group, not wide, and its two-block grid with its K slices (``choose_splits``) has at least one
+    CTA per SM, unsplit or in slices of at least :data:`NARROW_PAIR_MIN_K_TILES` K tiles; else "" (:func:`heuristic`
+    takes it as ``grid``)."""
+    from .kernels.common.packing import round_up
     from .kernels.hopper_varlen.config import CONFIGS, choose_splits, grid_ctas
 
-    if not NARROW_PAIR or m_bucket(rows, groups) > NARROW_PAIR_TIER[0] or wide_grid(dual, rows, groups, n, sms):
-        return False
+    if wide_grid(dual, rows, groups, n, sms):
+        return "wide"
+    if not NARROW_PAIR or m_bucket(rows, groups) > NARROW_PAIR_TIER[0]:
+        return ""
     cfg = CONFIGS[NARROW_PAIR_TIER[1][dual]]
-    k_pad = -(-k // cfg.tile_k) * cfg.tile_k
-    slices = choose_splits(cfg, rows, groups, n, k_pad, sms)
-    long_slices = slices == 1 or -(-(k_pad // cfg.tile_k) // slices) >= NARROW_PAIR_MIN_K_TILES
-    return long_slices and grid_ctas(cfg, rows, groups, n) * slices >= sms
+    k_tiles = round_up(k, cfg.tile_k) // cfg.tile_k
+    slices = choose_splits(cfg, rows, groups, n, k_tiles * cfg.tile_k, sms)
+    long_slices = slices == 1 or -(-k_tiles // slices) >= NARROW_PAIR_MIN_K_TILES
+    return "pair" if long_slices and grid_ctas(cfg, rows, groups, n) * slices >= sms else ""
+
+
+def narrow_pair(dual: bool, rows: int, groups: int, n: int, k: int, sms: int) -> bool:
+    """Whether a decode call takes :data:`NARROW_PAIR_TIER`: :func:`decode_grid` is "pair"."""
+    return decode_grid(dual, rows, groups, n, k, sms) == "pair"
 
 
 # Configs no rule takes that stay tuning candidates (`nvfp4lib tune`): the 96-token tiles of the first A/B above.
@@ -369,18 +378,17 @@ def shipped() -> set[str]:
     return {name for _, names in tiers for name in names} | set(TUNING_ARMS)
 
 
-def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = None, wide: bool = False,
-              pair: bool = False) -> str:
+def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = None, grid: str = "") -> str:
     """A shape rule for a cache miss: the first of :data:`PREFERENCE`'s configs for the bucket that is a candidate
     (the candidates share the prepared weights' layout), else the first candidate; in the bucket of
-    :data:`SHORT_K_TIER` with ``k`` at most :data:`SHORT_K`, its configs first, and for a ``wide`` call
-    (:func:`wide_grid`) :data:`DECODE_S5_TIER`'s first up to 4 rows per group (with :data:`DECODE_S5`) and
+    :data:`SHORT_K_TIER` with ``k`` at most :data:`SHORT_K`, its configs first, and for a wide call (``grid``
+    "wide": :func:`decode_grid`) :data:`DECODE_S5_TIER`'s first up to 4 rows per group (with :data:`DECODE_S5`) and
     :data:`DECODE_T32_TIER`'s from 5 to 16 (with :data:`DECODE_T32_S4`; before it :data:`DECODE_PAIR_TIER`'s, with
-    :data:`DECODE_PAIR`); for a ``pair`` call (:func:`narrow_pair`) :data:`NARROW_PAIR_TIER`'s first. With
+    :data:`DECODE_PAIR`); for a "pair" call :data:`NARROW_PAIR_TIER`'s first. With
     :data:`ONCE_WAIT` off the once-wait configs (named ``*_o`` by ``hopper_varlen.config.make``) are passed over, and
     :data:`DUAL_96_CONFIG` in :data:`PREFERENCE`'s tiers over the bucket :data:`DUAL_96` unless ``k`` is at most
     :data:`DUAL_96_K`."""
-    tiers = list(PREFERENCE)
+    tiers, wide = list(PREFERENCE), grid == "wide"
     if k is not None and k <= SHORT_K and bucket == SHORT_K_TIER[0]:
         tiers.insert(0, SHORT_K_TIER)
     if wide and DECODE_S5 and bucket <= DECODE_S5_TIER[0]:
@@ -389,7 +397,7 @@ def heuristic(dual: bool, bucket: int, candidates: list[str], k: int | None = No
         tiers.insert(0, DECODE_T32_TIER)
     if wide and DECODE_PAIR and bucket > DECODE_S5_TIER[0]:
         tiers.insert(0, DECODE_PAIR_TIER)
-    if pair and not wide and bucket <= NARROW_PAIR_TIER[0]:
+    if grid == "pair" and bucket <= NARROW_PAIR_TIER[0]:
         tiers.insert(0, NARROW_PAIR_TIER)
     for tier in tiers:
         limit, names = tier
