@@ -411,6 +411,9 @@ AB_OPTIONS = (
              "(hopper_varlen.kernel.TILE_HANDOFF; 0: every warp finds it; default: as shipped)", "0 1",
              "tile_handoff",
              _build("handoff"), dict(type=int, choices=[0, 1])),
+    ABOption("--handoff-wait", "with the tile handoff, warp 0 waits at its barrier with the other warps instead of "
+             "arriving without waiting (hopper_varlen.kernel.HANDOFF_WAIT; default: as shipped)", "0 1", "handoff_wait",
+             _build("handoff_wait"), dict(type=int, choices=[0, 1])),
     ABOption("--a16-int-scale", "W4A16's weight decode converts the block scales in integer arithmetic "
              "(hopper_rs.ops.A16_INT_SCALE; 0: through f32; default: as shipped)", "0 1", "a16_int_scale (W4A16 rows)",
              _build("a16_int_scale"), dict(type=int, choices=[0, 1])),
@@ -521,6 +524,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
         chain_a16 = bool(build["chain_gemm_a16"])
         early_desc = int(build["early_descriptors"])
         raw_scale = int(build["raw_scale"])
+        handoff_wait = int(build["handoff_wait"])  # (warp 0 waiting at the handoff's barrier)
         combine = int(knob_value(COMBINE_KNOB))  # the down GEMM and the un-permute in one launch
         rule = tuning.rule_knobs()  # the shape rule's knobs as set now (once_wait, short_k, dual_96)
         short_k_tier = ",".join(tuning.SHORT_K_TIER[1])  # (the tiles the rule by K takes)
@@ -599,6 +603,7 @@ def bench_moe(layers=LAYERS, tokens=TOKENS, routings=ROUTINGS, *, modes=("nvfp4"
                                 row["gemv"] = bool(mod._gemv_step(x))
                                 row["prewait_stages"] = prewait
                                 row["tile_handoff"] = handoff
+                                row["handoff_wait"] = handoff_wait
                                 row["early_descriptors"] = early_desc
                                 row["combine_in_gemm"] = combine
                                 row["a16_int_scale"] = a16_int if kind == "bf16" else None

@@ -285,14 +285,16 @@ def shipped_rows(rows: pd.DataFrame, gpu: str = ISSUE41_GPU) -> pd.DataFrame:
     from ..nn import moe, routing
 
     # (hopper_varlen.kernel.TILE_HANDOFF's, hopper_rs.ops.A16_INT_SCALE's and A16_OWN_WORDS', nn.routing.ROUTE_GATHER's,
-    # pdl.CHAIN_GEMM_A16's, config.PAIR_MIN_K_TILES', kernel.EARLY_DESCRIPTORS' and nn.moe.COMBINE_IN_GEMM's A/B arms;
+    # pdl.CHAIN_GEMM_A16's, config.PAIR_MIN_K_TILES', kernel.EARLY_DESCRIPTORS', kernel.HANDOFF_WAIT's and
+    # nn.moe.COMBINE_IN_GEMM's A/B arms;
     # rows before a knob had no field)
     sel = at_defaults(sel, {"tile_handoff": int(kernel.TILE_HANDOFF), "a16_int_scale": int(ops.A16_INT_SCALE),
                             "a16_own_words": int(ops.A16_OWN_WORDS), "route_gather": int(routing.ROUTE_GATHER),
                             "chain_gemm_a16": int(pdl.CHAIN_GEMM_A16), "pair_min_k_tiles": config.PAIR_MIN_K_TILES,
                             "amax_in_route": int(routing.AMAX_IN_ROUTE),
                             "early_descriptors": int(kernel.EARLY_DESCRIPTORS), "raw_scale": int(kernel.RAW_SCALE),
-                            "combine_in_gemm": int(moe.COMBINE_IN_GEMM)})
+                            "combine_in_gemm": int(moe.COMBINE_IN_GEMM),
+                            "handoff_wait": int(kernel.HANDOFF_WAIT)})
     if "prewait_stages" in sel:  # (hopper_varlen.kernel.PREWAIT_STAGES, shipped for the W4A16 decode GEMMs only)
         pw = pd.to_numeric(sel["prewait_stages"], errors="coerce")
         w4a16 = _in_mode(sel, "bf16")

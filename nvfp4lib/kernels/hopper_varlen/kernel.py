@@ -135,6 +135,21 @@ PREWAIT_STAGES = 2
 # T = 1 W4A16 25.1 -> 25.9 us, its first off arm 24.3 and second 25.8: the run's drift), DeepSeek-like T = 8 1-2%
 # faster with it. Kept on everywhere.
 TILE_HANDOFF = True
+# With the tile handoff, warp 0 waits at the handoff's barrier with the other warps (bar.sync 4) instead of arriving
+# without waiting (bar.arrive 4); read when a GEMM is built (a runner's compile key holds it). Why (issue 41's
+# "racecheck clean"): racecheck's only reports on the serving GEMM, at the staged epilogue (the staging stores against
+# the copy-out loads, which a barrier of all the CTA's threads separates: the racecheck note below), come with the
+# handoff's bar.arrive. A probe on an H200 (2026-11-29; compute-sanitizer --tool racecheck --kernel-name
+# kns=GroupedVarlenGemmSm90 over one eager call and three graph replays with new routings of
+# vl_a16_m256_t16_k128_s4_e_x_b2 at 64 groups, N 1024, K 4096, 4 rows: 8 K slices; kernels built ahead, the same
+# binary but for the arm): as shipped 4 errors at that site; the epilogue's barrier as bar.sync 0 instead of
+# bar.sync 1, 256, still 4; the handoff off (every warp searches, no bar.arrive), 0 hazards; exact in every arm;
+# synccheck 0 errors as shipped. The site is not the handoff's data, so this reads as racecheck's model of the
+# non-waiting arrival, not a race (PTX orders the memory of threads that arrive at a barrier before those that wait
+# on it). Waiting costs warp 0 nothing where the other warps reached the barrier during its search (they do nothing
+# else before it). Prediction (2026-11-29, before any run): racecheck clean on the plain GEMM; times unchanged within
+# the run's noise (every case within 1%), the same bits.
+HANDOFF_WAIT = True
 # Warp 0 asks for the two TMA descriptors (weights, activations) at the kernel's entry, before it searches for the CTA's
 # tile, instead of after it, just before the first loads (read when a GEMM is built: a runner's compile key holds
 # it). Why (issue 41): Nsight Compute's warp-stall samples by SASS line (H200, 2026-11-29, data/profiles.jsonl, cases
@@ -188,7 +203,7 @@ def call_knobs() -> dict:
     (:func:`nvfp4lib.bench.calls.bench_calls`) and what the report keeps rows at
     (:func:`nvfp4lib.study.serving_report.shipped_calls`)."""
     return {"fused_prologue": int(FUSED_PROLOGUE), "eager_fused": int(EAGER_FUSED), "fuse_max_rows": FUSE_MAX_ROWS,
-            "tile_handoff": int(TILE_HANDOFF)}
+            "tile_handoff": int(TILE_HANDOFF), "handoff_wait": int(HANDOFF_WAIT)}
 
 
 # CTAs of the fused call that decode a slice of the activations: one per SM of an H100 SXM (fewer SMs only delays
@@ -302,6 +317,7 @@ def _build():
                                  "first stages) or more")
             self.prewait = PREWAIT_STAGES if self.a16 and cfg.tile_n <= PREWAIT_MAX_TILE_N else 0  # (its note)
             self.handoff = TILE_HANDOFF  # (read when the kernel is built: a runner's compile key holds it)
+            self.handoff_wait = HANDOFF_WAIT  # (likewise)
             self.early_descriptors = EARLY_DESCRIPTORS  # (likewise)
             self.raw_scale = RAW_SCALE and not self.a16  # (likewise; the fp16 decode only)
             self._split = None  # (set while a kernel is traced: partials, counters, slices, this slice, the tile)
@@ -344,8 +360,8 @@ def _build():
         @cute.jit
         def _found_tile(self, storage, mOffsets, rows, tile):
             """This CTA's tile (:meth:`_schedule`). With :data:`TILE_HANDOFF` warp 0 finds it, lane 0 stores it in
-            shared memory and warp 0 arrives at barrier 4 without waiting (its loads go out at once); the other warps
-            wait there and read it. Without, every warp finds it."""
+            shared memory and warp 0 arrives at barrier 4 (waiting there with :data:`HANDOFF_WAIT`, else not); the
+            other warps wait there and read it. Without, every warp finds it."""
             if cutlass.const_expr(not self.handoff):
                 return self._schedule(mOffsets, rows, tile)
             found = storage.tile.get_tensor(cute.make_layout(self.tile_words))
@@ -357,7 +373,10 @@ def _build():
                     found[0], found[1], found[2], found[3] = group, tok_row0, tokens, n0
                     if cutlass.const_expr(self.combine):
                         found[4] = covered
-                cute.arch.barrier_arrive(barrier_id=4, number_of_threads=self.threads)
+                if cutlass.const_expr(self.handoff_wait):  # (HANDOFF_WAIT)
+                    cute.arch.barrier(barrier_id=4, number_of_threads=self.threads)
+                else:
+                    cute.arch.barrier_arrive(barrier_id=4, number_of_threads=self.threads)
             else:
                 cute.arch.barrier(barrier_id=4, number_of_threads=self.threads)
                 group, tok_row0, tokens, n0 = found[0], found[1], found[2], found[3]
