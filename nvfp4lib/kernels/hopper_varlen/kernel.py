@@ -196,6 +196,14 @@ PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens p
 # the fused kernel and the plain GEMM report the same site only, the plain GEMM's STS.U16 at +0x7740..+0x77e0 against
 # its LDS.128 at +0x78c0, with BAR.SYNC 0x1, 0x100 between them (cuobjdump of the offline sm_90a compile of that
 # config at the test's shape: the same offsets). Not proven either way; memcheck 0 errors on the same tests.
+# Settled (H200, 2026-11-29, the probe in HANDOFF_WAIT's note): the reports came with the kernels' non-waiting
+# arrivals at named barriers. With HANDOFF_WAIT the plain GEMM's racecheck is clean (0 hazards, the split config
+# above); the fused kernel (vl_m128_t16_k128_s8_e_x, eager W4A4 calls, 4 slices) still reported its epilogue site
+# (1 error), where warp 1 still arrived at barrier 3 without waiting for warp 0 to read the CTA's ticket. That barrier
+# ordered nothing the ring's barrier of every thread (_ring's sync_threads, which warps 1.. reach after their slice
+# and warp 0 passes before its first activation load) does not already order, so it is gone. Prediction (before the
+# run): the fused kernel racecheck clean; eager W4A4 calls unchanged (one barrier fewer for warp 0, which never
+# waited at it: warp 1 arrives during the ring's set-up).
 
 
 def call_knobs() -> dict:
@@ -490,7 +498,7 @@ def _build():
             if cutlass.const_expr(self._fused is not None):
                 # once, before the tile-width variants: inlined into each variant's mainloop (after its first weight
                 # loads) it ran S1 and S2 5-8 us slower (H100 graph replays, 2026-11-27), with the same registers
-                self._prologue_slice(True)
+                self._prologue_slice()
             variant = (tokens + self.step - 1) // self.step - 1
             for v in cutlass.range_constexpr(len(self.variants)):
                 if variant == v:
@@ -537,7 +545,7 @@ def _build():
                 self._run_tile(storage, tma_w, tW, tma_x, tX, mC, mGsA, mGsB, group, tok_row0, tokens, n0,
                                sw_layout, sx_layout)
             else:
-                self._prologue_slice(False)
+                self._prologue_slice()
 
         @cute.jit
         def _ticket(self):
@@ -547,9 +555,9 @@ def _build():
             return word & 0xFFFFF, count + 4 + 4 * cutlass.Int64((word >> 20) & 1)
 
         @cute.jit
-        def _prologue_slice(self, tell_warp0: cutlass.Constexpr):
-            """Warps 1..: thread 32 takes the CTA's ticket (``tell_warp0``: warp 1 then arrives at barrier 3, where
-            warp 0 waits for it, :meth:`_await_x`); tickets below ``n_pro`` decode chunks ``ticket·S + t`` strided by
+        def _prologue_slice(self):
+            """Warps 1..: thread 32 takes the CTA's ticket (warp 0 reads it after the ring's barrier of every thread,
+            :meth:`_await_x`); tickets below ``n_pro`` decode chunks ``ticket·S + t`` strided by
             ``n_pro·S`` (S = the slice threads) into ``mX``, then one release of the epoch's done word once all of
             them are done."""
             _, n_pro, mCodes, mScales, mX, count = self._fused
@@ -559,9 +567,6 @@ def _build():
                 if tidx == 32:
                     o.take_ticket(count, self._fused[0], cute.arch.grid_dim()[0])
                 cute.arch.barrier(barrier_id=2, number_of_threads=nt)
-                if cutlass.const_expr(tell_warp0):
-                    if tidx < 64:
-                        cute.arch.barrier_arrive(barrier_id=3, number_of_threads=64)
                 ticket, done = self._ticket()
                 if ticket < n_pro:
                     per_row = cute.size(mX, mode=[1]) // 16
@@ -586,14 +591,14 @@ def _build():
         @cute.jit
         def _await_x(self):
             """The plain GEMM waits for the prologue kernel (programmatic dependent launch). In the fused one (the
-            slices decoded in :meth:`_run_tile`) warp 0, which loads the activations, waits for the CTA's ticket
-            (barrier 3), then until every slice of its epoch is done."""
+            slices decoded in :meth:`_run_tile`) warp 0, which loads the activations, reads the CTA's ticket (thread 32
+            stored it before the ring's barrier of every thread, :meth:`_ring`, which warp 0 has passed), then waits
+            until every slice of its epoch is done."""
             if cutlass.const_expr(self._fused is None):
                 cute.arch.griddepcontrol_wait()
                 self._stamp(2)
             else:
                 if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
-                    cute.arch.barrier(barrier_id=3, number_of_threads=64)
                     _, done = self._ticket()
                     n = o.load_acquire(done)
                     while n < self._fused[1]:
