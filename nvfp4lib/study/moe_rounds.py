@@ -737,6 +737,11 @@ ROUNDS = (
           "W4A16 at T = 1 and 8 0.3-0.9 us faster (its down GEMM, which starts after the gate/up GEMM has ended); "
           "the early-launched GEMMs (W4A4's, W4A16's gate/up) unchanged.", (runs.EARLY_DESC_COMMIT,),
           arm_means_at(runs.EARLY_DESC_COMMIT, "early_descriptors", ("after the search", "at entry"), "both modes")),
+    Round("Warp 0 waiting at the tile handoff's barrier with the other warps instead of arriving without waiting "
+          "(hopper_varlen.kernel.HANDOFF_WAIT), after racecheck's reports on the plain GEMM were found to come with "
+          "that non-waiting arrival. One run on an H200 (moe-bench --handoff-wait 0 1 1 0, T = 1 and 8, both modes)",
+          "racecheck clean on the plain GEMM; every case within 1%, the same bits.", (runs.HANDOFF_WAIT_COMMIT,),
+          arm_means_at(runs.HANDOFF_WAIT_COMMIT, "handoff_wait", ("arrive", "wait"), "both modes")),
     Round("The down GEMM and the weighted un-permute in one launch (nn.moe.COMBINE_IN_GEMM, PreparedWeights.combine, "
           "up to 64 copies): each CTA counts its rows in at its column block's word; the block's last CTA sums every "
           "token's copies over its columns, from L2, in the un-permute's order (the same bits). Two forms, one run "

@@ -44,6 +44,7 @@ DECODE_H200_2_COMMIT = "3103cdb"  # moe-bench at T = 1, 8, 64 as shipped (route-
 CHAIN_A16_COMMIT = "23157ef"  # moe-bench --chain-gemm-a16 0 1 0 1 --profile (W4A16, T = 1 and 8; DeepSeek-like 0 1)
 STATIC_SHIPPED_COMMIT = "dfdd33e"  # moe-bench --input-scales dynamic static, W4A4, T = 1, 8, 64, the layers as shipped
 EARLY_DESC_COMMIT = "17ce2e5"  # moe-bench --early-descriptors 0 1 0 1 --profile (T = 1, 8, both modes; DeepSeek 0 1)
+HANDOFF_WAIT_COMMIT = "3881c0e"  # moe-bench --handoff-wait 0 1 1 0 (three layers, T = 1 and 8, both modes, uniform)
 # moe-bench --combine-in-gemm 0 1 0 1 --profile (T = 1, 8, both modes; DeepSeek-like 0 1): the first form (each copy's
 # row, then its value, loaded in turn), then the second (top-k at compile time, the copies loaded together)
 COMBINE_COMMITS = ("d305cae", "313e023")

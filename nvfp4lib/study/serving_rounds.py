@@ -535,6 +535,12 @@ ROUNDS = (
           "process per shape: the auto call, the host-scheduled kernel, the auto call again", "034a790",
           "none written for these shapes before the run (the MoE A/B's was for the decode GEMMs)",
           auto_at("034a790", ("S1", "S2", "S3", "S4", "S1-dual", "S2-dual", "S3-dual", "S4-dual"), modes=("graph",))),
+    Round("with the handoff, warp 0 waits at its barrier with the other warps (`kernel.HANDOFF_WAIT`: racecheck's "
+          "reports on the plain GEMM came with its non-waiting arrival); one process: the auto call without it "
+          "(`cute-hopper:graph=1,handoff_wait=0`) and with it", "3881c0e",
+          "racecheck clean on the plain GEMM; every shape within 1%",
+          build_knob_ab("3881c0e", "handoff_wait", ("S1", "S2", "S3", "S4", "S1-dual", "S2-dual", "S3-dual",
+                                                   "S4-dual"))),
 )
 
 
