@@ -140,20 +140,21 @@ TILE_HANDOFF = True
 # "racecheck clean"): racecheck's only reports on the serving GEMM, at the staged epilogue (the staging stores against
 # the copy-out loads, which a barrier of all the CTA's threads separates: the racecheck note below), come with the
 # handoff's bar.arrive. A probe on an H200 (2026-11-29; compute-sanitizer --tool racecheck --kernel-name
-# kns=GroupedVarlenGemmSm90 over one eager call and three graph replays with new routings of
-# vl_a16_m256_t16_k128_s4_e_x_b2 at 64 groups, N 1024, K 4096, 4 rows: 8 K slices; kernels built ahead, the same
-# binary but for the arm): as shipped 4 errors at that site; the epilogue's barrier as bar.sync 0 instead of
-# bar.sync 1, 256, still 4; the handoff off (every warp searches, no bar.arrive), 0 hazards; exact in every arm;
-# synccheck 0 errors as shipped. The site is not the handoff's data, so this reads as racecheck's model of the
-# non-waiting arrival, not a race (PTX orders the memory of threads that arrive at a barrier before those that wait
-# on it). Waiting costs warp 0 nothing where the other warps reached the barrier during its search (they do nothing
-# else before it). Prediction (2026-11-29, before any run): racecheck clean on the plain GEMM; times unchanged within
-# the run's noise (every case within 1%), the same bits. Outcome (H200, one run: moe-bench --handoff-wait 0 1 1 0,
-# three layers at T = 1 and 8, both modes, uniform; bench of the study shapes with cute-hopper:graph=1,handoff_wait=0
-# beside the default; notebooks 10 and 11): racecheck on the plain GEMM 0 hazards (the probe above, twice); the study
-# shapes within 0.5% in graph replay (S2 64.9 -> 64.6 us, S4 17.2 -> 17.2, S1-dual 215.1 -> 215.0); the MoE layers
-# within 1% in 10 of 12 cases, Qwen3-like T = 1 +2.5% (W4A16, 23.8 -> 24.4 us, its two arrive arms 23.2 and 24.4 us)
-# and +1.2% (W4A4), inside that case's spread between arms of one setting; every row exact. On.
+# kns=GroupedVarlenGemmSm90 over one eager call and three graph replays with new routings (the calls of
+# tools/racecheck_probe.py, which says how to run it) of vl_a16_m256_t16_k128_s4_e_x_b2 at 64 groups, N 1024, K 4096, 4
+# rows: 8 K slices; kernels built ahead, the same binary but for the arm): as shipped 4 errors at that site; the
+# epilogue's barrier as bar.sync 0 instead of bar.sync 1, 256, still 4; the handoff off (every warp searches, no
+# bar.arrive), 0 hazards; exact in every arm; synccheck 0 errors as shipped. The site is not the handoff's data, so this
+# reads as racecheck's model of the non-waiting arrival, not a race (PTX orders the memory of threads that arrive at a
+# barrier before those that wait on it). Waiting costs warp 0 nothing where the other warps reached the barrier during
+# its search (they do nothing else before it). Prediction (2026-11-29, before any run): racecheck clean on the plain
+# GEMM; times unchanged within the run's noise (every case within 1%), the same bits. Outcome (H200, one run: moe-bench
+# --handoff-wait 0 1 1 0, three layers at T = 1 and 8, both modes, uniform; bench of the study shapes with
+# cute-hopper:graph=1,handoff_wait=0 beside the default; notebooks 10 and 11): racecheck on the plain GEMM 0 hazards
+# (the probe above, twice); the study shapes within 0.5% in graph replay (S2 64.9 -> 64.6 us, S4 17.2 -> 17.2, S1-dual
+# 215.1 -> 215.0); the MoE layers within 1% in 10 of 12 cases, Qwen3-like T = 1 +2.5% (W4A16, 23.8 -> 24.4 us, its two
+# arrive arms 23.2 and 24.4 us) and +1.2% (W4A4), inside that case's spread between arms of one setting; every row
+# exact. On.
 HANDOFF_WAIT = True
 # Warp 0 asks for the two TMA descriptors (weights, activations) at the kernel's entry, before it searches for the CTA's
 # tile, instead of after it, just before the first loads (read when a GEMM is built: a runner's compile key holds
