@@ -211,9 +211,11 @@ PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens p
 # run): the fused kernel racecheck clean; eager W4A4 calls unchanged (one barrier fewer for warp 0, which never
 # waited at it: warp 1 arrives during the ring's set-up). Outcome (the same probe, H200): missed, the fused kernel
 # still reports the same site (1 error) while the plain GEMM stays clean; exact, and the split, serving and MoE GPU
-# suites passed 199 tests with no failure before their time box. The fused kernel's one remaining barrier that not
-# every thread meets is the slices' barrier 2 (warps 1.. alone): the next probe is warp 0 meeting it too (it waits for
-# the slices at the ring's barrier right after anyway); not run (no device time left). memcheck (kernels filtered to
+# suites passed 199 tests with no failure before their time box. The offline sm_90a compile of that fused call
+# (cuobjdump) has the reported offsets at the staged epilogue: STS.U16 at +0xb3d0 and +0xb3f0, BAR.SYNC 0x1, 0x100 at
+# +0xb450, LDS.128 at +0xb4d0; its one barrier that not every thread meets is the slices' barrier 2 (BAR.SYNC 0x2,
+# 0xe0: warps 1.. alone). The next probe is warp 0 meeting it too (it waits for the slices at the ring's barrier right
+# after anyway); not run (no device time left). memcheck (kernels filtered to
 # the serving GEMM) 0 errors over the split graph replays and the serving tests' empty-group, any-split and fused
 # cases that ran before its time box.
 
