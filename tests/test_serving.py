@@ -753,3 +753,25 @@ def test_tuning_runs_once_per_bucket_whatever_the_grid(monkeypatch):
     assert tuned == []
     _CuteHopperImpl._runner_for(fake, 64, run=lambda c: None)  # (bucket 8: new)
     assert tuned == [64]
+
+
+@pytest.mark.slow
+def test_every_named_barrier_is_met_by_waiting_threads_where_racecheck_asked(monkeypatch):
+    """kernel.HANDOFF_WAIT (on as shipped): warp 0 waits at the tile handoff's barrier 4 with the other warps, so the
+    plain GEMM has no non-waiting arrival (racecheck's reports came with it: the kernel's racecheck note); off, warp 0
+    arrives there without waiting. The fused call reads its ticket after the ring's barrier of every thread: no
+    barrier 3 (the slices' barrier 2 stays, warps 1.. alone)."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from nvfp4lib.kernels.hopper_varlen import kernel
+    from nvfp4lib.kernels.hopper_varlen.report import compile_report
+
+    cfg = CONFIGS["vl_m128_t16_k128_s8_e"]
+    for wait in (True, False):
+        monkeypatch.setattr(kernel, "HANDOFF_WAIT", wait)
+        ptx = compile_report(cfg, groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"]
+        assert ptx.count("bar.arrive 4, 256") == (0 if wait else 1), wait
+        assert ptx.count("bar.sync 4, 256") == (2 if wait else 1), wait
+    monkeypatch.setattr(kernel, "HANDOFF_WAIT", True)
+    fused = _compile_call(cfg, 2048, True).ptx
+    assert "bar.arrive" not in fused and "bar.sync 3" not in fused and "bar.sync 2, 224" in fused
