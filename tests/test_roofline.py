@@ -25,12 +25,15 @@ def _row(problem, gpu, median_us, run="r1", label="cute-hopper[graph=True]"):
             "label": label, "status": "ok", "git_commit": "abc1234"}
 
 
-def test_rows_get_both_ratios_and_no_datasheet_floor_for_an_unknown_gpu():
+def test_rows_get_both_ratios_their_gpus_datasheet_and_none_for_an_unknown_gpu():
     s1 = BENCHMARK[0]
-    rows = rl.add_floors(pd.DataFrame([_row(s1, "NVIDIA H100 80GB HBM3", 130.0), _row(s1, "NVIDIA H200", 100.0)]))
-    h100, other = rows.iloc[0], rows.iloc[1]
+    rows = rl.add_floors(pd.DataFrame([_row(s1, "NVIDIA H100 80GB HBM3", 130.0), _row(s1, "NVIDIA H200", 100.0),
+                                       _row(s1, "NVIDIA H100 PCIe", 150.0)]))
+    h100, h200, other = rows.iloc[0], rows.iloc[1], rows.iloc[2]
     assert h100["floor_datasheet_us"] == pytest.approx(rl.floor_us(s1, rl.H100_SXM_DATASHEET))
     assert h100["x_floor_datasheet"] > h100["x_floor_measured"] == pytest.approx(130.0 / h100["floor_us"])
+    assert h200["floor_datasheet_us"] == pytest.approx(rl.floor_us(s1, rl.H200_SXM_DATASHEET))
+    assert rl.H200_SXM_DATASHEET["copy_gbps"] > rl.H100_SXM_DATASHEET["copy_gbps"]
     assert math.isnan(other["floor_datasheet_us"])
 
 

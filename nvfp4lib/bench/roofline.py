@@ -9,8 +9,8 @@ Two floors, from two sets of ceilings:
 - **measured**: the bf16 matmul rate and device copy bandwidth measured in the same run as the
   kernels (``measure_ceilings``; stored on every bench row as ``ceil_*`` and ``floor_us``). What this
   GPU reaches with cuBLAS and a copy; it moves a few % between runs.
-- **datasheet**: the vendor's peak figures (``H100_SXM_DATASHEET``), fixed. Lower than the measured
-  floor (no cuBLAS reaches the dense peak), so a ratio to it is the larger, stricter one.
+- **datasheet**: the vendor's peak figures of the row's GPU (``DATASHEETS``: H100 SXM, H200 SXM), fixed. Lower
+  than the measured floor (no cuBLAS reaches the dense peak), so a ratio to it is the larger, stricter one.
 
 A ratio to a floor must say which one it uses: ``FLOORS`` names both for captions.
 """
@@ -23,7 +23,7 @@ import torch
 from ..problems import GroupedProblem
 
 __all__ = ["measure_ceilings", "floor_us", "ridge_flop_per_byte", "floors_us", "add_floors", "against_floors",
-           "datasheet_for", "b200_model", "FLOORS", "H100_SXM_DATASHEET", "B200_DATASHEET"]
+           "datasheet_for", "b200_model", "FLOORS", "H100_SXM_DATASHEET", "H200_SXM_DATASHEET", "B200_DATASHEET"]
 
 # NVIDIA H100 Tensor Core GPU datasheet, "H100 SXM" column (nvidia.com/en-us/data-center/h100): BF16 Tensor Core
 # 1,979 TFLOPS, footnoted "with sparsity" (dense is half: 989.4), GPU memory bandwidth 3.35 TB/s (HBM3). Our GPU,
@@ -32,17 +32,23 @@ __all__ = ["measure_ceilings", "floor_us", "ridge_flop_per_byte", "floors_us", "
 H100_SXM_DATASHEET = {"bf16_tflops": 989.4, "copy_gbps": 3350.0,
                       "source": "NVIDIA H100 datasheet, H100 SXM: dense BF16 989.4 TFLOP/s, HBM3 3.35 TB/s"}
 
+# NVIDIA H200 Tensor Core GPU datasheet, "H200 SXM" column: the same GH100 and the same BF16 Tensor Core 1,979 TFLOPS
+# "with sparsity" (dense: 989.4), GPU memory bandwidth 4.8 TB/s (HBM3e, 141 GB). torch names it "NVIDIA H200".
+H200_SXM_DATASHEET = {"bf16_tflops": 989.4, "copy_gbps": 4800.0,
+                      "source": "NVIDIA H200 datasheet, H200 SXM: dense BF16 989.4 TFLOP/s, HBM3e 4.8 TB/s"}
+
 # NVIDIA HGX B200 / DGX B200 datasheet, per GPU: FP4 Tensor Core 18 PFLOPS "with sparsity" (dense: 9), HBM3e
 # 8 TB/s. No B200 has run anything of ours: these only model the study's GPU (notebook 07).
 B200_DATASHEET = {"fp4_tflops": 9000.0, "hbm_gbps": 8000.0,
                   "source": "NVIDIA HGX B200 datasheet, per GPU: dense FP4 9 PFLOP/s, HBM3e 8 TB/s"}
 
 # the GPU names torch reports, for the rows whose datasheet we hold; other GPUs get no datasheet floor
-DATASHEETS = {"NVIDIA H100 80GB HBM3": H100_SXM_DATASHEET}
+DATASHEETS = {"NVIDIA H100 80GB HBM3": H100_SXM_DATASHEET, "NVIDIA H200": H200_SXM_DATASHEET}
 
 FLOORS = {
     "measured": "measured floor: bf16 matmul rate and copy bandwidth measured in the same run",
-    "datasheet": "datasheet floor: " + H100_SXM_DATASHEET["source"].removeprefix("NVIDIA H100 datasheet, "),
+    "datasheet": "datasheet floor: the run's GPU's datasheet, "
+                 + "; ".join(d["source"].split(", ", 1)[1] for d in DATASHEETS.values()),
 }
 
 

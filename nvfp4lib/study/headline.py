@@ -19,7 +19,7 @@ import re
 import statistics
 from pathlib import Path
 
-from ..bench.roofline import H100_SXM_DATASHEET, add_floors
+from ..bench.roofline import H100_SXM_DATASHEET, add_floors, datasheet_for
 from .serving_report import rule_as_shipped
 
 __all__ = ["PROBLEMS", "DEFAULT", "PREDEQUANT", "MIN_RUNS", "qualifying_runs", "headline", "markdown", "write_readme",
@@ -129,7 +129,7 @@ def markdown(h: dict) -> str:
                 "shipped kernel eager and graphed, the fair bf16 peer, Triton) on S1–S4 and the dual forms "
                 "(`python -m nvfp4lib bench --record` on an H100, five times).")
     n = len(h["runs"])
-    ds = H100_SXM_DATASHEET
+    ds = datasheet_for(h["gpu"]) or H100_SXM_DATASHEET  # (the run's GPU's; rows without one: NaN ratios)
     lines = [
         f"{n} separate runs of `python -m nvfp4lib bench` at commit `{h['commit'][:7]}` on one {h['gpu']} "
         "(each a separate process); every cell is the median over the runs, (min–max) in brackets. Times are each "
@@ -137,8 +137,8 @@ def markdown(h: dict) -> str:
         "backend checked against the exact reference first. "
         "**shipped** is `prepare_weights(...)` called as `w(a, offsets)`: graph = CUDA-graph replay, eager = a plain "
         "call. Floors: **measured** = max(FLOPs / bf16 MMA rate, NVFP4 bytes / copy bandwidth), both rates measured "
-        f"in the same run; **datasheet** = the same with the H100 SXM datasheet's {ds['bf16_tflops']:g} TFLOP/s and "
-        f"{ds['copy_gbps'] / 1000:g} TB/s.",
+        f"in the same run; **datasheet** = the same with the {ds['source'].split(', ')[1].split(':')[0]} datasheet's "
+        f"{ds['bf16_tflops']:g} TFLOP/s and {ds['copy_gbps'] / 1000:g} TB/s.",
         "",
         "| shape | shipped, graph, us | shipped, eager, us | × measured floor | × datasheet floor "
         "| bf16 peer, us | shipped vs it | best Triton, us | shipped vs it |",

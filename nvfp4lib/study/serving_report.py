@@ -4,7 +4,8 @@ Reads rows of ``data/calls.jsonl`` (written by :mod:`nvfp4lib.bench.calls`, one 
 reference, the host-scheduled kernel's graph rows of ``data/bench.jsonl``. Pure pandas and matplotlib: no GPU.
 Every time compared here is ``per_call_us`` (the larger of the GPU time and the host time of the call: what a caller
 issuing calls back to back gets), the column issue 18's targets are stated on; both floors come from
-:func:`nvfp4lib.bench.roofline.add_floors` (the measured floor of the row's own run, and the H100 datasheet floor).
+:func:`nvfp4lib.bench.roofline.add_floors` (the measured floor of the row's own run, and the datasheet floor of its
+GPU).
 """
 from __future__ import annotations
 
@@ -710,7 +711,7 @@ def calls_figure(latest: pd.DataFrame, problems, reference: pd.DataFrame | None 
         ax.hlines(last["floor_measured_us"], j - 0.45, j + 0.45, colors="k", lw=1.5,
                   label="measured floor (latest run)" if j == 0 else None)
         ax.hlines(last["floor_datasheet_us"], j - 0.45, j + 0.45, colors="k", lw=1.2, linestyles="--",
-                  label="H100 datasheet floor" if j == 0 else None)
+                  label="datasheet floor" if j == 0 else None)
         if reference is not None and len(reference) and p in reference.index:
             ref = float(reference.loc[p, "graph us"])
             ax.hlines(ref, j - 0.45, j - 0.45 + width, colors="r", lw=2.5,
