@@ -41,7 +41,7 @@ from .formats import NVFP4Tensor, dequantize
 from .kernels.hopper_varlen.gather import F as _F  # (the one-shot call's table: no import per call, ~1 µs)
 from .kernels.hopper_varlen.gather import group_table as _group_table
 from .reference import exact_matmuls
-from .tuning import decode_grid, heuristic, lookup, m_bucket, problem_key, shipped
+from .tuning import GRID_CLASSES, decode_grid, heuristic, lookup, m_bucket, problem_key, shipped
 
 __all__ = ["prepare_weights", "PreparedWeights", "check_offsets", "SERVING_BACKENDS", "ACTIVATIONS"]
 
@@ -621,7 +621,7 @@ class _CuteHopperImpl:
         best, times = tune(run, self.candidates)
         bucket = m_bucket(rows, self.weights.groups)
         store(self._key(bucket), best)
-        for grid in ("", "wide", "pair"):  # (a tuned choice whatever the grid)
+        for grid in GRID_CLASSES:  # (a tuned choice whatever the grid)
             self._choice[bucket, grid] = best
         self._last = (-1, None)
         return times

@@ -279,20 +279,20 @@ DECODE_PAIR = True
 DECODE_PAIR_TIER = (16, ("vl_m256_t32_k128_s4_e_b2", "vl_dual_m128_t32_k128_s4_e_b2"))
 # Narrow decode calls (up to 4 rows per group, not wide_grid: T = 1 and 2 of the bench's layers) take the 16-token
 # two-block tiles in split-K form (NARROW_PAIR_TIER, names ending _x_b2: 4 stages, two CTAs per SM) where their grid,
-# with its K slices (hopper_varlen.config.choose_splits), still has at least one CTA per SM (narrow_pair); False: the
-# 8-stage 16-token tiles as before. Why (issue 41): every T = 1 decode layer is 1.8-1.9x its NVFP4 floor, and its
-# GEMMs are what is slow: Mixtral-like T = 1 W4A16 (H200, cccf53e) gate/up 52.7 us, down 27.3, against ~30 and ~15
-# at the copy rate. ncu has that gate/up GEMM (448 CTAs) issuing 53% of the time at IPC 2.5, DRAM 54%, its SMs idle
-# 17% of the kernel (data/profiles.jsonl): its 25.7 M warp instructions alone are ~27 us at 4 per cycle. The two-block
-# tiles cut the instructions per weight by ~18-24% (offline SASS; DECODE_PAIR's note) at the same two CTAs per SM and
-# the same bytes in flight per CTA (4 stages of two boxes against 8 of one), where the wide calls' DECODE_PAIR lost to
-# a third CTA per SM that narrow calls do not have. The SMs' share of the work is no worse: Mixtral-like gate/up 448
-# tiles (3 or 4 per SM) become 224 CTAs of two (2 or 4 tiles per SM); its down GEMM 64 tiles in 4 slices (256 CTAs
-# of 28 K tiles) become 32 in 7 (224 of 16, two boxes each); DeepSeek-like gate/up 256 CTAs of 56 K tiles become 128
-# in 2 slices (256 of 28), down 448 CTAs become 224. The Qwen3-like GEMMs at T = 1 (96 and 64 CTAs as two-block
-# tiles) have fewer than one per SM and keep theirs. Prediction (2026-11-29, before any run): the Mixtral- and
-# DeepSeek-like GEMMs at T = 1 8-15% faster, the layers 6-12% in both modes (Mixtral-like W4A16 ~87 -> ~78-82 us);
-# Qwen3-like T = 1 and every T >= 8 unchanged (not taken).
+# with its K slices (hopper_varlen.config.choose_splits), still has at least one CTA per SM (decode_grid's "pair");
+# False: the 8-stage 16-token tiles as before. Why (issue 41): every T = 1 decode layer is 1.8-1.9x its NVFP4 floor, and
+# its GEMMs are what is slow: Mixtral-like T = 1 W4A16 (H200, cccf53e) gate/up 52.7 us, down 27.3, against ~30 and ~15
+# at the copy rate. ncu has that gate/up GEMM (448 CTAs) issuing 53% of the time at IPC 2.5, DRAM 54%, its SMs idle 17%
+# of the kernel (data/profiles.jsonl): its 25.7 M warp instructions alone are ~27 us at 4 per cycle. The two-block tiles
+# cut the instructions per weight by ~18-24% (offline SASS; DECODE_PAIR's note) at the same two CTAs per SM and the same
+# bytes in flight per CTA (4 stages of two boxes against 8 of one), where the wide calls' DECODE_PAIR lost to a third
+# CTA per SM that narrow calls do not have. The SMs' share of the work is no worse: Mixtral-like gate/up 448 tiles (3 or
+# 4 per SM) become 224 CTAs of two (2 or 4 tiles per SM); its down GEMM 64 tiles in 4 slices (256 CTAs of 28 K tiles)
+# become 32 in 7 (224 of 16, two boxes each); DeepSeek-like gate/up 256 CTAs of 56 K tiles become 128 in 2 slices (256
+# of 28), down 448 CTAs become 224. The Qwen3-like GEMMs at T = 1 (96 and 64 CTAs as two-block tiles) have fewer than
+# one per SM and keep theirs. Prediction (2026-11-29, before any run): the Mixtral- and DeepSeek-like GEMMs at T = 1
+# 8-15% faster, the layers 6-12% in both modes (Mixtral-like W4A16 ~87 -> ~78-82 us); Qwen3-like T = 1 and every T >= 8
+# unchanged (not taken).
 # Outcome (H200, moe-bench --narrow-pair off on on off --profile, T = 1 and 8, both modes and routings; notebook 11's
 # rounds), per GEMM (profile, the arms' means): faster where the two-block grid runs unsplit, Mixtral-like T = 1
 # gate/up 53.1 -> 46.9 us (W4A16; -12%) and DeepSeek-like T = 1 down 29.0 -> 25.6 (W4A16), 30.1 -> 24.6 (W4A4:
@@ -330,6 +330,9 @@ def wide_grid(dual: bool, rows: int, groups: int, n: int, sms: int) -> bool:
     return grid_ctas(CONFIGS[dual_name if dual else single], rows, groups, n) >= DECODE_S5_MIN_CTAS * sms
 
 
+GRID_CLASSES = ("", "wide", "pair")  # what decode_grid returns
+
+
 def decode_grid(dual: bool, rows: int, groups: int, n: int, k: int, sms: int) -> str:
     """A call's grid as the shape rule sees it (``rows`` rows over ``groups`` groups, N = ``n``, K = ``k``, ``sms``
     SMs): "wide" (:func:`wide_grid`); "pair" where it takes :data:`NARROW_PAIR_TIER` (with :data:`NARROW_PAIR`): at
@@ -348,11 +351,6 @@ def decode_grid(dual: bool, rows: int, groups: int, n: int, k: int, sms: int) ->
     slices = choose_splits(cfg, rows, groups, n, k_tiles * cfg.tile_k, sms)
     long_slices = slices == 1 or -(-k_tiles // slices) >= NARROW_PAIR_MIN_K_TILES
     return "pair" if long_slices and grid_ctas(cfg, rows, groups, n) * slices >= sms else ""
-
-
-def narrow_pair(dual: bool, rows: int, groups: int, n: int, k: int, sms: int) -> bool:
-    """Whether a decode call takes :data:`NARROW_PAIR_TIER`: :func:`decode_grid` is "pair"."""
-    return decode_grid(dual, rows, groups, n, k, sms) == "pair"
 
 
 # Configs no rule takes that stay tuning candidates (`nvfp4lib tune`): the 96-token tiles of the first A/B above.

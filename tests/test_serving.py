@@ -720,20 +720,20 @@ def test_narrow_two_block_tier_is_taken_where_its_grid_fills_the_sms_in_long_run
     short = [(False, 8, 4096, 14336, 2), (True, 256, 2048, 7168, 8)]
     qwen3 = [(True, 128, 768, 2048, 8), (False, 128, 2048, 768, 8)]
     for dual, *shape in taken:
-        assert tuning.narrow_pair(dual, shape[3], shape[0], shape[1], shape[2], 132)
+        assert tuning.decode_grid(dual, shape[3], shape[0], shape[1], shape[2], 132) == "pair"
         assert rule_choice(dual, *shape) == tuning.NARROW_PAIR_TIER[1][dual]
         assert rule_choice(dual, *shape, "bf16") == tuning.NARROW_PAIR_TIER[1][dual].replace("vl_", "vl_a16_", 1)
     for dual, *shape in short + qwen3:
-        assert not tuning.narrow_pair(dual, shape[3], shape[0], shape[1], shape[2], 132)
+        assert tuning.decode_grid(dual, shape[3], shape[0], shape[1], shape[2], 132) != "pair"
         assert rule_choice(dual, *shape).endswith("_s8_e_x")
     monkeypatch.setattr(tuning, "NARROW_PAIR_MIN_K_TILES", 16)  # (the first A/B's rule: every slice length)
-    assert all(tuning.narrow_pair(d, s[3], s[0], s[1], s[2], 132) for d, *s in short)
+    assert all(tuning.decode_grid(d, s[3], s[0], s[1], s[2], 132) == "pair" for d, *s in short)
     assert rule_choice(False, 256, 7168, 2048, 64) == "vl_m128_t16_k128_s5_e_x"  # (wide: DECODE_S5's tier)
     assert rule_choice(False, 8, 4096, 14336, 64) == "vl_m128_t32_k128_s6_e"  # (8 rows per group: not its bucket)
     assert "vl_m256_t16_k128_s4_e_x_b2" in tuning.shipped()
     monkeypatch.setattr(tuning, "NARROW_PAIR", False)
     for dual, *shape in taken + short:
-        assert not tuning.narrow_pair(dual, shape[3], shape[0], shape[1], shape[2], 132)
+        assert tuning.decode_grid(dual, shape[3], shape[0], shape[1], shape[2], 132) != "pair"
         assert rule_choice(dual, *shape).endswith(("_s8_e_x", "_s5_e_x"))
 
 

@@ -29,12 +29,12 @@ __all__ = ["measure_ceilings", "floor_us", "ridge_flop_per_byte", "floors_us", "
 # 1,979 TFLOPS, footnoted "with sparsity" (dense is half: 989.4), GPU memory bandwidth 3.35 TB/s (HBM3). Our GPU,
 # "NVIDIA H100 80GB HBM3", is the SXM5 part (the PCIe card has HBM2e). Keys match measure_ceilings' so either
 # dict goes to floor_us; the HBM figure counts reads and writes together, as the measured copy bandwidth does.
-H100_SXM_DATASHEET = {"bf16_tflops": 989.4, "copy_gbps": 3350.0,
+H100_SXM_DATASHEET = {"bf16_tflops": 989.4, "copy_gbps": 3350.0, "part": "H100 SXM",
                       "source": "NVIDIA H100 datasheet, H100 SXM: dense BF16 989.4 TFLOP/s, HBM3 3.35 TB/s"}
 
 # NVIDIA H200 Tensor Core GPU datasheet, "H200 SXM" column: the same GH100 and the same BF16 Tensor Core 1,979 TFLOPS
 # "with sparsity" (dense: 989.4), GPU memory bandwidth 4.8 TB/s (HBM3e, 141 GB). torch names it "NVIDIA H200".
-H200_SXM_DATASHEET = {"bf16_tflops": 989.4, "copy_gbps": 4800.0,
+H200_SXM_DATASHEET = {"bf16_tflops": 989.4, "copy_gbps": 4800.0, "part": "H200 SXM",
                       "source": "NVIDIA H200 datasheet, H200 SXM: dense BF16 989.4 TFLOP/s, HBM3e 4.8 TB/s"}
 
 # NVIDIA HGX B200 / DGX B200 datasheet, per GPU: FP4 Tensor Core 18 PFLOPS "with sparsity" (dense: 9), HBM3e

@@ -137,7 +137,7 @@ def markdown(h: dict) -> str:
         "backend checked against the exact reference first. "
         "**shipped** is `prepare_weights(...)` called as `w(a, offsets)`: graph = CUDA-graph replay, eager = a plain "
         "call. Floors: **measured** = max(FLOPs / bf16 MMA rate, NVFP4 bytes / copy bandwidth), both rates measured "
-        f"in the same run; **datasheet** = the same with the {ds['source'].split(', ')[1].split(':')[0]} datasheet's "
+        f"in the same run; **datasheet** = the same with the {ds['part']} datasheet's "
         f"{ds['bf16_tflops']:g} TFLOP/s and {ds['copy_gbps'] / 1000:g} TB/s.",
         "",
         "| shape | shipped, graph, us | shipped, eager, us | × measured floor | × datasheet floor "
