@@ -775,3 +775,16 @@ def test_every_named_barrier_is_met_by_waiting_threads_where_racecheck_asked(mon
     monkeypatch.setattr(kernel, "HANDOFF_WAIT", True)
     fused = _compile_call(cfg, 2048, True).ptx
     assert "bar.arrive" not in fused and "bar.sync 3" not in fused and "bar.sync 2, 224" in fused
+
+
+@pytest.mark.slow
+def test_the_slices_barrier_met_by_every_thread_with_slice_barrier_all(monkeypatch):
+    """kernel.SLICE_BARRIER_ALL (a probe, off): the fused call's barrier 2 is met by every thread of the CTA (warp 0
+    too, as often as warps 1..), not by warps 1.. alone."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from nvfp4lib.kernels.hopper_varlen import kernel
+
+    monkeypatch.setattr(kernel, "SLICE_BARRIER_ALL", True)
+    fused = _compile_call(CONFIGS["vl_m128_t16_k128_s8_e"], 2048, True).ptx
+    assert "bar.sync 2, 224" not in fused and fused.count("bar.sync 2, 256") >= 4

@@ -156,6 +156,11 @@ TILE_HANDOFF = True
 # arrive arms 23.2 and 24.4 us) and +1.2% (W4A4), inside that case's spread between arms of one setting; every row
 # exact. On.
 HANDOFF_WAIT = True
+# A probe, not run yet: in the fused kernel warp 0 meets the slices' barrier 2 with warps 1.. (every thread of the CTA)
+# instead of warps 1.. meeting it alone (the racecheck note's next probe); read when a GEMM is built. Prediction
+# (2026-11-29, before any run): racecheck clean on the fused kernel; exact; eager W4A4 calls unchanged (warp 0 waits
+# for the slices at the ring's barrier right after anyway).
+SLICE_BARRIER_ALL = False
 # Warp 0 asks for the two TMA descriptors (weights, activations) at the kernel's entry, before it searches for the CTA's
 # tile, instead of after it, just before the first loads (read when a GEMM is built: a runner's compile key holds
 # it). Why (issue 41): Nsight Compute's warp-stall samples by SASS line (H200, 2026-11-29, data/profiles.jsonl, cases
@@ -340,6 +345,7 @@ def _build():
             self.prewait = PREWAIT_STAGES if self.a16 and cfg.tile_n <= PREWAIT_MAX_TILE_N else 0  # (its note)
             self.handoff = TILE_HANDOFF  # (read when the kernel is built: a runner's compile key holds it)
             self.handoff_wait = HANDOFF_WAIT  # (likewise)
+            self.slice_barrier_all = SLICE_BARRIER_ALL  # (likewise)
             self.early_descriptors = EARLY_DESCRIPTORS  # (likewise)
             self.raw_scale = RAW_SCALE and not self.a16  # (likewise; the fp16 decode only)
             self._split = None  # (set while a kernel is traced: partials, counters, slices, this slice, the tile)
@@ -576,11 +582,12 @@ def _build():
             them are done."""
             _, n_pro, mCodes, mScales, mX, count = self._fused
             tidx, _, _ = cute.arch.thread_idx()
+            nt = self.threads - 32
+            met = self.threads if cutlass.const_expr(self.slice_barrier_all) else nt  # (SLICE_BARRIER_ALL)
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) > 0:
-                nt = self.threads - 32
                 if tidx == 32:
                     o.take_ticket(count, self._fused[0], cute.arch.grid_dim()[0])
-                cute.arch.barrier(barrier_id=2, number_of_threads=nt)
+                cute.arch.barrier(barrier_id=2, number_of_threads=met)
                 ticket, done = self._ticket()
                 if ticket < n_pro:
                     per_row = cute.size(mX, mode=[1]) // 16
@@ -598,9 +605,14 @@ def _build():
                             if i < work:
                                 o.store_act16_global(words, dst)
                     o.fence_async_global()
-                    cute.arch.barrier(barrier_id=2, number_of_threads=nt)
+                    cute.arch.barrier(barrier_id=2, number_of_threads=met)
                     if tidx == 32:
                         o.release_add(done)
+            elif cutlass.const_expr(self.slice_barrier_all):  # warp 0 meets barrier 2 as often as the others
+                cute.arch.barrier(barrier_id=2, number_of_threads=met)
+                ticket, _ = self._ticket()
+                if ticket < n_pro:
+                    cute.arch.barrier(barrier_id=2, number_of_threads=met)
 
         @cute.jit
         def _await_x(self):
