@@ -19,6 +19,8 @@ def cmd_calls(args) -> int:
         kernel.FUSED_PROLOGUE = args.fused_prologue == "on"
     if args.eager_fused is not None:
         kernel.EAGER_FUSED = args.eager_fused == "on"
+    if args.slice_barrier_all is not None:
+        kernel.SLICE_BARRIER_ALL = args.slice_barrier_all == "on"
     rows = bench_calls(probs, calls=tuple(args.call or ("graph", "eager", "oneshot", "harness")), seed=args.seed,
                        mode=args.mode, iters=args.iters, rounds=rounds, progress=lambda r: print(
                            f"  round {r['round']} {r['problem']:<10} {r['call']:<8} {r['status'][:60]}", flush=True))
@@ -314,6 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eager-fused", choices=["on", "off"], help="with the prologue not fused: calls not under "
                    "CUDA-graph capture as one kernel (default: as shipped, kernels.hopper_varlen.kernel.EAGER_FUSED); "
                    "rows carry the setting")
+    p.add_argument("--slice-barrier-all", choices=["on", "off"], help="in the one-kernel call, warp 0 meets the "
+                   "slices' barrier with the other warps (default: as shipped, kernels.hopper_varlen.kernel."
+                   "SLICE_BARRIER_ALL); rows carry the setting")
     _add_record_args(p, CALLS, "calls")
     p.set_defaults(fn=cmd_calls)
 

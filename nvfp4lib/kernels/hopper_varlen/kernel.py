@@ -230,7 +230,8 @@ def call_knobs() -> dict:
     (:func:`nvfp4lib.bench.calls.bench_calls`) and what the report keeps rows at
     (:func:`nvfp4lib.study.serving_report.shipped_calls`)."""
     return {"fused_prologue": int(FUSED_PROLOGUE), "eager_fused": int(EAGER_FUSED), "fuse_max_rows": FUSE_MAX_ROWS,
-            "tile_handoff": int(TILE_HANDOFF), "handoff_wait": int(HANDOFF_WAIT)}
+            "tile_handoff": int(TILE_HANDOFF), "handoff_wait": int(HANDOFF_WAIT),
+            "slice_barrier_all": int(SLICE_BARRIER_ALL)}
 
 
 # CTAs of the fused call that decode a slice of the activations: one per SM of an H100 SXM (fewer SMs only delays
