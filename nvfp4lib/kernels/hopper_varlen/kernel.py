@@ -156,10 +156,14 @@ TILE_HANDOFF = True
 # arrive arms 23.2 and 24.4 us) and +1.2% (W4A4), inside that case's spread between arms of one setting; every row
 # exact. On.
 HANDOFF_WAIT = True
-# A probe, not run yet: in the fused kernel warp 0 meets the slices' barrier 2 with warps 1.. (every thread of the CTA)
-# instead of warps 1.. meeting it alone (the racecheck note's next probe); read when a GEMM is built. Prediction
-# (2026-11-29, before any run): racecheck clean on the fused kernel; exact; eager W4A4 calls unchanged (warp 0 waits
-# for the slices at the ring's barrier right after anyway).
+# In the fused kernel warp 0 meets the slices' barrier 2 with warps 1.. (every thread of the CTA) instead of warps 1..
+# meeting it alone (the racecheck note's next probe); read when a GEMM is built. Prediction (2026-11-29, before any
+# run): racecheck clean on the fused kernel; exact; eager W4A4 calls unchanged (warp 0 waits for the slices at the
+# ring's barrier right after anyway). First form (warp 0 at barrier instructions of its own; H200, 2026-11-30, the
+# racecheck probe's config): racecheck 0 hazards (1 error with the knob off, in the same run), memcheck 0 errors,
+# exact; but synccheck "divergent threads in block" at warp 0's barrier, and a timed calls run hung in its third shape:
+# an aligned barrier is one instruction for all the threads that meet it. This form: warp 0 takes warps 1..'s path to
+# both barriers and skips only the decode.
 SLICE_BARRIER_ALL = False
 # Warp 0 asks for the two TMA descriptors (weights, activations) at the kernel's entry, before it searches for the CTA's
 # tile, instead of after it, just before the first loads (read when a GEMM is built: a runner's compile key holds
@@ -584,36 +588,36 @@ def _build():
             _, n_pro, mCodes, mScales, mX, count = self._fused
             tidx, _, _ = cute.arch.thread_idx()
             nt = self.threads - 32
-            met = self.threads if cutlass.const_expr(self.slice_barrier_all) else nt  # (SLICE_BARRIER_ALL)
-            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) > 0:
+            # (SLICE_BARRIER_ALL: warp 0 meets barrier 2 too, at the same two instructions: an aligned barrier must be
+            # one instruction for every thread that meets it; a form where warp 0 met it at its own instructions was
+            # synccheck's "divergent threads" and hung a call)
+            met, first = (self.threads, 0) if cutlass.const_expr(self.slice_barrier_all) else (nt, 1)
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            if warp >= first:
                 if tidx == 32:
                     o.take_ticket(count, self._fused[0], cute.arch.grid_dim()[0])
                 cute.arch.barrier(barrier_id=2, number_of_threads=met)
                 ticket, done = self._ticket()
                 if ticket < n_pro:
-                    per_row = cute.size(mX, mode=[1]) // 16
-                    chunks = cute.size(mScales, mode=[1])
-                    work = cute.size(mCodes, mode=[0]) * per_row
-                    stride = n_pro * nt
-                    for i0 in cutlass.range(ticket * nt + tidx - 32, work, SLICE_BATCH * stride, unroll=1):
-                        loaded = []  # a batch's loads first, then its stores: SLICE_BATCH loads in flight
-                        for j in cutlass.range_constexpr(SLICE_BATCH):
-                            i = i0 + j * stride
-                            c, src, sf, dst = chunk_at(mCodes, mScales, mX, i, per_row)
-                            valid = cutlass.Int32((c < chunks) & (i < work))  # zeros past the codes
-                            loaded.append((i, dst, o.load_act16(src, sf, valid)))
-                        for i, dst, words in loaded:
-                            if i < work:
-                                o.store_act16_global(words, dst)
-                    o.fence_async_global()
+                    if warp > 0:
+                        per_row = cute.size(mX, mode=[1]) // 16
+                        chunks = cute.size(mScales, mode=[1])
+                        work = cute.size(mCodes, mode=[0]) * per_row
+                        stride = n_pro * nt
+                        for i0 in cutlass.range(ticket * nt + tidx - 32, work, SLICE_BATCH * stride, unroll=1):
+                            loaded = []  # a batch's loads first, then its stores: SLICE_BATCH loads in flight
+                            for j in cutlass.range_constexpr(SLICE_BATCH):
+                                i = i0 + j * stride
+                                c, src, sf, dst = chunk_at(mCodes, mScales, mX, i, per_row)
+                                valid = cutlass.Int32((c < chunks) & (i < work))  # zeros past the codes
+                                loaded.append((i, dst, o.load_act16(src, sf, valid)))
+                            for i, dst, words in loaded:
+                                if i < work:
+                                    o.store_act16_global(words, dst)
+                        o.fence_async_global()
                     cute.arch.barrier(barrier_id=2, number_of_threads=met)
                     if tidx == 32:
                         o.release_add(done)
-            elif cutlass.const_expr(self.slice_barrier_all):  # warp 0 meets barrier 2 as often as the others
-                cute.arch.barrier(barrier_id=2, number_of_threads=met)
-                ticket, _ = self._ticket()
-                if ticket < n_pro:
-                    cute.arch.barrier(barrier_id=2, number_of_threads=met)
 
         @cute.jit
         def _await_x(self):
