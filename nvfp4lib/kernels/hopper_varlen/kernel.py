@@ -163,8 +163,13 @@ HANDOFF_WAIT = True
 # racecheck probe's config): racecheck 0 hazards (1 error with the knob off, in the same run), memcheck 0 errors,
 # exact; but synccheck "divergent threads in block" at warp 0's barrier, and a timed calls run hung in its third shape:
 # an aligned barrier is one instruction for all the threads that meet it. This form: warp 0 takes warps 1..'s path to
-# both barriers and skips only the decode.
-SLICE_BARRIER_ALL = False
+# both barriers and skips only the decode. Outcome (H200, one run, 2026-11-30): racecheck 0 hazards (the knob off: 1
+# error, its staged-epilogue site), memcheck 0 errors, exact; the calls suite with the prologue fused in every call
+# (calls --fused-prologue on, off then on) unchanged: graph replay S1 123.7 -> 124.3 us, S3 30.5 -> 30.3, S4 17.4 ->
+# 17.1, S1-dual 220.9 -> 219.7, the rest within 0.3 us. synccheck still reported "divergent threads" in both arms, at
+# the tile handoff's barrier 4 (HANDOFF_WAIT's warp 0 waited at an instruction of its own: now one for every thread,
+# :meth:`GroupedVarlenGemmSm90._found_tile`). On.
+SLICE_BARRIER_ALL = True
 # Warp 0 asks for the two TMA descriptors (weights, activations) at the kernel's entry, before it searches for the CTA's
 # tile, instead of after it, just before the first loads (read when a GEMM is built: a runner's compile key holds
 # it). Why (issue 41): Nsight Compute's warp-stall samples by SASS line (H200, 2026-11-29, data/profiles.jsonl, cases
@@ -223,8 +228,8 @@ PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens p
 # suites passed 199 tests with no failure before their time box. The offline sm_90a compile of that fused call
 # (cuobjdump) has the reported offsets at the staged epilogue: STS.U16 at +0xb3d0 and +0xb3f0, BAR.SYNC 0x1, 0x100 at
 # +0xb450, LDS.128 at +0xb4d0; its one barrier that not every thread meets is the slices' barrier 2 (BAR.SYNC 0x2,
-# 0xe0: warps 1.. alone). The next probe is warp 0 meeting it too (it waits for the slices at the ring's barrier right
-# after anyway); not run (no device time left). memcheck (kernels filtered to
+# 0xe0: warps 1.. alone). The next probe, warp 0 meeting it too (SLICE_BARRIER_ALL, 2026-11-30): the fused kernel's
+# racecheck clean (0 hazards; 1 error with the knob off, in the same run). memcheck (kernels filtered to
 # the serving GEMM) 0 errors over the split graph replays and the serving tests' empty-group, any-split and fused
 # cases that ran before its time box.
 
@@ -393,25 +398,27 @@ def _build():
         @cute.jit
         def _found_tile(self, storage, mOffsets, rows, tile):
             """This CTA's tile (:meth:`_schedule`). With :data:`TILE_HANDOFF` warp 0 finds it, lane 0 stores it in
-            shared memory and warp 0 arrives at barrier 4 (waiting there with :data:`HANDOFF_WAIT`, else not); the
-            other warps wait there and read it. Without, every warp finds it."""
+            shared memory; with :data:`HANDOFF_WAIT` every thread then meets barrier 4 at one instruction, else warp 0
+            arrives there without waiting; the other warps wait there and read it. Without, every warp finds it."""
             if cutlass.const_expr(not self.handoff):
                 return self._schedule(mOffsets, rows, tile)
             found = storage.tile.get_tensor(cute.make_layout(self.tile_words))
             group, tok_row0, tokens, n0, covered = (cutlass.Int32(0), cutlass.Int32(0), cutlass.Int32(0),
                                                     cutlass.Int32(0), cutlass.Int32(0))
-            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            if warp == 0:
                 group, tok_row0, tokens, n0, covered = self._schedule(mOffsets, rows, tile)
                 if cute.arch.lane_idx() == 0:
                     found[0], found[1], found[2], found[3] = group, tok_row0, tokens, n0
                     if cutlass.const_expr(self.combine):
                         found[4] = covered
-                if cutlass.const_expr(self.handoff_wait):  # (HANDOFF_WAIT)
-                    cute.arch.barrier(barrier_id=4, number_of_threads=self.threads)
-                else:
+                if cutlass.const_expr(not self.handoff_wait):
                     cute.arch.barrier_arrive(barrier_id=4, number_of_threads=self.threads)
-            else:
-                cute.arch.barrier(barrier_id=4, number_of_threads=self.threads)
+            if cutlass.const_expr(self.handoff_wait):  # (HANDOFF_WAIT: one instruction for every thread, as an
+                cute.arch.barrier(barrier_id=4, number_of_threads=self.threads)  # aligned barrier must be)
+            if warp > 0:
+                if cutlass.const_expr(not self.handoff_wait):
+                    cute.arch.barrier(barrier_id=4, number_of_threads=self.threads)
                 group, tok_row0, tokens, n0 = found[0], found[1], found[2], found[3]
                 if cutlass.const_expr(self.combine):
                     covered = found[4]
