@@ -188,6 +188,13 @@ def joined(*outcomes: Outcome) -> Outcome:
     return measure
 
 
+def _knob_runs(src: Sources, ab: pd.DataFrame, knob: str) -> list[str]:
+    """The calls runs of a knob's A/B (:func:`serving_report.knob_ab`'s commit, rows carrying the knob)."""
+    commit = str(ab["commit"].iloc[0])
+    return sorted(set(src.calls.loc[src.calls["git_commit"].astype(str).str.startswith(commit)
+                                    & src.calls[knob].notna(), "run_id"]))
+
+
 def fused_knob(shapes=("S1", "S4", "S2-dual")) -> Outcome:
     """The fused prologue's A/B (:func:`serving_report.knob_ab`): eager host time and graph replays, on - off."""
     def measure(src: Sources):
@@ -196,13 +203,26 @@ def fused_knob(shapes=("S1", "S4", "S2-dual")) -> Outcome:
             return None
         eager, graph = ab.xs("eager", level="call"), ab.xs("graph", level="call")
         h, gpu = eager["host on - off"], graph["per call on - off"]
-        commit = str(ab["commit"].iloc[0])
-        runs = sorted(set(src.calls.loc[src.calls["git_commit"].astype(str).str.startswith(commit)
-                                        & src.calls["fused_prologue"].notna(), "run_id"]))
         text = (f"eager host us, on - off: median {h.median():+.1f} ({h.min():+.1f} to {h.max():+.1f}; lower on "
                 f"{int((h < 0).sum())} of {len(h)} shapes); graph replay per call, on - off: {gpu.min():+.1f} to "
                 f"{gpu.max():+.1f} us, beyond ±2 on {int((gpu.abs() > 2).sum())} of {len(gpu)}")
-        return text, runs
+        return text, _knob_runs(src, ab, "fused_prologue")
+    return measure
+
+
+def calls_knob(knob: str) -> Outcome:
+    """A calls knob's A/B (:func:`serving_report.knob_ab`): per call form, the per-call time on - off over the
+    shapes."""
+    def measure(src: Sources):
+        ab = sr.knob_ab(src.calls, knob, src.problems)
+        if not len(ab):
+            return None
+        parts = []
+        for call in dict.fromkeys(ab.index.get_level_values("call")):
+            d = ab.xs(call, level="call")["per call on - off"]
+            parts.append(f"{call} per call, on - off: {d.min():+.1f} to {d.max():+.1f} us over {len(d)} shapes "
+                         f"(median {d.median():+.1f})")
+        return "; ".join(parts), _knob_runs(src, ab, knob)
     return measure
 
 
@@ -541,6 +561,11 @@ ROUNDS = (
           "racecheck clean on the plain GEMM; every shape within 1%",
           build_knob_ab("3881c0e", "handoff_wait", ("S1", "S2", "S3", "S4", "S1-dual", "S2-dual", "S3-dual",
                                                    "S4-dual"))),
+    Round("in the one-kernel call warp 0 meets the slices' barrier 2 with warps 1.. (`kernel.SLICE_BARRIER_ALL`: "
+          "the fused kernel's last racecheck report); the call as one kernel in every form (`calls --fused-prologue "
+          "on`), the knob off, then on, one process each", "f706c55",
+          "racecheck clean on the fused kernel; times unchanged (warp 0 waits for the slices at the ring's barrier "
+          "right after anyway)", calls_knob("slice_barrier_all")),
 )
 
 

@@ -154,7 +154,11 @@ TILE_HANDOFF = True
 # (the probe above, twice); the study shapes within 0.5% in graph replay (S2 64.9 -> 64.6 us, S4 17.2 -> 17.2, S1-dual
 # 215.1 -> 215.0); the MoE layers within 1% in 10 of 12 cases, Qwen3-like T = 1 +2.5% (W4A16, 23.8 -> 24.4 us, its two
 # arrive arms 23.2 and 24.4 us) and +1.2% (W4A4), inside that case's spread between arms of one setting; every row
-# exact. On.
+# exact. On. Then synccheck (H200, 2026-11-30, the one-kernel call's probe config): "divergent thread(s) in block" at
+# warp 0's BAR.SYNC 0x4, 0x100: warp 0 waited from its own branch, the other warps at their own instruction, and an
+# aligned barrier must be one instruction for all. Now every thread meets barrier 4 at one instruction
+# (:meth:`GroupedVarlenGemmSm90._found_tile`): synccheck 0 errors and racecheck 0 hazards on the one-kernel call
+# (vl_m128_t16_k128_s8_e_x) and the plain split GEMM (vl_a16_m256_t16_k128_s4_e_x_b2), memcheck 0 errors, exact.
 HANDOFF_WAIT = True
 # In the fused kernel warp 0 meets the slices' barrier 2 with warps 1.. (every thread of the CTA) instead of warps 1..
 # meeting it alone (the racecheck note's next probe); read when a GEMM is built. Prediction (2026-11-29, before any
