@@ -780,15 +780,16 @@ def test_every_named_barrier_is_met_by_waiting_threads_where_racecheck_asked(mon
 @pytest.mark.slow
 def test_the_slices_barrier_met_by_every_thread_with_slice_barrier_all(monkeypatch):
     """kernel.SLICE_BARRIER_ALL (on): the fused call's barrier 2 is met by every thread of the CTA (warp 0 too, as often
-    as warps 1..), not by warps 1.. alone; either way at two instructions, each one for every thread that meets it
-    (an aligned barrier met at instructions of warp 0's own was synccheck's "divergent threads" and hung a call)."""
+    as warps 1..), not by warps 1.. alone. (Warp 0 takes warps 1..'s path to it: an aligned barrier met at instructions
+    of warp 0's own was synccheck's "divergent threads" and hung a call. NVVM duplicates the sites, so their count
+    does not show that here; synccheck on the GPU does, docs/sanitizers.md.)"""
     pytest.importorskip("cutlass")
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
     from nvfp4lib.kernels.hopper_varlen import kernel
 
     monkeypatch.setattr(kernel, "SLICE_BARRIER_ALL", True)
     fused = _compile_call(CONFIGS["vl_m128_t16_k128_s8_e"], 2048, True).ptx
-    assert "bar.sync 2, 224" not in fused and fused.count("bar.sync 2, 256") == 2
+    assert "bar.sync 2, 224" not in fused and "bar.sync 2, 256" in fused
     monkeypatch.setattr(kernel, "SLICE_BARRIER_ALL", False)
     fused = _compile_call(CONFIGS["vl_m128_t16_k128_s8_e"], 2048, True).ptx
-    assert "bar.sync 2, 256" not in fused and fused.count("bar.sync 2, 224") == 2
+    assert "bar.sync 2, 256" not in fused and "bar.sync 2, 224" in fused
