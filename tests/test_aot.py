@@ -29,7 +29,8 @@ def test_a_recipe_names_the_kernel_and_the_knobs_its_build_reads(monkeypatch):
                  "handoff": kernel.TILE_HANDOFF, "a16_int_scale": rs_ops.A16_INT_SCALE,
                  "a16_own_words": rs_ops.A16_OWN_WORDS, "chain_gemm_a16": pdl.CHAIN_GEMM_A16,
                  "early_descriptors": kernel.EARLY_DESCRIPTORS, "raw_scale": kernel.RAW_SCALE,
-                 "handoff_wait": kernel.HANDOFF_WAIT, "slice_barrier_all": kernel.SLICE_BARRIER_ALL}
+                 "handoff_wait": kernel.HANDOFF_WAIT, "slice_barrier_all": kernel.SLICE_BARRIER_ALL,
+                 "ablation": kernel.ABLATION}
     assert aot.digest(r) == aot.digest(dict(reversed(list(r.items()))))  # key order does not matter
     assert len({aot.digest(r), aot.digest(_recipe(n=512)), aot.digest(_recipe(prewait=0)),
                 aot.digest(_recipe(chain=False)), aot.digest(_recipe(handoff=not kernel.TILE_HANDOFF)),
@@ -38,7 +39,8 @@ def test_a_recipe_names_the_kernel_and_the_knobs_its_build_reads(monkeypatch):
                 aot.digest(_recipe(early_descriptors=not kernel.EARLY_DESCRIPTORS)),
                 aot.digest(_recipe(raw_scale=not kernel.RAW_SCALE)),
                 aot.digest(_recipe(handoff_wait=not kernel.HANDOFF_WAIT)),
-                aot.digest(_recipe(slice_barrier_all=not kernel.SLICE_BARRIER_ALL))}) == 11
+                aot.digest(_recipe(slice_barrier_all=not kernel.SLICE_BARRIER_ALL)),
+                aot.digest(_recipe(ablation="no_mma"))}) == 12
     assert runner._recipe("varlen-gemm", GEMM.with_(ab_stages=7), 16, 256, 256, "BFloat16") is None  # not in CONFIGS
     monkeypatch.setattr(kernel, "TIMELINE", 1 << 40)  # an address baked into the kernel: never built ahead
     assert runner._recipe("varlen-gemm", GEMM, 16, 256, 256, "BFloat16") is None

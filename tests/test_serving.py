@@ -793,3 +793,26 @@ def test_the_slices_barrier_met_by_every_thread_with_slice_barrier_all(monkeypat
     monkeypatch.setattr(kernel, "SLICE_BARRIER_ALL", False)
     fused = _compile_call(CONFIGS["vl_m128_t16_k128_s8_e"], 2048, True).ptx
     assert "bar.sync 2, 256" not in fused and "bar.sync 2, 224" in fused
+
+
+@pytest.mark.slow
+def test_the_ablations_remove_what_they_name(monkeypatch):
+    """kernel.ABLATION (a diagnostic, off): "no_mma" leaves no wgmma and keeps the decode, "no_decode" keeps the wgmma
+    and drops the decode's E4M3 conversions; anything else is refused when a GEMM is built."""
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    from nvfp4lib.kernels.hopper_varlen import kernel
+    from nvfp4lib.kernels.hopper_varlen.report import compile_report
+
+    cfg = CONFIGS["vl_m128_t16_k128_s8_e_x"]
+    ptx = {}
+    for ablation in kernel.ABLATIONS:
+        monkeypatch.setattr(kernel, "ABLATION", ablation)
+        ptx[ablation] = compile_report(cfg, groups=8, n=2048, k_pad=1024, ptxas=False)["ptx"]
+    decode, mma = "cvt.rn.f16x2.e4m3x2", "wgmma.mma_async"
+    assert decode in ptx[""] and mma in ptx[""]
+    assert decode in ptx["no_mma"] and mma not in ptx["no_mma"]
+    assert decode not in ptx["no_decode"] and mma in ptx["no_decode"]
+    monkeypatch.setattr(kernel, "ABLATION", "no_x")
+    with pytest.raises(ValueError, match="ABLATION"):
+        compile_report(cfg, groups=8, n=2048, k_pad=1024, ptxas=False)

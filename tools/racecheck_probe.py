@@ -34,6 +34,8 @@ def _knob(text: str) -> tuple[str, object]:
     known = [f for f, _, _ in BUILD_KNOBS]
     if field not in known or not value:
         raise argparse.ArgumentTypeError(f"{text!r}: FIELD=VALUE with FIELD one of {', '.join(known)}")
+    if field == "ablation":  # (a diagnostic: wrong by design, so the probe's check fails; its reports still count)
+        return field, value
     return field, int(value) if field == "prewait" else bool(int(value))
 
 

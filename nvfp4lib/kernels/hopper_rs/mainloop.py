@@ -130,6 +130,7 @@ def _build():
             cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             first = _min_stages(self.stages, k_tiles)
+            sink = cutlass.Uint32(0)  # (a subclass's ``ablation`` "no_mma": what keeps the decode alive)
             # the stages whose weights are asked for before the wait (a subclass's ``prewait``; 0: all the first)
             prewait = getattr(self, "prewait", 0)
             pre = first if prewait == 0 else _min_stages(prewait, first)
@@ -155,7 +156,7 @@ def _build():
                         self._stamp(3)
                 loaded = self._load_units(sw_base, cons.index, wg, t)
                 for s in cutlass.range_constexpr(self.nsub):
-                    self._decode_mma(s, loaded, tiled_mma, rA, rA32, accs, tCrB, cons.index)
+                    sink = self._decode_mma(s, loaded, tiled_mma, rA, rA32, accs, tCrB, cons.index, sink)
                     if cutlass.const_expr(s == 0):
                         # the previous stage's last wgmma group is done: hand its buffers back and refill them if the
                         # other warpgroup has too. Warp 0 must not wait here (wgmma is warpgroup-wide: a blocked
@@ -175,6 +176,8 @@ def _build():
                             prod.advance()
                 cons.advance()
             warpgroup.wait_group(0)
+            if cutlass.const_expr(getattr(self, "ablation", "") == "no_mma"):
+                accs[0][0] = cutlass.Float32(sink)
             self._finish(nv, accs, tCcC, storage, mC, scales, row0, tokens, n0, n_valid, wg, t)
 
         @cute.jit
@@ -256,23 +259,34 @@ def _build():
             return [load_unit(stage_base + u + code_off, stage_base + u + scale_off) for u in units]
 
         @cute.jit
-        def _decode_mma(self, s: int, loaded, tiled_mma, rA, rA32, accs, tCrB, slot):
+        def _decode_mma(self, s: int, loaded, tiled_mma, rA, rA32, accs, tCrB, slot, sink):
             """Sub-block ``s``: decode its weights into register set s % 2, issue its wgmma against ring slot
-            ``slot``, commit, and wait until only this group is in flight."""
+            ``slot``, commit, and wait until only this group is in flight. A subclass's ``ablation`` (a diagnostic,
+            wrong by design): "no_decode" takes the loaded words as the operands, "no_mma" issues no wgmma and folds
+            the decoded words into ``sink`` (returned) instead."""
+            ablation = getattr(self, "ablation", "")
             for b in cutlass.range_constexpr(self.blocks):
-                if cutlass.const_expr(self.a16):
-                    regs = decode_unit_a16(loaded[s * self.blocks + b])
+                words = loaded[s * self.blocks + b]
+                if cutlass.const_expr(ablation == "no_decode"):
+                    regs = [cutlass.Uint32(words[q % 4]) for q in range(16)]
+                elif cutlass.const_expr(self.a16):
+                    regs = decode_unit_a16(words)
                 else:
-                    regs = decode_unit(loaded[s * self.blocks + b], getattr(self, "raw_scale", False))
+                    regs = decode_unit(words, getattr(self, "raw_scale", False))
                 for q in cutlass.range_constexpr(16):
-                    rA32[s % 2][b][q] = regs[q]
-            warpgroup.fence()
-            for b in cutlass.range_constexpr(self.blocks):
-                for kb in cutlass.range_constexpr(UNIT_K // 16):
-                    cute.gemm(tiled_mma, accs[b], rA[s % 2][b][None, None, kb],
-                              tCrB[None, None, kb, slot * self.nsub + s], accs[b])
+                    if cutlass.const_expr(ablation == "no_mma"):
+                        sink = sink ^ regs[q]
+                    else:
+                        rA32[s % 2][b][q] = regs[q]
+            if cutlass.const_expr(ablation != "no_mma"):
+                warpgroup.fence()
+                for b in cutlass.range_constexpr(self.blocks):
+                    for kb in cutlass.range_constexpr(UNIT_K // 16):
+                        cute.gemm(tiled_mma, accs[b], rA[s % 2][b][None, None, kb],
+                                  tCrB[None, None, kb, slot * self.nsub + s], accs[b])
             warpgroup.commit_group()
             warpgroup.wait_group(1)
+            return sink
 
         @cute.jit
         def _issue(self, pipe, prod, loads, acquired: bool = False):

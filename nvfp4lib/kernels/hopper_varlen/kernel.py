@@ -174,6 +174,16 @@ HANDOFF_WAIT = True
 # the tile handoff's barrier 4 (HANDOFF_WAIT's warp 0 waited at an instruction of its own: now one for every thread,
 # :meth:`GroupedVarlenGemmSm90._found_tile`). On.
 SLICE_BARRIER_ALL = True
+# A diagnostic, never shipped (read when a GEMM is built; the recipe field ``ablation``): "no_decode" feeds wgmma the
+# loaded code words instead of their decode, "no_mma" decodes and issues no wgmma (the decoded words folded into one
+# accumulator, so the decode stays). Wrong by design: the bench harness times such rows and does not check them (``bench
+# --problem M1-G8-N4096-K7168 --problem M1-G8-N7168-K2048 --backend cute-hopper:graph=1,ablation=no_mma``: the
+# DeepSeek-like layer's T = 1 GEMMs on their 8 experts, the m-sweep suite). What it is for (issue 41): at T = 1 the
+# DeepSeek-like gate/up GEMM runs at 64% of DRAM with its issue slots 52% busy and 21% of its stall samples at a stage's
+# wait (data/profiles.jsonl), so neither the memory nor the decode is plainly the limit. Prediction (2026-11-30, before
+# any run): the decode tilings are issue-bound, so "no_decode" takes 25-35% off the T = 1 GEMMs and "no_mma" 10-15%.
+ABLATION = ""
+ABLATIONS = ("", "no_decode", "no_mma")
 # Warp 0 asks for the two TMA descriptors (weights, activations) at the kernel's entry, before it searches for the CTA's
 # tile, instead of after it, just before the first loads (read when a GEMM is built: a runner's compile key holds
 # it). Why (issue 41): Nsight Compute's warp-stall samples by SASS line (H200, 2026-11-29, data/profiles.jsonl, cases
@@ -360,6 +370,9 @@ def _build():
             self.handoff = TILE_HANDOFF  # (read when the kernel is built: a runner's compile key holds it)
             self.handoff_wait = HANDOFF_WAIT  # (likewise)
             self.slice_barrier_all = SLICE_BARRIER_ALL  # (likewise)
+            if ABLATION not in ABLATIONS:
+                raise ValueError(f"ABLATION={ABLATION!r}: one of {ABLATIONS}")
+            self.ablation = ABLATION  # (likewise; a diagnostic)
             self.early_descriptors = EARLY_DESCRIPTORS  # (likewise)
             self.raw_scale = RAW_SCALE and not self.a16  # (likewise; the fp16 decode only)
             self._split = None  # (set while a kernel is traced: partials, counters, slices, this slice, the tile)

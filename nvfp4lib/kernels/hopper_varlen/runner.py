@@ -67,7 +67,8 @@ BUILD_KNOBS = (("chain", pdl, "CHAIN"), ("chain_gemm", pdl, "CHAIN_GEMM"), ("pre
                ("handoff", kernel, "TILE_HANDOFF"), ("a16_int_scale", rs_ops, "A16_INT_SCALE"),
                ("a16_own_words", rs_ops, "A16_OWN_WORDS"), ("chain_gemm_a16", pdl, "CHAIN_GEMM_A16"),
                ("early_descriptors", kernel, "EARLY_DESCRIPTORS"), ("raw_scale", kernel, "RAW_SCALE"),
-               ("handoff_wait", kernel, "HANDOFF_WAIT"), ("slice_barrier_all", kernel, "SLICE_BARRIER_ALL"))
+               ("handoff_wait", kernel, "HANDOFF_WAIT"), ("slice_barrier_all", kernel, "SLICE_BARRIER_ALL"),
+               ("ablation", kernel, "ABLATION"))
 
 
 def build_knobs() -> dict:
