@@ -608,7 +608,8 @@ def _build():
             """Warps 1..: thread 32 takes the CTA's ticket (warp 0 reads it after the ring's barrier of every thread,
             :meth:`_await_x`); tickets below ``n_pro`` decode chunks ``ticket·S + t`` strided by
             ``n_pro·S`` (S = the slice threads) into ``mX``, then one release of the epoch's done word once all of
-            them are done."""
+            them are done. With :data:`SLICE_BARRIER_ALL` warp 0 meets both of barrier 2's instructions too and
+            skips the decode."""
             _, n_pro, mCodes, mScales, mX, count = self._fused
             tidx, _, _ = cute.arch.thread_idx()
             nt = self.threads - 32
