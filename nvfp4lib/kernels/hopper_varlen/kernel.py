@@ -219,33 +219,7 @@ EARLY_DESCRIPTORS = False
 # kernel on all eight, S2 64.3 us against 65.0 and S2-dual 122.3 against 124.7, the two it trailed before by 0.3-0.5%.
 RAW_SCALE = True
 PREWAIT_MAX_TILE_N = 32  # the tilings it applies to: at most this many tokens per tile (the decode tilings), W4A16
-# racecheck (H100, 2026-11-27, compute-sanitizer --tool racecheck over tests/gpu/test_split_gpu.py and
-# test_serving_gpu.py's S4 case, eager W4A4 calls): the fused kernel reports shared-memory hazards (1 error on the
-# shipped config's S4 case, 12 on a split-K case) at one site only: the staged epilogue's stores to its output tile
-# (STS.U16) against the 16-byte copy-out loads (LDS.128), which `bar.sync 1, 256` (every thread of the CTA)
-# separates in its SASS (nvdisasm of the offline compile). The non-split config shows it as the split-K one does.
-# Likely racecheck's model of this kernel's mixed named barriers (barrier 3 is met by warp 1's bar.arrive and warp 0's
-# bar.sync), not a race; not proven. memcheck: 0 errors. Again on an H200 (2026-11-29, racecheck over the split-K
-# graph replays of vl_m256_t16_k128_s4_e_x_b2, the narrow two-block tier; cut off at 185 s before the test ended):
-# the fused kernel and the plain GEMM report the same site only, the plain GEMM's STS.U16 at +0x7740..+0x77e0 against
-# its LDS.128 at +0x78c0, with BAR.SYNC 0x1, 0x100 between them (cuobjdump of the offline sm_90a compile of that
-# config at the test's shape: the same offsets). Not proven either way; memcheck 0 errors on the same tests.
-# Settled (H200, 2026-11-29, the probe in HANDOFF_WAIT's note): the reports came with the kernels' non-waiting
-# arrivals at named barriers. With HANDOFF_WAIT the plain GEMM's racecheck is clean (0 hazards, the split config
-# above); the fused kernel (vl_m128_t16_k128_s8_e_x, eager W4A4 calls, 4 slices) still reported its epilogue site
-# (1 error), where warp 1 still arrived at barrier 3 without waiting for warp 0 to read the CTA's ticket. That barrier
-# ordered nothing the ring's barrier of every thread (_ring's sync_threads, which warps 1.. reach after their slice
-# and warp 0 passes before its first activation load) does not already order, so it is gone. Prediction (before the
-# run): the fused kernel racecheck clean; eager W4A4 calls unchanged (one barrier fewer for warp 0, which never
-# waited at it: warp 1 arrives during the ring's set-up). Outcome (the same probe, H200): missed, the fused kernel
-# still reports the same site (1 error) while the plain GEMM stays clean; exact, and the split, serving and MoE GPU
-# suites passed 199 tests with no failure before their time box. The offline sm_90a compile of that fused call
-# (cuobjdump) has the reported offsets at the staged epilogue: STS.U16 at +0xb3d0 and +0xb3f0, BAR.SYNC 0x1, 0x100 at
-# +0xb450, LDS.128 at +0xb4d0; its one barrier that not every thread meets is the slices' barrier 2 (BAR.SYNC 0x2,
-# 0xe0: warps 1.. alone). The next probe, warp 0 meeting it too (SLICE_BARRIER_ALL, 2026-11-30): the fused kernel's
-# racecheck clean (0 hazards; 1 error with the knob off, in the same run). memcheck (kernels filtered to
-# the serving GEMM) 0 errors over the split graph replays and the serving tests' empty-group, any-split and fused
-# cases that ran before its time box.
+# The racecheck reports on these kernels and the probes that settled them, run by run: docs/sanitizers.md.
 
 
 def call_knobs() -> dict:
