@@ -30,13 +30,13 @@ TOL = 1e-3
 
 
 def _knob(text: str) -> tuple[str, object]:
+    """FIELD=VALUE, the value of the knob's own type (its value now: a flag as 0/1, a count, a name)."""
     field, _, value = text.partition("=")
-    known = [f for f, _, _ in BUILD_KNOBS]
+    known = {f: getattr(mod, name) for f, mod, name in BUILD_KNOBS}
     if field not in known or not value:
         raise argparse.ArgumentTypeError(f"{text!r}: FIELD=VALUE with FIELD one of {', '.join(known)}")
-    if field == "ablation":  # (a diagnostic: wrong by design, so the probe's check fails; its reports still count)
-        return field, value
-    return field, int(value) if field == "prewait" else bool(int(value))
+    kind = type(known[field])
+    return field, bool(int(value)) if kind is bool else kind(value)
 
 
 def _offsets(gen: torch.Generator, one_group: bool) -> torch.Tensor:
